@@ -1,0 +1,566 @@
+"""An asyncio client for MCP servers that speak the Tasks extension (protocol revision 2026-07-28).
+
+Built on the `mcp` SDK: the SDK negotiates the version (`server/discover`, falling back to
+`initialize`), stamps `_meta` and the routing headers on every request, and owns the transports.
+This module adds the extension on the SDK's hooks (see :mod:`taskhub.mcp.extension`) and two things
+the SDK lacks: typed errors, and a connection that survives transport failures — the SDK's client
+dies with its transport, so each :class:`TasksClient` holds one SDK client at a time in a supervisor
+task of its own and builds a fresh one on the next call after a failure.
+
+A `TasksClient` must be used on one event loop (the SDK's rule); it is cheap to keep open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import httpx2
+import mcp_types
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import TypeAdapter, ValidationError
+
+from taskhub.mcp import wire
+from taskhub.mcp.errors import (
+    InvalidResult,
+    McpClientError,
+    RequestTimeout,
+    TransportError,
+    protocol_error,
+)
+from taskhub.mcp.extension import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    TaskIdParams,
+    TasksClientExtension,
+    UpdateTaskParams,
+    UpdateTaskRequest,
+    decline_elicitation,
+)
+from taskhub.mcp.wire import CreateTaskResult, TaskSnapshot
+
+logger = logging.getLogger(__name__)
+
+_RAW = TypeAdapter(dict[str, Any])
+_listen_ids = itertools.count(1)
+
+
+def _client_version() -> str:
+    try:
+        return version("taskhub")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0"
+
+
+CLIENT_INFO: dict[str, Any] = {"name": "taskhub", "version": _client_version()}
+
+
+# --- targets --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpTarget:
+    """A Streamable HTTP endpoint, with optional bearer token and extra headers (e.g. an API key)."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    bearer_token: str | None = None
+
+    def all_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.bearer_token:
+            headers["Authorization"] = f"Bearer {self.bearer_token}"
+        return headers
+
+    def describe(self) -> str:
+        return self.url
+
+
+@dataclass(frozen=True, kw_only=True)
+class StdioTarget:
+    """A server launched as a subprocess speaking JSON-RPC on stdin/stdout."""
+
+    command: str
+    args: Sequence[str] = ()
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        return " ".join([self.command, *self.args])
+
+
+ServerTarget = HttpTarget | StdioTarget
+
+
+# --- outcomes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What a server says about itself: its protocol version, capabilities and tools."""
+
+    protocol_version: str
+    server_info: dict[str, Any] | None
+    capabilities: dict[str, Any]
+    tools: list[dict[str, Any]]
+    raw: dict[str, Any]
+    """The `server/discover` result (or, for an older server, the `initialize` result) as sent."""
+
+    @property
+    def supports_tasks(self) -> bool:
+        return wire.EXTENSION_ID in (self.capabilities.get("extensions") or {})
+
+
+@dataclass(frozen=True)
+class ToolCompleted:
+    """`tools/call` answered synchronously with a `CallToolResult`."""
+
+    result: dict[str, Any]
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.result.get("isError"))
+
+
+@dataclass(frozen=True)
+class ToolInputRequired:
+    """`tools/call` needs input first (MRTR): retry with `inputResponses` and this `requestState`."""
+
+    input_requests: dict[str, dict[str, Any]]
+    request_state: str | None
+
+
+@dataclass(frozen=True)
+class TaskCreated:
+    """`tools/call` answered with a durable task handle."""
+
+    task: TaskSnapshot
+
+
+CallOutcome = ToolCompleted | ToolInputRequired | TaskCreated
+
+
+# --- the connection -------------------------------------------------------------------------------
+
+
+class _Connection:
+    """One SDK `Client`, entered and exited in its own supervisor task as the SDK requires."""
+
+    def __init__(self, owner: TasksClient) -> None:
+        self._owner = owner
+        self._closing = asyncio.Event()
+        self._ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self.dead: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._hold(), name=f"mcp-connection {owner.target.describe()}")
+        self.client: Client | None = None
+
+    async def _hold(self) -> None:
+        failure: BaseException | None = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                client = self._owner._make_sdk_client(stack)
+                self.client = await stack.enter_async_context(client)
+                self._ready.set_result(self.client)
+                await self._closing.wait()
+        except BaseException as error:
+            failure = error
+            if not self._ready.done():
+                self._ready.set_exception(_as_transport_error(error, "connect"))
+        finally:
+            if not self.dead.done():
+                self.dead.set_result(failure)
+            if not self._ready.done():
+                self._ready.set_exception(TransportError("connection closed"))
+
+    async def ready(self, timeout: float) -> Client:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            await self.close()
+            raise RequestTimeout(
+                f"connecting to {self._owner.target.describe()} took longer than {timeout:g}s"
+            ) from None
+
+    async def close(self) -> None:
+        self._closing.set()
+        if not self._task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 5)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._task
+        # A failed connect leaves an exception nobody awaited.
+        if self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()
+
+
+def _as_transport_error(error: BaseException, what: str) -> McpClientError:
+    if isinstance(error, McpClientError):
+        return error
+    leaves = list(_leaf_exceptions(error))
+    for leaf in leaves:
+        if isinstance(leaf, MCPError):
+            return _map_mcp_error(leaf, what)
+    detail = "; ".join(f"{type(leaf).__name__}: {leaf}".rstrip(": ") for leaf in leaves[:3]) or type(error).__name__
+    return TransportError(f"{what}: transport failure ({detail})")
+
+
+def _leaf_exceptions(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaf_exceptions(inner)
+    else:
+        yield error
+
+
+def _map_mcp_error(error: MCPError, method: str) -> McpClientError:
+    if error.code == mcp_types.REQUEST_TIMEOUT:
+        return RequestTimeout(f"{method}: {error.message}")
+    if error.code == mcp_types.CONNECTION_CLOSED:
+        return TransportError(f"{method}: connection closed")
+    return protocol_error(error.code, error.message, error.data, method=method)
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+class TasksClient:
+    """Speak the Tasks extension to one server.
+
+    ```python
+    async with TasksClient(HttpTarget(url="http://127.0.0.1:8765/mcp")) as client:
+        outcome = await client.call_tool("approval", {"action": "deploy"})
+        if isinstance(outcome, TaskCreated):
+            snapshot = await client.get_task(outcome.task.task_id)
+    ```
+    """
+
+    def __init__(self, target: ServerTarget, *, timeout: float = 30.0, client_info: dict[str, Any] | None = None):
+        self.target = target
+        self.timeout = timeout
+        self.client_info = client_info or CLIENT_INFO
+        self._extension = TasksClientExtension()
+        self._connection: _Connection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._discover_result: mcp_types.DiscoverResult | None = None
+
+    async def __aenter__(self) -> TasksClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+    # -- connection management ----------------------------------------------------------------
+
+    def _make_sdk_client(self, stack: contextlib.AsyncExitStack) -> Client:
+        target = self.target
+        if isinstance(target, HttpTarget):
+            http_client = create_mcp_http_client(
+                headers=target.all_headers(),
+                timeout=httpx2.Timeout(min(self.timeout, 10.0), read=max(self.timeout, 300.0)),
+            )
+            stack.push_async_callback(http_client.aclose)
+            transport: Any = streamable_http_client(target.url, http_client=http_client)
+        else:
+            transport = stdio_client(
+                StdioServerParameters(
+                    command=target.command,
+                    args=list(target.args),
+                    env=dict(target.env) if target.env is not None else None,
+                    cwd=target.cwd,
+                )
+            )
+        # After the first successful negotiation, reconnects adopt the cached result instead of probing.
+        mode = self._discover_result and wire.PROTOCOL_VERSION in self._discover_result.supported_versions
+        return Client(
+            transport,
+            read_timeout_seconds=self.timeout,
+            client_info=mcp_types.Implementation.model_validate(self.client_info),
+            elicitation_callback=decline_elicitation,
+            extensions=[self._extension],
+            mode=wire.PROTOCOL_VERSION if mode else "auto",
+            prior_discover=self._discover_result if mode else None,
+            cache=None,
+        )
+
+    async def _client(self) -> tuple[_Connection, Client]:
+        async with self._connect_lock:
+            connection = self._connection
+            if connection is None or connection.dead.done():
+                if connection is not None:
+                    await connection.close()
+                connection = self._connection = _Connection(self)
+            client = await connection.ready(self.timeout)
+            if self._discover_result is None and client.session.discover_result is not None:
+                self._discover_result = client.session.discover_result
+            return connection, client
+
+    async def _drop(self, connection: _Connection) -> None:
+        if self._connection is connection:
+            self._connection = None
+        await connection.close()
+
+    async def _request(self, method: str, send: Any) -> Any:
+        """Run `send(client)` on a live connection; map every failure to a typed error."""
+        connection, client = await self._client()
+        call = asyncio.ensure_future(send(client))
+        try:
+            done, _ = await asyncio.wait(
+                {call, connection.dead}, timeout=self.timeout + 1, return_when="FIRST_COMPLETED"
+            )
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if call not in done:
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await call
+            if connection.dead.done():
+                await self._drop(connection)
+                raise TransportError(f"{method}: connection to {self.target.describe()} lost")
+            raise RequestTimeout(f"{method}: no answer within {self.timeout:g}s")
+        try:
+            return call.result()
+        except MCPError as error:
+            mapped = _map_mcp_error(error, method)
+            if isinstance(mapped, TransportError):
+                await self._drop(connection)
+            raise mapped from error
+        except ValidationError as error:
+            raise InvalidResult(f"{method}: the server's result does not match the protocol: {error}") from error
+        except McpClientError:
+            raise
+        except (asyncio.CancelledError, Exception) as error:
+            # The SDK surfaces a dead transport as a cancellation or a raw network error.
+            await self._drop(connection)
+            raise _as_transport_error(error, method) from error
+
+    # -- protocol methods -----------------------------------------------------------------------
+
+    async def discover(self) -> Discovery:
+        """Capabilities (extensions included) and the tool list, from `server/discover` or `initialize`."""
+
+        async def send(client: Client) -> Discovery:
+            session = client.session
+            if session.discover_result is not None:
+                raw = await session.send_request(
+                    mcp_types.DiscoverRequest(params=mcp_types.DiscoverRequestParams()), _RAW
+                )
+                capabilities = raw.get("capabilities") or {}
+                meta = raw.get("_meta") or {}
+                server_info = meta.get("io.modelcontextprotocol/serverInfo")
+            else:
+                initialize = session.initialize_result
+                assert initialize is not None
+                raw = initialize.model_dump(by_alias=True, mode="json", exclude_none=True)
+                capabilities = raw.get("capabilities") or {}
+                server_info = raw.get("serverInfo")
+            tools = await self._list_tools(client) if "tools" in capabilities else []
+            return Discovery(
+                protocol_version=client.protocol_version,
+                server_info=server_info if isinstance(server_info, dict) else None,
+                capabilities=capabilities if isinstance(capabilities, dict) else {},
+                tools=tools,
+                raw=raw,
+            )
+
+        return await self._request("server/discover", send)
+
+    async def _list_tools(self, client: Client) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(100):  # a paginator that never ends cannot hang discovery
+            request = mcp_types.ListToolsRequest(params=mcp_types.PaginatedRequestParams(cursor=cursor))
+            page = await client.session.send_request(request, _RAW)
+            tools.extend(tool for tool in page.get("tools") or [] if isinstance(tool, dict))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return tools
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        input_responses: dict[str, Any] | None = None,
+        request_state: str | None = None,
+    ) -> CallOutcome:
+        """Send `tools/call` once. The answer is a result, an MRTR input request, or a task."""
+
+        async def send(client: Client) -> CallOutcome:
+            result = await client.session.call_tool(
+                name,
+                arguments or {},
+                input_responses=input_responses,
+                request_state=request_state,
+                allow_input_required=True,
+                allow_claimed=True,
+            )
+            if isinstance(result, CreateTaskResult):
+                return TaskCreated(task=result.to_snapshot())
+            if isinstance(result, mcp_types.InputRequiredResult):
+                requests = {
+                    key: request.model_dump(by_alias=True, mode="json", exclude_none=True)
+                    for key, request in (result.input_requests or {}).items()
+                }
+                return ToolInputRequired(input_requests=requests, request_state=result.request_state)
+            if isinstance(result, mcp_types.CallToolResult):
+                return ToolCompleted(result=_call_tool_result_dict(result))
+            raise InvalidResult(f"tools/call: unexpected result {type(result).__name__}")
+
+        return await self._request("tools/call", send)
+
+    async def get_task(self, task_id: str) -> TaskSnapshot:
+        async def send(client: Client) -> TaskSnapshot:
+            raw = await client.session.send_request(GetTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW)
+            return wire.parse_get_task_result(raw)
+
+        return await self._request("tasks/get", send)
+
+    async def update_task(self, task_id: str, input_responses: dict[str, Any]) -> None:
+        async def send(client: Client) -> None:
+            params = UpdateTaskParams(task_id=task_id, input_responses=input_responses)
+            wire.parse_ack(
+                await client.session.send_request(UpdateTaskRequest(params=params), _RAW), method="tasks/update"
+            )
+
+        await self._request("tasks/update", send)
+
+    async def cancel_task(self, task_id: str) -> None:
+        async def send(client: Client) -> None:
+            raw = await client.session.send_request(CancelTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW)
+            wire.parse_ack(raw, method="tasks/cancel")
+
+        await self._request("tasks/cancel", send)
+
+    @contextlib.asynccontextmanager
+    async def listen(self, task_ids: Sequence[str]) -> AsyncIterator[TaskSubscription]:
+        """Open `subscriptions/listen` for `task_ids`; iterate the subscription for `notifications/tasks`."""
+        connection, client = await self._client()
+        session = client.session
+        request_id = f"tasks-listen-{next(_listen_ids)}"
+        request = mcp_types.SubscriptionsListenRequest(
+            params=mcp_types.SubscriptionsListenRequestParams(
+                notifications=mcp_types.SubscriptionFilter.model_validate({"taskIds": list(task_ids)})
+            )
+        )
+        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        options: dict[str, Any] = {"request_id": request_id}
+        # The SDK's listen() knows only core filters; a task filter is the same request with `taskIds`,
+        # sent through the session's own stamp and dispatcher so `_meta` and headers stay the SDK's.
+        session._stamp(data, options)
+        subscription = TaskSubscription(request_id=request_id)
+        self._extension.routes[request_id] = subscription
+        route = session._register_listen_route(request_id)
+
+        async def drive() -> None:
+            try:
+                await session._dispatcher.send_raw_request(data["method"], data.get("params"), options)
+                subscription._end(None)
+            except MCPError as error:
+                subscription._end(_map_mcp_error(error, "subscriptions/listen"))
+            except Exception as error:
+                subscription._end(_as_transport_error(error, "subscriptions/listen"))
+            finally:
+                route.settle("graceful")
+
+        driver = asyncio.ensure_future(drive())
+        try:
+            acked = asyncio.ensure_future(route.acked.wait())
+            await asyncio.wait({acked, connection.dead}, timeout=self.timeout, return_when="FIRST_COMPLETED")
+            acked.cancel()
+            if route.honored is None:
+                if subscription._error is not None:
+                    raise subscription._error
+                if connection.dead.done():
+                    await self._drop(connection)
+                    raise TransportError("subscriptions/listen: connection lost before the acknowledgement")
+                raise RequestTimeout(f"subscriptions/listen: no acknowledgement within {self.timeout:g}s")
+            honored = (route.honored.model_extra or {}).get("taskIds")
+            subscription.accepted_task_ids = [t for t in honored or [] if isinstance(t, str)]
+            watcher = asyncio.ensure_future(_end_when_dead(connection, subscription))
+            try:
+                yield subscription
+            finally:
+                watcher.cancel()
+        finally:
+            route.settle("local")
+            driver.cancel()
+            with contextlib.suppress(BaseException):
+                await driver
+            session._unregister_listen_route(request_id)
+            self._extension.routes.pop(request_id, None)
+
+
+async def _end_when_dead(connection: _Connection, subscription: TaskSubscription) -> None:
+    await asyncio.shield(connection.dead)
+    subscription._end(TransportError("subscriptions/listen: connection lost"))
+
+
+_END = object()
+
+
+class TaskSubscription:
+    """An open task subscription: `async for snapshot in subscription` yields each `notifications/tasks`.
+
+    The loop ends when the server closes the stream gracefully; it raises a typed error when the
+    stream is lost.
+    """
+
+    def __init__(self, *, request_id: str) -> None:
+        self.request_id = request_id
+        self.accepted_task_ids: list[str] = []
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=10_000)
+        self._error: McpClientError | None = None
+        self._ended = False
+
+    def _deliver(self, snapshot: TaskSnapshot) -> None:
+        if self._ended:
+            return
+        try:
+            self._queue.put_nowait(snapshot)
+        except asyncio.QueueFull:
+            logger.warning("task subscription %s backlog full; dropping a notification", self.request_id)
+
+    def _end(self, error: McpClientError | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        self._queue.put_nowait(_END)
+
+    def __aiter__(self) -> TaskSubscription:
+        return self
+
+    async def __anext__(self) -> TaskSnapshot:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration
+        return item
+
+
+def _call_tool_result_dict(result: mcp_types.CallToolResult) -> dict[str, Any]:
+    raw = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    raw.pop("resultType", None)
+    raw.setdefault("isError", False)
+    return raw
