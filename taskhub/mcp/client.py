@@ -212,8 +212,11 @@ def _as_transport_error(error: BaseException, what: str) -> McpClientError:
     for leaf in leaves:
         if isinstance(leaf, MCPError):
             return _map_mcp_error(leaf, what)
-    detail = "; ".join(f"{type(leaf).__name__}: {leaf}".rstrip(": ") for leaf in leaves[:3]) or type(error).__name__
-    return TransportError(f"{what}: transport failure ({detail})")
+    return TransportError(f"{what}: transport failure ({_describe(leaves) or type(error).__name__})")
+
+
+def _describe(errors: list[BaseException]) -> str:
+    return "; ".join(f"{type(leaf).__name__}: {leaf}".rstrip(": ") for leaf in errors[:3])
 
 
 def _leaf_exceptions(error: BaseException) -> Iterator[BaseException]:
@@ -316,6 +319,18 @@ class TasksClient:
             self._connection = None
         await connection.close()
 
+    async def _lost(self, connection: _Connection, method: str) -> TransportError:
+        """Retire a dead connection and say why it died, as far as the SDK tells."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(connection.dead), 1.0)
+        await self._drop(connection)
+        cause = connection.dead.result() if connection.dead.done() else None
+        leaves = (
+            [leaf for leaf in _leaf_exceptions(cause) if not isinstance(leaf, asyncio.CancelledError)] if cause else []
+        )
+        detail = f" ({_describe(leaves)})" if leaves else ""
+        return TransportError(f"{method}: connection to {self.target.describe()} lost{detail}")
+
     async def _request(self, method: str, send: Any) -> Any:
         """Run `send(client)` on a live connection; map every failure to a typed error."""
         connection, client = await self._client()
@@ -332,15 +347,14 @@ class TasksClient:
             with contextlib.suppress(BaseException):
                 await call
             if connection.dead.done():
-                await self._drop(connection)
-                raise TransportError(f"{method}: connection to {self.target.describe()} lost")
+                raise await self._lost(connection, method)
             raise RequestTimeout(f"{method}: no answer within {self.timeout:g}s")
         try:
             return call.result()
         except MCPError as error:
             mapped = _map_mcp_error(error, method)
             if isinstance(mapped, TransportError):
-                await self._drop(connection)
+                raise await self._lost(connection, method) from error
             raise mapped from error
         except ValidationError as error:
             raise InvalidResult(f"{method}: the server's result does not match the protocol: {error}") from error
@@ -348,6 +362,8 @@ class TasksClient:
             raise
         except (asyncio.CancelledError, Exception) as error:
             # The SDK surfaces a dead transport as a cancellation or a raw network error.
+            if isinstance(error, asyncio.CancelledError) or connection.dead.done():
+                raise await self._lost(connection, method) from error
             await self._drop(connection)
             raise _as_transport_error(error, method) from error
 
@@ -359,9 +375,7 @@ class TasksClient:
         async def send(client: Client) -> Discovery:
             session = client.session
             if session.discover_result is not None:
-                raw = await session.send_request(
-                    mcp_types.DiscoverRequest(params=mcp_types.DiscoverRequestParams()), _RAW
-                )
+                raw = await session.send_discover(client.protocol_version)
                 capabilities = raw.get("capabilities") or {}
                 meta = raw.get("_meta") or {}
                 server_info = meta.get("io.modelcontextprotocol/serverInfo")
@@ -450,6 +464,25 @@ class TasksClient:
 
         await self._request("tasks/cancel", send)
 
+    async def follow(
+        self, task: TaskSnapshot, *, default_poll_interval_ms: int = 1000, min_poll_interval_ms: int = 50
+    ) -> AsyncIterator[TaskSnapshot]:
+        """Poll `task` until it ends, yielding every snapshot whose content changed.
+
+        Waits the latest `pollIntervalMs` between polls (re-read from every answer). Change is judged on
+        the whole snapshot minus `lastUpdatedAt`, which some peers bump on every read.
+        """
+        last = _comparable(task)
+        snapshot = task
+        while not snapshot.is_terminal:
+            interval_ms = max(snapshot.poll_interval_ms or default_poll_interval_ms, min_poll_interval_ms)
+            await asyncio.sleep(interval_ms / 1000)
+            snapshot = await self.get_task(task.task_id)
+            current = _comparable(snapshot)
+            if current != last:
+                last = current
+                yield snapshot
+
     @contextlib.asynccontextmanager
     async def listen(self, task_ids: Sequence[str]) -> AsyncIterator[TaskSubscription]:
         """Open `subscriptions/listen` for `task_ids`; iterate the subscription for `notifications/tasks`."""
@@ -490,8 +523,7 @@ class TasksClient:
                 if subscription._error is not None:
                     raise subscription._error
                 if connection.dead.done():
-                    await self._drop(connection)
-                    raise TransportError("subscriptions/listen: connection lost before the acknowledgement")
+                    raise await self._lost(connection, "subscriptions/listen")
                 raise RequestTimeout(f"subscriptions/listen: no acknowledgement within {self.timeout:g}s")
             honored = (route.honored.model_extra or {}).get("taskIds")
             subscription.accepted_task_ids = [t for t in honored or [] if isinstance(t, str)]
@@ -564,3 +596,9 @@ def _call_tool_result_dict(result: mcp_types.CallToolResult) -> dict[str, Any]:
     raw.pop("resultType", None)
     raw.setdefault("isError", False)
     return raw
+
+
+def _comparable(snapshot: TaskSnapshot) -> dict[str, Any]:
+    wire_form = snapshot.to_wire()
+    wire_form.pop("lastUpdatedAt", None)
+    return wire_form
