@@ -1,0 +1,774 @@
+"""Command line front for :class:`~taskhub.mcp.client.TasksClient`.
+
+``python -m taskhub.mcp call (--url URL | --stdio CMD) TOOL [...]`` calls a tool, answers MRTR and
+task input requests, follows a task to its end and prints the result; ``discover`` prints what a
+server says about itself. Everything the server sends is untrusted: human output is stripped of
+control characters and escape sequences and long strings are capped; ``--json`` output is exact.
+
+Exit status: 0 completed, 1 completed with ``isError``, 2 failed, 3 cancelled, 4 protocol or
+transport error, 5 bad arguments (or an input request nobody can answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from taskhub.mcp.client import (
+    HttpTarget,
+    ServerTarget,
+    StdioTarget,
+    TaskCreated,
+    TasksClient,
+    TaskSubscription,
+    ToolCompleted,
+    ToolInputRequired,
+)
+from taskhub.mcp.errors import InvalidResult, McpClientError, ProtocolError, RequestTimeout
+from taskhub.mcp.wire import TaskSnapshot
+
+EXIT_COMPLETED = 0
+EXIT_TOOL_ERROR = 1
+EXIT_FAILED = 2
+EXIT_CANCELLED = 3
+EXIT_PROTOCOL_ERROR = 4
+EXIT_USAGE = 5
+EXIT_INTERRUPTED = 130
+
+DEFAULT_POLL_INTERVAL_S = 1.0
+MIN_POLL_INTERVAL_S = 0.05
+# With --listen, notifications drive the loop; this poll only guards against a silent stream.
+SAFETY_POLL_INTERVAL_S = 5.0
+MAX_MRTR_ROUNDS = 10
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+
+LINE_CAP = 300
+TEXT_CAP = 20_000
+WILDCARD_KEY = "*"
+
+
+class UsageError(Exception):
+    """Bad arguments, or an input request no answer exists for: exit status 5."""
+
+
+# --- untrusted text ---------------------------------------------------------------------------------
+
+# CSI, OSC (BEL or ST terminated), DCS/SOS/PM/APC strings, and two-character escapes.
+_ESCAPE_SEQUENCE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"
+    r"|\x1b[@-Z\\-_]"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+)
+# C0/C1 controls and DEL, plus the bidi overrides that can make text read differently than it is.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean_text(value: Any, *, multiline: bool = False, cap: int | None = LINE_CAP) -> str:
+    """Server text made safe for a terminal: no escape sequences or controls, capped in length."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = _ESCAPE_SEQUENCE.sub("", text)
+    text = text.replace("\r\n", "\n")
+    if not multiline:
+        text = text.replace("\n", " ").replace("\t", " ")
+    text = _CONTROL.sub("", text)
+    if cap is not None and len(text) > cap:
+        text = f"{text[:cap]}… [{len(text) - cap} more characters; see --json]"
+    return text
+
+
+def quoted(value: Any, *, cap: int = LINE_CAP) -> str:
+    """Server text as a clearly delimited quotation."""
+    return f"“{clean_text(value, cap=cap)}”"
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Reporter:
+    """Writes events either as human lines or as one JSON object per line."""
+
+    as_json: bool
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+
+    def event(self, name: str, human: str | None, **fields: Any) -> None:
+        if self.as_json:
+            self.out.write(json.dumps({"event": name, **fields}) + "\n")
+        elif human is not None:
+            self.out.write(human + "\n")
+        self.out.flush()
+
+    def human(self, line: str) -> None:
+        if not self.as_json:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def problem(self, message: str) -> None:
+        self.err.write(f"taskhub.mcp: {message}\n")
+        self.err.flush()
+
+
+def status_line(snapshot: TaskSnapshot) -> str:
+    line = f"status: {snapshot.status}"
+    if snapshot.status_message:
+        line += f" — server says {quoted(snapshot.status_message)}"
+    return line
+
+
+def describe_content(item: Any) -> str:
+    """One content block for a terminal: text as is (cleaned), anything else summarised."""
+    if not isinstance(item, dict):
+        return f"[unrecognised content: {clean_text(item, cap=80)}]"
+    kind = item.get("type")
+    if kind == "text":
+        return clean_text(item.get("text", ""), multiline=True, cap=TEXT_CAP)
+    if kind in ("image", "audio"):
+        size = len(item.get("data") or "")
+        return f"[{kind}: {clean_text(item.get('mimeType', '?'), cap=80)}, {size} base64 characters]"
+    if kind == "resource_link":
+        name = f" ({clean_text(item['name'], cap=80)})" if item.get("name") else ""
+        return f"[resource link: {clean_text(item.get('uri', '?'))}{name}]"
+    if kind == "resource":
+        resource = item.get("resource") if isinstance(item.get("resource"), dict) else {}
+        mime = f", {clean_text(resource['mimeType'], cap=80)}" if resource.get("mimeType") else ""
+        return f"[embedded resource: {clean_text(resource.get('uri', '?'))}{mime}]"
+    return f"[{clean_text(kind, cap=80)} content]"
+
+
+def print_tool_result(reporter: Reporter, result: Mapping[str, Any]) -> None:
+    if result.get("isError"):
+        reporter.human("the tool reported an error (isError):")
+    for item in result.get("content") or []:
+        reporter.human(describe_content(item))
+    if "structuredContent" in result:
+        reporter.human("structured content: " + clean_text(result["structuredContent"], cap=TEXT_CAP))
+
+
+def exit_status_of_result(result: Mapping[str, Any]) -> int:
+    return EXIT_TOOL_ERROR if result.get("isError") else EXIT_COMPLETED
+
+
+# --- answers ----------------------------------------------------------------------------------------
+
+
+def parse_json_argument(text: str, *, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{what} is not valid JSON: {error}") from None
+
+
+def load_answers(*, answer_options: list[str], answers_file: str | None) -> dict[str, dict[str, Any]]:
+    """`--answers-file` first, then each `--answer KEY=JSON` (which wins on the same key)."""
+    answers: dict[str, Any] = {}
+    if answers_file is not None:
+        try:
+            text = Path(answers_file).read_text(encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"cannot read --answers-file: {error}") from None
+        loaded = parse_json_argument(text, what=f"--answers-file {answers_file}")
+        if not isinstance(loaded, dict):
+            raise UsageError("--answers-file must hold a JSON object mapping a key (or '*') to a response")
+        answers.update(loaded)
+    for option in answer_options:
+        key, equals, value = option.partition("=")
+        if not equals or not key:
+            raise UsageError(f"--answer must look like KEY=JSON, got {option!r}")
+        answers[key] = parse_json_argument(value, what=f"--answer {key}")
+    for key, response in answers.items():
+        if not isinstance(response, dict):
+            raise UsageError(f'the answer for {key!r} must be a JSON object such as {{"action": "accept", ...}}')
+    return answers
+
+
+def request_message(request: Mapping[str, Any]) -> str | None:
+    params = request.get("params")
+    message = params.get("message") if isinstance(params, dict) else None
+    return message if isinstance(message, str) else None
+
+
+def request_url(request: Mapping[str, Any]) -> str | None:
+    params = request.get("params")
+    if isinstance(params, dict) and params.get("mode") == "url" and isinstance(params.get("url"), str):
+        return params["url"]
+    return None
+
+
+class TerminalPrompter:
+    """Asks a person on the terminal for one input request (form fields, or consent to a URL)."""
+
+    def __init__(self, *, server: str, err: TextIO) -> None:
+        self._server = server
+        self._err = err
+
+    async def ask(self, key: str, request: Mapping[str, Any]) -> dict[str, Any]:
+        method = request.get("method")
+        params = request.get("params") if isinstance(request.get("params"), dict) else {}
+        if method != "elicitation/create":
+            raise UsageError(f"input request {key!r} ({clean_text(method, cap=80)}) cannot be answered on a terminal")
+        self._say(f"\nThe server {clean_text(self._server)} asks [{clean_text(key, cap=80)}]:")
+        self._say(f"  {quoted(params.get('message', ''), cap=2000)}")
+        url = request_url(request)
+        if url is not None:
+            self._say(f"  URL (not opened; open it yourself if you consent): {clean_text(url, cap=None)}")
+        action = await self._ask_action()
+        if action != "accept" or url is not None:
+            return {"action": action}
+        schema = params.get("requestedSchema") if isinstance(params.get("requestedSchema"), dict) else {}
+        return {"action": "accept", "content": await self._ask_fields(schema)}
+
+    async def _ask_action(self) -> str:
+        choices = {"": "accept", "a": "accept", "accept": "accept", "d": "decline", "decline": "decline"}
+        choices |= {"c": "cancel", "cancel": "cancel"}
+        while True:
+            reply = (await self._read("  respond? [a]ccept / [d]ecline / [c]ancel (default accept): ")).lower()
+            if reply in choices:
+                return choices[reply]
+
+    async def _ask_fields(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = set(schema.get("required") or [])
+        content: dict[str, Any] = {}
+        for name, spec in properties.items():
+            spec = spec if isinstance(spec, dict) else {}
+            value = await self._ask_field(name, spec, required=name in required)
+            if value is not None:
+                content[name] = value
+        return content
+
+    async def _ask_field(self, name: str, spec: Mapping[str, Any], *, required: bool) -> Any:
+        options = field_options(spec)
+        label = clean_text(spec.get("title") or name, cap=120)
+        if spec.get("description"):
+            label += f" ({clean_text(spec['description'], cap=200)})"
+        if options:
+            for index, (_value, title) in enumerate(options, 1):
+                self._say(f"    {index}. {clean_text(title, cap=120)}")
+        hint = field_hint(spec, required=required)
+        while True:
+            reply = await self._read(f"  {label} {hint}: ")
+            if reply == "" and "default" in spec:
+                return spec["default"]
+            if reply == "" and not required:
+                return None
+            try:
+                return convert_field(reply, spec, options)
+            except ValueError as error:
+                self._say(f"  {error}")
+
+    def _say(self, line: str) -> None:
+        self._err.write(line + "\n")
+        self._err.flush()
+
+    async def _read(self, prompt: str) -> str:
+        self._err.write(prompt)
+        self._err.flush()
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if line == "":
+            raise UsageError("stdin closed while waiting for an answer")
+        return line.strip()
+
+
+def field_options(spec: Mapping[str, Any]) -> list[tuple[Any, str]]:
+    """The (value, title) choices of an enum field, single- or multi-select."""
+    source = spec.get("items") if spec.get("type") == "array" and isinstance(spec.get("items"), dict) else spec
+    for variants in (source.get("oneOf"), source.get("anyOf")):
+        if isinstance(variants, list):
+            return [(v.get("const"), str(v.get("title", v.get("const")))) for v in variants if isinstance(v, dict)]
+    if isinstance(source.get("enum"), list):
+        names = source.get("enumNames") if isinstance(source.get("enumNames"), list) else []
+        return [(value, str(names[i]) if i < len(names) else str(value)) for i, value in enumerate(source["enum"])]
+    return []
+
+
+def field_hint(spec: Mapping[str, Any], *, required: bool) -> str:
+    kind = spec.get("type", "string")
+    parts = ["yes/no" if kind == "boolean" else str(kind)]
+    if kind == "array":
+        parts = ["numbers or values, comma separated"]
+    elif field_options(spec):
+        parts = ["number or value"]
+    if spec.get("format"):
+        parts.append(f"format {spec['format']}")
+    if "default" in spec:
+        parts.append(f"default {spec['default']!r}")
+    elif not required:
+        parts.append("optional, empty to skip")
+    return clean_text("[" + ", ".join(parts) + "]", cap=200)
+
+
+def convert_field(reply: str, spec: Mapping[str, Any], options: list[tuple[Any, str]]) -> Any:
+    kind = spec.get("type", "string")
+    if kind == "array":
+        return [choose_option(part.strip(), options) for part in reply.split(",") if part.strip()]
+    if options:
+        return choose_option(reply, options)
+    if kind == "boolean":
+        lowered = reply.lower()
+        if lowered in ("y", "yes", "true", "1"):
+            return True
+        if lowered in ("n", "no", "false", "0"):
+            return False
+        raise ValueError("please answer yes or no")
+    if kind == "integer":
+        try:
+            return int(reply)
+        except ValueError:
+            raise ValueError("please enter a whole number") from None
+    if kind == "number":
+        try:
+            return float(reply)
+        except ValueError:
+            raise ValueError("please enter a number") from None
+    if reply == "":
+        raise ValueError("a value is required")
+    return reply
+
+
+def choose_option(reply: str, options: list[tuple[Any, str]]) -> Any:
+    if reply.isdigit() and 1 <= int(reply) <= len(options):
+        return options[int(reply) - 1][0]
+    for value, title in options:
+        if reply in (str(value), title):
+            return value
+    raise ValueError("please pick one of the listed options")
+
+
+@dataclass(kw_only=True)
+class Answerer:
+    """Finds the response to each input request: pre-supplied answers first, then the terminal."""
+
+    answers: dict[str, dict[str, Any]]
+    reporter: Reporter
+    prompter: TerminalPrompter | None
+
+    async def respond_all(self, requests: Mapping[str, dict[str, Any]], *, task_id: str | None) -> dict[str, Any]:
+        for key, request in requests.items():
+            self._announce(key, request, task_id=task_id)
+        responses: dict[str, Any] = {}
+        for key, request in requests.items():
+            responses[key] = await self._respond(key, request)
+        return responses
+
+    def _announce(self, key: str, request: Mapping[str, Any], *, task_id: str | None) -> None:
+        line = f"input required [{clean_text(key, cap=80)}]"
+        message = request_message(request)
+        if message is not None:
+            line += f" — server asks {quoted(message)}"
+        url = request_url(request)
+        if url is not None:
+            line += f"\n  URL: {clean_text(url, cap=None)}"
+        self.reporter.event("input_required", line, taskId=task_id, key=key, request=request)
+
+    async def _respond(self, key: str, request: Mapping[str, Any]) -> dict[str, Any]:
+        response = self.answers.get(key, self.answers.get(WILDCARD_KEY))
+        if response is not None:
+            return response
+        if self.prompter is not None:
+            return await self.prompter.ask(key, request)
+        raise UsageError(
+            f"input request {clean_text(key, cap=80)!r} needs an answer and stdin is not a terminal; "
+            f'pass --answer {clean_text(key, cap=80)}=\'{{"action":"accept","content":{{...}}}}\' or --answers-file'
+        )
+
+    def report_answered(self, responses: Mapping[str, Any], *, task_id: str | None) -> None:
+        for key, response in responses.items():
+            action = response.get("action") if isinstance(response, dict) else None
+            human = f"answered [{clean_text(key, cap=80)}]" + (f" ({clean_text(action, cap=40)})" if action else "")
+            self.reporter.event("answered", human, taskId=task_id, key=key, action=action)
+
+
+# --- following a task -------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class TaskFollower:
+    """Observes one task to its terminal state: status lines, answers, an optional cancel."""
+
+    client: TasksClient
+    reporter: Reporter
+    answerer: Answerer
+    cancel_at: float | None
+    listen: bool
+    answered_keys: set[str] = field(default_factory=set)
+    cancel_sent: bool = False
+    task_id: str = field(init=False, default="")
+    last_status: tuple[str, str | None] | None = field(init=False, default=None)
+
+    async def run(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        self.reporter.event(
+            "task_created",
+            f"task {clean_text(snapshot.task_id, cap=120)} created",
+            taskId=snapshot.task_id,
+            status=snapshot.status,
+            statusMessage=snapshot.status_message,
+            pollIntervalMs=snapshot.poll_interval_ms,
+            ttlMs=snapshot.ttl_ms,
+        )
+        await self._observe(snapshot)
+        if snapshot.is_terminal:
+            return snapshot
+        if self.listen:
+            return await self._follow_by_notifications(snapshot)
+        return await self._follow_by_polling(snapshot)
+
+    async def _follow_by_polling(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        while not snapshot.is_terminal:
+            await self._wait(poll_interval(snapshot))
+            snapshot = await self.client.get_task(snapshot.task_id)
+            await self._observe(snapshot)
+        return snapshot
+
+    async def _follow_by_notifications(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        task_id = snapshot.task_id
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                subscription = await stack.enter_async_context(self.client.listen([task_id]))
+            except ProtocolError as error:
+                self.reporter.problem(f"cannot listen for task notifications ({clean_text(str(error))}); polling")
+                return await self._follow_by_polling(snapshot)
+            if task_id not in subscription.accepted_task_ids:
+                self.reporter.problem("the server did not accept the task subscription; polling instead")
+                return await self._follow_by_polling(snapshot)
+            # Changes between task creation and the acknowledgement reached nobody.
+            snapshot = await self.client.get_task(task_id)
+            await self._observe(snapshot)
+            while not snapshot.is_terminal:
+                notified = await self._next_notification(subscription, timeout=safety_poll_interval(snapshot))
+                if notified is _STREAM_ENDED:
+                    self.reporter.problem("the task notification stream ended; polling instead")
+                    break
+                snapshot = notified if notified is not None else await self.client.get_task(task_id)
+                await self._observe(snapshot)
+        return await self._follow_by_polling(snapshot)
+
+    async def _next_notification(self, subscription: TaskSubscription, *, timeout: float) -> Any:
+        """The next snapshot, None when the safety poll is due, or _STREAM_ENDED."""
+        deadline = time.monotonic() + timeout
+        while True:
+            wake = self._until_cancel_or(deadline)
+            try:
+                return await asyncio.wait_for(anext(subscription), max(0.0, wake - time.monotonic()))
+            except StopAsyncIteration:
+                return _STREAM_ENDED
+            except McpClientError as error:
+                self.reporter.problem(f"task notifications lost ({clean_text(str(error))})")
+                return _STREAM_ENDED
+            except TimeoutError:
+                await self._cancel_if_due()
+                if time.monotonic() >= deadline:
+                    return None
+
+    async def _wait(self, seconds: float) -> None:
+        """Sleep between polls, sending the cancel on time if one is scheduled meanwhile."""
+        deadline = time.monotonic() + seconds
+        await self._cancel_if_due()
+        while (now := time.monotonic()) < deadline:
+            await asyncio.sleep(self._until_cancel_or(deadline) - now)
+            await self._cancel_if_due()
+
+    def _until_cancel_or(self, deadline: float) -> float:
+        if self.cancel_at is not None and not self.cancel_sent:
+            return min(deadline, self.cancel_at)
+        return deadline
+
+    async def _cancel_if_due(self) -> None:
+        if self.cancel_at is None or self.cancel_sent or time.monotonic() < self.cancel_at:
+            return
+        self.cancel_sent = True
+        task_id = self.task_id
+        await self.client.cancel_task(task_id)
+        self.reporter.event("cancel_sent", "cancel sent (tasks/cancel); following the task to its end", taskId=task_id)
+
+    async def _observe(self, snapshot: TaskSnapshot) -> None:
+        self.task_id = snapshot.task_id
+        status = (snapshot.status, snapshot.status_message)
+        if status != self.last_status:
+            self.last_status = status
+            self.reporter.event(
+                "status",
+                status_line(snapshot),
+                taskId=snapshot.task_id,
+                status=snapshot.status,
+                statusMessage=snapshot.status_message,
+            )
+        await self._cancel_if_due()
+        if snapshot.status == "input_required" and not self.cancel_sent:
+            await self._answer(snapshot)
+
+    async def _answer(self, snapshot: TaskSnapshot) -> None:
+        outstanding = {
+            key: request for key, request in (snapshot.input_requests or {}).items() if key not in self.answered_keys
+        }
+        if not outstanding:
+            return
+        responses = await self.answerer.respond_all(outstanding, task_id=snapshot.task_id)
+        # Remembered before sending: a key is never sent twice, even if the send fails midway.
+        self.answered_keys.update(responses)
+        await self.client.update_task(snapshot.task_id, responses)
+        self.answerer.report_answered(responses, task_id=snapshot.task_id)
+
+
+_STREAM_ENDED = object()
+
+
+def poll_interval(snapshot: TaskSnapshot) -> float:
+    seconds = snapshot.poll_interval_ms / 1000 if snapshot.poll_interval_ms else DEFAULT_POLL_INTERVAL_S
+    return max(seconds, MIN_POLL_INTERVAL_S)
+
+
+def safety_poll_interval(snapshot: TaskSnapshot) -> float:
+    return max(SAFETY_POLL_INTERVAL_S, poll_interval(snapshot))
+
+
+# --- commands ---------------------------------------------------------------------------------------
+
+
+async def call_with_mrtr(
+    client: TasksClient, *, tool: str, arguments: dict[str, Any], answerer: Answerer
+) -> ToolCompleted | TaskCreated:
+    """`tools/call`, retried with answers and the exact `requestState` while the server asks for input."""
+    input_responses: dict[str, Any] | None = None
+    request_state: str | None = None
+    for _ in range(MAX_MRTR_ROUNDS):
+        outcome = await client.call_tool(tool, arguments, input_responses=input_responses, request_state=request_state)
+        if not isinstance(outcome, ToolInputRequired):
+            return outcome
+        input_responses = await answerer.respond_all(outcome.input_requests, task_id=None)
+        request_state = outcome.request_state
+        answerer.report_answered(input_responses, task_id=None)
+    raise InvalidResult(f"tools/call: the server still asks for input after {MAX_MRTR_ROUNDS} rounds")
+
+
+def report_final(reporter: Reporter, snapshot: TaskSnapshot) -> int:
+    if snapshot.status == "completed":
+        result = snapshot.tool_result or {"content": []}
+        reporter.event("outcome", None, status="completed", taskId=snapshot.task_id, result=result)
+        print_tool_result(reporter, result)
+        return exit_status_of_result(result)
+    if snapshot.status == "failed":
+        error = snapshot.error or {}
+        reporter.event("outcome", None, status="failed", taskId=snapshot.task_id, error=error)
+        reporter.human(
+            f"task failed: error {clean_text(error.get('code'))}, server says {quoted(error.get('message'))}"
+        )
+        return EXIT_FAILED
+    reporter.event("outcome", None, status="cancelled", taskId=snapshot.task_id)
+    reporter.human("task cancelled")
+    return EXIT_CANCELLED
+
+
+async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
+    arguments = parse_tool_arguments(args.args)
+    answerer = Answerer(
+        answers=load_answers(answer_options=args.answer, answers_file=args.answers_file),
+        reporter=reporter,
+        prompter=TerminalPrompter(server=describe_target(args), err=reporter.err) if sys.stdin.isatty() else None,
+    )
+    if args.cancel_after is not None and args.cancel_after < 0:
+        raise UsageError("--cancel-after must not be negative")
+    async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
+        outcome = await call_with_mrtr(client, tool=args.tool, arguments=arguments, answerer=answerer)
+        if isinstance(outcome, ToolCompleted):
+            reporter.event("outcome", None, status="completed", taskId=None, result=outcome.result)
+            print_tool_result(reporter, outcome.result)
+            return exit_status_of_result(outcome.result)
+        cancel_at = time.monotonic() + args.cancel_after if args.cancel_after is not None else None
+        follower = TaskFollower(
+            client=client, reporter=reporter, answerer=answerer, cancel_at=cancel_at, listen=args.listen
+        )
+        return report_final(reporter, await follower.run(outcome.task))
+
+
+def parse_tool_arguments(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    arguments = parse_json_argument(text, what="--args")
+    if not isinstance(arguments, dict):
+        raise UsageError("--args must be a JSON object")
+    return arguments
+
+
+async def run_discover(args: argparse.Namespace, reporter: Reporter) -> int:
+    async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
+        discovery = await client.discover()
+    if reporter.as_json:
+        document = {"discover": discovery.raw, "tools": discovery.tools, "protocolVersion": discovery.protocol_version}
+        reporter.out.write(json.dumps(document) + "\n")
+        return EXIT_COMPLETED
+    info = discovery.server_info or {}
+    reporter.human(f"server: {clean_text(info.get('name', '?'))} {clean_text(info.get('version', ''))}".rstrip())
+    reporter.human(f"protocol version: {clean_text(discovery.protocol_version)}")
+    reporter.human("capabilities:")
+    for name, value in discovery.capabilities.items():
+        if name == "extensions" and isinstance(value, dict):
+            reporter.human(f"  extensions: {clean_text(', '.join(value) or '(none)')}")
+        else:
+            reporter.human(f"  {clean_text(name, cap=80)}: {clean_text(value)}")
+    reporter.human(f"tools ({len(discovery.tools)}):")
+    for tool in discovery.tools:
+        reporter.human(f"  {clean_text(tool.get('name', '?'), cap=80)} — {clean_text(tool.get('description', ''))}")
+        reporter.human(f"      args: {schema_summary(tool.get('inputSchema'))}")
+    return EXIT_COMPLETED
+
+
+def schema_summary(schema: Any) -> str:
+    """`name: type (required), other: type = default` on one line."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict) or not properties:
+        return "(none)"
+    required = set(schema.get("required") or [])
+    parts = []
+    for name, spec in properties.items():
+        spec = spec if isinstance(spec, dict) else {}
+        part = f"{name}: {spec.get('type', 'any')}"
+        if name in required:
+            part += " (required)"
+        if "default" in spec:
+            part += f" = {json.dumps(spec['default'])}"
+        parts.append(part)
+    return clean_text(", ".join(parts))
+
+
+# --- arguments --------------------------------------------------------------------------------------
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """Bad arguments exit with status 5 (argparse's own 2 means "failed" here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(prog="python -m taskhub.mcp", description="Call MCP tools that may become tasks.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    call = commands.add_parser("call", help="call a tool and follow its task to the end")
+    add_target_arguments(call)
+    call.add_argument("tool", help="tool name")
+    call.add_argument("--args", metavar="JSON", help="tool arguments as a JSON object")
+    call.add_argument(
+        "--answer", metavar="KEY=JSON", action="append", default=[], help="response for input key KEY (or '*')"
+    )
+    call.add_argument("--answers-file", metavar="FILE", help="JSON object mapping keys (or '*') to responses")
+    call.add_argument("--cancel-after", metavar="SECONDS", type=float, help="send tasks/cancel after this long")
+    call.add_argument("--listen", action="store_true", help="follow the task by notifications instead of polling")
+    add_common_arguments(call)
+
+    discover = commands.add_parser("discover", help="show the server's version, capabilities and tools")
+    add_target_arguments(discover)
+    add_common_arguments(discover)
+    return parser
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="Streamable HTTP endpoint, e.g. http://127.0.0.1:8765/mcp")
+    target.add_argument("--stdio", metavar="COMMAND", help="server command line (split like a shell)")
+    parser.add_argument("--header", metavar="'Name: value'", action="append", default=[], help="extra HTTP header")
+    parser.add_argument("--bearer", metavar="TOKEN", help="HTTP bearer token")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout", metavar="SECONDS", type=float, help="give up after this long overall (also caps each request)"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def build_target(args: argparse.Namespace) -> ServerTarget:
+    if args.stdio is not None:
+        if args.header or args.bearer:
+            raise UsageError("--header and --bearer apply to --url only")
+        try:
+            command = shlex.split(args.stdio)
+        except ValueError as error:
+            raise UsageError(f"--stdio: {error}") from None
+        if not command:
+            raise UsageError("--stdio needs a command")
+        return StdioTarget(command=command[0], args=command[1:])
+    return HttpTarget(url=args.url, headers=parse_headers(args.header), bearer_token=args.bearer)
+
+
+def parse_headers(options: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for option in options:
+        name, colon, value = option.partition(":")
+        if not colon or not name.strip() or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name.strip()):
+            raise UsageError(f"--header must look like 'Name: value', got {option!r}")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def describe_target(args: argparse.Namespace) -> str:
+    return args.url if args.url is not None else args.stdio
+
+
+def request_timeout(args: argparse.Namespace) -> float:
+    if args.timeout is None:
+        return DEFAULT_REQUEST_TIMEOUT_S
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return min(args.timeout, DEFAULT_REQUEST_TIMEOUT_S)
+
+
+# --- entry point ------------------------------------------------------------------------------------
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Reporter], Any]] = {"call": run_call, "discover": run_discover}
+
+
+async def run_command(args: argparse.Namespace, reporter: Reporter) -> int:
+    command = COMMANDS[args.command](args, reporter)
+    if args.timeout is None:
+        return await command
+    try:
+        return await asyncio.wait_for(command, args.timeout)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"gave up after {args.timeout:g}s (--timeout); a task keeps running on the server"
+        ) from None
+
+
+def report_error(reporter: Reporter, error: Exception, *, exit_status: int, as_outcome: bool) -> int:
+    message = clean_text(str(error), cap=1000)
+    if as_outcome:
+        error_object = {"kind": type(error).__name__, "message": str(error)}
+        reporter.event("outcome", None, status="error", error=error_object, exitStatus=exit_status)
+    kind = "error" if isinstance(error, UsageError) else type(error).__name__
+    reporter.problem(f"{kind}: {message}")
+    return exit_status
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    reporter = Reporter(as_json=args.json)
+    # A `call --json` stream always ends with its outcome; `discover --json` prints its document or nothing.
+    as_outcome = args.json and args.command == "call"
+    try:
+        return asyncio.run(run_command(args, reporter))
+    except UsageError as error:
+        return report_error(reporter, error, exit_status=EXIT_USAGE, as_outcome=as_outcome)
+    except McpClientError as error:
+        return report_error(reporter, error, exit_status=EXIT_PROTOCOL_ERROR, as_outcome=as_outcome)
+    except KeyboardInterrupt:
+        reporter.problem("interrupted; a task already created keeps running on the server")
+        return EXIT_INTERRUPTED
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
