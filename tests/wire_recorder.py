@@ -11,6 +11,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ class Exchange:
     path: str
     headers: dict[str, str]
     body: Any
+    at: float = field(default_factory=time.monotonic)
     status: int | None = None
     messages: list[Any] = field(default_factory=list)
     """JSON-RPC messages in the response: one for a JSON body, one per SSE `data:` event."""

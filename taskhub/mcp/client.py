@@ -175,7 +175,7 @@ class _Connection:
         except BaseException as error:
             failure = error
             if not self._ready.done():
-                self._ready.set_exception(_as_transport_error(error, "connect"))
+                self._ready.set_exception(_as_transport_error(error, f"connecting to {self._owner.target.describe()}"))
         finally:
             if not self.dead.done():
                 self.dead.set_result(failure)
@@ -397,16 +397,41 @@ class TasksClient:
         return await self._request("server/discover", send)
 
     async def _list_tools(self, client: Client) -> list[dict[str, Any]]:
+        session = client.session
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         for _ in range(100):  # a paginator that never ends cannot hang discovery
             request = mcp_types.ListToolsRequest(params=mcp_types.PaginatedRequestParams(cursor=cursor))
-            page = await client.session.send_request(request, _RAW)
-            tools.extend(tool for tool in page.get("tools") or [] if isinstance(tool, dict))
-            cursor = page.get("nextCursor")
+            page = await self._send_tolerant(session, request)
+            raw_tools = [tool for tool in page.get("tools") or [] if isinstance(tool, dict)]
+            cursor = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
+            try:
+                # The SDK drops tools with invalid `x-mcp-header` annotations (a 2026-07-28 MUST) and
+                # remembers the others' so that `tools/call` mirrors them into `Mcp-Param-*` headers.
+                listing = mcp_types.ListToolsResult.model_validate({**page, "tools": raw_tools})
+                kept = {tool.name for tool in session._absorb_tool_listing(listing, complete=cursor is None).tools}
+                raw_tools = [tool for tool in raw_tools if tool.get("name") in kept]
+            except ValidationError:
+                logger.warning("tools/list from %s does not validate; listing it as sent", self.target.describe())
+            tools.extend(raw_tools)
             if not cursor:
                 break
         return tools
+
+    async def _send_tolerant(self, session: Any, request: Any) -> dict[str, Any]:
+        """`ClientSession.send_request` without its strict core-result validation.
+
+        The SDK rejects a result without `resultType`, which the spec says a client MUST read as
+        "complete"; we validate the result ourselves. Stamping (`_meta`, headers) and the dispatcher
+        stay the SDK's own.
+        """
+        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        options: dict[str, Any] = {"timeout": self.timeout}
+        session._stamp(data, options)
+        raw = await session._dispatcher.send_raw_request(data["method"], data.get("params"), options)
+        if not isinstance(raw, dict):
+            raise InvalidResult(f"{data['method']}: expected an object, got {type(raw).__name__}")
+        return raw
 
     async def call_tool(
         self,
@@ -419,31 +444,19 @@ class TasksClient:
         """Send `tools/call` once. The answer is a result, an MRTR input request, or a task."""
 
         async def send(client: Client) -> CallOutcome:
-            result = await client.session.call_tool(
-                name,
-                arguments or {},
-                input_responses=input_responses,
-                request_state=request_state,
-                allow_input_required=True,
-                allow_claimed=True,
+            params = mcp_types.CallToolRequestParams(
+                name=name, arguments=arguments or {}, input_responses=input_responses, request_state=request_state
             )
-            if isinstance(result, CreateTaskResult):
-                return TaskCreated(task=result.to_snapshot())
-            if isinstance(result, mcp_types.InputRequiredResult):
-                requests = {
-                    key: request.model_dump(by_alias=True, mode="json", exclude_none=True)
-                    for key, request in (result.input_requests or {}).items()
-                }
-                return ToolInputRequired(input_requests=requests, request_state=result.request_state)
-            if isinstance(result, mcp_types.CallToolResult):
-                return ToolCompleted(result=_call_tool_result_dict(result))
-            raise InvalidResult(f"tools/call: unexpected result {type(result).__name__}")
+            raw = await self._send_tolerant(client.session, mcp_types.CallToolRequest(params=params))
+            return parse_call_tool_result(raw)
 
         return await self._request("tools/call", send)
 
     async def get_task(self, task_id: str) -> TaskSnapshot:
         async def send(client: Client) -> TaskSnapshot:
-            raw = await client.session.send_request(GetTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW)
+            raw = await client.session.send_request(
+                GetTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=self.timeout
+            )
             return wire.parse_get_task_result(raw)
 
         return await self._request("tasks/get", send)
@@ -452,14 +465,19 @@ class TasksClient:
         async def send(client: Client) -> None:
             params = UpdateTaskParams(task_id=task_id, input_responses=input_responses)
             wire.parse_ack(
-                await client.session.send_request(UpdateTaskRequest(params=params), _RAW), method="tasks/update"
+                await client.session.send_request(
+                    UpdateTaskRequest(params=params), _RAW, request_read_timeout_seconds=self.timeout
+                ),
+                method="tasks/update",
             )
 
         await self._request("tasks/update", send)
 
     async def cancel_task(self, task_id: str) -> None:
         async def send(client: Client) -> None:
-            raw = await client.session.send_request(CancelTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW)
+            raw = await client.session.send_request(
+                CancelTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=self.timeout
+            )
             wire.parse_ack(raw, method="tasks/cancel")
 
         await self._request("tasks/cancel", send)
@@ -591,11 +609,24 @@ class TaskSubscription:
         return item
 
 
-def _call_tool_result_dict(result: mcp_types.CallToolResult) -> dict[str, Any]:
-    raw = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    raw.pop("resultType", None)
-    raw.setdefault("isError", False)
-    return raw
+def parse_call_tool_result(raw: dict[str, Any]) -> CallOutcome:
+    """Branch a `tools/call` answer on `resultType`: absent or "complete", "input_required", or "task"."""
+    result_type = raw.get("resultType", "complete")
+    try:
+        if result_type == "task":
+            return TaskCreated(task=CreateTaskResult.model_validate(raw).to_snapshot())
+        if result_type == "input_required":
+            parsed = mcp_types.InputRequiredResult.model_validate(raw)
+            requests = raw.get("inputRequests") or {}
+            return ToolInputRequired(input_requests=dict(requests), request_state=parsed.request_state)
+        if result_type == "complete":
+            mcp_types.CallToolResult.model_validate(raw)
+            result = {key: value for key, value in raw.items() if key not in ("resultType", "_meta")}
+            result.setdefault("isError", False)
+            return ToolCompleted(result=result)
+    except ValidationError as error:
+        raise InvalidResult(f"tools/call: malformed {result_type!r} result: {wire.first_error(error)}") from error
+    raise InvalidResult(f"tools/call: unknown resultType {str(result_type)[:80]!r}")
 
 
 def _comparable(snapshot: TaskSnapshot) -> dict[str, Any]:

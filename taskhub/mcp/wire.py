@@ -96,7 +96,7 @@ def parse_task_snapshot(raw: Any, *, source: str) -> TaskSnapshot:
     try:
         snapshot = TaskSnapshot.model_validate(raw)
     except ValidationError as error:
-        raise InvalidResult(f"{source}: malformed task: {_first_error(error)}") from error
+        raise InvalidResult(f"{source}: malformed task: {first_error(error)}") from error
     if snapshot.status == "input_required" and snapshot.input_requests is None:
         raise InvalidResult(f"{source}: status input_required without inputRequests")
     if snapshot.status == "failed" and snapshot.error is None:
@@ -191,7 +191,7 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _first_error(error: ValidationError) -> str:
+def first_error(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "result"
     return f"{where}: {first['msg']}"
