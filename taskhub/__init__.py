@@ -1,0 +1,1 @@
+"""taskhub: the human control room for long-running MCP tool calls."""

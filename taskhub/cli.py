@@ -1,0 +1,283 @@
+"""The `taskhub` command: `taskhub demo` runs everything in one process, `taskhub test` runs the tests."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+DEMO_SERVER_READY_PREFIX = "taskhub-demo listening on "
+# Set for the second test pass: conftest.py then keeps only the tests that use the database.
+ONLY_DATABASE_TESTS_ENV = "TASKHUB_ONLY_DATABASE_TESTS"
+PYTEST_NO_TESTS_COLLECTED = 5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="taskhub", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run taskhub on this machine: database, migrations, web server")
+    demo.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    demo.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    demo.add_argument("--no-demo-server", action="store_true", help="do not start the bundled demo MCP server")
+    demo.add_argument("--demo-server-port", type=int, default=0, help="port of the demo MCP server (default: any)")
+    demo.add_argument("--access-log", action="store_true", help="print one line per HTTP request")
+
+    commands.add_parser(
+        "test",
+        help="run the tests (with DATABASE_URL set, database tests run again on embedded Postgres)",
+        description="Extra arguments go to pytest, e.g. `taskhub test -x -k healthz`.",
+    )
+
+    pg = commands.add_parser("pg", help="the embedded Postgres in var/pgdata (or TASKHUB_PGDATA)")
+    pg.add_argument("action", choices=["status", "stop"])
+
+    # Everything `taskhub test` does not know is for pytest, options included.
+    args, pytest_args = parser.parse_known_args(argv)
+    if args.command == "test":
+        return run_tests(pytest_args)
+    if pytest_args:
+        parser.error(f"unrecognized arguments: {' '.join(pytest_args)}")
+    if args.command == "demo":
+        return run_demo(args)
+    return run_pg(args.action)
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+# --- taskhub demo -----------------------------------------------------------------------------------------------
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    # The reactor must be daphne's asyncio one, installed before anything imports twisted.internet.reactor.
+    import daphne.server  # noqa: F401
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskhub.settings")
+    if "DEBUG" not in os.environ:
+        os.environ["DEBUG"] = "true"  # a local demo: development secret key, static files straight from static/
+
+    if not port_is_free(args.host, args.port):
+        say(f"Port {args.port} on {args.host} is already in use. Stop what uses it, or pick another: --port 8001")
+        return 2
+
+    demo_server = None
+    embedded = not os.environ.get("DATABASE_URL")
+    try:
+        start_database(embedded)
+        prepare_database()
+        if args.no_demo_server:
+            say("• Demo MCP server: skipped (--no-demo-server)")
+        else:
+            demo_server = start_demo_server(args.demo_server_port)
+        serve(args.host, args.port, access_log=args.access_log)
+    except KeyboardInterrupt:
+        say("\nInterrupted.")
+    finally:
+        say("Stopping…")
+        if demo_server is not None:
+            stop_process(demo_server, "demo MCP server")
+        if embedded:
+            stop_embedded_database()
+        say("Stopped.")
+    return 0
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def start_database(embedded: bool) -> None:
+    if not embedded:
+        import dj_database_url
+
+        config = dj_database_url.parse(os.environ["DATABASE_URL"])
+        say(f"• Database: {config.get('NAME')} on {config.get('HOST') or 'local socket'} (DATABASE_URL)")
+        return
+    from taskhub import embedded_pg
+
+    say(f"• Starting embedded Postgres in {embedded_pg.data_dir()} …")
+    started = time.monotonic()
+    server = embedded_pg.ensure_started()
+    say(f"  ready in {time.monotonic() - started:.1f} s (pid {server.pid}, socket in {server.socket_dir})")
+
+
+def prepare_database() -> None:
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    say("• Applying database migrations …")
+    call_command("migrate", interactive=False, verbosity=0)
+    say("  done")
+    ensure_admin_user()
+
+
+def ensure_admin_user() -> None:
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model()
+    if users.objects.filter(username="admin").exists():
+        say("• Admin user: 'admin' exists (reset its password with: uv run python manage.py changepassword admin)")
+        return
+    password = secrets.token_urlsafe(12)
+    users.objects.create_superuser(username="admin", email="", password=password)
+    say(f"• Admin user created: admin / {password}   (shown only this once)")
+
+
+def start_demo_server(port: int) -> subprocess.Popen | None:
+    if importlib.util.find_spec("taskhub.demo") is None or importlib.util.find_spec("taskhub.demo.__main__") is None:
+        say("• Demo MCP server: not available (taskhub.demo is not installed)")
+        return None
+    state_file = PROJECT_DIR / "var" / "demo-server.sqlite3"
+    state_file.parent.mkdir(exist_ok=True)
+    command = [sys.executable, "-m", "taskhub.demo", "--http", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--state", str(state_file)]
+    say("• Starting the demo MCP server …")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1)
+    ready = threading.Event()
+    url: list[str] = []
+
+    def relay_output() -> None:
+        for line in process.stdout:
+            if not ready.is_set() and line.startswith(DEMO_SERVER_READY_PREFIX):
+                url.append(line.removeprefix(DEMO_SERVER_READY_PREFIX).strip())
+                ready.set()
+            else:
+                print(f"  [demo server] {line}", end="", flush=True)
+        ready.set()  # output ended: the process exited
+
+    threading.Thread(target=relay_output, name="demo-server-output", daemon=True).start()
+    ready.wait(timeout=30)
+    if url:
+        say(f"  listening on {url[0]}")
+        return process
+    say("  it did not start (see its output above); carrying on without it")
+    stop_process(process, "demo MCP server")
+    return None
+
+
+def serve(host: str, port: int, access_log: bool) -> None:
+    from daphne.access import AccessLogGenerator
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+
+    from taskhub.asgi import application
+
+    shown_host = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):
+        shown_host = "127.0.0.1"
+
+    class AnnouncingServer(Server):
+        def listen_success(self, port_object):
+            super().listen_success(port_object)
+            say(f"\ntaskhub is running at http://{shown_host}:{port}/   (Ctrl-C to stop)\n")
+
+        def listen_error(self, failure):
+            say(f"Could not listen on {host}:{port}: {failure.getErrorMessage()}")
+            super().listen_error(failure)
+
+    say(f"• Starting the web server (daphne) on {host}:{port} …")
+    AnnouncingServer(
+        application=application,
+        endpoints=build_endpoint_description_strings(host=host, port=port),
+        action_logger=AccessLogGenerator(sys.stdout) if access_log else None,
+        verbosity=0,
+    ).run()
+
+
+def stop_process(process: subprocess.Popen, name: str) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        say(f"  {name} did not stop within 10 s; killing it")
+        process.kill()
+        process.wait()
+    except ChildProcessError:
+        pass  # already reaped by the reactor's SIGCHLD handling
+    say(f"  {name} stopped")
+
+
+def stop_embedded_database() -> None:
+    from taskhub import embedded_pg
+
+    if embedded_pg.release():
+        say("  embedded Postgres stopped")
+    elif embedded_pg.running_server():
+        say("  embedded Postgres left running: other processes still use it")
+
+
+# --- taskhub test -----------------------------------------------------------------------------------------------
+
+
+def run_tests(pytest_args: list[str]) -> int:
+    pytest = [sys.executable, "-m", "pytest", *pytest_args]
+    database_url = os.environ.get("DATABASE_URL")
+    if not database_url:
+        say("taskhub test: DATABASE_URL is not set, so the suite runs once, on embedded Postgres.")
+        return check_pytest_exit(subprocess.run(pytest, cwd=PROJECT_DIR).returncode, "the test suite")
+
+    say("taskhub test: pass 1 of 2, the whole suite with DATABASE_URL.")
+    first = check_pytest_exit(subprocess.run(pytest, cwd=PROJECT_DIR).returncode, "pass 1 (DATABASE_URL)")
+    if first != 0:
+        return first
+
+    say("\ntaskhub test: pass 2 of 2, the tests that use the database again, on embedded Postgres.")
+    embedded_env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
+    embedded_env[ONLY_DATABASE_TESTS_ENV] = "1"
+    second = subprocess.run(pytest, cwd=PROJECT_DIR, env=embedded_env).returncode
+    if second == PYTEST_NO_TESTS_COLLECTED:
+        say("taskhub test: pass 2 had nothing to do: no selected test uses the database.")
+        return 0
+    return check_pytest_exit(second, "pass 2 (embedded Postgres)")
+
+
+def check_pytest_exit(code: int, what: str) -> int:
+    if code == PYTEST_NO_TESTS_COLLECTED:
+        say(f"taskhub test: {what} collected no tests (pytest exit code 5), so nothing was tested: failing.")
+    elif code != 0:
+        say(f"taskhub test: {what} failed (pytest exit code {code}).")
+    return code
+
+
+# --- taskhub pg -------------------------------------------------------------------------------------------------
+
+
+def run_pg(action: str) -> int:
+    from taskhub import embedded_pg
+
+    server = embedded_pg.running_server()
+    if action == "status":
+        if server is None:
+            say(f"Embedded Postgres in {embedded_pg.data_dir()}: not running")
+        else:
+            say(f"Embedded Postgres in {server.pgdata}: running, pid {server.pid}, socket in {server.socket_dir}")
+            say(f"Processes registered as using it: {embedded_pg.handle_pids() or 'none'}")
+        return 0
+    if embedded_pg.stop_server():
+        say("Embedded Postgres stopped.")
+    else:
+        say("Embedded Postgres was not running.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

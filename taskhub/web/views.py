@@ -1,0 +1,21 @@
+from django.http import JsonResponse
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from taskhub.web.health import database_status
+
+
+@require_GET
+def home(request):
+    # htmx refreshes only the status fragment; a plain request gets the whole page.
+    template = "web/home.html#system-status" if request.htmx else "web/home.html"
+    return render(request, template, {"database": database_status()})
+
+
+@require_GET
+@never_cache
+def healthz(request):
+    database = database_status()
+    healthy = database["ok"]
+    return JsonResponse({"status": "ok" if healthy else "error", "database": database}, status=200 if healthy else 503)

@@ -1,0 +1,11 @@
+"""Django settings for the tests: taskhub's own, with what a test run needs and nothing else changed."""
+
+import os
+
+# Tests run with DEBUG off (like production) and need no real secret.
+os.environ.setdefault("SECRET_KEY", "taskhub-tests-only-not-secret")
+
+from taskhub.settings import *  # noqa: F403
+
+# The manifest storage needs `collectstatic`; tests render templates without running it.
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

@@ -1,0 +1,186 @@
+"""`taskhub demo` and `taskhub test` as real subprocesses."""
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import psutil
+import pytest
+from conftest import PROJECT_DIR, VENV_BIN, free_tcp_port
+
+from taskhub import embedded_pg
+
+pytestmark = pytest.mark.slow
+
+TASKHUB = str(VENV_BIN / "taskhub")
+READY_LINE = "taskhub is running at "
+
+
+class DemoRun:
+    """A `taskhub demo` subprocess whose output is collected line by line."""
+
+    def __init__(self, port: int, env: dict[str, str]):
+        self.port = port
+        self.lines: list[str] = []
+        self._new_lines: queue.Queue[str | None] = queue.Queue()
+        self.process = subprocess.Popen(
+            [TASKHUB, "demo", "--port", str(port), "--no-demo-server"],
+            env=env,
+            cwd=PROJECT_DIR,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._collect, daemon=True).start()
+
+    def _collect(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+            self._new_lines.put(line)
+        self._new_lines.put(None)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float = 90) -> str:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._new_lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r}; output so far:\n{self.output}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+
+    def stop(self, signum: int) -> int:
+        self.process.send_signal(signum)
+        return self.process.wait(timeout=60)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def embedded_env(tmp_path_factory):
+    """Environment for a demo on its own embedded Postgres (DATABASE_URL unset), with the demo's defaults."""
+    pgdata = tmp_path_factory.mktemp("demo") / "pgdata"
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "DEBUG", "SECRET_KEY")}
+    env["TASKHUB_PGDATA"] = str(pgdata)
+    yield env
+    embedded_pg.stop_server(pgdata)
+
+
+def postgres_processes_on(pgdata) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["name", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if process.info["name"] == "postgres" and str(pgdata) in " ".join(cmdline):
+            found.append(process)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_demo_serves_the_home_page_and_stops_its_postgres(embedded_env, signum):
+    pgdata = embedded_env["TASKHUB_PGDATA"]
+    demo = DemoRun(free_tcp_port(), embedded_env)
+    try:
+        demo.wait_for_line(READY_LINE)
+        assert "Starting embedded Postgres" in demo.output
+        assert "Admin user" in demo.output
+        assert postgres_processes_on(pgdata), "the demo said it started Postgres, but none runs on its pgdata"
+
+        status, page = demo.get("/")
+        assert status == 200
+        assert "The control room for long-running MCP tool calls" in page
+        status, css = demo.get("/static/taskhub/taskhub.css")
+        assert status == 200
+        assert "--status-working" in css
+        status, health = demo.get("/healthz")
+        assert '"embedded": true' in health
+
+        assert demo.stop(signum) == 0
+    finally:
+        demo.kill()
+    assert "embedded Postgres stopped" in demo.output
+    assert postgres_processes_on(pgdata) == []
+
+
+def test_demo_creates_the_admin_user_once(embedded_env):
+    outputs = []
+    for _ in range(2):
+        demo = DemoRun(free_tcp_port(), embedded_env)
+        try:
+            demo.wait_for_line(READY_LINE)
+            demo.stop(signal.SIGINT)
+        finally:
+            demo.kill()
+        outputs.append(demo.output)
+    # The module's earlier test may have created it already; the second run must always find it.
+    assert "Admin user: 'admin' exists" in outputs[1]
+    created = [output for output in outputs if "Admin user created: admin / " in output]
+    assert len(created) <= 1
+
+
+def test_demo_says_when_the_port_is_taken(embedded_env):
+    with socket_listening() as port:
+        demo = DemoRun(port, embedded_env)
+        code = demo.process.wait(timeout=30)
+    demo.wait_for_line("already in use")
+    assert code == 2
+    assert "Starting embedded Postgres" not in demo.output
+
+
+class socket_listening:
+    def __enter__(self) -> int:
+        import socket
+
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen()
+        return self.socket.getsockname()[1]
+
+    def __exit__(self, *exc_info) -> None:
+        self.socket.close()
+
+
+def run_taskhub_test(*pytest_args: str, database_url: str | None) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
+    if database_url:
+        env["DATABASE_URL"] = database_url
+    return subprocess.run(
+        [TASKHUB, "test", "-p", "no:cacheprovider", *pytest_args],
+        env=env,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_taskhub_test_fails_when_nothing_is_collected():
+    result = run_taskhub_test("tests/test_settings.py", "-k", "no_test_has_this_name", database_url=None)
+    assert result.returncode == 5
+    assert "collected no tests" in result.stdout
+
+
+def test_taskhub_test_skips_the_embedded_pass_when_no_selected_test_uses_the_database():
+    url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/taskhub"
+    result = run_taskhub_test("tests/test_settings.py", "-k", "debug_gets", database_url=url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    assert "pass 2 had nothing to do" in result.stdout
