@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 
@@ -35,7 +36,11 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
     parser.add_argument("--conformance", action="store_true", help="also offer the conformance suite's fixture tools")
     parser.add_argument("--require-token", metavar="TOKEN", help="HTTP only: require Authorization: Bearer TOKEN")
     parser.add_argument(
-        "--get-delay-ms", type=int, default=0, metavar="MS", help="hold each tasks/get this long (makes overlap visible)"
+        "--get-delay-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="hold each tasks/get this long (makes overlap visible)",
     )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
@@ -55,10 +60,8 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         anyio.run(serve, config)
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import require_client_extension
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
 from mcp_types import CallToolRequestParams, RequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError
 
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver import require_client_extension
-from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
 from taskhub.demo.engine import NeedsInput, TaskEngine, TaskExpired, TaskNotFound
 from taskhub.demo.scripts import Phase
 from taskhub.demo.stats import DemoStats
@@ -35,8 +36,6 @@ from taskhub.demo.wire import (
     missing_tasks_extension,
     sync_result,
 )
-
-from mcp.shared.exceptions import MCPError
 
 TaskId = Annotated[str, Field(alias="taskId", min_length=1, max_length=MAX_ID_LENGTH)]
 ResponseKey = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]

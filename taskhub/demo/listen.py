@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, model_serializer
-
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import require_client_extension
+from pydantic import BaseModel, model_serializer
+
 from taskhub.demo.engine import TaskEngine, TaskExpired, TaskNotFound, TaskView
 from taskhub.demo.wire import (
     MAX_ID_LENGTH,

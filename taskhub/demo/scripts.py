@@ -192,6 +192,10 @@ def follow_up(now: float, answered_at: float, message: str, outcome: Phase) -> P
     return outcome
 
 
+def name_question(message: str) -> FormQuestion:
+    return FormQuestion(message, {"name": {"type": "string", "title": "Name", "maxLength": 200}}, ("name",))
+
+
 # --- the contract's tools -------------------------------------------------------------------------------------
 
 
@@ -238,12 +242,16 @@ def approval_script(facts: Facts, now: float) -> Phase:
     return ask_then(facts, now, {"approve": question}, f"Waiting for approval of {action}", decide)
 
 
-COLOR_OPTIONS = [{"const": "red", "title": "Red"}, {"const": "green", "title": "Green"}, {"const": "blue", "title": "Blue"}]
+COLOR_OPTIONS = [
+    {"const": "red", "title": "Red"},
+    {"const": "green", "title": "Green"},
+    {"const": "blue", "title": "Blue"},
+]
 
 
 def two_questions_script(facts: Facts, now: float) -> Phase:
     questions = {
-        "name": FormQuestion("What is your name?", {"name": {"type": "string", "title": "Name", "maxLength": 200}}, ("name",)),
+        "name": name_question("What is your name?"),
         "color": FormQuestion(
             "Pick a color.", {"color": {"type": "string", "title": "Color", "oneOf": COLOR_OPTIONS}}, ("color",)
         ),
@@ -266,18 +274,26 @@ def url_consent_script(facts: Facts, now: float) -> Phase:
 
     def finish(answered_at: float) -> Phase:
         text = "consented" if facts.answers["consent"].action == "accept" else "declined"
-        return follow_up(now, answered_at, "Waiting for the authorization to complete", completed(answered_at + FOLLOW_UP, text))
+        return follow_up(
+            now, answered_at, "Waiting for the authorization to complete", completed(answered_at + FOLLOW_UP, text)
+        )
 
     return ask_then(facts, now, {"consent": question}, "Waiting for consent", finish)
 
 
 def fail_script(facts: Facts, now: float) -> Phase:
-    return work_for(facts, now, SHORT_JOB, "Running (this job will fail)", lambda end: failed(end, -32603, "Simulated failure"))
+    return work_for(
+        facts, now, SHORT_JOB, "Running (this job will fail)", lambda end: failed(end, -32603, "Simulated failure")
+    )
 
 
 def tool_error_script(facts: Facts, now: float) -> Phase:
     return work_for(
-        facts, now, SHORT_JOB, "Running (this tool will report an error)", lambda end: completed(end, "Simulated tool error", is_error=True)
+        facts,
+        now,
+        SHORT_JOB,
+        "Running (this tool will report an error)",
+        lambda end: completed(end, "Simulated tool error", is_error=True),
     )
 
 
@@ -292,16 +308,32 @@ def hello_script(facts: Facts, now: float) -> Phase:
 def slow_compute_script(facts: Facts, now: float) -> Phase:
     label = facts.args["label"]
     return work_for(
-        facts, now, facts.args["seconds"], f"Computing {label}", lambda end: completed(end, f"Computed {label} in {facts.args['seconds']:g}s")
+        facts,
+        now,
+        facts.args["seconds"],
+        f"Computing {label}",
+        lambda end: completed(end, f"Computed {label} in {facts.args['seconds']:g}s"),
     )
 
 
 def failing_job_script(facts: Facts, now: float) -> Phase:
-    return work_for(facts, now, SHORT_JOB, "Running the job", lambda end: completed(end, "Job failed: simulated tool error", is_error=True))
+    return work_for(
+        facts,
+        now,
+        SHORT_JOB,
+        "Running the job",
+        lambda end: completed(end, "Job failed: simulated tool error", is_error=True),
+    )
 
 
 def protocol_error_job_script(facts: Facts, now: float) -> Phase:
-    return work_for(facts, now, FOLLOW_UP, "Running the job", lambda end: failed(end, -32603, "Internal error while running the job"))
+    return work_for(
+        facts,
+        now,
+        FOLLOW_UP,
+        "Running the job",
+        lambda end: failed(end, -32603, "Internal error while running the job"),
+    )
 
 
 def confirm_delete_script(facts: Facts, now: float) -> Phase:
@@ -319,13 +351,15 @@ def confirm_delete_script(facts: Facts, now: float) -> Phase:
 
 def multi_input_script(facts: Facts, now: float) -> Phase:
     questions = {
-        "name": FormQuestion("What is your name?", {"name": {"type": "string", "title": "Name", "maxLength": 200}}, ("name",)),
+        "name": name_question("What is your name?"),
         "confirm": FormQuestion("Proceed?", {"confirm": {"type": "boolean", "title": "Proceed?"}}, ("confirm",)),
     }
 
     def finish(answered_at: float) -> Phase:
         name, confirm = facts.answers["name"].content.get("name"), facts.answers["confirm"].content.get("confirm")
-        return follow_up(now, answered_at, "Wrapping up", completed(answered_at + FOLLOW_UP, f"name={name} confirm={confirm}"))
+        return follow_up(
+            now, answered_at, "Wrapping up", completed(answered_at + FOLLOW_UP, f"name={name} confirm={confirm}")
+        )
 
     return ask_then(facts, now, questions, "Waiting for two answers", finish)
 

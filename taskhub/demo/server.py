@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import anyio
 import uvicorn
+from mcp.server import MCPServer
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcp.server import MCPServer
 from taskhub.demo.engine import TaskEngine
 from taskhub.demo.extension import TasksExtension
 from taskhub.demo.listen import TaskListenMiddleware
@@ -87,7 +87,9 @@ class BearerTokenGate:
         if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
-                response = JSONResponse({"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                response = JSONResponse(
+                    {"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+                )
                 await response(scope, receive, send)
                 return
         await self._app(scope, receive, send)

@@ -173,7 +173,9 @@ class TaskStore:
     def set_next_check(self, task_id: str, next_check_at: float | None) -> None:
         self._db.execute("UPDATE tasks SET next_check_at = ? WHERE task_id = ?", (next_check_at, task_id))
 
-    def add_answers(self, task_id: str, responses: Mapping[str, Mapping[str, Any]], outstanding: set[str], at: float) -> list[str]:
+    def add_answers(
+        self, task_id: str, responses: Mapping[str, Mapping[str, Any]], outstanding: set[str], at: float
+    ) -> list[str]:
         """Store the responses whose keys are in `outstanding` and not answered yet; return the keys stored.
 
         Within one immediate transaction, and the (task_id, key) primary key makes a second answer to the

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
-from mcp.server.mcpserver.tools import Tool
-from taskhub.demo.scripts import FormQuestion, Question
+from taskhub.demo.scripts import Question, name_question
 from taskhub.demo.wire import MAX_TEXT_LENGTH
 
 ShortText = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
@@ -139,10 +139,6 @@ def test_tool_with_task() -> None:
     _served_by_interceptor()
 
 
-def _name_question(message: str) -> FormQuestion:
-    return FormQuestion(message, {"name": {"type": "string", "title": "Name", "maxLength": 200}}, ("name",))
-
-
 FORM = frozenset({"form"})
 
 
@@ -159,13 +155,15 @@ def contract_tools() -> tuple[list[Tool], list[TaskTool]]:
         _task_tool(fail, sync_capable=True),
         _task_tool(tool_error, sync_capable=True),
         _task_tool(long),
-        _task_tool(mrtr, input_modes=FORM, pre_task=PreTaskQuestion("name", _name_question("What is your name?"), "name")),
+        _task_tool(
+            mrtr, input_modes=FORM, pre_task=PreTaskQuestion("name", name_question("What is your name?"), "name")
+        ),
     ]
     return [Tool.from_function(quick)], task_tools
 
 
 def conformance_tools() -> tuple[list[Tool], list[TaskTool]]:
-    user_name = PreTaskQuestion("user_name", _name_question("What is your user name?"), "name")
+    user_name = PreTaskQuestion("user_name", name_question("What is your user name?"), "name")
     task_tools = [
         _task_tool(slow_compute, sync_capable=True),
         _task_tool(failing_job),

