@@ -433,27 +433,36 @@ class TaskFollower:
         return snapshot
 
     async def _follow_by_notifications(self, snapshot: TaskSnapshot) -> TaskSnapshot:
-        task_id = snapshot.task_id
         async with contextlib.AsyncExitStack() as stack:
-            try:
-                subscription = await stack.enter_async_context(self.client.listen([task_id]))
-            except ProtocolError as error:
-                self.reporter.problem(f"cannot listen for task notifications ({clean_text(str(error))}); polling")
-                return await self._follow_by_polling(snapshot)
-            if task_id not in subscription.accepted_task_ids:
-                self.reporter.problem("the server did not accept the task subscription; polling instead")
-                return await self._follow_by_polling(snapshot)
-            # Changes between task creation and the acknowledgement reached nobody.
-            snapshot = await self.client.get_task(task_id)
-            await self._observe(snapshot)
-            while not snapshot.is_terminal:
-                notified = await self._next_notification(subscription, timeout=safety_poll_interval(snapshot))
-                if notified is _STREAM_ENDED:
-                    self.reporter.problem("the task notification stream ended; polling instead")
-                    break
-                snapshot = notified if notified is not None else await self.client.get_task(task_id)
-                await self._observe(snapshot)
+            subscription = await self._open_subscription(stack, task_id=snapshot.task_id)
+            if subscription is not None:
+                snapshot = await self._follow_subscription(subscription, snapshot)
+        # Polling takes over when the server refuses the subscription or the stream ends early.
         return await self._follow_by_polling(snapshot)
+
+    async def _open_subscription(self, stack: contextlib.AsyncExitStack, *, task_id: str) -> TaskSubscription | None:
+        try:
+            subscription = await stack.enter_async_context(self.client.listen([task_id]))
+        except ProtocolError as error:
+            self.reporter.problem(f"cannot listen for task notifications ({clean_text(str(error))}); polling instead")
+            return None
+        if task_id not in subscription.accepted_task_ids:
+            self.reporter.problem("the server did not accept the task subscription; polling instead")
+            return None
+        return subscription
+
+    async def _follow_subscription(self, subscription: TaskSubscription, snapshot: TaskSnapshot) -> TaskSnapshot:
+        # Changes between task creation and the acknowledgement reached nobody.
+        snapshot = await self.client.get_task(snapshot.task_id)
+        await self._observe(snapshot)
+        while not snapshot.is_terminal:
+            notified = await self._next_notification(subscription, timeout=safety_poll_interval(snapshot))
+            if notified is _STREAM_ENDED:
+                self.reporter.problem("the task notification stream ended; polling instead")
+                break
+            snapshot = notified if notified is not None else await self.client.get_task(snapshot.task_id)
+            await self._observe(snapshot)
+        return snapshot
 
     async def _next_notification(self, subscription: TaskSubscription, *, timeout: float) -> Any:
         """The next snapshot, None when the safety poll is due, or _STREAM_ENDED."""

@@ -1,0 +1,367 @@
+"""`python -m taskhub.mcp` as a real subprocess against the real demo server (HTTP and stdio)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskhub.mcp.cli import clean_text
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+DEMO_OPTIONS = ["--poll-interval-ms", "100"]
+FAST_PROGRESS = json.dumps({"steps": 3, "step_ms": 100})
+APPROVE = json.dumps({"action": "accept", "content": {"approved": True, "reason": "ok"}})
+CONTRACT_TOOLS = {"quick", "progress", "approval", "two_questions", "url_consent", "fail", "tool_error", "long", "mrtr"}
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(PROJECT_DIR) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def demo_url() -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "taskhub.demo", "--http", "--port", "0", *DEMO_OPTIONS],
+        cwd=PROJECT_DIR,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        yield read_listening_url(process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def read_listening_url(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"demo server exited with {process.wait()} before listening")
+        if line.startswith("taskhub-demo listening on "):
+            return line.removeprefix("taskhub-demo listening on ").strip()
+    raise RuntimeError("demo server did not say it was listening")
+
+
+def run_cli(*arguments: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "taskhub.mcp", *arguments],
+        cwd=PROJECT_DIR,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def call(url: str, tool: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("call", "--url", url, tool, "--timeout", "45", *options)
+
+
+def json_events(completed: subprocess.CompletedProcess[str]) -> list[dict]:
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def demo_stats(url: str) -> dict:
+    with urllib.request.urlopen(url.removesuffix("/mcp") + "/demo/stats", timeout=10) as response:
+        return json.load(response)
+
+
+# --- exit status --------------------------------------------------------------------------------------
+
+
+def test_progress_completes_with_status_lines(demo_url: str) -> None:
+    completed = call(demo_url, "progress", "--args", FAST_PROGRESS)
+    assert completed.returncode == 0, completed.stderr
+    assert "status: working" in completed.stdout
+    assert "server says “step 1 of 3”" in completed.stdout
+    assert completed.stdout.rstrip().endswith("finished 3 steps")
+
+
+def test_synchronous_result_maps_to_zero(demo_url: str) -> None:
+    completed = call(demo_url, "quick", "--args", '{"text": "hi"}', "--json")
+    assert completed.returncode == 0, completed.stderr
+    (outcome,) = json_events(completed)
+    assert outcome == {
+        "event": "outcome",
+        "status": "completed",
+        "taskId": None,
+        "result": {"content": [{"type": "text", "text": "echo: hi"}], "isError": False},
+    }
+
+
+def test_tool_error_exits_one(demo_url: str) -> None:
+    completed = call(demo_url, "tool_error")
+    assert completed.returncode == 1, completed.stderr
+    assert "Simulated tool error" in completed.stdout
+
+
+def test_failed_task_exits_two(demo_url: str) -> None:
+    completed = call(demo_url, "fail", "--json")
+    assert completed.returncode == 2, completed.stderr
+    outcome = json_events(completed)[-1]
+    assert outcome["status"] == "failed"
+    assert outcome["error"] == {"code": -32603, "message": "Simulated failure"}
+
+
+def test_cancel_after_exits_three(demo_url: str) -> None:
+    completed = call(demo_url, "long", "--args", '{"seconds": 30}', "--cancel-after", "0.5", "--json")
+    assert completed.returncode == 3, completed.stderr
+    events = json_events(completed)
+    names = [event["event"] for event in events]
+    assert names.count("cancel_sent") == 1
+    assert names.index("cancel_sent") < len(names) - 1
+    assert events[-1] == {"event": "outcome", "status": "cancelled", "taskId": events[0]["taskId"]}
+    assert demo_stats(demo_url)["cancels"][events[0]["taskId"]] == 1
+
+
+def test_unreachable_server_exits_four(free_port: int) -> None:
+    completed = run_cli("call", "--url", f"http://127.0.0.1:{free_port}/mcp", "progress")
+    assert completed.returncode == 4
+    assert completed.stdout == ""
+    (message,) = completed.stderr.splitlines()
+    assert message.startswith("taskhub.mcp: TransportError: ")
+
+
+BAD_OPTIONS = [
+    ["--args", "{not json"],
+    ["--args", "[1, 2]"],
+    ["--answer", "approve={oops"],
+    ["--answer", "no-equals-sign"],
+    ["--answers-file", "/nonexistent/answers.json"],
+    ["--header", "no colon"],
+    ["--cancel-after", "soon"],
+    ["--stdio", "python", "--url", "http://127.0.0.1:1/mcp"],
+]
+
+
+def test_bad_arguments_exit_five(demo_url: str) -> None:
+    # Started together: each is a fresh interpreter, and they need no server time.
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "taskhub.mcp", "call", "--url", demo_url, "progress", *options],
+            cwd=PROJECT_DIR,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for options in BAD_OPTIONS
+    ]
+    for options, process in zip(BAD_OPTIONS, processes, strict=True):
+        stdout, stderr = process.communicate(timeout=60)
+        assert (process.returncode, stdout) == (5, ""), options
+        assert "error" in stderr, options
+
+
+def test_http_only_options_with_stdio_exit_five() -> None:
+    completed = run_cli("call", "--stdio", "whatever", "--bearer", "token", "progress")
+    assert completed.returncode == 5
+    assert "--url only" in completed.stderr
+
+
+# --- answering input ----------------------------------------------------------------------------------
+
+
+def test_approval_answered_from_the_command_line(demo_url: str) -> None:
+    completed = call(demo_url, "approval", "--answer", f"approve={APPROVE}")
+    assert completed.returncode == 0, completed.stderr
+    assert "input required [approve]" in completed.stdout
+    assert "answered [approve] (accept)" in completed.stdout
+    assert completed.stdout.rstrip().endswith("approved: deploy (reason: ok)")
+
+
+def test_each_key_is_delivered_once(demo_url: str) -> None:
+    completed = call(demo_url, "approval", "--args", '{"action": "ship"}', "--answer", f"approve={APPROVE}", "--json")
+    assert completed.returncode == 0, completed.stderr
+    task_id = json_events(completed)[0]["taskId"]
+    assert demo_stats(demo_url)["deliveries"][f"{task_id}/approve"] == 1
+
+
+def test_missing_answer_without_a_terminal_exits_five(demo_url: str) -> None:
+    completed = call(demo_url, "approval", "--json")
+    assert completed.returncode == 5
+    events = json_events(completed)
+    assert events[-1]["event"] == "outcome"
+    assert events[-1]["exitStatus"] == 5
+    assert "stdin is not a terminal" in completed.stderr
+    assert "--answer approve=" in completed.stderr
+
+
+def test_two_questions_from_an_answers_file(demo_url: str, tmp_path: Path) -> None:
+    answers = tmp_path / "answers.json"
+    answers.write_text(
+        json.dumps(
+            {
+                "name": {"action": "accept", "content": {"name": "Ada"}},
+                "color": {"action": "accept", "content": {"color": "green"}},
+            }
+        )
+    )
+    completed = call(demo_url, "two_questions", "--answers-file", str(answers), "--json")
+    assert completed.returncode == 0, completed.stderr
+    events = json_events(completed)
+    assert sorted(event["key"] for event in events if event["event"] == "answered") == ["color", "name"]
+    assert events[-1]["result"]["content"] == [{"type": "text", "text": "name=Ada color=green"}]
+
+
+def test_wildcard_answer_and_url_shown_in_full(demo_url: str) -> None:
+    completed = call(demo_url, "url_consent", "--answer", '*={"action": "accept"}')
+    assert completed.returncode == 0, completed.stderr
+    assert "URL: https://example.com/authorize?task=" in completed.stdout
+    assert completed.stdout.rstrip().endswith("consented")
+
+
+def test_mrtr_round_then_task(demo_url: str) -> None:
+    answer = json.dumps({"action": "accept", "content": {"name": "Ada"}})
+    completed = call(demo_url, "mrtr", "--answer", f"name={answer}", "--json")
+    assert completed.returncode == 0, completed.stderr
+    events = json_events(completed)
+    assert [event["event"] for event in events[:2]] == ["input_required", "answered"]
+    assert events[0]["taskId"] is None
+    assert events[2]["event"] == "task_created"
+    assert events[-1]["result"]["content"] == [{"type": "text", "text": "hello, Ada"}]
+
+
+def test_answer_typed_on_a_terminal(demo_url: str) -> None:
+    """With stdin a terminal, the form is asked field by field: accept, approved? yes, reason."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "taskhub.mcp", "call", "--url", demo_url, "approval", "--timeout", "45"],
+        cwd=PROJECT_DIR,
+        env=child_env(),
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+    )
+    os.close(terminal)
+    try:
+        prompts = read_until(controller, "respond?")
+        assert "Approve?" not in prompts
+        os.write(controller, b"a\n")
+        read_until(controller, "Approve?")
+        os.write(controller, b"yes\n")
+        read_until(controller, "Reason")
+        os.write(controller, b"typed\n")
+        stdout, _ = process.communicate(timeout=30)
+    finally:
+        os.close(controller)
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert stdout.rstrip().endswith("approved: deploy (reason: typed)")
+
+
+def read_until(fd: int, marker: str, timeout: float = 20) -> str:
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no {marker!r} on the terminal; saw {seen!r}")
+        seen += os.read(fd, 4096).decode(errors="replace")
+    return seen
+
+
+# --- following ----------------------------------------------------------------------------------------
+
+
+def test_listen_follows_by_notifications(demo_url: str) -> None:
+    completed = call(demo_url, "progress", "--args", json.dumps({"steps": 4, "step_ms": 300}), "--listen", "--json")
+    assert completed.returncode == 0, completed.stderr
+    events = json_events(completed)
+    messages = [event["statusMessage"] for event in events if event["event"] == "status"]
+    assert "step 2 of 4" in messages
+    # One resync after the acknowledgement; everything else came as notifications.
+    assert demo_stats(demo_url)["polls"].get(events[0]["taskId"], 0) <= 1
+
+
+def test_json_event_stream_shape(demo_url: str) -> None:
+    completed = call(demo_url, "progress", "--args", FAST_PROGRESS, "--json")
+    assert completed.returncode == 0, completed.stderr
+    events = json_events(completed)
+    created, *middle, outcome = events
+    assert created["event"] == "task_created"
+    assert created["status"] == "working"
+    assert {event["event"] for event in middle} == {"status"}
+    assert [event["status"] for event in middle][-1] == "completed"
+    assert all(event["taskId"] == created["taskId"] for event in middle)
+    assert outcome == {
+        "event": "outcome",
+        "status": "completed",
+        "taskId": created["taskId"],
+        "result": {"content": [{"type": "text", "text": "finished 3 steps"}], "isError": False},
+    }
+
+
+def test_polling_honours_the_poll_interval(demo_url: str) -> None:
+    completed = call(demo_url, "progress", "--args", json.dumps({"steps": 5, "step_ms": 200}), "--json")
+    assert completed.returncode == 0, completed.stderr
+    polls = demo_stats(demo_url)["polls"][json_events(completed)[0]["taskId"]]
+    # About 1 s of work at 100 ms intervals: ~10 polls, never a busy loop.
+    assert 3 <= polls <= 15
+
+
+def test_stdio_server() -> None:
+    server = f"{sys.executable} -m taskhub.demo --stdio {' '.join(DEMO_OPTIONS)}"
+    completed = run_cli("call", "--stdio", server, "progress", "--args", FAST_PROGRESS, "--timeout", "45")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.rstrip().endswith("finished 3 steps")
+
+
+# --- discover -----------------------------------------------------------------------------------------
+
+
+def test_discover_json(demo_url: str) -> None:
+    completed = run_cli("discover", "--url", demo_url, "--json")
+    assert completed.returncode == 0, completed.stderr
+    (line,) = completed.stdout.splitlines()
+    document = json.loads(line)
+    assert set(document) == {"discover", "tools", "protocolVersion"}
+    assert document["protocolVersion"] == "2026-07-28"
+    assert "io.modelcontextprotocol/tasks" in document["discover"]["capabilities"]["extensions"]
+    assert {tool["name"] for tool in document["tools"]} == CONTRACT_TOOLS
+    progress = next(tool for tool in document["tools"] if tool["name"] == "progress")
+    assert set(progress["inputSchema"]["properties"]) == {"steps", "step_ms"}
+
+
+def test_discover_human(demo_url: str) -> None:
+    completed = run_cli("discover", "--url", demo_url)
+    assert completed.returncode == 0, completed.stderr
+    assert "protocol version: 2026-07-28" in completed.stdout
+    assert "extensions: io.modelcontextprotocol/tasks" in completed.stdout
+    assert "  approval — " in completed.stdout
+
+
+# --- untrusted text -----------------------------------------------------------------------------------
+
+
+def test_clean_text_strips_escapes_and_controls() -> None:
+    hostile = "ok\x1b[2J\x1b]0;title\x07\x1b]8;;http://x\x1b\\link\r\nnext\u202eevil\x00\x9b31m"
+    assert clean_text(hostile) == "oklink nextevil"
+    assert clean_text(hostile, multiline=True) == "oklink\nnextevil"
+    assert clean_text("x" * 500, cap=10).startswith("xxxxxxxxxx… [490 more characters")
