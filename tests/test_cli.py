@@ -1,12 +1,15 @@
 """`taskhub demo` and `taskhub test` as real subprocesses."""
 
+import importlib.util
 import os
 import queue
 import signal
+import socket
 import subprocess
 import threading
 import time
 import urllib.request
+from urllib.parse import urlparse
 
 import psutil
 import pytest
@@ -23,12 +26,12 @@ READY_LINE = "taskhub is running at "
 class DemoRun:
     """A `taskhub demo` subprocess whose output is collected line by line."""
 
-    def __init__(self, port: int, env: dict[str, str]):
+    def __init__(self, port: int, env: dict[str, str], *options: str):
         self.port = port
         self.lines: list[str] = []
         self._new_lines: queue.Queue[str | None] = queue.Queue()
         self.process = subprocess.Popen(
-            [TASKHUB, "demo", "--port", str(port), "--no-demo-server"],
+            [TASKHUB, "demo", "--port", str(port), *(options or ["--no-demo-server"])],
             env=env,
             cwd=PROJECT_DIR,
             stdin=subprocess.DEVNULL,
@@ -120,6 +123,25 @@ def test_demo_serves_the_home_page_and_stops_its_postgres(embedded_env, signum):
     assert postgres_processes_on(pgdata) == []
 
 
+@pytest.mark.skipif(importlib.util.find_spec("taskhub.demo.__main__") is None, reason="no taskhub.demo yet")
+def test_demo_starts_and_stops_the_demo_mcp_server(embedded_env):
+    demo = DemoRun(free_tcp_port(), embedded_env, "--demo-server-port", str(free_tcp_port()))
+    try:
+        demo.wait_for_line(READY_LINE)
+        children = psutil.Process(demo.process.pid).children()
+        demo_servers = [child for child in children if "taskhub.demo" in " ".join(child.cmdline())]
+        assert len(demo_servers) == 1, demo.output
+        mcp_url = demo.output.split("  listening on ", 1)[1].split()[0]
+        assert mcp_url.endswith("/mcp")
+        with socket.create_connection((urlparse(mcp_url).hostname, urlparse(mcp_url).port), timeout=5):
+            pass
+        assert demo.stop(signal.SIGINT) == 0
+    finally:
+        demo.kill()
+    assert "demo MCP server stopped" in demo.output
+    assert not demo_servers[0].is_running()
+
+
 def test_demo_creates_the_admin_user_once(embedded_env):
     outputs = []
     for _ in range(2):
@@ -147,8 +169,6 @@ def test_demo_says_when_the_port_is_taken(embedded_env):
 
 class socket_listening:
     def __enter__(self) -> int:
-        import socket
-
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen()
