@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from taskhub.mcp.cli import clean_text
+from taskhub.mcp.cli import clean_text, main
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_OPTIONS = ["--poll-interval-ms", "100"]
@@ -31,10 +32,11 @@ def child_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def demo_url() -> Iterator[str]:
+@contextlib.contextmanager
+def demo_server(*options: str) -> Iterator[str]:
+    """`python -m taskhub.demo --http --port 0`; yields the URL it says it listens on."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "taskhub.demo", "--http", "--port", "0", *DEMO_OPTIONS],
+        [sys.executable, "-m", "taskhub.demo", "--http", "--port", "0", *options],
         cwd=PROJECT_DIR,
         env=child_env(),
         stdout=subprocess.PIPE,
@@ -50,6 +52,12 @@ def demo_url() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def demo_url() -> Iterator[str]:
+    with demo_server(*DEMO_OPTIONS) as url:
+        yield url
 
 
 def read_listening_url(process: subprocess.Popen[str]) -> str:
@@ -158,29 +166,50 @@ BAD_OPTIONS = [
 
 
 def test_bad_arguments_exit_five(demo_url: str) -> None:
-    # Started together: each is a fresh interpreter, and they need no server time.
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "taskhub.mcp", "call", "--url", demo_url, "progress", *options],
-            cwd=PROJECT_DIR,
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for options in BAD_OPTIONS
-    ]
-    for options, process in zip(BAD_OPTIONS, processes, strict=True):
-        stdout, stderr = process.communicate(timeout=60)
-        assert (process.returncode, stdout) == (5, ""), options
-        assert "error" in stderr, options
+    completed = call(demo_url, "progress", "--args", "{not json")
+    assert (completed.returncode, completed.stdout) == (5, "")
+    assert "--args is not valid JSON" in completed.stderr
+
+
+@pytest.mark.parametrize("options", BAD_OPTIONS)
+def test_bad_arguments_are_refused_before_connecting(options: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # In-process, to spare an interpreter start per case. The port is closed: connecting would exit 4, not 5.
+    assert main_exit_status(["call", "--url", "http://127.0.0.1:1/mcp", "progress", *options]) == 5
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "error" in captured.err
+
+
+def main_exit_status(argv: list[str]) -> int | str | None:
+    try:
+        return main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        return exit_.code
 
 
 def test_http_only_options_with_stdio_exit_five() -> None:
     completed = run_cli("call", "--stdio", "whatever", "--bearer", "token", "progress")
     assert completed.returncode == 5
     assert "--url only" in completed.stderr
+
+
+def test_timeout_gives_up_and_names_the_task(demo_url: str) -> None:
+    completed = run_cli("call", "--url", demo_url, "long", "--timeout", "1", "--json")
+    assert completed.returncode == 4
+    events = json_events(completed)
+    assert events[-1]["error"]["kind"] == "RequestTimeout"
+    assert f"task {events[0]['taskId']} keeps running" in completed.stderr
+
+
+def test_bearer_token_and_headers() -> None:
+    with demo_server("--require-token", "s3cret") as url:
+        quick = ["call", "--url", url, "quick", "--args", '{"text": "in"}', "--timeout", "30"]
+        refused = run_cli(*quick)
+        by_bearer = run_cli(*quick, "--bearer", "s3cret")
+        by_header = run_cli(*quick, "--header", "Authorization: Bearer s3cret")
+    assert refused.returncode == 4
+    assert (by_bearer.returncode, by_bearer.stdout) == (0, "echo: in\n")
+    assert (by_header.returncode, by_header.stdout) == (0, "echo: in\n")
 
 
 # --- answering input ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import re
 import shlex
 import sys
@@ -103,8 +104,12 @@ class Reporter:
     as_json: bool
     out: TextIO = field(default_factory=lambda: sys.stdout)
     err: TextIO = field(default_factory=lambda: sys.stderr)
+    task_id: str | None = None
+    """The task created so far, to name it when we stop following early."""
 
     def event(self, name: str, human: str | None, **fields: Any) -> None:
+        if name == "task_created":
+            self.task_id = fields["taskId"]
         if self.as_json:
             self.out.write(json.dumps({"event": name, **fields}) + "\n")
         elif human is not None:
@@ -115,6 +120,11 @@ class Reporter:
         if not self.as_json:
             self.out.write(line + "\n")
             self.out.flush()
+
+    def still_running(self) -> str:
+        if self.task_id is None:
+            return "no task was created"
+        return f"task {clean_text(self.task_id, cap=120)} keeps running on the server"
 
     def problem(self, message: str) -> None:
         self.err.write(f"taskhub.mcp: {message}\n")
@@ -587,8 +597,6 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
         reporter=reporter,
         prompter=TerminalPrompter(server=describe_target(args), err=reporter.err) if sys.stdin.isatty() else None,
     )
-    if args.cancel_after is not None and args.cancel_after < 0:
-        raise UsageError("--cancel-after must not be negative")
     async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
         outcome = await call_with_mrtr(client, tool=args.tool, arguments=arguments, answerer=answerer)
         if isinstance(outcome, ToolCompleted):
@@ -675,7 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--answer", metavar="KEY=JSON", action="append", default=[], help="response for input key KEY (or '*')"
     )
     call.add_argument("--answers-file", metavar="FILE", help="JSON object mapping keys (or '*') to responses")
-    call.add_argument("--cancel-after", metavar="SECONDS", type=float, help="send tasks/cancel after this long")
+    call.add_argument(
+        "--cancel-after", metavar="SECONDS", type=seconds(allow_zero=True), help="send tasks/cancel after this long"
+    )
     call.add_argument("--listen", action="store_true", help="follow the task by notifications instead of polling")
     add_common_arguments(call)
 
@@ -695,7 +705,10 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--timeout", metavar="SECONDS", type=float, help="give up after this long overall (also caps each request)"
+        "--timeout",
+        metavar="SECONDS",
+        type=seconds(allow_zero=False),
+        help="give up after this long overall (also caps each request)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -729,11 +742,22 @@ def describe_target(args: argparse.Namespace) -> str:
 
 
 def request_timeout(args: argparse.Namespace) -> float:
-    if args.timeout is None:
-        return DEFAULT_REQUEST_TIMEOUT_S
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
-    return min(args.timeout, DEFAULT_REQUEST_TIMEOUT_S)
+    return DEFAULT_REQUEST_TIMEOUT_S if args.timeout is None else min(args.timeout, DEFAULT_REQUEST_TIMEOUT_S)
+
+
+def seconds(*, allow_zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, positive (or also zero)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"must be {'zero or more' if allow_zero else 'more than zero'} seconds")
+        return value
+
+    return parse
 
 
 # --- entry point ------------------------------------------------------------------------------------
@@ -743,15 +767,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Reporter], Any]] = {"call": ru
 
 
 async def run_command(args: argparse.Namespace, reporter: Reporter) -> int:
-    command = COMMANDS[args.command](args, reporter)
-    if args.timeout is None:
-        return await command
+    command = COMMANDS[args.command]
     try:
-        return await asyncio.wait_for(command, args.timeout)
+        async with asyncio.timeout(args.timeout) as deadline:
+            return await command(args, reporter)
     except TimeoutError:
-        raise RequestTimeout(
-            f"gave up after {args.timeout:g}s (--timeout); a task keeps running on the server"
-        ) from None
+        if not deadline.expired():
+            raise
+        raise RequestTimeout(f"gave up after {args.timeout:g}s (--timeout); {reporter.still_running()}") from None
 
 
 def report_error(reporter: Reporter, error: Exception, *, exit_status: int, as_outcome: bool) -> int:
@@ -776,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     except McpClientError as error:
         return report_error(reporter, error, exit_status=EXIT_PROTOCOL_ERROR, as_outcome=as_outcome)
     except KeyboardInterrupt:
-        reporter.problem("interrupted; a task already created keeps running on the server")
+        reporter.problem(f"interrupted; {reporter.still_running()}")
         return EXIT_INTERRUPTED
     finally:
         with contextlib.suppress(Exception):
