@@ -151,11 +151,15 @@ class TaskEngine:
         """
         view = self.refresh(task_id)
         outstanding = view.input_requests
+        kept: dict[str, dict[str, Any]] = {}
         for key, response in responses.items():
-            if key in outstanding and (problem := outstanding[key].problem_with(response)) is not None:
+            if key not in outstanding:
+                continue
+            if (problem := outstanding[key].problem_with(response)) is not None:
                 raise ValueError(f"inputResponses[{key!r}]: {problem}")
+            kept[key] = outstanding[key].kept_part(response)
         answered_before = self._store.answers(task_id)
-        accepted = self._store.add_answers(task_id, responses, set(outstanding), self._clock())
+        accepted = self._store.add_answers(task_id, kept, set(outstanding), self._clock())
         if accepted:
             self.refresh(task_id)
         issued = [key for key in responses if key in outstanding or key in answered_before]
@@ -188,6 +192,7 @@ class TaskEngine:
             return self.refresh(task_id)  # it ended meanwhile; report the stored terminal phase
         view = self._view(row, phase)
         self._publish(task_id, view)
+        self._wake.set()  # the ticker may be sleeping past this phase's next change
         return view
 
     def _current_phase(self, row: TaskRow, now: float) -> Phase:
@@ -242,17 +247,25 @@ class TaskEngine:
     async def run_ticker(self) -> None:
         """Refresh tasks when their scripts say they change; expire and purge tasks past their TTL."""
         while True:
-            now = self._clock()
-            for task_id in self._store.due(now):
-                self._refresh_quietly(task_id)
-            for task_id in list(self._watchers):
-                self._refresh_quietly(task_id)  # reports expiry of watched tasks
-            self._store.purge_expired(now - PURGE_GRACE)
-            next_check = self._store.next_check_at()
-            delay = TICK_CEILING if next_check is None else min(TICK_CEILING, max(0.0, next_check - self._clock()))
+            try:
+                delay = self._tick()
+            except Exception:  # e.g. the database is locked by another process: try again shortly
+                logger.exception("task ticker failed")
+                delay = TICK_CEILING
             self._wake = anyio.Event()
             with anyio.move_on_after(delay):
                 await self._wake.wait()
+
+    def _tick(self) -> float:
+        """Refresh what is due; return how long the ticker may sleep."""
+        now = self._clock()
+        for task_id in self._store.due(now):
+            self._refresh_quietly(task_id)
+        for task_id in list(self._watchers):
+            self._refresh_quietly(task_id)  # reports expiry of watched tasks
+        self._store.purge_expired(now - PURGE_GRACE)
+        next_check = self._store.next_check_at()
+        return TICK_CEILING if next_check is None else min(TICK_CEILING, max(0.0, next_check - self._clock()))
 
     def _refresh_quietly(self, task_id: str) -> None:
         try:
@@ -260,3 +273,6 @@ class TaskEngine:
         except (TaskNotFound, TaskExpired):
             self._store.set_next_check(task_id, None)
             self._publish(task_id, None)
+        except Exception:  # one broken task must not stop the ticker, which every other task relies on
+            logger.exception("refreshing task %s failed", task_id)
+            self._store.set_next_check(task_id, None)

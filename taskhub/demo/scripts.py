@@ -90,6 +90,13 @@ class FormQuestion:
                 return f"content field {name!r} does not match its schema"
         return None
 
+    def kept_part(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        """What is worth storing of an acceptable response: the action and the fields the form asked for."""
+        if response["action"] != "accept":
+            return {"action": response["action"]}
+        content = response.get("content", {})
+        return {"action": "accept", "content": {name: content[name] for name in self.properties if name in content}}
+
 
 @dataclass(frozen=True)
 class UrlQuestion:
@@ -106,6 +113,9 @@ class UrlQuestion:
         if response.get("action") not in ("accept", "decline", "cancel"):
             return "action must be accept, decline or cancel"
         return None
+
+    def kept_part(self, response: Mapping[str, Any]) -> dict[str, Any]:
+        return {"action": response["action"]}
 
 
 Question = FormQuestion | UrlQuestion
