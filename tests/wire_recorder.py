@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import uvicorn
@@ -39,7 +40,8 @@ class Exchange:
 
 class WireRecorder:
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream.rstrip("/")
+        parts = urlsplit(upstream)
+        self.upstream = f"{parts.scheme}://{parts.netloc}"  # paths are forwarded as the client sends them
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
