@@ -10,7 +10,7 @@ from demo_process import DemoServer, stdio_target
 from wire_recorder import WireRecorder
 
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolCompleted, ToolInputRequired
-from taskhub.mcp.errors import TaskNotFound, TransportError
+from taskhub.mcp.errors import AuthorizationFailed, TaskNotFound, TransportError
 from taskhub.mcp.wire import EXTENSION_ID, TaskSnapshot
 
 pytestmark = pytest.mark.slow
@@ -211,3 +211,14 @@ async def test_a_stopped_server_is_a_transport_error_and_a_restarted_one_resumes
             assert final.status == "completed"
     finally:
         server.stop()
+
+
+async def test_a_bearer_token_is_sent_and_a_refusal_says_so():
+    with DemoServer("--require-token", "s3cret") as server:
+        async with TasksClient(HttpTarget(url=server.url, bearer_token="s3cret"), timeout=5) as client:
+            assert isinstance(await client.call_tool("quick", {"text": "a"}), ToolCompleted)
+        async with TasksClient(HttpTarget(url=server.url, headers={"Authorization": "Bearer s3cret"})) as client:
+            assert isinstance(await client.call_tool("quick", {"text": "b"}), ToolCompleted)
+        async with TasksClient(HttpTarget(url=server.url, bearer_token="wrong"), timeout=5) as client:
+            with pytest.raises(AuthorizationFailed, match="HTTP 401"):
+                await client.call_tool("quick", {"text": "c"})

@@ -32,8 +32,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from taskhub.mcp import wire
 from taskhub.mcp.errors import (
+    AuthorizationFailed,
     InvalidResult,
     McpClientError,
+    ProtocolError,
     RequestTimeout,
     TransportError,
     protocol_error,
@@ -175,7 +177,8 @@ class _Connection:
         except BaseException as error:
             failure = error
             if not self._ready.done():
-                self._ready.set_exception(_as_transport_error(error, f"connecting to {self._owner.target.describe()}"))
+                what = f"connecting to {self._owner.target.describe()}"
+                self._ready.set_exception(self._owner._explain(_as_transport_error(error, what)))
         finally:
             if not self.dead.done():
                 self.dead.set_result(failure)
@@ -257,6 +260,7 @@ class TasksClient:
         self._connection: _Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._discover_result: mcp_types.DiscoverResult | None = None
+        self._last_http_refusal: int | None = None
 
     async def __aenter__(self) -> TasksClient:
         return self
@@ -278,6 +282,7 @@ class TasksClient:
                 headers=target.all_headers(),
                 timeout=httpx2.Timeout(min(self.timeout, 10.0), read=max(self.timeout, 300.0)),
             )
+            http_client.event_hooks["response"].append(self._note_http_status)
             stack.push_async_callback(http_client.aclose)
             transport: Any = streamable_http_client(target.url, http_client=http_client)
         else:
@@ -301,6 +306,22 @@ class TasksClient:
             prior_discover=self._discover_result if mode else None,
             cache=None,
         )
+
+    async def _note_http_status(self, response: httpx2.Response) -> None:
+        self._last_http_refusal = response.status_code if response.status_code in (401, 403) else None
+
+    def _explain(self, error: McpClientError) -> McpClientError:
+        """The SDK turns an HTTP 401/403 without a JSON-RPC body into a bare -32603; say what it was."""
+        refused = self._last_http_refusal
+        if isinstance(error, ProtocolError) and error.code == mcp_types.INTERNAL_ERROR and refused is not None:
+            reason = "Unauthorized" if refused == 401 else "Forbidden"
+            return AuthorizationFailed(
+                error.code,
+                f"HTTP {refused} {reason}: the server refused the credentials (check the token or headers)",
+                {"httpStatus": refused},
+                method=error.method,
+            )
+        return error
 
     async def _client(self) -> tuple[_Connection, Client]:
         async with self._connect_lock:
@@ -352,7 +373,7 @@ class TasksClient:
         try:
             return call.result()
         except MCPError as error:
-            mapped = _map_mcp_error(error, method)
+            mapped = self._explain(_map_mcp_error(error, method))
             if isinstance(mapped, TransportError):
                 raise await self._lost(connection, method) from error
             raise mapped from error

@@ -52,6 +52,10 @@ class MethodNotFound(ProtocolError):
     """The server does not implement the method (-32601)."""
 
 
+class AuthorizationFailed(ProtocolError):
+    """The server refused the request's credentials (HTTP 401 or 403)."""
+
+
 class InvalidResult(McpClientError):
     """The server's answer breaks the protocol (unknown resultType, a task result where none may be, …)."""
 
