@@ -17,7 +17,7 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_SERVER_READY_PREFIX = "taskhub-demo listening on "
 # Set for the second test pass: conftest.py then keeps only the tests that use the database.
 ONLY_DATABASE_TESTS_ENV = "TASKHUB_ONLY_DATABASE_TESTS"
-PYTEST_NO_TESTS_COLLECTED = 5
+PYTEST_OK, PYTEST_TESTS_FAILED, PYTEST_NO_TESTS_COLLECTED = 0, 1, 5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,8 +237,8 @@ def run_tests(pytest_args: list[str]) -> int:
 
     say("taskhub test: pass 1 of 2, the whole suite with DATABASE_URL.")
     first = check_pytest_exit(subprocess.run(pytest, cwd=PROJECT_DIR).returncode, "pass 1 (DATABASE_URL)")
-    if first != 0:
-        return first
+    if first not in (PYTEST_OK, PYTEST_TESTS_FAILED):
+        return first  # interrupted, usage error or nothing collected: a second pass would tell nothing new
 
     say("\ntaskhub test: pass 2 of 2, the tests that use the database again, on embedded Postgres.")
     embedded_env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
@@ -246,8 +246,11 @@ def run_tests(pytest_args: list[str]) -> int:
     second = subprocess.run(pytest, cwd=PROJECT_DIR, env=embedded_env).returncode
     if second == PYTEST_NO_TESTS_COLLECTED:
         say("taskhub test: pass 2 had nothing to do: no selected test uses the database.")
-        return 0
-    return check_pytest_exit(second, "pass 2 (embedded Postgres)")
+        return first
+    second = check_pytest_exit(second, "pass 2 (embedded Postgres)")
+    if first == second == PYTEST_OK:
+        say("taskhub test: both passes passed (DATABASE_URL and embedded Postgres).")
+    return first or second
 
 
 def check_pytest_exit(code: int, what: str) -> int:
