@@ -132,8 +132,9 @@ class TaskEngine:
             result=phase.result,
             error=phase.error,
             last_updated_at=now,
+            next_check_at=phase.next_change_at,
         )
-        self._store.insert(row, phase.next_change_at)
+        self._store.insert(row)
         self._wake.set()
         return self._view(row, replace(phase, since=now))
 
@@ -184,7 +185,8 @@ class TaskEngine:
             return self._view(row, row.stored_phase())
         phase = self._current_phase(row, now)
         if not _changed(row, phase):
-            self._store.set_next_check(task_id, phase.next_change_at)
+            if row.next_check_at != phase.next_change_at:
+                self._store.set_next_check(task_id, phase.next_change_at)
             return TaskView(row.task_id, row.created_at, row.last_updated_at, row.ttl_ms, row.poll_interval_ms, phase)
         # A phase may have begun before we observed it; lastUpdatedAt never goes backwards nor into the future.
         phase = replace(phase, since=min(max(phase.since, row.last_updated_at), now))

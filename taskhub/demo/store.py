@@ -63,6 +63,7 @@ class TaskRow:
     result: Mapping[str, Any] | None
     error: Mapping[str, Any] | None
     last_updated_at: float
+    next_check_at: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -107,7 +108,7 @@ class TaskStore:
             raise
         self._db.execute("COMMIT")
 
-    def insert(self, row: TaskRow, next_check_at: float | None) -> None:
+    def insert(self, row: TaskRow) -> None:
         self._db.execute(
             "INSERT INTO tasks (task_id, tool, args, created_at, ttl_ms, poll_interval_ms, status, status_message,"
             " input_keys, result, error, last_updated_at, next_check_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -124,7 +125,7 @@ class TaskStore:
                 _dumps(row.result),
                 _dumps(row.error),
                 row.last_updated_at,
-                next_check_at,
+                row.next_check_at,
             ),
         )
 
@@ -146,6 +147,7 @@ class TaskStore:
             result=_loads(found["result"]),
             error=_loads(found["error"]),
             last_updated_at=found["last_updated_at"],
+            next_check_at=found["next_check_at"],
         )
 
     def answers(self, task_id: str) -> dict[str, Answer]:
