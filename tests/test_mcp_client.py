@@ -193,14 +193,19 @@ async def test_polls_honour_poll_interval_ms():
     assert min(gaps) >= 0.300 - 0.02, gaps
 
 
-async def test_a_stopped_server_is_a_transport_error_and_a_restarted_one_resumes(tmp_path):
+async def test_a_server_stopped_mid_poll_is_a_transport_error_and_a_restarted_one_resumes(tmp_path):
     state = str(tmp_path / "demo.sqlite")
-    server = DemoServer("--state", state, "--poll-interval-ms", "100").start()
+    # Each tasks/get is held for a second, so the server dies while a poll is in flight.
+    options = ("--state", state, "--poll-interval-ms", "100", "--get-delay-ms", "1000")
+    server = DemoServer(*options).start()
     try:
         async with TasksClient(server.target, timeout=5) as client:
             task = await created_task(client, "progress", {"steps": 10, "step_ms": 300})
-            await client.get_task(task.task_id)
+            poll = asyncio.ensure_future(client.get_task(task.task_id))
+            await asyncio.sleep(0.3)
             server.kill()
+            with pytest.raises(TransportError):
+                await poll
             with pytest.raises(TransportError):
                 await client.get_task(task.task_id)
             server.start()
