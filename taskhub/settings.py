@@ -54,6 +54,13 @@ if not SECRET_KEY:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
     SECRET_KEY = "django-insecure-taskhub-development-only"
 
+# Old secret keys, newest first: still accepted for signatures and for decrypting stored credentials.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", [])
+
+# Credentials are encrypted with a key derived from SECRET_KEY and each of these (django-fernet-encrypted-fields
+# calls them SALT_KEY). The first encrypts; all decrypt, so a new one goes first and old ones stay until re-saved.
+SALT_KEY = env_list("FIELD_ENCRYPTION_KEYS", ["taskhub-field-encryption"])
+
 # With DEBUG on and this empty, Django still allows localhost, 127.0.0.1 and [::1].
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -71,6 +78,9 @@ INSTALLED_APPS = [
     "django_htmx",
     "procrastinate.contrib.django",
     "taskhub.web",
+    "taskhub.servers",
+    "taskhub.tasks",
+    "taskhub.audit",
 ]
 
 MIDDLEWARE = [

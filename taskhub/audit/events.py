@@ -1,0 +1,37 @@
+"""The registry of audit event types. Recording an action not listed here raises `UnknownAuditAction`."""
+
+from typing import Final
+
+AUDIT_EVENTS: Final[dict[str, str]] = {
+    # servers
+    "server.created": "MCP server registered",
+    "server.updated": "MCP server settings changed",
+    "server.discovered": "MCP server capabilities and tools discovered",
+    "server.unreachable": "MCP server became unreachable",
+    "server.reachable": "MCP server reachable again",
+    # tasks
+    "task.launched": "tool call launched",
+    "task.launch_answered": "server answered the tool call",
+    "task.launch_unknown": "launch outcome unknown",
+    "task.status_changed": "task status changed",
+    "task.updated": "task details changed",
+    "task.input_requested": "server asked for input",
+    "task.cancel_requested": "cancel requested",
+    "task.cancel_delivered": "cancel delivered to the server",
+    "task.expired": "task expired",
+    "task.protocol_error": "server sent something that contradicts the protocol",
+    # input requests
+    "input.answered": "input answered",
+    "input.delivered": "answer delivered to the server",
+    "input.superseded": "input request withdrawn by the server before it was answered",
+}
+
+
+class UnknownAuditAction(ValueError):
+    pass
+
+
+def check_action(action: str) -> str:
+    if action not in AUDIT_EVENTS:
+        raise UnknownAuditAction(f"{action!r} is not a registered audit event type (see taskhub/audit/events.py)")
+    return action

@@ -1,0 +1,56 @@
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from taskhub.audit.events import AUDIT_EVENTS
+
+
+class AuditEvent(models.Model):
+    """One row per state change or human action; a database trigger refuses UPDATE and DELETE.
+
+    The foreign keys have no database constraint and `DO_NOTHING` on delete: deleting a user, a server
+    or (retention) an old task must never touch audit rows, which the trigger would refuse anyway. The
+    column keeps the id of what was deleted; `event.task_id` stays readable, `event.task` then raises
+    DoesNotExist, so audit views use the ids and the labels in `data`.
+    """
+
+    time = models.DateTimeField(default=timezone.now)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    actor_label = models.CharField(max_length=150, help_text='username, or "system" / "worker"')
+    action = models.CharField(max_length=64, choices=sorted(AUDIT_EVENTS.items()))
+    task = models.ForeignKey(
+        "tasks.Task",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # the (…, time) indexes below lead with it
+        related_name="audit_events",
+    )
+    server = models.ForeignKey(
+        "servers.Server",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # the (…, time) indexes below lead with it
+        related_name="audit_events",
+    )
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = (
+            models.Index(fields=["task", "time"], name="audit_task_time"),
+            models.Index(fields=["server", "time"], name="audit_server_time"),
+            models.Index(fields=["time"], name="audit_time"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action}"

@@ -1,0 +1,68 @@
+from django.contrib.auth.models import Group
+from django.db import models
+from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
+
+from taskhub.mcp.client import HttpTarget, ServerTarget, StdioTarget
+
+
+class Transport(models.TextChoices):
+    HTTP = "http", "Streamable HTTP"
+    STDIO = "stdio", "stdio subprocess"
+
+
+class Server(models.Model):
+    """A registered MCP server. Credentials (bearer token, extra headers, stdio environment) are encrypted at rest.
+
+    Encryption is django-fernet-encrypted-fields: Fernet with a key derived from SECRET_KEY and
+    FIELD_ENCRYPTION_KEYS (settings.SALT_KEY); both rotate through lists (SECRET_KEY_FALLBACKS, older
+    keys after the first). In the JSON fields the values are encrypted and the keys (header and
+    variable names) are not.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    transport = models.CharField(max_length=8, choices=Transport.choices)
+    url = models.URLField(max_length=2000, blank=True, help_text="Streamable HTTP endpoint")
+    command = models.CharField(max_length=1000, blank=True, help_text="stdio: the program to start")
+    args = models.JSONField(default=list, blank=True, help_text="stdio: its arguments")
+    env = EncryptedJSONField(default=dict, blank=True, help_text="stdio: environment variables (encrypted)")
+    headers = EncryptedJSONField(default=dict, blank=True, help_text="HTTP: extra headers (encrypted)")
+    # The library stores an empty value as NULL.
+    bearer_token = EncryptedTextField(null=True, blank=True, help_text="HTTP: bearer token (encrypted)")
+    enabled = models.BooleanField(default=True)
+
+    capabilities = models.JSONField(default=dict, blank=True)
+    tools = models.JSONField(default=list, blank=True)
+    discovered_at = models.DateTimeField(null=True, blank=True)
+
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    unreachable_since = models.DateTimeField(null=True, blank=True)
+
+    approver_groups = models.ManyToManyField(Group, blank=True, related_name="approved_servers")
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("name",)
+        constraints = (
+            models.CheckConstraint(
+                condition=models.Q(transport=Transport.HTTP, url__gt="")
+                | models.Q(transport=Transport.STDIO, command__gt=""),
+                name="server_transport_has_endpoint",
+                violation_error_message="An HTTP server needs a URL; a stdio server needs a command.",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_reachable(self) -> bool:
+        return self.unreachable_since is None
+
+    def to_target(self) -> ServerTarget:
+        if self.transport == Transport.HTTP:
+            return HttpTarget(url=self.url, headers=dict(self.headers or {}), bearer_token=self.bearer_token or None)
+        return StdioTarget(command=self.command, args=tuple(self.args or ()), env=dict(self.env) if self.env else None)

@@ -1,0 +1,34 @@
+class TaskError(Exception):
+    """Base of the errors the task services raise; the message is meant for the person who acted."""
+
+
+class InvalidTransition(TaskError):
+    """The task is not in a state where this change makes sense."""
+
+
+class TaskAlreadyFinished(InvalidTransition):
+    pass
+
+
+class AnswerRejected(TaskError):
+    """The answer does not fit the request. `field_errors` maps each content field to what is wrong with it."""
+
+    def __init__(self, message: str, field_errors: dict[str, str] | None = None):
+        self.field_errors = field_errors or {}
+        if self.field_errors:
+            message = message + " " + "; ".join(f"{name}: {problem}" for name, problem in self.field_errors.items())
+        super().__init__(message)
+
+
+class AlreadyAnswered(TaskError):
+    def __init__(self, *, key: str, answered_by: str, answered_at):
+        self.answered_by = answered_by
+        self.answered_at = answered_at
+        super().__init__(
+            f"The request {key!r} was already answered by {answered_by} at {answered_at:%Y-%m-%d %H:%M:%S %Z}; "
+            "each request takes one answer."
+        )
+
+
+class InputNoLongerOpen(TaskError):
+    """The request was withdrawn by the server (superseded) before this answer."""

@@ -1,0 +1,393 @@
+"""Every change to a Task or an InputRequest. Views, jobs and the tracker call these; nothing else writes the models.
+
+Each service is one transaction that writes the state, its audit row(s) and the hand-off to a job
+together, and tells the live layer after commit. Rows are locked task first, then input requests.
+"""
+
+import uuid
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from taskhub.audit.models import AuditEvent
+from taskhub.audit.services import WORKER, record_event
+from taskhub.live import publish
+from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.models import Server
+from taskhub.tasks import hooks
+from taskhub.tasks.answers import validate_response
+from taskhub.tasks.errors import (
+    AlreadyAnswered,
+    InputNoLongerOpen,
+    InvalidTransition,
+    TaskAlreadyFinished,
+)
+from taskhub.tasks.models import (
+    LIVE_STATUSES,
+    STATUS_MESSAGE_MAX_CHARS,
+    TASK_PHASE,
+    TRUNCATION_NOTE,
+    InputRequest,
+    InputRequestState,
+    Task,
+    TaskPoll,
+    TaskStatus,
+)
+
+# What apply_snapshot compares. lastUpdatedAt is left out on purpose: some peers bump it on every
+# read, so it is stored only along with a real change.
+SNAPSHOT_FIELDS = ("status", "status_message", "result", "error", "ttl_ms", "poll_interval_ms", "remote_created_at")
+TERMINAL_FIELDS = ("status", "result", "error")
+
+
+def cap_status_message(text: str | None) -> str:
+    text = text or ""
+    if len(text) <= STATUS_MESSAGE_MAX_CHARS:
+        return text
+    return text[: STATUS_MESSAGE_MAX_CHARS - len(TRUNCATION_NOTE)] + TRUNCATION_NOTE
+
+
+def _publish_after_commit(task_id: uuid.UUID) -> None:
+    transaction.on_commit(lambda: publish.publish_task_changed(task_id))
+
+
+def _locked(task: Task) -> Task:
+    return Task.objects.select_for_update().get(pk=task.pk)
+
+
+# --- launching --------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def launch(*, server: Server, tool: str, arguments: dict[str, Any], user) -> Task:
+    """Write the task before anything is sent, so a crash can never lose a launched call unnoticed."""
+    if not server.enabled:
+        raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
+    if not isinstance(arguments, dict):
+        raise InvalidTransition("Tool arguments must be an object of named values.")
+    task = Task.objects.create(server=server, tool=tool, arguments=arguments, launched_by=user)
+    record_event(
+        action="task.launched",
+        user=user,
+        task=task,
+        server=server,
+        data={"tool": tool, "arguments": arguments, "server": server.name},
+    )
+    hooks.enqueue_launch(task.id)
+    _publish_after_commit(task.id)
+    return task
+
+
+@transaction.atomic
+def record_launch_outcome(*, task: Task, outcome: CallOutcome) -> Task:
+    """What tools/call answered: a result, MRTR input requests, or a durable task to follow."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}, not launching; its outcome is known.")
+    now = timezone.now()
+    data: dict[str, Any]
+    if isinstance(outcome, ToolCompleted):
+        task.status = TaskStatus.COMPLETED
+        task.result = outcome.result
+        task.finished_at = now
+        task.mrtr_request_state = None
+        data = {"outcome": "complete", "is_error": outcome.is_error}
+    elif isinstance(outcome, ToolInputRequired):
+        task.status = TaskStatus.INPUT_REQUIRED
+        task.mrtr_request_state = outcome.request_state
+        data = {"outcome": "input_required", "keys": sorted(outcome.input_requests)}
+    elif isinstance(outcome, TaskCreated):
+        snapshot = outcome.task
+        task.remote_task_id = snapshot.task_id
+        task.mrtr_request_state = None
+        for field, value in _snapshot_values(snapshot, task).items():
+            setattr(task, field, value)
+        task.remote_last_updated_at = snapshot.last_updated_at or ""
+        if task.is_terminal:
+            task.finished_at = now
+        data = {"outcome": "task", "remote_task_id": snapshot.task_id, "status": snapshot.status}
+    else:
+        raise TypeError(f"not a tools/call outcome: {outcome!r}")
+    task.save()
+    record_event(action="task.launch_answered", actor_label=WORKER, task=task, data=data)
+
+    _supersede_open_requests(task, reason="the tool call moved on")
+    if isinstance(outcome, ToolInputRequired):
+        rounds_so_far = task.input_requests.aggregate(last=Max("mrtr_round"))["last"] or 0
+        _open_requests(task, outcome.input_requests, mrtr_round=rounds_so_far + 1)
+    elif isinstance(outcome, TaskCreated):
+        _open_requests(task, outcome.task.input_requests or {}, mrtr_round=TASK_PHASE)
+        if task.status in LIVE_STATUSES:
+            TaskPoll.objects.create(task=task, next_poll_at=now)
+    _publish_after_commit(task.id)
+    return task
+
+
+@transaction.atomic
+def mark_launch_unknown(*, task: Task, reason: str) -> bool:
+    """tools/call may or may not have reached the server; shown as such and never resent by itself."""
+    task = _locked(task)
+    if task.status == TaskStatus.LAUNCH_UNKNOWN:
+        return False
+    if task.status != TaskStatus.LAUNCHING:
+        raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}; only a launching task can be unknown.")
+    task.status = TaskStatus.LAUNCH_UNKNOWN
+    task.status_message = cap_status_message(reason)
+    task.save(update_fields=["status", "status_message", "updated_at"])
+    record_event(action="task.launch_unknown", actor_label=WORKER, task=task, data={"reason": reason})
+    _publish_after_commit(task.id)
+    return True
+
+
+# --- following --------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll") -> bool:
+    """Store what the server says about the task; return whether anything changed. Idempotent."""
+    task = _locked(task)
+    if task.remote_task_id is None:
+        raise InvalidTransition(f"Task {task.id} has no remote task yet; nothing to apply a snapshot to.")
+    if snapshot.task_id != task.remote_task_id:
+        raise InvalidTransition(f"Snapshot of remote task {snapshot.task_id!r} given for task {task.id}.")
+    wanted = _snapshot_values(snapshot, task)
+
+    if task.is_terminal:
+        contradictions = {
+            field: {"stored": getattr(task, field), "received": wanted[field]}
+            for field in TERMINAL_FIELDS
+            if getattr(task, field) != wanted[field]
+        }
+        if contradictions:
+            _record_protocol_error_once(
+                task,
+                {
+                    "problem": f"the task is {task.status}, which is final, but the server now says otherwise",
+                    "source": source,
+                    "contradictions": contradictions,
+                },
+            )
+        return False
+
+    changed = [field for field in SNAPSHOT_FIELDS if getattr(task, field) != wanted[field]]
+    previous_status = task.status
+    if changed:
+        for field in changed:
+            setattr(task, field, wanted[field])
+        task.remote_last_updated_at = snapshot.last_updated_at or task.remote_last_updated_at
+        if task.is_terminal:
+            task.finished_at = timezone.now()
+        task.save(update_fields=[*changed, "remote_last_updated_at", "finished_at", "updated_at"])
+        data = {"source": source, "fields": changed, "status_message": task.status_message}
+        if "status" in changed:
+            record_event(
+                action="task.status_changed",
+                actor_label=WORKER,
+                task=task,
+                data={"from": previous_status, "to": task.status, **data},
+            )
+        else:
+            record_event(action="task.updated", actor_label=WORKER, task=task, data=data)
+        if task.is_terminal:
+            TaskPoll.objects.filter(task=task).delete()
+
+    outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
+    superseded = _supersede_open_requests(task, keep=set(outstanding), reason=f"no longer asked for ({source})")
+    opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE)
+    anything = bool(changed or superseded or opened)
+    if anything:
+        _publish_after_commit(task.id)
+    return anything
+
+
+def _snapshot_values(snapshot: TaskSnapshot, task: Task) -> dict[str, Any]:
+    return {
+        "status": snapshot.status,
+        "status_message": cap_status_message(snapshot.status_message),
+        "result": snapshot.tool_result,
+        "error": snapshot.error,
+        "ttl_ms": snapshot.ttl_ms,
+        "poll_interval_ms": snapshot.poll_interval_ms,
+        "remote_created_at": snapshot.created_at or task.remote_created_at,
+    }
+
+
+def _record_protocol_error_once(task: Task, data: dict[str, Any]) -> None:
+    # A peer that repeats the same contradiction is recorded once, so a repeated snapshot still writes nothing.
+    last = AuditEvent.objects.filter(task=task, action="task.protocol_error").order_by("-time", "-id").first()
+    if last is not None and last.data == data:
+        return
+    record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
+
+
+def _open_requests(task: Task, requests: dict[str, dict[str, Any]], *, mrtr_round: int) -> list[InputRequest]:
+    known = set(InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", flat=True))
+    opened = []
+    for key, request in requests.items():
+        if key in known:
+            continue
+        request = request if isinstance(request, dict) else {}
+        input_request = InputRequest.objects.create(
+            task=task,
+            mrtr_round=mrtr_round,
+            key=key,
+            method=str(request.get("method") or ""),
+            params=request.get("params") if isinstance(request.get("params"), dict) else {},
+        )
+        record_event(
+            action="task.input_requested",
+            actor_label=WORKER,
+            task=task,
+            data={"key": key, "method": input_request.method, "mrtr_round": mrtr_round},
+        )
+        opened.append(input_request)
+    return opened
+
+
+def _supersede_open_requests(task: Task, *, reason: str, keep: set[str] | frozenset[str] = frozenset()) -> int:
+    """Open requests the server no longer lists become superseded; answered ones stay as they are."""
+    vanished = (
+        InputRequest.objects.select_for_update()
+        .filter(task=task, state=InputRequestState.OPEN)
+        .exclude(mrtr_round=TASK_PHASE, key__in=keep)
+    )
+    count = 0
+    for input_request in vanished:
+        input_request.state = InputRequestState.SUPERSEDED
+        input_request.save(update_fields=["state"])
+        record_event(
+            action="input.superseded",
+            actor_label=WORKER,
+            task=task,
+            data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "reason": reason},
+        )
+        count += 1
+    return count
+
+
+# --- answers ----------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def answer_input(*, input_request: InputRequest, response: dict[str, Any], user) -> InputRequest:
+    """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first."""
+    # Lock order task → input request, as apply_snapshot does; the second of two answers waits here.
+    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    input_request = InputRequest.objects.select_for_update().select_related("answered_by").get(pk=input_request.pk)
+    if input_request.state in (InputRequestState.ANSWERED, InputRequestState.DELIVERED):
+        raise AlreadyAnswered(
+            key=input_request.key,
+            answered_by=_name(input_request.answered_by),
+            answered_at=input_request.answered_at,
+        )
+    if input_request.state == InputRequestState.SUPERSEDED:
+        raise InputNoLongerOpen(f"The server no longer asks {input_request.key!r}; the answer was not recorded.")
+    if task.is_terminal:
+        raise InputNoLongerOpen(f"The task is {task.get_status_display()}; it takes no more answers.")
+    answer = validate_response(method=input_request.method, params=input_request.params, response=response)
+    input_request.state = InputRequestState.ANSWERED
+    input_request.answer = answer
+    input_request.answered_by = user
+    input_request.answered_at = timezone.now()
+    input_request.save(update_fields=["state", "answer", "answered_by", "answered_at"])
+    record_event(
+        action="input.answered",
+        user=user,
+        task=task,
+        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "answer": answer},
+    )
+    hooks.enqueue_answer_delivery(input_request.pk)
+    _publish_after_commit(task.id)
+    return input_request
+
+
+def _name(user) -> str:
+    return user.get_username() if user is not None else "a deleted user"
+
+
+@transaction.atomic
+def mark_delivered(*, input_request: InputRequest) -> bool:
+    """The server acknowledged the answer. Idempotent: a repeated delivery changes nothing."""
+    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    input_request = InputRequest.objects.select_for_update().get(pk=input_request.pk)
+    if input_request.state == InputRequestState.DELIVERED:
+        return False
+    if input_request.state != InputRequestState.ANSWERED:
+        raise InvalidTransition(
+            f"The request {input_request.key!r} is {input_request.state}; only answers are delivered."
+        )
+    input_request.state = InputRequestState.DELIVERED
+    input_request.delivered_at = timezone.now()
+    input_request.save(update_fields=["state", "delivered_at"])
+    record_event(
+        action="input.delivered",
+        actor_label=WORKER,
+        task=task,
+        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round},
+    )
+    _publish_after_commit(task.id)
+    return True
+
+
+# --- cancel and expiry ------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def request_cancel(*, task: Task, user) -> Task:
+    """Record the wish to cancel; the cancel job sends tasks/cancel. Asking twice is asking once."""
+    task = _locked(task)
+    if task.is_terminal:
+        raise TaskAlreadyFinished(f"The task is already {task.get_status_display()}; there is nothing to cancel.")
+    if task.status == TaskStatus.LAUNCH_UNKNOWN:
+        raise InvalidTransition(
+            "The launch outcome is unknown, so there is no remote task to cancel; check the server directly."
+        )
+    if task.cancel_requested_at is not None:
+        return task
+    task.cancel_requested_at = timezone.now()
+    task.cancel_requested_by = user
+    task.save(update_fields=["cancel_requested_at", "cancel_requested_by", "updated_at"])
+    record_event(action="task.cancel_requested", user=user, task=task, data={"status": task.status})
+    hooks.enqueue_cancel_delivery(task.id)
+    _publish_after_commit(task.id)
+    return task
+
+
+@transaction.atomic
+def mark_cancel_delivered(*, task: Task) -> bool:
+    """The server acknowledged tasks/cancel (which only asks: the task may still end otherwise)."""
+    task = _locked(task)
+    if task.cancel_delivered_at is not None:
+        return False
+    if task.cancel_requested_at is None:
+        raise InvalidTransition(f"No cancel was requested for task {task.id}.")
+    task.cancel_delivered_at = timezone.now()
+    task.save(update_fields=["cancel_delivered_at", "updated_at"])
+    record_event(action="task.cancel_delivered", actor_label=WORKER, task=task, data={})
+    _publish_after_commit(task.id)
+    return True
+
+
+@transaction.atomic
+def expire(*, task: Task) -> bool:
+    """Give up on a task past createdAt + ttlMs: the server may have deleted it. Returns False if already final."""
+    task = _locked(task)
+    if task.is_terminal:
+        return False
+    previous_status = task.status
+    task.status = TaskStatus.EXPIRED
+    task.finished_at = timezone.now()
+    task.save(update_fields=["status", "finished_at", "updated_at"])
+    TaskPoll.objects.filter(task=task).delete()
+    record_event(
+        action="task.expired",
+        actor_label=WORKER,
+        task=task,
+        data={"from": previous_status, "ttl_ms": task.ttl_ms, "remote_created_at": task.remote_created_at},
+    )
+    _supersede_open_requests(task, reason="the task expired")
+    _publish_after_commit(task.id)
+    return True
