@@ -64,6 +64,7 @@ def _locked(task: Task) -> Task:
 @transaction.atomic
 def launch(*, server: Server, tool: str, arguments: dict[str, Any], user) -> Task:
     """Write the task before anything is sent, so a crash can never lose a launched call unnoticed."""
+    server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
     if not server.enabled:
         raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
     if not isinstance(arguments, dict):
@@ -276,7 +277,9 @@ def answer_input(*, input_request: InputRequest, response: dict[str, Any], user)
     """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first."""
     # Lock order task → input request, as apply_snapshot does; the second of two answers waits here.
     task = Task.objects.select_for_update().get(pk=input_request.task_id)
-    input_request = InputRequest.objects.select_for_update().select_related("answered_by").get(pk=input_request.pk)
+    input_request = (
+        InputRequest.objects.select_for_update(of=("self",)).select_related("answered_by").get(pk=input_request.pk)
+    )
     if input_request.state in (InputRequestState.ANSWERED, InputRequestState.DELIVERED):
         raise AlreadyAnswered(
             key=input_request.key,
