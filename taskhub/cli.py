@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -65,6 +66,10 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskhub.settings")
     if "DEBUG" not in os.environ:
         os.environ["DEBUG"] = "true"  # a local demo: development secret key, static files straight from static/
+
+    # Started from a script in the background, a process may inherit SIGINT as ignored, and neither Python
+    # nor Twisted then installs a handler: Ctrl-C must always stop the demo.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     if not port_is_free(args.host, args.port):
         say(f"Port {args.port} on {args.host} is already in use. Stop what uses it, or pick another: --port 8001")

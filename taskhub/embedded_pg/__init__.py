@@ -21,7 +21,9 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +82,26 @@ def release() -> bool:
         with server._lock:
             _prune_dead_pids(server)
         server._cleanup()
-        return running_server(server.pgdata) is None
+        if running_server(server.pgdata) is None:
+            return True
+        if any(psutil.pid_exists(pid) and not _is_zombie(pid) for pid in handle_pids(server.pgdata)):
+            return False  # others still use it
+        # We were the last user, yet it still runs: pgserver's stop failed (e.g. it was busy shutting down
+        # already) and its fallback waits only 2 s. Give it time, then stop it ourselves.
+        if _stopped_within(server.pgdata, 15):
+            return True
+        with contextlib.suppress(subprocess.CalledProcessError):
+            stop_server(server.pgdata)
+        return _stopped_within(server.pgdata, 15)
+
+
+def _stopped_within(pgdata: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if running_server(pgdata) is None:
+            return True
+        time.sleep(0.1)
+    return running_server(pgdata) is None
 
 
 def running_server(pgdata: Path | None = None) -> ServerInfo | None:
