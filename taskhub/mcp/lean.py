@@ -1,0 +1,206 @@
+"""A lean `tasks/get` for the tracker's hot path: one aiohttp session per server, no SDK session machinery.
+
+Through the SDK one poll costs about 1.9 ms of CPU, through aiohttp about 0.2 ms (notes/mcp-sdk.md).
+The request is the SDK's, byte for byte where it matters: the same JSON-RPC body and `_meta`
+(`wire.request_meta`), the same routing headers (`wire.task_request_headers`) and the same
+content-type and accept; `tests/test_lean_poll.py` compares the two on the wire. The answer may be a
+JSON body or an SSE stream carrying the response, and is read with a size cap so that a hostile
+server cannot exhaust memory. stdio servers have no HTTP to be lean on: :func:`task_getter` gives
+them the SDK-based :class:`~taskhub.mcp.client.TasksClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any, Protocol
+
+import aiohttp
+
+from taskhub.mcp import wire
+from taskhub.mcp.client import CLIENT_INFO, HttpTarget, ServerTarget, TasksClient
+from taskhub.mcp.errors import (
+    INTERNAL_ERROR,
+    AuthorizationFailed,
+    InvalidResult,
+    RequestTimeout,
+    TransportError,
+    protocol_error,
+)
+from taskhub.mcp.wire import TaskSnapshot
+
+METHOD = "tasks/get"
+DEFAULT_TIMEOUT_SECONDS = 30.0
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+# What the SDK's Streamable HTTP transport sends with every POST.
+CONTENT_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+READ_CHUNK = 64 * 1024
+
+
+class TaskGetter(Protocol):
+    async def get_task(self, task_id: str) -> TaskSnapshot: ...
+
+    async def aclose(self) -> None: ...
+
+
+def task_getter(
+    target: ServerTarget, *, timeout: float = DEFAULT_TIMEOUT_SECONDS, concurrency: int = 100
+) -> TaskGetter:
+    """The lean path for HTTP servers; the SDK-based client for stdio servers."""
+    if isinstance(target, HttpTarget):
+        return LeanTaskGetter(target, timeout=timeout, concurrency=concurrency)
+    return TasksClient(target, timeout=timeout)
+
+
+class LeanTaskGetter:
+    """`tasks/get` over one long-lived aiohttp session. Use it on one event loop; close it with `aclose`."""
+
+    def __init__(
+        self,
+        target: HttpTarget,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        concurrency: int = 100,
+        client_info: dict[str, Any] | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.max_response_bytes = max_response_bytes
+        self._meta = wire.request_meta(client_info=client_info or CLIENT_INFO)
+        self._ids = itertools.count(1)
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers={**self.target.all_headers(), **CONTENT_HEADERS},
+                connector=aiohttp.TCPConnector(limit=self._concurrency),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                # The SDK sends no cookies back either; each request stands alone (stateless HTTP).
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def get_task(self, task_id: str) -> TaskSnapshot:
+        request_id = next(self._ids)
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": METHOD,
+            "params": {"taskId": task_id, "_meta": self._meta},
+        }
+        message = await self._post(body, wire.task_request_headers(method=METHOD, task_id=task_id))
+        return _result_of(message, request_id)
+
+    async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        where = self.target.describe()
+        try:
+            async with self._http().post(self.target.url, data=payload, headers=headers) as response:
+                return await self._read_message(response, body["id"])
+        except TimeoutError:
+            raise RequestTimeout(f"{METHOD}: no answer from {where} within {self.timeout:g}s") from None
+        except aiohttp.ClientError as error:
+            raise TransportError(f"{METHOD}: {where}: {type(error).__name__}: {error}".rstrip(": ")) from error
+
+    async def _read_message(self, response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any]:
+        if response.status in (401, 403):
+            raise _http_failure(response.status, self.target.describe())
+        content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "text/event-stream":
+            message = await self._read_sse_response(response, request_id)
+        else:
+            message = await self._read_json(response)
+        if message is None:
+            raise _http_failure(response.status, self.target.describe())
+        return message
+
+    async def _read_json(self, response: aiohttp.ClientResponse) -> dict[str, Any] | None:
+        if (response.content_length or 0) > self.max_response_bytes:
+            raise InvalidResult(f"{METHOD}: the answer is larger than {self.max_response_bytes} bytes")
+        raw = await response.content.read(self.max_response_bytes + 1)
+        if len(raw) > self.max_response_bytes:
+            raise InvalidResult(f"{METHOD}: the answer is larger than {self.max_response_bytes} bytes")
+        try:
+            message = json.loads(raw) if raw else None
+        except ValueError:
+            message = None
+        if isinstance(message, dict) and "id" in message and ("result" in message or "error" in message):
+            return message
+        if 200 <= response.status < 300:
+            raise InvalidResult(f"{METHOD}: the answer is not a JSON-RPC response")
+        return None  # an HTTP error without a JSON-RPC body (a proxy's 502, a 401 page, …)
+
+    async def _read_sse_response(self, response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any] | None:
+        """Read events until the response to our request; notifications before it are skipped."""
+        received = 0
+        buffer = b""
+        async for chunk in response.content.iter_chunked(READ_CHUNK):
+            received += len(chunk)
+            if received > self.max_response_bytes:
+                raise InvalidResult(f"{METHOD}: the event stream is larger than {self.max_response_bytes} bytes")
+            buffer += chunk
+            events, buffer = _split_sse_events(buffer)
+            for data in events:
+                message = _json_or_none(data)
+                if isinstance(message, dict) and message.get("id") == request_id and "method" not in message:
+                    return message
+        if 200 <= response.status < 300:
+            raise TransportError(f"{METHOD}: the event stream ended without a response")
+        return None
+
+
+def _split_sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete events' `data:` payloads, and the unfinished rest of the buffer."""
+    normalized = buffer.replace(b"\r\n", b"\n")
+    *events, rest = normalized.split(b"\n\n")
+    payloads = []
+    for event in events:
+        lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            payloads.append(b"\n".join(lines))
+    return payloads, rest
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _http_failure(status: int, where: str) -> Exception:
+    if status in (401, 403):
+        reason = "Unauthorized" if status == 401 else "Forbidden"
+        return AuthorizationFailed(
+            INTERNAL_ERROR,
+            f"HTTP {status} {reason}: the server refused the credentials (check the token or headers)",
+            {"httpStatus": status},
+            method=METHOD,
+        )
+    if status >= 500 or status == 429:
+        return TransportError(f"{METHOD}: {where} answered HTTP {status}")
+    return protocol_error(INTERNAL_ERROR, f"HTTP {status} without a JSON-RPC answer", None, method=METHOD)
+
+
+def _result_of(message: dict[str, Any], request_id: int) -> TaskSnapshot:
+    if message.get("id") != request_id:
+        raise InvalidResult(f"{METHOD}: the answer's id {message.get('id')!r} is not the request's {request_id}")
+    if "error" in message:
+        error = message["error"]
+        if not isinstance(error, dict) or not isinstance(error.get("code"), int):
+            raise InvalidResult(f"{METHOD}: malformed JSON-RPC error {str(error)[:200]!r}")
+        raise protocol_error(error["code"], str(error.get("message", "")), error.get("data"), method=METHOD)
+    return wire.parse_get_task_result(message["result"])
+
+
+async def close_all(getters: list[TaskGetter]) -> None:
+    await asyncio.gather(*(getter.aclose() for getter in getters), return_exceptions=True)

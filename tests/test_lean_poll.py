@@ -1,0 +1,229 @@
+"""The tracker's lean `tasks/get` (aiohttp) sends what the SDK-based client sends, and reads answers safely."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient
+from taskhub.mcp.errors import AuthorizationFailed, InvalidResult, RequestTimeout, TaskNotFound, TransportError
+from taskhub.mcp.lean import LeanTaskGetter, task_getter
+from tests.demo_process import DemoServer, free_port, stdio_target
+from tests.wire_recorder import WireRecorder
+
+HEADERS_THAT_MATTER = ("mcp-protocol-version", "mcp-method", "mcp-name", "content-type", "accept")
+
+
+@pytest.fixture(scope="module")
+def demo():
+    with DemoServer("--require-token", "s3cret") as server:
+        yield server
+
+
+@pytest.fixture
+def recorder(demo):
+    recorder = WireRecorder(demo.url).start()
+    yield recorder
+    recorder.stop()
+
+
+def authorized(url: str) -> HttpTarget:
+    return HttpTarget(url=url, bearer_token="s3cret", headers={"X-Api-Key": "k-1"})
+
+
+async def start_task(target: HttpTarget) -> str:
+    async with TasksClient(target) as client:
+        outcome = await client.call_tool("progress", {"steps": 3, "step_ms": 200})
+    assert isinstance(outcome, TaskCreated)
+    return outcome.task.task_id
+
+
+async def test_lean_and_sdk_tasks_get_are_the_same_on_the_wire(recorder):
+    target = authorized(recorder.url)
+    task_id = await start_task(target)
+    async with TasksClient(target) as client:
+        by_sdk = await client.get_task(task_id)
+    lean = LeanTaskGetter(target)
+    try:
+        by_lean = await lean.get_task(task_id)
+    finally:
+        await lean.aclose()
+
+    sdk_request, lean_request = recorder.requests("tasks/get")
+    assert {**lean_request.body, "id": None} == {**sdk_request.body, "id": None}
+    for header in (*HEADERS_THAT_MATTER, "authorization", "x-api-key"):
+        assert lean_request.headers.get(header) == sdk_request.headers.get(header), header
+    assert lean_request.headers["mcp-name"] == task_id
+    assert lean_request.path == sdk_request.path
+    assert by_lean.task_id == by_sdk.task_id == task_id
+    assert by_lean.status in ("working", "completed")
+
+
+async def test_unknown_task_is_task_not_found(demo):
+    lean = LeanTaskGetter(authorized(demo.url))
+    try:
+        with pytest.raises(TaskNotFound) as raised:
+            await lean.get_task("no-such-task")
+    finally:
+        await lean.aclose()
+    assert raised.value.code == -32602
+
+
+async def test_refused_credentials_are_authorization_failed(demo):
+    lean = LeanTaskGetter(HttpTarget(url=demo.url))
+    try:
+        with pytest.raises(AuthorizationFailed, match="HTTP 401"):
+            await lean.get_task("any")
+    finally:
+        await lean.aclose()
+
+
+async def test_nobody_listening_is_a_transport_error():
+    lean = LeanTaskGetter(HttpTarget(url=f"http://127.0.0.1:{free_port()}/mcp"))
+    try:
+        with pytest.raises(TransportError):
+            await lean.get_task("any")
+    finally:
+        await lean.aclose()
+
+
+async def test_stdio_servers_fall_back_to_the_sdk_client():
+    getter = task_getter(stdio_target())
+    try:
+        assert isinstance(getter, TasksClient)
+        with pytest.raises(TaskNotFound):
+            await getter.get_task("no-such-task")
+    finally:
+        await getter.aclose()
+
+
+# --- answers a conforming but unusual, or a hostile, server may send ------------------------------------
+
+
+TASK = {
+    "resultType": "complete",
+    "taskId": "t-1",
+    "status": "working",
+    "createdAt": "2026-07-28T10:00:00Z",
+    "lastUpdatedAt": "2026-07-28T10:00:00Z",
+    "ttlMs": None,
+}
+
+
+class OddServer:
+    """A real HTTP server whose `tasks/get` answer is a function of the request id."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.port = free_port()
+        app = Starlette(routes=[Route("/mcp", self._handle, methods=["POST"])])
+        self._server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def target(self) -> HttpTarget:
+        return HttpTarget(url=f"http://127.0.0.1:{self.port}/mcp")
+
+    def __enter__(self) -> OddServer:
+        self._thread.start()
+        while not self._server.started:
+            threading.Event().wait(0.01)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._server.should_exit = True
+        self._thread.join(5)
+
+    async def _handle(self, request: Request) -> Response:
+        return await self.answer(json.loads(await request.body())["id"])
+
+
+def sse(*messages: dict) -> bytes:
+    return b"".join(b"event: message\r\ndata: " + json.dumps(m).encode() + b"\r\n\r\n" for m in messages)
+
+
+async def poll(server: OddServer, **options) -> object:
+    lean = LeanTaskGetter(server.target, **options)
+    try:
+        return await lean.get_task("t-1")
+    finally:
+        await lean.aclose()
+
+
+async def test_an_sse_answer_is_read_past_notifications():
+    async def answer(request_id):
+        async def events():
+            yield sse({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
+            await asyncio.sleep(0.05)
+            yield sse({"jsonrpc": "2.0", "id": request_id, "result": TASK})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    with OddServer(answer) as server:
+        snapshot = await poll(server)
+    assert (snapshot.task_id, snapshot.status) == ("t-1", "working")
+
+
+async def test_an_sse_stream_that_ends_without_the_response_is_a_transport_error():
+    async def answer(request_id):
+        return Response(sse({"jsonrpc": "2.0", "method": "notifications/message"}), media_type="text/event-stream")
+
+    with OddServer(answer) as server, pytest.raises(TransportError, match="ended without a response"):
+        await poll(server)
+
+
+@pytest.mark.parametrize("media_type", ["application/json", "text/event-stream"])
+async def test_an_answer_larger_than_the_cap_is_refused(media_type):
+    padding = "x" * 50_000
+
+    async def answer(request_id):
+        message = {"jsonrpc": "2.0", "id": request_id, "result": {**TASK, "statusMessage": padding}}
+        body = sse(message) if media_type == "text/event-stream" else json.dumps(message).encode()
+        return Response(body, media_type=media_type)
+
+    with OddServer(answer) as server:
+        assert (await poll(server, max_response_bytes=100_000)).status_message == padding
+        with pytest.raises(InvalidResult, match="larger than 10000 bytes"):
+            await poll(server, max_response_bytes=10_000)
+
+
+async def test_a_slow_server_times_out():
+    async def answer(request_id):
+        await asyncio.sleep(2)
+        return Response(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": TASK}))
+
+    with OddServer(answer) as server, pytest.raises(RequestTimeout):
+        await poll(server, timeout=0.3)
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ({"result": {**TASK, "status": "sleeping"}}, "unknown task status"),
+        ({"result": {**TASK, "resultType": "task"}}, "only for tools/call"),
+        ({"error": "boom"}, "malformed JSON-RPC error"),
+        ({"hello": "world"}, "not a JSON-RPC response"),
+    ],
+)
+async def test_a_bad_answer_is_invalid_result(message, problem):
+    async def answer(request_id):
+        return Response(json.dumps({"jsonrpc": "2.0", "id": request_id, **message}), media_type="application/json")
+
+    with OddServer(answer) as server, pytest.raises(InvalidResult, match=problem):
+        await poll(server)
+
+
+async def test_an_http_error_without_json_rpc_is_a_transport_error_when_the_server_side_failed():
+    async def answer(request_id):
+        return Response("bad gateway", status_code=502)
+
+    with OddServer(answer) as server, pytest.raises(TransportError, match="HTTP 502"):
+        await poll(server)
