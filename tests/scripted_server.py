@@ -7,16 +7,14 @@ loopback HTTP), and free to answer anything else however a sloppy or hostile ser
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from threaded_app import ThreadedApp
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 
@@ -43,31 +41,19 @@ class ScriptedServer:
     def __init__(self, answers: dict[str, Answer]) -> None:
         self.answers = {"server/discover": DISCOVER_RESULT, "tools/list": TOOLS_RESULT, **answers}
         self.received: list[dict[str, Any]] = []
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
         self.port: int | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
-    def start(self) -> ScriptedServer:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        app = Starlette(routes=[Route("/mcp", self._handle, methods=["POST"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        while not self._server.started:
-            threading.Event().wait(0.01)
+    def start(self):
+        self._served = ThreadedApp(Starlette(routes=[Route("/mcp", self._handle, methods=["POST"])]))
+        self.port = self._served.start()
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._served.stop()
 
     async def _handle(self, request: Request) -> Response:
         message = json.loads(await request.body())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,11 +16,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from threaded_app import ThreadedApp
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
 
@@ -44,8 +43,6 @@ class WireRecorder:
         self.upstream = f"{parts.scheme}://{parts.netloc}"  # paths are forwarded as the client sends them
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
         self.port: int | None = None
 
     @property
@@ -57,24 +54,15 @@ class WireRecorder:
             found = [e for e in self.exchanges if isinstance(e.body, dict) and "method" in e.body]
         return [e for e in found if method is None or e.body["method"] == method]
 
-    def start(self) -> WireRecorder:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE"])])
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        while not self._server.started:
-            threading.Event().wait(0.01)
+    def start(self):
+        self._served = ThreadedApp(
+            Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE"])])
+        )
+        self.port = self._served.start()
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._served.stop()
 
     async def _forward(self, request: Request) -> Response:
         raw = await request.body()
