@@ -1,0 +1,641 @@
+"""The tracker: follows live tasks by polling `tasks/get`, across any number of worker processes.
+
+How it shares the work (Postgres alone coordinates):
+- Each worker claims due rows of the narrow `tasks_taskpoll` table in batches (`FOR UPDATE SKIP
+  LOCKED`) and writes itself in as the lease owner. A lease is sticky: after each poll the worker
+  reschedules the row and keeps (extends) the lease, and a renewal statement keeps the leases of rows
+  it holds between polls. A worker that dies stops renewing; once its leases expire another worker's
+  claim takes the rows over. On stop the worker finishes its in-flight polls and releases its leases
+  (`lease_owner = ''`, the column is not nullable), so another worker can take them at once.
+- A claim moves the row's `next_poll_at` one lease ahead, so no claim (ours included) picks up a
+  row while it is being polled; the reschedule then sets the real time. If somebody moved
+  `next_poll_at` earlier in the meantime (a job that wants a task polled at once), the earlier
+  time wins.
+
+The hot path is a few statements for many polls: a claim takes a batch of rows in one UPDATE …
+RETURNING (joined with the task for what a poll needs), and reschedules are written in batches by
+one UPDATE … FROM unnest(…) every few milliseconds. Both run on a psycopg `AsyncConnection` of the
+tracker's own. A snapshot goes through `services.apply_snapshot` (the Django ORM, in a small thread
+pool) only when it differs from the last one this worker stored for the task: the comparison is a
+digest of the snapshot without `lastUpdatedAt` (some peers bump it on every read), kept in memory
+and forgotten when the task changes hands. So an unchanged poll costs its share of one reschedule.
+
+Failures:
+- The server cannot be reached (transport error, timeout, HTTP 401/403): the task is not failed; its
+  `consecutive_failures` grows and the next poll backs off exponentially (capped). The server's
+  health says "unreachable since …" (`record_server_failure`, once per outage per worker) until it
+  answers again (`record_server_success`).
+- `tasks/get` says the task is unknown (-32602): past `createdAt + ttlMs` the task is expired
+  (`services.expire`). Before that it is recorded on the task's timeline as a protocol error and
+  polled again with backoff, since a restarting server may answer again; after
+  NOT_FOUND_GIVE_UP such answers in a row the tracker gives up and expires the task (the local
+  status for "the server can no longer say anything"), so a vanished task is not polled forever.
+- Any other bad answer (InvalidResult, a JSON-RPC error) is recorded on the timeline (the same
+  problem once, not on every poll) and backed off; nothing a server sends can crash the tracker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import heapq
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import psycopg
+from django import db
+from django.db import transaction
+
+from taskhub.audit.models import AuditEvent
+from taskhub.audit.services import WORKER, record_event
+from taskhub.mcp.errors import (
+    AuthorizationFailed,
+    InvalidResult,
+    McpClientError,
+    ProtocolError,
+    RequestTimeout,
+    TaskNotFound,
+    TransportError,
+)
+from taskhub.mcp.lean import TaskGetter, task_getter
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers import services as server_services
+from taskhub.servers.models import Server
+from taskhub.tasks import services
+from taskhub.tasks.models import Task
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POLL_INTERVAL_MS = 1000
+MIN_POLL_INTERVAL_MS = 250
+MAX_POLL_INTERVAL_MS = 60_000
+JITTER_FRACTION = 0.05
+MAX_JITTER_MS = 500
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 30.0
+NOT_FOUND_GIVE_UP = 5
+IDLE_CLAIM_SECONDS = 0.1
+FLUSH_COALESCE_SECONDS = 0.005
+# The claim for a row we rescheduled goes out this long after its time, so the database agrees it is due.
+DUE_MARGIN_SECONDS = 0.015
+SERVER_REFRESH_SECONDS = 60.0
+PROBLEM_TEXT_MAX_CHARS = 500
+
+# A row is due when its time has come and nobody else holds a live lease on it; the rows this
+# worker holds are claimed again by the same statement when they fall due.
+CLAIM_SQL = """
+UPDATE tasks_taskpoll AS poll
+SET lease_owner = %(owner)s,
+    lease_expires_at = now() + %(lease)s,
+    next_poll_at = now() + %(lease)s
+FROM (
+    SELECT task_id, lease_owner AS previous_owner
+    FROM tasks_taskpoll
+    WHERE next_poll_at <= now()
+      AND (lease_owner = '' OR lease_owner = %(owner)s OR lease_expires_at IS NULL OR lease_expires_at < now())
+    ORDER BY next_poll_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due, tasks_task AS task
+WHERE poll.task_id = due.task_id AND task.id = poll.task_id
+RETURNING poll.task_id, due.previous_owner, poll.next_poll_at, poll.consecutive_failures,
+          task.remote_task_id, task.server_id, task.poll_interval_ms, task.ttl_ms, task.remote_created_at
+"""
+
+RESCHEDULE_SQL = """
+UPDATE tasks_taskpoll AS poll
+SET next_poll_at = CASE
+        WHEN poll.next_poll_at = v.claimed_next THEN now() + v.delay_ms * interval '1 millisecond'
+        ELSE LEAST(poll.next_poll_at, now() + v.delay_ms * interval '1 millisecond')
+    END,
+    lease_expires_at = now() + %(lease)s,
+    consecutive_failures = v.failures
+FROM unnest(%(ids)s::uuid[], %(claimed)s::timestamptz[], %(delays)s::float8[], %(failures)s::int[])
+    AS v(task_id, claimed_next, delay_ms, failures)
+WHERE poll.task_id = v.task_id AND poll.lease_owner = %(owner)s
+"""
+
+RENEW_SQL = """
+UPDATE tasks_taskpoll SET lease_expires_at = now() + %(lease)s
+WHERE lease_owner = %(owner)s AND lease_expires_at < now() + %(lease)s / 2
+"""
+
+RELEASE_SQL = "UPDATE tasks_taskpoll SET lease_owner = '', lease_expires_at = NULL WHERE lease_owner = %(owner)s"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row this worker just claimed, with what polling it needs."""
+
+    task_id: uuid.UUID
+    previous_owner: str
+    claimed_next: datetime
+    failures: int
+    remote_task_id: str
+    server_id: int
+    poll_interval_ms: int | None
+    ttl_ms: int | None
+    remote_created_at: str
+
+    def ttl_passed(self, now: datetime) -> bool:
+        if self.ttl_ms is None or not self.remote_created_at:
+            return False
+        try:
+            created = datetime.fromisoformat(self.remote_created_at)
+        except ValueError:
+            return False
+        if created.tzinfo is None:
+            created = created.replace(tzinfo=UTC)
+        return now > created + timedelta(milliseconds=self.ttl_ms)
+
+
+@dataclass(frozen=True)
+class Reschedule:
+    task_id: uuid.UUID
+    claimed_next: datetime
+    delay_ms: float
+    failures: int
+
+
+@dataclass
+class TrackerStats:
+    polls: int = 0
+    changes: int = 0
+    failures: int = 0
+    claimed: int = 0
+
+
+@dataclass
+class ServerLink:
+    """How the tracker reaches one server: its getter, its concurrency limit, whether it answers."""
+
+    getter: TaskGetter
+    semaphore: asyncio.Semaphore
+    target: Any
+    loaded_at: float
+    reachable: bool | None = None  # unknown until this worker has tried
+    retired: list[TaskGetter] = field(default_factory=list)
+
+
+# --- pure helpers ------------------------------------------------------------------------------------
+
+
+def poll_delay_ms(
+    poll_interval_ms: int | None, *, floor_ms: int = MIN_POLL_INTERVAL_MS, cap_ms: int = MAX_POLL_INTERVAL_MS
+) -> float:
+    """The server's latest hint, kept within the floor and cap, plus a little jitter (never earlier)."""
+    interval = min(max(poll_interval_ms or DEFAULT_POLL_INTERVAL_MS, floor_ms), cap_ms)
+    return interval + random.uniform(0, min(interval * JITTER_FRACTION, MAX_JITTER_MS))
+
+
+def backoff_delay_ms(failures: int, *, base_seconds: float, cap_seconds: float) -> float:
+    """Exponential in the number of failures in a row, capped, with jitter so a fleet does not retry in step."""
+    delay = min(base_seconds * 2 ** max(failures - 1, 0), cap_seconds) * 1000
+    return delay * random.uniform(0.9, 1.1)
+
+
+def snapshot_digest(snapshot: TaskSnapshot) -> bytes:
+    """What decides whether a snapshot is news: everything but lastUpdatedAt."""
+    wire_form = snapshot.to_wire()
+    wire_form.pop("lastUpdatedAt", None)
+    encoded = json.dumps(wire_form, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= PROBLEM_TEXT_MAX_CHARS else text[: PROBLEM_TEXT_MAX_CHARS - 1] + "…"
+
+
+# --- the ORM side (runs in the tracker's threads) ------------------------------------------------------
+
+
+def _fresh_connection(work: Callable[[], Any], used: set) -> Any:
+    # These threads see no request cycle, so drop a connection that broke or aged before using it.
+    db.close_old_connections()
+    used.add(db.connections["default"])
+    return work()
+
+
+def _load_target(server_id: int):
+    return Server.objects.get(pk=server_id).to_target()
+
+
+def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot) -> bool:
+    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source="poll")
+
+
+def _expire(task_id: uuid.UUID) -> bool:
+    return services.expire(task=Task(pk=task_id))
+
+
+def _server_failed(server_id: int, error: str) -> None:
+    server_services.record_server_failure(server=Server(pk=server_id), error=error)
+
+
+def _server_answered(server_id: int) -> None:
+    server_services.record_server_success(server=Server(pk=server_id))
+
+
+def _record_poll_problem(task_id: uuid.UUID, data: dict[str, Any]) -> bool:
+    """Put a bad answer on the task's timeline, once per distinct problem in a row."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().only("id", "server_id").get(pk=task_id)
+        last = AuditEvent.objects.filter(task=task, action="task.protocol_error").order_by("-time", "-id").first()
+        if last is not None and last.data == data:
+            return False
+        record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
+        return True
+
+
+def _close_connections(wrappers: set) -> None:
+    """Close the Django connections the tracker's threads opened, once those threads are done."""
+    for wrapper in wrappers:
+        wrapper.inc_thread_sharing()
+        try:
+            wrapper.close()
+        finally:
+            wrapper.dec_thread_sharing()
+
+
+def _database_params() -> dict[str, Any]:
+    params = dict(db.connections["default"].get_connection_params())
+    for django_only in ("cursor_factory", "context"):
+        params.pop(django_only, None)
+    return params
+
+
+# --- the tracker ---------------------------------------------------------------------------------------
+
+
+class Tracker:
+    """Follow live tasks until they end. `await tracker.run(stop)`; it returns after `stop` is set and
+    its in-flight polls are finished and its leases released."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        batch_size: int = 200,
+        lease_seconds: float = 30.0,
+        per_server_concurrency: int = 32,
+        max_in_flight: int = 2000,
+        request_timeout: float = 10.0,
+        min_interval_ms: int = MIN_POLL_INTERVAL_MS,
+        max_interval_ms: int = MAX_POLL_INTERVAL_MS,
+        backoff_base_seconds: float = BACKOFF_BASE_SECONDS,
+        backoff_cap_seconds: float = BACKOFF_CAP_SECONDS,
+        service_threads: int = 4,
+    ) -> None:
+        if not worker_id:
+            raise ValueError("a tracker needs a worker_id (it is the lease owner)")
+        self.worker_id = worker_id
+        self.batch_size = batch_size
+        self.lease = timedelta(seconds=lease_seconds)
+        self.per_server_concurrency = per_server_concurrency
+        self.max_in_flight = max_in_flight
+        self.request_timeout = min(request_timeout, lease_seconds / 2)
+        self.min_interval_ms = min_interval_ms
+        self.max_interval_ms = max_interval_ms
+        self.backoff_base_seconds = backoff_base_seconds
+        self.backoff_cap_seconds = backoff_cap_seconds
+        self.stats = TrackerStats()
+        self._service_threads = service_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._thread_connections: set = set()
+        self._db: psycopg.AsyncConnection | None = None
+        self._db_lock = asyncio.Lock()
+        self._servers: dict[int, ServerLink] = {}
+        self._server_lock = asyncio.Lock()
+        self._digests: dict[uuid.UUID, bytes] = {}
+        self._not_found: dict[uuid.UUID, int] = {}
+        self._in_flight: dict[uuid.UUID, asyncio.Task] = {}
+        self._pending: list[Reschedule] = []
+        self._pending_ready = asyncio.Event()
+        self._due_times: list[float] = []  # monotonic times our rescheduled rows fall due (a heap)
+        self._poll_finished = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._executor = ThreadPoolExecutor(self._service_threads, thread_name_prefix=f"tracker-{self.worker_id}")
+        flushing = asyncio.Event()
+        helpers: list[asyncio.Task] = []
+        try:
+            await self._connect()
+            helpers = [
+                asyncio.create_task(self._flush_loop(flushing), name="tracker-flush"),
+                asyncio.create_task(self._renew_loop(stop), name="tracker-renew"),
+            ]
+            await self._claim_loop(stop)
+        finally:
+            await self._wind_down(helpers, flushing)
+
+    async def _wind_down(self, helpers: list[asyncio.Task], flushing: asyncio.Event) -> None:
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        flushing.set()
+        self._pending_ready.set()
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._flush()
+        try:
+            await self._execute(RELEASE_SQL, {"owner": self.worker_id})
+        except Exception:
+            logger.exception("tracker %s could not release its leases; they expire by themselves", self.worker_id)
+        for link in self._servers.values():
+            for getter in (link.getter, *link.retired):
+                with contextlib.suppress(Exception):
+                    await getter.aclose()
+        self._servers.clear()
+        if self._db is not None:
+            with contextlib.suppress(Exception):
+                await self._db.close()
+        await self._close_executor()
+
+    async def _close_executor(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        await asyncio.to_thread(executor.shutdown, wait=True)
+        try:
+            await asyncio.to_thread(_close_connections, self._thread_connections)
+        except Exception:
+            logger.exception("tracker %s: closing its database connections failed", self.worker_id)
+        self._thread_connections.clear()
+
+    # -- database (the hot path) ----------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        params = await self._in_thread(_database_params)
+        self._db = await psycopg.AsyncConnection.connect(autocommit=True, **params)
+
+    async def _execute(self, sql: str, params: dict[str, Any]) -> list[tuple]:
+        async with self._db_lock:
+            if self._db is None or self._db.closed or self._db.broken:
+                await self._connect()
+            assert self._db is not None
+            cursor = await self._db.execute(sql, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def _claim(self, limit: int) -> list[Claimed]:
+        rows = await self._execute(CLAIM_SQL, {"owner": self.worker_id, "lease": self.lease, "limit": limit})
+        return [Claimed(*row) for row in rows]
+
+    async def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        params = {
+            "owner": self.worker_id,
+            "lease": self.lease,
+            "ids": [item.task_id for item in batch],
+            "claimed": [item.claimed_next for item in batch],
+            "delays": [item.delay_ms for item in batch],
+            "failures": [item.failures for item in batch],
+        }
+        try:
+            await self._execute(RESCHEDULE_SQL, params)
+        except Exception:
+            self._pending = batch + self._pending
+            raise
+
+    async def _flush_loop(self, flushing: asyncio.Event) -> None:
+        while not flushing.is_set():
+            await self._pending_ready.wait()
+            self._pending_ready.clear()
+            await asyncio.sleep(FLUSH_COALESCE_SECONDS)
+            try:
+                await self._flush()
+            except Exception:
+                logger.exception("tracker %s: rescheduling failed; retrying", self.worker_id)
+                await asyncio.sleep(1)
+                self._pending_ready.set()
+
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
+        every = self.lease.total_seconds() / 3
+        while not await _wait(stop, every):
+            try:
+                await self._execute(RENEW_SQL, {"owner": self.worker_id, "lease": self.lease})
+            except Exception:
+                logger.exception("tracker %s: renewing leases failed", self.worker_id)
+
+    def _reschedule(self, claimed: Claimed, *, delay_ms: float, failures: int) -> None:
+        self._pending.append(Reschedule(claimed.task_id, claimed.claimed_next, delay_ms, failures))
+        self._pending_ready.set()
+        due = time.monotonic() + FLUSH_COALESCE_SECONDS + delay_ms / 1000 + DUE_MARGIN_SECONDS
+        heapq.heappush(self._due_times, due)
+
+    def _idle_seconds(self) -> float:
+        """Until the next claim: the idle tick, or sooner when one of our rows falls due before it."""
+        now = time.monotonic()
+        while self._due_times and self._due_times[0] <= now:
+            heapq.heappop(self._due_times)
+        if self._due_times:
+            return min(IDLE_CLAIM_SECONDS, self._due_times[0] - now)
+        return IDLE_CLAIM_SECONDS
+
+    # -- claiming ---------------------------------------------------------------------------------
+
+    async def _claim_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            room = min(self.batch_size, self.max_in_flight - len(self._in_flight))
+            if room <= 0:
+                self._poll_finished.clear()
+                await _wait(stop, IDLE_CLAIM_SECONDS, self._poll_finished)
+                continue
+            try:
+                claimed = await self._claim(room)
+            except Exception:
+                logger.exception("tracker %s: claiming failed; retrying", self.worker_id)
+                await _wait(stop, 1.0)
+                continue
+            for row in claimed:
+                self._start_poll(row)
+            if len(claimed) < room:
+                await _wait(stop, self._idle_seconds())
+
+    def _start_poll(self, claimed: Claimed) -> None:
+        if claimed.task_id in self._in_flight:
+            return  # moved earlier by someone else while we poll it; the reschedule keeps the earlier time
+        if claimed.previous_owner != self.worker_id:
+            # It comes from another worker (or from nobody): what we remember of it may be stale.
+            self._digests.pop(claimed.task_id, None)
+            self._not_found.pop(claimed.task_id, None)
+        self.stats.claimed += 1
+        poll = asyncio.create_task(self._poll(claimed), name=f"poll {claimed.task_id}")
+        self._in_flight[claimed.task_id] = poll
+        poll.add_done_callback(lambda _: self._poll_done(claimed.task_id))
+
+    def _poll_done(self, task_id: uuid.UUID) -> None:
+        self._in_flight.pop(task_id, None)
+        self._poll_finished.set()
+
+    # -- polling ----------------------------------------------------------------------------------
+
+    async def _poll(self, claimed: Claimed) -> None:
+        try:
+            link = await self._link(claimed.server_id)
+            async with link.semaphore:
+                snapshot = await link.getter.get_task(claimed.remote_task_id)
+        except (TransportError, RequestTimeout, AuthorizationFailed) as error:
+            await self._server_trouble(claimed, error)
+        except TaskNotFound as error:
+            await self._not_found_answer(claimed, error)
+        except (ProtocolError, InvalidResult) as error:
+            await self._bad_answer(claimed, error)
+        except Exception:
+            # A server or a bug must never stop the tracker; the task is tried again later.
+            logger.exception("tracker %s: polling task %s failed", self.worker_id, claimed.task_id)
+            self._back_off(claimed)
+            self.stats.failures += 1
+        else:
+            await self._answered(claimed, snapshot)
+        finally:
+            self.stats.polls += 1
+
+    async def _answered(self, claimed: Claimed, snapshot: TaskSnapshot) -> None:
+        await self._note_reachable(claimed.server_id)
+        self._not_found.pop(claimed.task_id, None)
+        digest = snapshot_digest(snapshot)
+        if self._digests.get(claimed.task_id) != digest:
+            try:
+                await self._in_thread(partial(_apply, claimed.task_id, snapshot))
+            except Exception:
+                logger.exception("tracker %s: storing a snapshot of task %s failed", self.worker_id, claimed.task_id)
+                self._back_off(claimed)
+                return
+            self._digests[claimed.task_id] = digest
+            self.stats.changes += 1
+        if snapshot.is_terminal:
+            self._forget(claimed.task_id)  # apply_snapshot deleted its poll row
+            return
+        delay = poll_delay_ms(snapshot.poll_interval_ms, floor_ms=self.min_interval_ms, cap_ms=self.max_interval_ms)
+        self._reschedule(claimed, delay_ms=delay, failures=0)
+
+    async def _server_trouble(self, claimed: Claimed, error: McpClientError) -> None:
+        self.stats.failures += 1
+        link = self._servers.get(claimed.server_id)
+        if link is not None and link.reachable is not False:
+            link.reachable = False
+            await self._service(partial(_server_failed, claimed.server_id, str(error)), "recording an outage")
+        self._back_off(claimed)
+
+    async def _not_found_answer(self, claimed: Claimed, error: TaskNotFound) -> None:
+        self.stats.failures += 1
+        await self._note_reachable(claimed.server_id)
+        if claimed.ttl_passed(datetime.now(UTC)):
+            await self._give_up(claimed)
+            return
+        count = self._not_found[claimed.task_id] = self._not_found.get(claimed.task_id, 0) + 1
+        problem = {
+            "problem": "the server says it does not know this task, although its TTL has not passed",
+            "source": "poll",
+            "error": {"code": error.code, "message": _short(error.message)},
+        }
+        await self._service(partial(_record_poll_problem, claimed.task_id, problem), "recording a protocol error")
+        if count >= NOT_FOUND_GIVE_UP:
+            await self._give_up(claimed)
+        else:
+            self._back_off(claimed)
+
+    async def _give_up(self, claimed: Claimed) -> None:
+        if await self._service(partial(_expire, claimed.task_id), "expiring a task") is None:
+            self._back_off(claimed)
+            return
+        self._forget(claimed.task_id)
+
+    async def _bad_answer(self, claimed: Claimed, error: McpClientError) -> None:
+        self.stats.failures += 1
+        await self._note_reachable(claimed.server_id)
+        problem: dict[str, Any] = {"problem": "tasks/get answered something the protocol does not allow"}
+        if isinstance(error, ProtocolError):
+            problem["error"] = {"code": error.code, "message": _short(error.message)}
+        else:
+            problem["detail"] = _short(str(error))
+        problem["source"] = "poll"
+        await self._service(partial(_record_poll_problem, claimed.task_id, problem), "recording a protocol error")
+        self._back_off(claimed)
+
+    def _back_off(self, claimed: Claimed) -> None:
+        failures = claimed.failures + 1
+        delay = backoff_delay_ms(failures, base_seconds=self.backoff_base_seconds, cap_seconds=self.backoff_cap_seconds)
+        self._reschedule(claimed, delay_ms=max(delay, self.min_interval_ms), failures=failures)
+
+    def _forget(self, task_id: uuid.UUID) -> None:
+        self._digests.pop(task_id, None)
+        self._not_found.pop(task_id, None)
+
+    async def _note_reachable(self, server_id: int) -> None:
+        link = self._servers.get(server_id)
+        if link is not None and link.reachable is not True:
+            link.reachable = True
+            await self._service(partial(_server_answered, server_id), "recording a recovery")
+
+    # -- servers ------------------------------------------------------------------------------------
+
+    async def _link(self, server_id: int) -> ServerLink:
+        link = self._servers.get(server_id)
+        if link is not None and time.monotonic() - link.loaded_at < SERVER_REFRESH_SECONDS:
+            return link
+        async with self._server_lock:
+            link = self._servers.get(server_id)
+            if link is not None and time.monotonic() - link.loaded_at < SERVER_REFRESH_SECONDS:
+                return link
+            target = await self._in_thread(partial(_load_target, server_id))
+            if link is not None and link.target == target:
+                link.loaded_at = time.monotonic()
+                return link
+            if link is not None:
+                # Its settings changed: polls in flight finish on the old getter, closed with the tracker.
+                link.retired.append(link.getter)
+                link.getter = self._getter(target)
+                link.target, link.loaded_at = target, time.monotonic()
+                return link
+            link = ServerLink(
+                getter=self._getter(target),
+                semaphore=asyncio.Semaphore(self.per_server_concurrency),
+                target=target,
+                loaded_at=time.monotonic(),
+            )
+            self._servers[server_id] = link
+            return link
+
+    def _getter(self, target) -> TaskGetter:
+        return task_getter(target, timeout=self.request_timeout, concurrency=self.per_server_concurrency)
+
+    # -- the ORM, off the event loop ------------------------------------------------------------------
+
+    async def _in_thread(self, work: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, _fresh_connection, work, self._thread_connections)
+
+    async def _service(self, work: Callable[[], Any], what: str) -> Any:
+        """Run a service call; a failure is logged and answered with None, never raised into a poll."""
+        try:
+            return await self._in_thread(work)
+        except Exception:
+            logger.exception("tracker %s: %s failed", self.worker_id, what)
+            return None
+
+
+async def _wait(stop: asyncio.Event, seconds: float, *others: asyncio.Event) -> bool:
+    """Sleep up to `seconds`, less if `stop` (or another event) is set; True when `stop` is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in (stop, *others)]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    return stop.is_set()

@@ -1,0 +1,284 @@
+"""The tracker against real Postgres and the demo MCP server over HTTP: following, intervals, leases, outages.
+
+Each Tracker runs on an event loop of its own in a thread, as it does inside a worker process; the test
+thread reads the database through the ORM and the demo server's `/demo/stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import timedelta
+from itertools import pairwise
+
+import httpx2
+import pytest
+from django.utils import timezone
+
+from taskhub.audit.models import AuditEvent
+from taskhub.mcp.client import TaskCreated, TasksClient
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import Task, TaskPoll, TaskStatus
+from taskhub.worker.tracker import Tracker, backoff_delay_ms, poll_delay_ms
+from tests.demo_process import DemoServer
+from tests.wire_recorder import WireRecorder
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+FAST_BACKOFF = {"backoff_base_seconds": 0.2, "backoff_cap_seconds": 1.0}
+
+
+class RunningTracker:
+    """A Tracker on its own event loop in a thread; `stop()` asks it to stop and waits until `run` returns."""
+
+    def __init__(self, **options) -> None:
+        self.tracker = Tracker(**options)
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.stop_event = asyncio.Event()
+        self._ready.set()
+        try:
+            self.loop.run_until_complete(self.tracker.run(self.stop_event))
+        except BaseException as error:
+            self.error = error
+        finally:
+            self.loop.close()
+
+    def start(self) -> RunningTracker:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the tracker did not stop"
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> RunningTracker:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30, what: str = "the condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def register(url: str) -> Server:
+    return create_server(name=f"demo {url}", transport="http", url=url, user=None)
+
+
+async def _call_tools(server: Server, tool: str, arguments: dict, count: int) -> list:
+    async with TasksClient(server.to_target()) as client:
+        return list(await asyncio.gather(*(client.call_tool(tool, arguments) for _ in range(count))))
+
+
+def launch_live(server: Server, tool: str, arguments: dict, count: int = 1) -> list[Task]:
+    """Launch through the services and record the demo server's real task handles."""
+    tasks = [services.launch(server=server, tool=tool, arguments=arguments, user=None) for _ in range(count)]
+    outcomes = asyncio.run(_call_tools(server, tool, arguments, count))
+    assert all(isinstance(outcome, TaskCreated) for outcome in outcomes), outcomes
+    return [services.record_launch_outcome(task=t, outcome=o) for t, o in zip(tasks, outcomes, strict=True)]
+
+
+def statuses(tasks: list[Task]) -> set[str]:
+    return set(Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True))
+
+
+def all_completed(tasks: list[Task]) -> bool:
+    return statuses(tasks) == {TaskStatus.COMPLETED}
+
+
+def stats(demo: DemoServer) -> dict:
+    return httpx2.get(demo.url.removesuffix("/mcp") + "/demo/stats", timeout=10).json()
+
+
+def actions(task: Task) -> list[str]:
+    return list(AuditEvent.objects.filter(task_id=task.pk).order_by("id").values_list("action", flat=True))
+
+
+@pytest.fixture
+def demo():
+    with DemoServer("--poll-interval-ms", "300") as server:
+        yield server
+
+
+# --- following --------------------------------------------------------------------------------------------
+
+
+def test_follows_tasks_to_completed_through_the_services(demo):
+    server = register(demo.url)
+    tasks = launch_live(server, "progress", {"steps": 3, "step_ms": 800}, count=3)
+    with RunningTracker(worker_id="w1") as running:
+        wait_until(lambda: all_completed(tasks), what="every task completed")
+    task = Task.objects.get(pk=tasks[0].pk)
+    assert task.result["content"][0]["text"] == "finished 3 steps"
+    assert task.finished_at is not None and not TaskPoll.objects.filter(task__in=tasks).exists()
+    trail = actions(task)
+    assert trail[:2] == ["task.launched", "task.launch_answered"]
+    assert "task.updated" in trail and trail[-1] == "task.status_changed"
+    assert AuditEvent.objects.filter(task_id=task.pk, action="task.status_changed").last().data["to"] == "completed"
+    # Unchanged polls wrote nothing: fewer changes than polls, and one status change per task.
+    assert running.tracker.stats.changes < running.tracker.stats.polls
+    assert AuditEvent.objects.filter(task_id__in=[t.pk for t in tasks], action="task.status_changed").count() == 3
+    assert Server.objects.get(pk=server.pk).last_success_at is not None
+
+
+def test_polls_of_a_task_are_spaced_by_its_poll_interval(demo):
+    recorder = WireRecorder(demo.url).start()
+    try:
+        server = register(recorder.url)
+        tasks = launch_live(server, "progress", {"steps": 8, "step_ms": 300}, count=4)
+        with RunningTracker(worker_id="w1"):
+            wait_until(lambda: all_completed(tasks), what="every task completed")
+        times = defaultdict(list)
+        for exchange in recorder.requests("tasks/get"):
+            times[exchange.headers["mcp-name"]].append(exchange.at)
+    finally:
+        recorder.stop()
+    assert len(times) == 4
+    for task_times in times.values():
+        assert len(task_times) >= 4
+        gaps = [later - earlier for earlier, later in pairwise(task_times)]
+        assert min(gaps) >= 0.300 - 0.015, gaps
+
+
+def test_two_trackers_never_poll_one_task_at_once():
+    with DemoServer("--poll-interval-ms", "250", "--get-delay-ms", "100") as demo:
+        server = register(demo.url)
+        tasks = launch_live(server, "progress", {"steps": 4, "step_ms": 300}, count=50)
+        options = {"batch_size": 10, "lease_seconds": 5}
+        with RunningTracker(worker_id="a", **options) as first, RunningTracker(worker_id="b", **options) as second:
+            wait_until(lambda: all_completed(tasks), timeout=60, what="every task completed")
+        counts = stats(demo)
+    remote_ids = {t.remote_task_id for t in Task.objects.filter(pk__in=[t.pk for t in tasks])}
+    assert set(counts["max_concurrent_polls"]) >= remote_ids
+    assert {counts["max_concurrent_polls"][remote] for remote in remote_ids} == {1}
+    assert first.tracker.stats.polls > 0 and second.tracker.stats.polls > 0
+
+
+# --- leases -----------------------------------------------------------------------------------------------
+
+
+def test_a_stopped_tracker_releases_its_leases_and_another_takes_over_at_once(demo):
+    server = register(demo.url)
+    tasks = launch_live(server, "long", {"seconds": 60}, count=5)
+    rows = TaskPoll.objects.filter(task__in=tasks)
+    running = RunningTracker(worker_id="leaving").start()
+    try:
+        wait_until(lambda: set(rows.values_list("lease_owner", flat=True)) == {"leaving"}, what="leases taken")
+    finally:
+        running.stop()
+    assert list(rows.values_list("lease_owner", "lease_expires_at").distinct()) == [("", None)]
+    assert statuses(tasks) == {TaskStatus.WORKING}
+    started = time.monotonic()
+    with RunningTracker(worker_id="arriving"):
+        wait_until(lambda: set(rows.values_list("lease_owner", flat=True)) == {"arriving"}, what="leases taken over")
+    assert time.monotonic() - started < 5
+
+
+def test_expired_leases_of_a_dead_worker_are_taken_over_and_live_ones_are_left_alone(demo):
+    server = register(demo.url)
+    orphans = launch_live(server, "progress", {"steps": 2, "step_ms": 200}, count=3)
+    [held] = launch_live(server, "progress", {"steps": 2, "step_ms": 200})
+    now = timezone.now()
+    TaskPoll.objects.filter(task__in=orphans).update(lease_owner="dead", lease_expires_at=now - timedelta(seconds=1))
+    TaskPoll.objects.filter(task=held).update(lease_owner="alive", lease_expires_at=now + timedelta(hours=1))
+    with RunningTracker(worker_id="w1"):
+        wait_until(lambda: all_completed(orphans), what="the dead worker's tasks completed")
+        time.sleep(0.5)
+    assert statuses([held]) == {TaskStatus.WORKING}
+    assert stats(demo)["polls"].get(held.remote_task_id, 0) == 0
+    assert TaskPoll.objects.get(task=held).lease_owner == "alive"
+
+
+# --- failures ---------------------------------------------------------------------------------------------
+
+
+def test_an_unreachable_server_backs_off_without_failing_tasks_and_recovers(tmp_path):
+    demo = DemoServer("--poll-interval-ms", "300", "--state", str(tmp_path / "demo.sqlite")).start()
+    try:
+        server = register(demo.url)
+        tasks = launch_live(server, "progress", {"steps": 8, "step_ms": 500}, count=5)
+        with RunningTracker(worker_id="w1", **FAST_BACKOFF) as running:
+            wait_until(lambda: running.tracker.stats.polls >= 5, what="first polls")
+            demo.stop()
+            wait_until(lambda: Server.objects.get(pk=server.pk).unreachable_since, what="the server marked unreachable")
+            failures_before = running.tracker.stats.failures
+            time.sleep(2)
+            # Backed off: a handful of attempts per task in two seconds, not one per 300 ms.
+            assert running.tracker.stats.failures - failures_before <= 5 * 5
+            assert statuses(tasks) <= {TaskStatus.WORKING}
+            assert max(TaskPoll.objects.filter(task__in=tasks).values_list("consecutive_failures", flat=True)) >= 2
+            demo.start()
+            wait_until(lambda: all_completed(tasks), what="every task completed after the restart")
+    finally:
+        demo.stop()
+    server.refresh_from_db()
+    assert server.unreachable_since is None and "tasks/get" in server.last_error
+    server_events = AuditEvent.objects.filter(server_id=server.pk, task=None).values_list("action", flat=True)
+    assert list(server_events.order_by("id"))[-2:] == ["server.unreachable", "server.reachable"]
+
+
+def _task_with_remote_id(server: Server, remote_task_id: str, **fields) -> Task:
+    task = services.launch(server=server, tool="progress", arguments={}, user=None)
+    wire = {"taskId": remote_task_id, "status": "working", "ttlMs": None, **fields}
+    return services.record_launch_outcome(task=task, outcome=TaskCreated(task=TaskSnapshot.model_validate(wire)))
+
+
+def test_a_task_the_server_does_not_know_is_a_protocol_error_then_given_up(demo):
+    server = register(demo.url)
+    task = _task_with_remote_id(server, "vanished", createdAt=timezone.now().isoformat())
+    with RunningTracker(worker_id="w1", **FAST_BACKOFF):
+        wait_until(lambda: statuses([task]) == {TaskStatus.EXPIRED}, what="the task given up")
+    trail = actions(task)
+    assert trail.count("task.protocol_error") == 1  # the same problem is recorded once
+    assert trail[-1] == "task.expired"
+    problem = AuditEvent.objects.get(task_id=task.pk, action="task.protocol_error").data
+    assert problem["error"]["code"] == -32602
+    assert not TaskPoll.objects.filter(task=task).exists()
+
+
+def test_a_task_past_its_ttl_that_the_server_forgot_is_expired_at_once(demo):
+    server = register(demo.url)
+    task = _task_with_remote_id(server, "long-gone", createdAt="2026-01-01T00:00:00Z", ttlMs=1000)
+    with RunningTracker(worker_id="w1"):
+        wait_until(lambda: statuses([task]) == {TaskStatus.EXPIRED}, what="the task expired")
+    assert "task.protocol_error" not in actions(task)
+    assert actions(task)[-1] == "task.expired"
+
+
+# --- pure helpers -----------------------------------------------------------------------------------------
+
+
+def test_poll_delay_keeps_the_hint_within_floor_and_cap_and_only_adds_jitter():
+    assert 300 <= poll_delay_ms(300) <= 315
+    assert 250 <= poll_delay_ms(10) <= 263
+    assert 60_000 <= poll_delay_ms(10**9) <= 60_500
+    assert 1000 <= poll_delay_ms(None) <= 1050
+
+
+def test_backoff_doubles_and_is_capped():
+    assert 900 <= backoff_delay_ms(1, base_seconds=1, cap_seconds=30) <= 1100
+    assert 3600 <= backoff_delay_ms(3, base_seconds=1, cap_seconds=30) <= 4400
+    assert 27_000 <= backoff_delay_ms(12, base_seconds=1, cap_seconds=30) <= 33_000
