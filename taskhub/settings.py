@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "taskhub.servers",
     "taskhub.tasks",
     "taskhub.audit",
+    "taskhub.worker",
 ]
 
 MIDDLEWARE = [
@@ -118,6 +119,11 @@ DATABASES = {"default": database_from_env()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = channel_layers_from_env()
+
+# Background jobs (taskhub/worker): procrastinate on the same database, through Django's connection.
+PROCRASTINATE_IMPORT_PATHS = ["taskhub.worker.jobs", "taskhub.worker.sweeps"]
+# Finished tasks (and finished job rows) older than this are deleted; their audit rows stay. 0 keeps them.
+TASKHUB_RETENTION_DAYS = int(os.environ.get("TASKHUB_RETENTION_DAYS", "30"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -11,18 +11,24 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "server.reachable": "MCP server reachable again",
     # tasks
     "task.launched": "tool call launched",
+    "task.launch_sent": "tool call sent to the server",
     "task.launch_answered": "server answered the tool call",
+    "task.launch_failed": "tool call failed before any task existed",
+    "task.launch_retry_scheduled": "all answers of an input round are in; the tool call will be sent again with them",
     "task.launch_unknown": "launch outcome unknown",
     "task.status_changed": "task status changed",
     "task.updated": "task details changed",
     "task.input_requested": "server asked for input",
     "task.cancel_requested": "cancel requested",
     "task.cancel_delivered": "cancel delivered to the server",
+    "task.cancel_failed": "the server refused the cancel",
     "task.expired": "task expired",
     "task.protocol_error": "server sent something that contradicts the protocol",
+    "task.purged": "old finished task deleted by retention",
     # input requests
     "input.answered": "input answered",
     "input.delivered": "answer delivered to the server",
+    "input.delivery_failed": "the server refused the answer",
     "input.superseded": "input request withdrawn by the server before it was answered",
 }
 

@@ -1,19 +1,44 @@
-"""Where services hand work to background jobs, inside their transaction. No-ops until the jobs exist (issue 3, part 2).
+"""Where services hand work to background jobs, inside their transaction.
 
-Part 2 turns each into a procrastinate `defer` on the Django connector, so the job row is committed
-with the state and its audit row, or not at all.
+Each hook defers a procrastinate job through Django's own database connection, so the job row is
+committed with the state and its audit row, or not at all. That holds in the worker process too,
+where procrastinate's app runs on a connector of its own: the defers here never use it.
 """
 
+import functools
 import uuid
+
+from procrastinate import jobs, manager
+from procrastinate.contrib.django import django_connector
+from procrastinate.contrib.django.settings import settings as procrastinate_settings
+
+
+@functools.cache
+def _in_django_transaction() -> manager.JobManager:
+    return manager.JobManager(django_connector.DjangoConnector(alias=procrastinate_settings.DATABASE_ALIAS))
+
+
+def _defer(task, *, lock: str, **task_kwargs) -> int:
+    job = task.configure(lock=lock).job
+    return jobs.JobDeferrer(job_manager=_in_django_transaction(), job=job).defer(**task_kwargs)
 
 
 def enqueue_launch(task_id: uuid.UUID) -> None:
     """The launch job sends tools/call for a task in status `launching` and records its outcome."""
+    from taskhub.worker import jobs as worker_jobs
+
+    _defer(worker_jobs.launch_task, lock=f"launch:{task_id}", task_id=str(task_id))
 
 
 def enqueue_answer_delivery(input_request_id: int) -> None:
     """The delivery job sends the answer (tasks/update, or an MRTR retry) and marks it delivered."""
+    from taskhub.worker import jobs as worker_jobs
+
+    _defer(worker_jobs.deliver_answer, lock=f"answer:{input_request_id}", input_request_id=input_request_id)
 
 
 def enqueue_cancel_delivery(task_id: uuid.UUID) -> None:
     """The cancel job sends tasks/cancel once the remote task id is known, and marks it delivered."""
+    from taskhub.worker import jobs as worker_jobs
+
+    _defer(worker_jobs.deliver_cancel, lock=f"cancel:{task_id}", task_id=str(task_id))

@@ -5,6 +5,7 @@ together, and tells the live layer after commit. Rows are locked task first, the
 """
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -29,6 +30,7 @@ from taskhub.tasks.models import (
     LIVE_STATUSES,
     STATUS_MESSAGE_MAX_CHARS,
     TASK_PHASE,
+    TERMINAL_STATUSES,
     TRUNCATION_NOTE,
     InputRequest,
     InputRequestState,
@@ -394,3 +396,178 @@ def expire(*, task: Task) -> bool:
     _supersede_open_requests(task, reason="the task expired")
     _publish_after_commit(task.id)
     return True
+
+
+# --- sending tools/call (the launch job) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchCall:
+    """What to send as tools/call: the first call (round 0), or the retry after MRTR round n with its answers."""
+
+    tool: str
+    arguments: dict[str, Any]
+    mrtr_round: int
+    input_responses: dict[str, Any] | None
+    request_state: str | None
+    answered_request_ids: tuple[int, ...]
+
+
+def _launch_round(task: Task) -> int:
+    """0 for the first tools/call; n for the retry that carries the answers of MRTR round n."""
+    return task.input_requests.aggregate(last=Max("mrtr_round"))["last"] or 0
+
+
+def _launch_round_sent(task: Task, mrtr_round: int) -> bool:
+    return AuditEvent.objects.filter(task=task, action="task.launch_sent", data__mrtr_round=mrtr_round).exists()
+
+
+def launch_was_sent(*, task: Task) -> bool:
+    """Whether tools/call of the task's current round was already sent (read-only; see mark_launch_sent)."""
+    return _launch_round_sent(task, _launch_round(task))
+
+
+@transaction.atomic
+def mark_launch_sent(*, task: Task) -> LaunchCall | None:
+    """Record that tools/call is about to be sent, and return what to send; None when it must not be sent.
+
+    The `task.launch_sent` audit row of the round is the marker: audit rows can never be changed or
+    deleted, so once it is committed no job will send that round again. A job that finds the marker
+    (it crashed after this point, or is a duplicate) makes the launch outcome unknown instead.
+    """
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        return None
+    mrtr_round = _launch_round(task)
+    if _launch_round_sent(task, mrtr_round):
+        mark_launch_unknown(
+            task=task, reason="tools/call was sent, but its answer was never recorded (the worker stopped)."
+        )
+        return None
+    answered = list(task.input_requests.filter(mrtr_round=mrtr_round)) if mrtr_round else []
+    record_event(action="task.launch_sent", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
+    return LaunchCall(
+        tool=task.tool,
+        arguments=task.arguments,
+        mrtr_round=mrtr_round,
+        input_responses={request.key: request.answer for request in answered} if mrtr_round else None,
+        request_state=task.mrtr_request_state if mrtr_round else None,
+        answered_request_ids=tuple(request.pk for request in answered),
+    )
+
+
+@transaction.atomic
+def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool) -> bool:
+    """tools/call ended without any outcome: the server refused it with an error, or it was never sent."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        return False
+    task.status = TaskStatus.FAILED
+    task.error = error
+    task.status_message = cap_status_message(str(error.get("message") or ""))
+    task.finished_at = timezone.now()
+    task.save(update_fields=["status", "error", "status_message", "finished_at", "updated_at"])
+    record_event(action="task.launch_failed", actor_label=WORKER, task=task, data={"error": error, "sent": sent})
+    _publish_after_commit(task.id)
+    return True
+
+
+@transaction.atomic
+def schedule_mrtr_retry(*, task: Task, mrtr_round: int) -> bool:
+    """Once every request of MRTR round n is answered, the task goes back to launching to resend tools/call.
+
+    Returns False when the round is not complete yet, is not the current one, or the task moved on.
+    """
+    task = _locked(task)
+    if task.status != TaskStatus.INPUT_REQUIRED or task.remote_task_id is not None:
+        return False
+    if task.cancel_requested_at is not None:
+        return False
+    requests = list(task.input_requests.filter(mrtr_round__gte=mrtr_round).values_list("mrtr_round", "state"))
+    if not requests or any(round_ != mrtr_round for round_, _ in requests):
+        return False
+    if any(state != InputRequestState.ANSWERED for _, state in requests):
+        return False
+    task.status = TaskStatus.LAUNCHING
+    task.save(update_fields=["status", "updated_at"])
+    record_event(action="task.launch_retry_scheduled", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
+    hooks.enqueue_launch(task.id)
+    _publish_after_commit(task.id)
+    return True
+
+
+# --- delivery failures, local cancel, polling soon ---------------------------------------------------
+
+
+@transaction.atomic
+def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any]) -> None:
+    """The server refused the answer (e.g. the task is gone); the answer stays recorded, not delivered."""
+    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    record_event(
+        action="input.delivery_failed",
+        actor_label=WORKER,
+        task=task,
+        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "error": error},
+    )
+    _publish_after_commit(task.id)
+
+
+@transaction.atomic
+def record_cancel_failure(*, task: Task, error: dict[str, Any]) -> None:
+    task = _locked(task)
+    record_event(action="task.cancel_failed", actor_label=WORKER, task=task, data={"error": error})
+    _publish_after_commit(task.id)
+
+
+@transaction.atomic
+def cancel_before_remote_task(*, task: Task) -> bool:
+    """A cancel of a call still waiting for MRTR answers: no server task exists, so it ends here."""
+    task = _locked(task)
+    if task.cancel_requested_at is None:
+        raise InvalidTransition(f"No cancel was requested for task {task.id}.")
+    if task.status != TaskStatus.INPUT_REQUIRED or task.remote_task_id is not None:
+        return False
+    task.status = TaskStatus.CANCELLED
+    task.finished_at = timezone.now()
+    task.mrtr_request_state = None
+    task.save(update_fields=["status", "finished_at", "mrtr_request_state", "updated_at"])
+    record_event(
+        action="task.status_changed",
+        actor_label=WORKER,
+        task=task,
+        data={"from": TaskStatus.INPUT_REQUIRED, "to": TaskStatus.CANCELLED, "source": "cancel before any server task"},
+    )
+    _supersede_open_requests(task, reason="the tool call was cancelled")
+    _publish_after_commit(task.id)
+    return True
+
+
+def poll_soon(*, task_id: uuid.UUID) -> bool:
+    """Ask the tracker to poll this task at once (after an answer or a cancel reached the server)."""
+    return bool(TaskPoll.objects.filter(task_id=task_id).update(next_poll_at=timezone.now()))
+
+
+# --- retention ---------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def purge_finished_tasks(*, finished_before, limit: int = 500) -> int:
+    """Delete up to `limit` tasks that ended before `finished_before`, with their input requests and poll rows.
+
+    Audit rows stay (append-only); each purge adds one saying so.
+    """
+    tasks = list(
+        Task.objects.select_for_update(skip_locked=True)
+        .filter(status__in=TERMINAL_STATUSES, finished_at__lt=finished_before)
+        .order_by("finished_at")
+        .only("id", "server_id", "tool", "status", "finished_at")[:limit]
+    )
+    for task in tasks:
+        record_event(
+            action="task.purged",
+            actor_label=WORKER,
+            task=task,
+            data={"tool": task.tool, "status": task.status, "finished_at": task.finished_at.isoformat()},
+        )
+    Task.objects.filter(pk__in=[task.pk for task in tasks]).delete()
+    return len(tasks)

@@ -1,0 +1,1 @@
+"""Background work: procrastinate jobs (launch, deliver an answer, deliver a cancel, sweeps) and the tracker."""

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class WorkerConfig(AppConfig):
+    name = "taskhub.worker"
+    label = "worker"
+    verbose_name = "background work"

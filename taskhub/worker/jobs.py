@@ -1,0 +1,276 @@
+"""Background jobs on procrastinate: launch a tool call, deliver an answer, deliver a cancel.
+
+Every job is async (procrastinate runs them concurrently), opens its own TasksClient on its own loop
+and closes it, reaches the database through `sync_to_async`, and changes state only through
+`taskhub.tasks.services`. The sweeps (expiry, retention, stalled jobs) are in `sweeps.py`.
+
+Crash safety of the launch: a tool call is not idempotent, so each round of tools/call is sent at
+most once. Before sending, `services.mark_launch_sent` commits an (immutable) `task.launch_sent`
+audit row for the round; a job that finds that row already there — because the worker died after
+sending, or the job was recovered as stalled — marks the launch outcome unknown instead of sending.
+Only a failure to reach the server at all, found by connecting before the row is written, is
+retried: then nothing can have been sent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.utils import timezone
+from procrastinate import RetryDecision
+from procrastinate.contrib.django import app
+from procrastinate.jobs import Job
+from procrastinate.retry import BaseRetryStrategy
+
+from taskhub.mcp.client import CallOutcome, TasksClient
+from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
+from taskhub.tasks import services
+from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
+
+logger = logging.getLogger(__name__)
+
+# tools/call may legitimately run for a while before it answers (a synchronous tool).
+LAUNCH_TIMEOUT_SECONDS = 120.0
+DELIVERY_TIMEOUT_SECONDS = 30.0
+
+
+class ServerUnreachable(Exception):
+    """The server could not be reached before anything was sent; retrying is safe."""
+
+
+class LaunchPending(Exception):
+    """The cancel waits for the launch to tell whether a remote task exists."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff(BaseRetryStrategy):
+    """Exponential backoff with a cap and jitter, for the listed exceptions only.
+
+    A job runs at most `max_attempts + 1` times; `is_last(job)` tells the job it will not be retried,
+    so it can record why it gave up instead of failing silently.
+    """
+
+    max_attempts: int
+    retry_exceptions: tuple[type[BaseException], ...]
+    first_seconds: float = 1.0
+    cap_seconds: float = 300.0
+
+    def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
+        if self.is_last(job) or not isinstance(exception, self.retry_exceptions):
+            return None
+        wait = min(self.cap_seconds, self.first_seconds * 2**job.attempts) * random.uniform(0.8, 1.2)
+        return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
+
+    def is_last(self, job: Job) -> bool:
+        return job.attempts >= self.max_attempts
+
+
+UNREACHABLE = (TransportError, RequestTimeout, DatabaseError)
+# About a minute of connection attempts before a launch is given up as never sent.
+LAUNCH_RETRY = Backoff(max_attempts=6, retry_exceptions=(ServerUnreachable, DatabaseError))
+# About two hours (capped at 5 minutes apart): answers and cancels ride out a server outage.
+DELIVERY_RETRY = Backoff(max_attempts=28, retry_exceptions=UNREACHABLE)
+CANCEL_RETRY = Backoff(max_attempts=28, retry_exceptions=(*UNREACHABLE, LaunchPending))
+
+
+async def db[R](function: Callable[..., R], /, **kwargs: Any) -> R:
+    """Run ORM code from a job. A long-lived worker must drop connections that died (e.g. a Postgres restart)."""
+
+    def call() -> R:
+        if not connection.in_atomic_block:
+            close_old_connections()
+        return function(**kwargs)
+
+    return await sync_to_async(call)()
+
+
+def error_object(error: McpClientError) -> dict[str, Any]:
+    if isinstance(error, ProtocolError):
+        return error.to_error_object()
+    return {"message": str(error), "kind": type(error).__name__}
+
+
+# --- launch -----------------------------------------------------------------------------------------
+
+
+@app.task(name="taskhub.launch_task", pass_context=True, retry=LAUNCH_RETRY)
+async def launch_task(context, task_id: str) -> str:
+    return await launch(uuid.UUID(task_id), last_attempt=LAUNCH_RETRY.is_last(context.job))
+
+
+def _launching(task_id: uuid.UUID) -> tuple[Task | None, bool]:
+    task = Task.objects.select_related("server").filter(pk=task_id).first()
+    if task is None or task.status != TaskStatus.LAUNCHING:
+        return None, False
+    return task, services.launch_was_sent(task=task)
+
+
+async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
+    """Send tools/call for a launching task (first call or MRTR retry) and record what came back."""
+    task, already_sent = await db(_launching, task_id=task_id)
+    if task is None:
+        return "not launching"
+    if already_sent:
+        await db(services.mark_launch_sent, task=task)  # finds its marker and makes the outcome unknown
+        return "outcome unknown"
+    async with TasksClient(task.server.to_target(), timeout=LAUNCH_TIMEOUT_SECONDS) as client:
+        try:
+            # Reach the server before the marker is written: a failure here cannot have sent anything.
+            await client.discover()
+        except (TransportError, RequestTimeout) as error:
+            if not last_attempt:
+                raise ServerUnreachable(str(error)) from error
+            await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
+            return "not sent"
+        except McpClientError as error:
+            await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
+            return "not sent"
+
+        call = await db(services.mark_launch_sent, task=task)
+        if call is None:
+            return "outcome known or unknown already"
+        try:
+            outcome = await client.call_tool(
+                call.tool, call.arguments, input_responses=call.input_responses, request_state=call.request_state
+            )
+        except ProtocolError as error:
+            await db(services.record_launch_failure, task=task, error=error.to_error_object(), sent=True)
+            return "refused"
+        except Exception as error:
+            # The request may have reached the server (and run): say so, never resend.
+            logger.warning("tools/call of task %s: no usable answer (%s)", task.id, error)
+            await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
+            return "outcome unknown"
+    logger.info("tools/call of task %s answered: %s", task.id, outcome)
+    await db(_record_outcome, task=task, outcome=outcome, answered_request_ids=call.answered_request_ids)
+    return type(outcome).__name__
+
+
+def _not_sent(error: McpClientError) -> dict[str, Any]:
+    return {**error_object(error), "message": f"The tool call was not sent: {error}"}
+
+
+@transaction.atomic
+def _record_outcome(*, task: Task, outcome: CallOutcome, answered_request_ids: tuple[int, ...]) -> None:
+    # An MRTR retry carried the round's answers: the server's answer to it is their delivery.
+    services.record_launch_outcome(task=task, outcome=outcome)
+    for input_request in InputRequest.objects.filter(pk__in=answered_request_ids):
+        services.mark_delivered(input_request=input_request)
+
+
+# --- deliver an answer ------------------------------------------------------------------------------
+
+
+@app.task(name="taskhub.deliver_answer", pass_context=True, retry=DELIVERY_RETRY)
+async def deliver_answer(context, input_request_id: int) -> str:
+    return await deliver(input_request_id, last_attempt=DELIVERY_RETRY.is_last(context.job))
+
+
+def _answer_to_deliver(input_request_id: int) -> InputRequest | None:
+    input_request = InputRequest.objects.select_related("task__server").filter(pk=input_request_id).first()
+    if input_request is None or input_request.state != InputRequestState.ANSWERED:
+        return None  # delivered already (the job ran twice), or nothing to deliver
+    return input_request
+
+
+async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
+    """Send one answer: tasks/update with that key alone, or (MRTR) resend tools/call once the round is complete."""
+    input_request = await db(_answer_to_deliver, input_request_id=input_request_id)
+    if input_request is None:
+        return "nothing to deliver"
+    task = input_request.task
+    if input_request.mrtr_round != TASK_PHASE:
+        # The launch job sends the whole round; this answer may be the one that completes it.
+        scheduled = await db(services.schedule_mrtr_retry, task=task, mrtr_round=input_request.mrtr_round)
+        return "round complete, retry scheduled" if scheduled else "waiting for the rest of the round"
+    if task.remote_task_id is None:
+        raise services.InvalidTransition(f"Task {task.id} has no remote task to deliver {input_request.key!r} to.")
+
+    async with TasksClient(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
+        try:
+            await client.update_task(task.remote_task_id, {input_request.key: input_request.answer})
+        except ProtocolError as error:
+            # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.
+            await db(_delivery_failed, input_request=input_request, error=error.to_error_object())
+            return "refused"
+        except (TransportError, RequestTimeout) as error:
+            if not last_attempt:
+                raise
+            await db(_delivery_failed, input_request=input_request, error=_gave_up(error))
+            return "gave up"
+    await db(_delivered, input_request=input_request)
+    return "delivered"
+
+
+def _gave_up(error: McpClientError) -> dict[str, Any]:
+    return {**error_object(error), "message": f"Gave up after repeated failures: {error}"}
+
+
+@transaction.atomic
+def _delivered(*, input_request: InputRequest) -> None:
+    services.mark_delivered(input_request=input_request)
+    services.poll_soon(task_id=input_request.task_id)
+
+
+@transaction.atomic
+def _delivery_failed(*, input_request: InputRequest, error: dict[str, Any]) -> None:
+    services.record_delivery_failure(input_request=input_request, error=error)
+    services.poll_soon(task_id=input_request.task_id)
+
+
+# --- deliver a cancel -------------------------------------------------------------------------------
+
+
+@app.task(name="taskhub.deliver_cancel", pass_context=True, retry=CANCEL_RETRY)
+async def deliver_cancel(context, task_id: str) -> str:
+    return await cancel(uuid.UUID(task_id), last_attempt=CANCEL_RETRY.is_last(context.job))
+
+
+async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
+    """Send tasks/cancel once the remote task is known; a call still in MRTR rounds is cancelled here."""
+    task = await db(Task.objects.select_related("server").get, pk=task_id)
+    if task.cancel_delivered_at is not None or task.is_terminal:
+        return "nothing to cancel"
+    if task.remote_task_id is None:
+        if task.status == TaskStatus.INPUT_REQUIRED:
+            await db(services.cancel_before_remote_task, task=task)
+            return "cancelled before any server task"
+        if task.status == TaskStatus.LAUNCHING and not last_attempt:
+            raise LaunchPending(f"task {task.id} is still launching")
+        error = {"message": f"No remote task to cancel: the task is {task.get_status_display()}."}
+        await db(services.record_cancel_failure, task=task, error=error)
+        return "no remote task"
+
+    async with TasksClient(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
+        try:
+            await client.cancel_task(task.remote_task_id)
+        except ProtocolError as error:
+            await db(_cancel_failed, task=task, error=error.to_error_object())
+            return "refused"
+        except (TransportError, RequestTimeout) as error:
+            if not last_attempt:
+                raise
+            await db(_cancel_failed, task=task, error=_gave_up(error))
+            return "gave up"
+    await db(_cancel_delivered, task=task)
+    return "delivered"
+
+
+@transaction.atomic
+def _cancel_delivered(*, task: Task) -> None:
+    services.mark_cancel_delivered(task=task)
+    services.poll_soon(task_id=task.id)
+
+
+@transaction.atomic
+def _cancel_failed(*, task: Task, error: dict[str, Any]) -> None:
+    services.record_cancel_failure(task=task, error=error)
+    services.poll_soon(task_id=task.id)

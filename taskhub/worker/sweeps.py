@@ -1,0 +1,100 @@
+"""Periodic jobs: expire tasks past their TTL, delete old finished tasks, recover stalled jobs."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+from django.conf import settings
+from django.utils import timezone
+from procrastinate.contrib.django import app
+
+from taskhub.tasks import services
+from taskhub.tasks.models import LIVE_STATUSES, Task
+from taskhub.worker.jobs import db
+
+logger = logging.getLogger(__name__)
+
+# The server may end a task right at its deadline; give the tracker time to see that first.
+EXPIRY_GRACE = datetime.timedelta(seconds=60)
+PURGE_BATCH = 500
+# Jobs of a worker silent this long are taken over (procrastinate's workers beat every 10 s).
+STALLED_WORKER_SECONDS = 30
+
+
+def remote_deadline(task: Task) -> datetime.datetime | None:
+    """createdAt + ttlMs as the server last said; None when unlimited or unreadable."""
+    if task.ttl_ms is None or not task.remote_created_at:
+        return None
+    try:
+        created = datetime.datetime.fromisoformat(task.remote_created_at)
+    except ValueError:
+        return None
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=datetime.UTC)
+    return created + datetime.timedelta(milliseconds=task.ttl_ms)
+
+
+def expire_overdue(*, now: datetime.datetime) -> list[Task]:
+    """Expire live tasks past createdAt + ttlMs that showed no change since that deadline (spec §6)."""
+    candidates = (
+        Task.objects.filter(status__in=LIVE_STATUSES, ttl_ms__isnull=False)
+        .exclude(remote_created_at="")
+        .only("id", "ttl_ms", "remote_created_at", "updated_at", "status")
+    )
+    expired = []
+    for task in candidates.iterator():
+        deadline = remote_deadline(task)
+        if deadline is None or now < deadline + EXPIRY_GRACE or task.updated_at > deadline:
+            continue
+        if services.expire(task=task):
+            expired.append(task)
+    return expired
+
+
+def purge_finished(*, now: datetime.datetime, retention_days: int) -> int:
+    """Delete tasks that ended more than `retention_days` ago (0 keeps them forever), in batches."""
+    if retention_days <= 0:
+        return 0
+    cutoff = now - datetime.timedelta(days=retention_days)
+    total = 0
+    while True:
+        purged = services.purge_finished_tasks(finished_before=cutoff, limit=PURGE_BATCH)
+        total += purged
+        if purged < PURGE_BATCH:
+            return total
+
+
+@app.periodic(cron="* * * * *")
+@app.task(name="taskhub.expire_overdue_tasks", queueing_lock="taskhub.expire_overdue_tasks")
+async def expire_overdue_tasks(timestamp: int) -> int:
+    expired = await db(expire_overdue, now=timezone.now())
+    if expired:
+        logger.info("expired %d task(s) past their TTL", len(expired))
+    return len(expired)
+
+
+@app.periodic(cron="17 * * * *")
+@app.task(name="taskhub.purge_old_tasks", queueing_lock="taskhub.purge_old_tasks", pass_context=True)
+async def purge_old_tasks(context, timestamp: int) -> int:
+    days = settings.TASKHUB_RETENTION_DAYS
+    purged = await db(purge_finished, now=timezone.now(), retention_days=days)
+    if days > 0:
+        await context.app.job_manager.delete_old_jobs(
+            nb_hours=days * 24, include_failed=True, include_cancelled=True, include_aborted=True
+        )
+    if purged:
+        logger.info("retention: deleted %d task(s) finished more than %d day(s) ago", purged, days)
+    return purged
+
+
+@app.periodic(cron="* * * * *")
+@app.task(name="taskhub.retry_stalled_jobs", queueing_lock="taskhub.retry_stalled_jobs", pass_context=True)
+async def retry_stalled_jobs(context, timestamp: int) -> int:
+    """Requeue jobs whose worker died. A recovered launch then finds its marker and reports "outcome unknown"."""
+    manager = context.app.job_manager
+    stalled = list(await manager.get_stalled_jobs(seconds_since_heartbeat=STALLED_WORKER_SECONDS))
+    for job in stalled:
+        logger.warning("retrying job %s (%s): its worker stopped", job.id, job.task_name)
+        await manager.retry_job(job)
+    return len(stalled)

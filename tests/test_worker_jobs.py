@@ -1,0 +1,494 @@
+"""Background jobs against the real demo server over HTTP: launch, answer delivery, cancel delivery, sweeps.
+
+The jobs run directly (their async functions, on a loop of their own as in the worker) or in a
+procrastinate worker run in-process until the queue is empty. A recording proxy in front of the demo
+server counts what really went over the wire; `/demo/stats` counts deliveries and cancels per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+import uuid
+
+import httpx2
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from demo_process import DemoServer, free_port
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+from procrastinate.contrib.django import app
+from procrastinate.contrib.django.models import ProcrastinateJob
+from wire_recorder import WireRecorder
+
+from taskhub.audit.models import AuditEvent
+from taskhub.mcp.client import TaskCreated, TasksClient, ToolInputRequired
+from taskhub.mcp.errors import TransportError
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
+from taskhub.worker import jobs, sweeps
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+run = async_to_sync
+
+
+@pytest.fixture(scope="module")
+def demo():
+    with DemoServer("--poll-interval-ms", "100") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def recorder(demo):
+    proxy = WireRecorder(demo.url).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(autouse=True)
+def empty_job_queue():
+    # procrastinate's tables are not Django-managed, so the test database flush leaves them alone.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_periodic_defers; DELETE FROM procrastinate_jobs")
+
+
+@pytest.fixture
+def server(recorder):
+    return create_server(name="demo", transport="http", url=recorder.url, user=None)
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_user("olga")
+
+
+@pytest.fixture
+def approver(django_user_model):
+    return django_user_model.objects.create_user("abe")
+
+
+def launched(server, operator, tool: str, arguments: dict | None = None) -> Task:
+    return services.launch(server=server, tool=tool, arguments=arguments or {}, user=operator)
+
+
+def reload(task: Task) -> Task:
+    return Task.objects.get(pk=task.pk)
+
+
+def audit(task: Task) -> list[str]:
+    return list(AuditEvent.objects.filter(task_id=task.id).order_by("id").values_list("action", flat=True))
+
+
+def jobs_of(task_name: str) -> list[ProcrastinateJob]:
+    return list(ProcrastinateJob.objects.filter(task_name=task_name).order_by("id"))
+
+
+def tool_calls(recorder: WireRecorder, tool: str, marker: str | None = None) -> list:
+    calls = [e for e in recorder.requests("tools/call") if e.body["params"]["name"] == tool]
+    return [e for e in calls if marker is None or marker in str(e.body["params"].get("arguments"))]
+
+
+def demo_stats(demo: DemoServer) -> dict:
+    return httpx2.get(f"http://127.0.0.1:{demo.port}/demo/stats").json()
+
+
+def due_jobs() -> int:
+    now = timezone.now()
+    todo = ProcrastinateJob.objects.filter(status="todo")
+    return todo.filter(Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now)).count()
+
+
+async def run_worker_until_idle(timeout: float = 30) -> None:
+    """A real procrastinate worker, on its own connector as in production, until no job is due.
+
+    With wait=False a worker stops at the first empty fetch, even while a running job defers the next
+    one; so it runs again as long as jobs are due.
+    """
+    async with asyncio.timeout(timeout):
+        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+            async with worker_app.open_async():
+                while True:
+                    await worker_app.run_worker_async(
+                        wait=False, concurrency=4, install_signal_handlers=False, listen_notify=False
+                    )
+                    if not await sync_to_async(due_jobs)():
+                        return
+
+
+def follow(task: Task, until, timeout: float = 15) -> Task:
+    """Play the tracker: poll with tasks/get and apply each snapshot through the service until `until(task)`."""
+
+    target = task.server.to_target()
+
+    async def poll(remote_task_id: str) -> TaskSnapshot:
+        async with TasksClient(target, timeout=10) as client:
+            return await client.get_task(remote_task_id)
+
+    deadline = timezone.now() + datetime.timedelta(seconds=timeout)
+    while timezone.now() < deadline:
+        task = reload(task)
+        if until(task):
+            return task
+        services.apply_snapshot(task=task, snapshot=run(poll)(task.remote_task_id))
+        time.sleep(0.1)
+    raise AssertionError(f"task {task.id} stayed {task.status}")
+
+
+# --- hooks: the job row commits with the state or not at all ---------------------------------------
+
+
+def test_launch_defers_its_job_in_the_same_transaction(server, operator):
+    task = launched(server, operator, "quick", {"text": "hooked"})
+    [job] = jobs_of("taskhub.launch_task")
+    assert (job.args, job.status, job.lock) == ({"task_id": str(task.id)}, "todo", f"launch:{task.id}")
+
+
+def test_a_service_that_fails_after_deferring_leaves_no_job(server, operator):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        launched(server, operator, "quick", {"text": "rolled back"})
+        assert len(jobs_of("taskhub.launch_task")) == 1  # deferred inside the transaction…
+        raise RuntimeError("the service fails after deferring")
+    assert jobs_of("taskhub.launch_task") == []  # …and gone with it
+    assert not Task.objects.exists()
+
+
+# --- launch -----------------------------------------------------------------------------------------
+
+
+def test_launch_of_a_synchronous_tool_completes_the_task(server, operator, recorder):
+    task = launched(server, operator, "quick", {"text": "sync-1"})
+    assert run(jobs.launch)(task.id) == "ToolCompleted"
+    task = reload(task)
+    assert task.status == TaskStatus.COMPLETED and task.remote_task_id is None
+    assert task.result["content"][0]["text"] == "echo: sync-1"
+    assert audit(task) == ["task.launched", "task.launch_sent", "task.launch_answered"]
+    assert len(tool_calls(recorder, "quick", "sync-1")) == 1
+    assert not TaskPoll.objects.filter(task=task).exists()
+
+
+def test_launch_of_a_task_tool_stores_the_remote_task_and_makes_it_due(server, operator):
+    task = launched(server, operator, "progress", {"steps": 2, "step_ms": 100})
+    assert run(jobs.launch)(task.id) == "TaskCreated"
+    task = reload(task)
+    assert task.status == TaskStatus.WORKING and task.remote_task_id
+    assert TaskPoll.objects.get(task=task).next_poll_at <= timezone.now()
+    sent = AuditEvent.objects.get(task_id=task.id, action="task.launch_sent")
+    assert (sent.actor_label, sent.data) == ("worker", {"mrtr_round": 0})
+
+
+def test_a_launch_job_that_runs_again_after_success_sends_nothing(server, operator, recorder):
+    task = launched(server, operator, "quick", {"text": "twice-ok"})
+    run(jobs.launch)(task.id)
+    assert run(jobs.launch)(task.id) == "not launching"
+    assert len(tool_calls(recorder, "quick", "twice-ok")) == 1
+
+
+def test_mrtr_round_is_answered_then_the_call_is_retried_and_becomes_a_task(server, operator, approver, recorder):
+    task = launched(server, operator, "mrtr")
+    run(run_worker_until_idle)()
+    task = reload(task)
+    assert task.status == TaskStatus.INPUT_REQUIRED and task.remote_task_id is None
+    name = InputRequest.objects.get(task=task)
+    assert (name.key, name.mrtr_round, name.state) == ("name", 1, InputRequestState.OPEN)
+
+    grace = {"action": "accept", "content": {"name": "Grace"}}
+    services.answer_input(input_request=name, response=grace, user=approver)
+    run(run_worker_until_idle)()  # deliver_answer completes the round → launch job retries tools/call
+
+    task = reload(task)
+    assert task.status in (TaskStatus.WORKING, TaskStatus.COMPLETED) and task.remote_task_id
+    assert InputRequest.objects.get(pk=name.pk).state == InputRequestState.DELIVERED
+    first, retry = tool_calls(recorder, "mrtr")[-2:]
+    assert "inputResponses" not in first.body["params"]
+    assert retry.body["params"]["inputResponses"] == {"name": grace}
+    assert retry.body["params"]["requestState"] == first.messages[0]["result"]["requestState"]
+    assert audit(task) == [
+        "task.launched",
+        "task.launch_sent",
+        "task.launch_answered",
+        "task.input_requested",
+        "input.answered",
+        "task.launch_retry_scheduled",
+        "task.launch_sent",
+        "task.launch_answered",
+        "input.delivered",
+    ]
+    task = follow(task, lambda t: t.is_terminal)
+    assert task.result["content"][0]["text"] == "hello, Grace"
+
+
+def test_a_launch_against_a_stopped_server_is_retried_then_fails_as_never_sent(operator):
+    nowhere = create_server(name="down", transport="http", url=f"http://127.0.0.1:{free_port()}/mcp", user=None)
+    task = launched(nowhere, operator, "quick", {"text": "nobody home"})
+
+    with pytest.raises(jobs.ServerUnreachable):
+        run(jobs.launch)(task.id, last_attempt=False)
+    assert reload(task).status == TaskStatus.LAUNCHING
+    assert "task.launch_sent" not in audit(task)  # nothing was sent, so a retry may send
+
+    run(run_worker_until_idle)()
+    [job] = jobs_of("taskhub.launch_task")
+    assert (job.status, job.attempts) == ("todo", 1) and job.scheduled_at > timezone.now()
+
+    assert run(jobs.launch)(task.id, last_attempt=True) == "not sent"
+    task = reload(task)
+    assert task.status == TaskStatus.FAILED and task.finished_at
+    assert task.error["message"].startswith("The tool call was not sent:")
+    failed = AuditEvent.objects.get(task_id=task.id, action="task.launch_failed")
+    assert failed.data["sent"] is False
+
+
+def test_a_crash_between_send_and_answer_leaves_the_launch_unknown_and_never_resends(server, operator, recorder):
+    task = launched(server, operator, "quick", {"text": "crashed"})
+    assert services.mark_launch_sent(task=task) is not None  # the worker got this far, sent, and died
+
+    assert run(jobs.launch)(task.id) == "outcome unknown"
+    task = reload(task)
+    assert task.status == TaskStatus.LAUNCH_UNKNOWN
+    assert "never recorded" in task.status_message
+    assert run(jobs.launch)(task.id) == "not launching"
+    assert tool_calls(recorder, "quick", "crashed") == []
+    assert audit(task) == ["task.launched", "task.launch_sent", "task.launch_unknown"]
+
+
+def test_a_stalled_launch_job_is_recovered_and_reports_unknown_instead_of_resending(server, operator, recorder):
+    task = launched(server, operator, "quick", {"text": "stalled"})
+
+    async def a_worker_takes_the_job_and_dies():
+        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+            async with worker_app.open_async():
+                manager = worker_app.job_manager
+                worker_id = await manager.register_worker()
+                job = await manager.fetch_job(queues=None, worker_id=worker_id)
+                assert job.task_name == "taskhub.launch_task"
+                return worker_id
+
+    worker_id = run(a_worker_takes_the_job_and_dies)()
+    services.mark_launch_sent(task=task)  # …right after marking the call sent: it may have left
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '1 hour' WHERE id = %s", [worker_id]
+        )
+    [job] = jobs_of("taskhub.launch_task")
+    assert job.status == "doing"
+
+    async def recover():
+        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+            async with worker_app.open_async():
+                return await sweeps.retry_stalled_jobs.func(_Context(worker_app), timestamp=0)
+
+    assert run(recover)() == 1
+    run(run_worker_until_idle)()
+    assert reload(task).status == TaskStatus.LAUNCH_UNKNOWN
+    assert tool_calls(recorder, "quick", "stalled") == []
+
+
+class _Context:
+    def __init__(self, app):
+        self.app = app
+
+
+def test_a_protocol_error_answer_fails_the_task_with_that_error(server, operator, approver):
+    task = launched(server, operator, "mrtr")
+    run(jobs.launch)(task.id)
+    # The demo server seals requestState per process (as after its restart): the retry gets -32602.
+    Task.objects.filter(pk=task.pk).update(mrtr_request_state="v1.not-the-state-the-server-sealed")
+    name = InputRequest.objects.get(task=task)
+    services.answer_input(input_request=name, response={"action": "accept", "content": {"name": "Ada"}}, user=approver)
+    run(run_worker_until_idle)()
+
+    task = reload(task)
+    assert task.status == TaskStatus.FAILED and task.finished_at
+    assert task.error["code"] == -32602 and task.error["message"]
+    assert AuditEvent.objects.get(task_id=task.id, action="task.launch_failed").data["sent"] is True
+    assert InputRequest.objects.get(pk=name.pk).state == InputRequestState.ANSWERED  # never acknowledged
+
+
+# --- answer delivery --------------------------------------------------------------------------------
+
+
+def approval_waiting(server, operator) -> Task:
+    task = launched(server, operator, "approval", {"action": "ship"})
+    run(jobs.launch)(task.id)
+    return follow(task, lambda t: t.status == TaskStatus.INPUT_REQUIRED)
+
+
+def test_an_answer_is_delivered_once_per_key_even_when_the_job_runs_twice(server, operator, approver, demo):
+    task = approval_waiting(server, operator)
+    approve = InputRequest.objects.get(task=task, key="approve")
+    answer = {"action": "accept", "content": {"approved": True, "reason": "looks good"}}
+    services.answer_input(input_request=approve, response=answer, user=approver)
+    [job] = jobs_of("taskhub.deliver_answer")
+    assert job.args == {"input_request_id": approve.pk} and job.lock == f"answer:{approve.pk}"
+    TaskPoll.objects.filter(task=task).update(next_poll_at=timezone.now() + datetime.timedelta(hours=1))
+
+    assert run(jobs.deliver)(approve.pk) == "delivered"
+    assert run(jobs.deliver)(approve.pk) == "nothing to deliver"
+    run(run_worker_until_idle)()  # the deferred job too: still nothing more goes out
+
+    assert demo_stats(demo)["deliveries"][f"{task.remote_task_id}/approve"] == 1
+    approve.refresh_from_db()
+    assert approve.state == InputRequestState.DELIVERED and approve.delivered_at
+    assert audit(task).count("input.delivered") == 1
+    assert TaskPoll.objects.get(task=task).next_poll_at <= timezone.now()  # the tracker polls it at once
+    task = follow(task, lambda t: t.is_terminal)
+    assert task.result["content"][0]["text"] == "approved: ship (reason: looks good)"
+
+
+def test_delivery_to_a_task_the_server_does_not_know_is_recorded_and_not_retried(server, operator, approver):
+    task = launched(server, operator, "approval")
+    ghost = {
+        "taskId": f"ghost-{uuid.uuid4()}",
+        "status": "input_required",
+        "createdAt": "2026-07-28T10:00:00Z",
+        "lastUpdatedAt": "2026-07-28T10:00:00Z",
+        "ttlMs": 60000,
+        "inputRequests": {"ok": {"method": "elicitation/create", "params": {"message": "OK?", "requestedSchema": {}}}},
+    }
+    services.record_launch_outcome(task=task, outcome=TaskCreated(task=TaskSnapshot.model_validate(ghost)))
+    ok = InputRequest.objects.get(task=task, key="ok")
+    services.answer_input(input_request=ok, response={"action": "accept"}, user=approver)
+
+    assert run(jobs.deliver)(ok.pk, last_attempt=False) == "refused"
+    ok.refresh_from_db()
+    assert ok.state == InputRequestState.ANSWERED
+    failure = AuditEvent.objects.get(task_id=task.id, action="input.delivery_failed")
+    assert failure.data["key"] == "ok" and failure.data["error"]["code"] == -32602
+
+
+def test_delivery_rides_out_an_unreachable_server_then_gives_up_with_a_record(operator, approver):
+    nowhere = create_server(name="down", transport="http", url=f"http://127.0.0.1:{free_port()}/mcp", user=None)
+    task = launched(nowhere, operator, "approval")
+    snapshot = {
+        "taskId": "remote-1",
+        "status": "input_required",
+        "createdAt": "2026-07-28T10:00:00Z",
+        "lastUpdatedAt": "2026-07-28T10:00:00Z",
+        "ttlMs": None,
+        "inputRequests": {"ok": {"method": "elicitation/create", "params": {"message": "OK?", "requestedSchema": {}}}},
+    }
+    services.record_launch_outcome(task=task, outcome=TaskCreated(task=TaskSnapshot.model_validate(snapshot)))
+    ok = InputRequest.objects.get(task=task, key="ok")
+    services.answer_input(input_request=ok, response={"action": "decline"}, user=approver)
+
+    with pytest.raises(TransportError):
+        run(jobs.deliver)(ok.pk, last_attempt=False)  # procrastinate retries it with backoff
+    run(run_worker_until_idle)()
+    [job] = jobs_of("taskhub.deliver_answer")
+    assert (job.status, job.attempts) == ("todo", 1) and job.scheduled_at > timezone.now()
+
+    assert run(jobs.deliver)(ok.pk, last_attempt=True) == "gave up"
+    assert AuditEvent.objects.filter(task_id=task.id, action="input.delivery_failed").exists()
+    ok.refresh_from_db()
+    assert ok.state == InputRequestState.ANSWERED
+
+
+# --- cancel delivery --------------------------------------------------------------------------------
+
+
+def test_a_cancel_is_delivered_once_and_the_task_polled_at_once(server, operator, demo):
+    task = launched(server, operator, "long", {"seconds": 30})
+    run(jobs.launch)(task.id)
+    task = reload(task)
+    TaskPoll.objects.filter(task=task).update(next_poll_at=timezone.now() + datetime.timedelta(hours=1))
+    services.request_cancel(task=task, user=operator)
+    [job] = jobs_of("taskhub.deliver_cancel")
+    assert job.args == {"task_id": str(task.id)}
+
+    run(run_worker_until_idle)()
+    assert run(jobs.cancel)(task.id) == "nothing to cancel"
+    task = reload(task)
+    assert task.cancel_delivered_at is not None
+    assert demo_stats(demo)["cancels"][task.remote_task_id] == 1
+    assert TaskPoll.objects.get(task=task).next_poll_at <= timezone.now()
+    assert audit(task)[-2:] == ["task.cancel_requested", "task.cancel_delivered"]
+    assert follow(task, lambda t: t.is_terminal).status == TaskStatus.CANCELLED
+
+
+def test_a_cancel_waits_while_the_task_is_launching(server, operator):
+    task = launched(server, operator, "long", {"seconds": 30})
+    services.request_cancel(task=task, user=operator)
+    with pytest.raises(jobs.LaunchPending):
+        run(jobs.cancel)(task.id, last_attempt=False)
+    run(jobs.launch)(task.id)
+    assert run(jobs.cancel)(task.id, last_attempt=False) == "delivered"
+    assert follow(task, lambda t: t.is_terminal).status == TaskStatus.CANCELLED
+
+
+def test_a_cancel_during_mrtr_rounds_ends_the_call_here(server, operator, approver):
+    task = launched(server, operator, "mrtr")
+    run(jobs.launch)(task.id)
+    services.request_cancel(task=task, user=operator)
+    assert run(jobs.cancel)(task.id) == "cancelled before any server task"
+    task = reload(task)
+    assert task.status == TaskStatus.CANCELLED and task.finished_at
+    assert InputRequest.objects.get(task=task).state == InputRequestState.SUPERSEDED
+
+
+# --- sweeps -----------------------------------------------------------------------------------------
+
+
+def live_task(server, operator, *, created_at: str, ttl_ms: int | None, remote_id: str) -> Task:
+    task = launched(server, operator, "long")
+    snapshot = {
+        "taskId": remote_id,
+        "status": "working",
+        "createdAt": created_at,
+        "lastUpdatedAt": created_at,
+        "ttlMs": ttl_ms,
+    }
+    return services.record_launch_outcome(task=task, outcome=TaskCreated(task=TaskSnapshot.model_validate(snapshot)))
+
+
+def test_the_expiry_sweep_expires_live_tasks_past_created_at_plus_ttl_without_progress(server, operator):
+    overdue = live_task(server, operator, created_at="2026-07-28T10:00:00Z", ttl_ms=60_000, remote_id="old")
+    unlimited = live_task(server, operator, created_at="2026-07-28T10:00:00Z", ttl_ms=None, remote_id="forever")
+    fresh = live_task(server, operator, created_at="2026-07-28T10:00:00Z", ttl_ms=10**12, remote_id="fresh")
+    # The deadline is past for `overdue` only; it last changed before the deadline (set by the test clock).
+    Task.objects.filter(pk=overdue.pk).update(updated_at=datetime.datetime(2026, 7, 28, 10, 0, 30, tzinfo=datetime.UTC))
+    now = datetime.datetime(2026, 7, 28, 10, 3, tzinfo=datetime.UTC)
+
+    assert [task.pk for task in sweeps.expire_overdue(now=now)] == [overdue.pk]
+    assert reload(overdue).status == TaskStatus.EXPIRED
+    assert not TaskPoll.objects.filter(task=overdue).exists()
+    assert reload(unlimited).status == reload(fresh).status == TaskStatus.WORKING
+    assert sweeps.expire_overdue(now=now) == []
+
+
+def test_a_task_that_changed_after_its_deadline_is_not_expired(server, operator):
+    task = live_task(server, operator, created_at="2026-07-28T10:00:00Z", ttl_ms=60_000, remote_id="busy")
+    Task.objects.filter(pk=task.pk).update(updated_at=datetime.datetime(2026, 7, 28, 10, 2, tzinfo=datetime.UTC))
+    assert sweeps.expire_overdue(now=datetime.datetime(2026, 7, 28, 10, 5, tzinfo=datetime.UTC)) == []
+    # Within the grace after the deadline the tracker may still see the true end.
+    assert sweeps.expire_overdue(now=datetime.datetime(2026, 7, 28, 10, 1, 30, tzinfo=datetime.UTC)) == []
+
+
+def test_retention_deletes_old_finished_tasks_and_keeps_their_audit(server, operator, approver, settings):
+    old = launched(server, operator, "mrtr")
+    services.record_launch_outcome(
+        task=old,
+        outcome=ToolInputRequired(input_requests={"name": {"method": "elicitation/create"}}, request_state="s"),
+    )
+    services.request_cancel(task=old, user=operator)
+    services.cancel_before_remote_task(task=old)
+    recent = launched(server, operator, "quick", {"text": "recent"})
+    run(jobs.launch)(recent.id)
+    running = live_task(server, operator, created_at="2026-07-28T10:00:00Z", ttl_ms=None, remote_id="running")
+    Task.objects.filter(pk=old.pk).update(finished_at=timezone.now() - datetime.timedelta(days=31))
+    Task.objects.filter(pk=running.pk).update(created_at=timezone.now() - datetime.timedelta(days=90))
+    history = AuditEvent.objects.filter(task_id=old.id).count()
+
+    assert sweeps.purge_finished(now=timezone.now(), retention_days=30) == 1
+    assert set(Task.objects.values_list("pk", flat=True)) == {recent.pk, running.pk}
+    assert not InputRequest.objects.filter(task_id=old.id).exists()
+    assert AuditEvent.objects.filter(task_id=old.id).count() == history + 1
+    assert AuditEvent.objects.filter(task_id=old.id).last().action == "task.purged"
+    assert sweeps.purge_finished(now=timezone.now(), retention_days=0) == 0
+
+    settings.TASKHUB_RETENTION_DAYS = 0
+    assert run(sweeps.purge_old_tasks.__wrapped__)(_Context(app), timestamp=0) == 0
