@@ -129,7 +129,7 @@ def demo():
 def test_follows_tasks_to_completed_through_the_services(demo):
     server = register(demo.url)
     tasks = launch_live(server, "progress", {"steps": 3, "step_ms": 800}, count=3)
-    with RunningTracker(worker_id="w1") as running:
+    with RunningTracker(worker_id="w1", listen=False) as running:
         wait_until(lambda: all_completed(tasks), what="every task completed")
     task = Task.objects.get(pk=tasks[0].pk)
     assert task.result["content"][0]["text"] == "finished 3 steps"
@@ -149,7 +149,7 @@ def test_polls_of_a_task_are_spaced_by_its_poll_interval(demo):
     try:
         server = register(recorder.url)
         tasks = launch_live(server, "progress", {"steps": 8, "step_ms": 300}, count=4)
-        with RunningTracker(worker_id="w1"):
+        with RunningTracker(worker_id="w1", listen=False):
             wait_until(lambda: all_completed(tasks), what="every task completed")
         times = defaultdict(list)
         for exchange in recorder.requests("tasks/get"):
@@ -166,15 +166,33 @@ def test_polls_of_a_task_are_spaced_by_its_poll_interval(demo):
 def test_two_trackers_never_poll_one_task_at_once():
     with DemoServer("--poll-interval-ms", "250", "--get-delay-ms", "100") as demo:
         server = register(demo.url)
-        tasks = launch_live(server, "progress", {"steps": 4, "step_ms": 300}, count=50)
-        options = {"batch_size": 10, "lease_seconds": 5}
+        options = {"batch_size": 10, "lease_seconds": 5, "listen": False}
         with RunningTracker(worker_id="a", **options) as first, RunningTracker(worker_id="b", **options) as second:
+            # Launched while both run, so that both find due tasks to claim.
+            tasks = [task for _ in range(10) for task in launch_live(server, "progress", {"steps": 4}, count=5)]
             wait_until(lambda: all_completed(tasks), timeout=60, what="every task completed")
         counts = stats(demo)
     remote_ids = {t.remote_task_id for t in Task.objects.filter(pk__in=[t.pk for t in tasks])}
     assert set(counts["max_concurrent_polls"]) >= remote_ids
     assert {counts["max_concurrent_polls"][remote] for remote in remote_ids} == {1}
     assert first.tracker.stats.polls > 0 and second.tracker.stats.polls > 0
+
+
+def test_with_a_subscription_polling_is_only_a_safety_net(demo):
+    server = register(demo.url)
+    tasks = launch_live(server, "progress", {"steps": 5, "step_ms": 500}, count=3)
+    started = time.monotonic()
+    with RunningTracker(worker_id="w1") as running:
+        wait_until(lambda: all_completed(tasks), what="every task completed")
+        took = time.monotonic() - started
+    polls = stats(demo)["polls"]
+    # Polled at most until the subscription was acknowledged (it would take 8 polls at 300 ms), yet followed
+    # promptly and completely: every step arrived as a notification and went through apply_snapshot.
+    assert all(polls[task.remote_task_id] <= 3 for task in Task.objects.filter(pk__in=[t.pk for t in tasks])), polls
+    assert took < 2.5 + 1.5
+    assert running.tracker.stats.notifications >= 3 * 4
+    steps = AuditEvent.objects.filter(task_id=tasks[0].pk, action="task.updated").values_list("data", flat=True)
+    assert [data["status_message"] for data in steps] == [f"step {n} of 5" for n in range(2, 6)]
 
 
 # --- leases -----------------------------------------------------------------------------------------------

@@ -58,10 +58,13 @@ from django.db import transaction
 
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import WORKER, record_event
+from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import (
     AuthorizationFailed,
     InvalidResult,
     McpClientError,
+    MethodNotFound,
+    MissingCapability,
     ProtocolError,
     RequestTimeout,
     TaskNotFound,
@@ -89,6 +92,9 @@ FLUSH_COALESCE_SECONDS = 0.005
 # The claim for a row we rescheduled goes out this long after its time, so the database agrees it is due.
 DUE_MARGIN_SECONDS = 0.015
 SERVER_REFRESH_SECONDS = 60.0
+# With a live subscription, polling is only a safety net: this often at least, or 10x the task's interval.
+SAFETY_NET_MS = 30_000
+SUBSCRIBE_COALESCE_SECONDS = 0.2
 PROBLEM_TEXT_MAX_CHARS = 500
 
 # A row is due when its time has come and nobody else holds a live lease on it; the rows this
@@ -128,6 +134,14 @@ WHERE poll.task_id = v.task_id AND poll.lease_owner = %(owner)s
 RENEW_SQL = """
 UPDATE tasks_taskpoll SET lease_expires_at = now() + %(lease)s
 WHERE lease_owner = %(owner)s AND lease_expires_at < now() + %(lease)s / 2
+"""
+
+# A task that loses its subscription is due again within its poll interval, not at the safety-net time.
+PULL_IN_SQL = """
+UPDATE tasks_taskpoll AS poll
+SET next_poll_at = LEAST(poll.next_poll_at, now() + COALESCE(task.poll_interval_ms, %(default_ms)s) * interval '1 ms')
+FROM tasks_task AS task
+WHERE task.id = poll.task_id AND poll.task_id = ANY(%(ids)s::uuid[]) AND poll.lease_owner = %(owner)s
 """
 
 RELEASE_SQL = "UPDATE tasks_taskpoll SET lease_owner = '', lease_expires_at = NULL WHERE lease_owner = %(owner)s"
@@ -173,6 +187,7 @@ class TrackerStats:
     changes: int = 0
     failures: int = 0
     claimed: int = 0
+    notifications: int = 0
 
 
 @dataclass
@@ -185,6 +200,24 @@ class ServerLink:
     loaded_at: float
     reachable: bool | None = None  # unknown until this worker has tried
     retired: list[TaskGetter] = field(default_factory=list)
+    watch: ServerWatch | None = None
+
+
+@dataclass
+class ServerWatch:
+    """This worker's task subscriptions (`subscriptions/listen` with `taskIds`) on one server."""
+
+    client: TasksClient
+    owns_client: bool
+    supported: bool | None = None  # None until a listen was acknowledged or refused
+    wanted: dict[str, uuid.UUID] = field(default_factory=dict)  # remote task id -> task, for held live tasks
+    queued: set[str] = field(default_factory=set)  # waiting for the next subscription
+    asked: set[str] = field(default_factory=set)  # in a subscription that is being opened or is open
+    covered: set[str] = field(default_factory=set)  # acknowledged by a live subscription
+    refused: set[str] = field(default_factory=set)  # left out of an acknowledgement: polled, never asked again
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: asyncio.Task | None = None
+    subscriptions: set[asyncio.Task] = field(default_factory=set)
 
 
 # --- pure helpers ------------------------------------------------------------------------------------
@@ -295,6 +328,7 @@ class Tracker:
         backoff_base_seconds: float = BACKOFF_BASE_SECONDS,
         backoff_cap_seconds: float = BACKOFF_CAP_SECONDS,
         service_threads: int = 4,
+        listen: bool = True,
     ) -> None:
         if not worker_id:
             raise ValueError("a tracker needs a worker_id (it is the lease owner)")
@@ -308,6 +342,7 @@ class Tracker:
         self.max_interval_ms = max_interval_ms
         self.backoff_base_seconds = backoff_base_seconds
         self.backoff_cap_seconds = backoff_cap_seconds
+        self.listen = listen
         self.stats = TrackerStats()
         self._service_threads = service_threads
         self._executor: ThreadPoolExecutor | None = None
@@ -323,6 +358,7 @@ class Tracker:
         self._pending_ready = asyncio.Event()
         self._due_times: list[float] = []  # monotonic times our rescheduled rows fall due (a heap)
         self._poll_finished = asyncio.Event()
+        self._stopping = False
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -341,6 +377,7 @@ class Tracker:
             await self._wind_down(helpers, flushing)
 
     async def _wind_down(self, helpers: list[asyncio.Task], flushing: asyncio.Event) -> None:
+        self._stopping = True
         if self._in_flight:
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
         flushing.set()
@@ -351,10 +388,13 @@ class Tracker:
         with contextlib.suppress(Exception):
             await self._flush()
         try:
+            await self._pull_in(self._covered_task_ids())
             await self._execute(RELEASE_SQL, {"owner": self.worker_id})
         except Exception:
             logger.exception("tracker %s could not release its leases; they expire by themselves", self.worker_id)
         for link in self._servers.values():
+            if link.watch is not None:
+                await self._stop_watch(link.watch)
             for getter in (link.getter, *link.retired):
                 with contextlib.suppress(Exception):
                     await getter.aclose()
@@ -430,6 +470,11 @@ class Tracker:
                 await self._execute(RENEW_SQL, {"owner": self.worker_id, "lease": self.lease})
             except Exception:
                 logger.exception("tracker %s: renewing leases failed", self.worker_id)
+
+    async def _pull_in(self, task_ids: list[uuid.UUID]) -> None:
+        if task_ids:
+            params = {"ids": task_ids, "owner": self.worker_id, "default_ms": DEFAULT_POLL_INTERVAL_MS}
+            await self._execute(PULL_IN_SQL, params)
 
     def _reschedule(self, claimed: Claimed, *, delay_ms: float, failures: int) -> None:
         self._pending.append(Reschedule(claimed.task_id, claimed.claimed_next, delay_ms, failures))
@@ -519,9 +564,14 @@ class Tracker:
             self._digests[claimed.task_id] = digest
             self.stats.changes += 1
         if snapshot.is_terminal:
-            self._forget(claimed.task_id)  # apply_snapshot deleted its poll row
+            self._forget(claimed.task_id, claimed.server_id, claimed.remote_task_id)  # its poll row is gone
             return
-        delay = poll_delay_ms(snapshot.poll_interval_ms, floor_ms=self.min_interval_ms, cap_ms=self.max_interval_ms)
+        interval = snapshot.poll_interval_ms
+        if self._covered(claimed):
+            interval = max(10 * (interval or DEFAULT_POLL_INTERVAL_MS), SAFETY_NET_MS)
+        else:
+            self._want_notifications(claimed)
+        delay = poll_delay_ms(interval, floor_ms=self.min_interval_ms, cap_ms=self.max_interval_ms)
         self._reschedule(claimed, delay_ms=delay, failures=0)
 
     async def _server_trouble(self, claimed: Claimed, error: McpClientError) -> None:
@@ -554,7 +604,7 @@ class Tracker:
         if await self._service(partial(_expire, claimed.task_id), "expiring a task") is None:
             self._back_off(claimed)
             return
-        self._forget(claimed.task_id)
+        self._forget(claimed.task_id, claimed.server_id, claimed.remote_task_id)
 
     async def _bad_answer(self, claimed: Claimed, error: McpClientError) -> None:
         self.stats.failures += 1
@@ -573,15 +623,119 @@ class Tracker:
         delay = backoff_delay_ms(failures, base_seconds=self.backoff_base_seconds, cap_seconds=self.backoff_cap_seconds)
         self._reschedule(claimed, delay_ms=max(delay, self.min_interval_ms), failures=failures)
 
-    def _forget(self, task_id: uuid.UUID) -> None:
+    def _forget(self, task_id: uuid.UUID, server_id: int, remote_task_id: str) -> None:
         self._digests.pop(task_id, None)
         self._not_found.pop(task_id, None)
+        link = self._servers.get(server_id)
+        if link is not None and link.watch is not None:
+            link.watch.wanted.pop(remote_task_id, None)
+            link.watch.queued.discard(remote_task_id)
+            link.watch.refused.discard(remote_task_id)
 
     async def _note_reachable(self, server_id: int) -> None:
         link = self._servers.get(server_id)
         if link is not None and link.reachable is not True:
             link.reachable = True
             await self._service(partial(_server_answered, server_id), "recording a recovery")
+
+    # -- subscriptions ------------------------------------------------------------------------------
+
+    def _covered_task_ids(self) -> list[uuid.UUID]:
+        watches = [link.watch for link in self._servers.values() if link.watch is not None]
+        return [watch.wanted[remote] for watch in watches for remote in watch.covered if remote in watch.wanted]
+
+    def _covered(self, claimed: Claimed) -> bool:
+        link = self._servers.get(claimed.server_id)
+        return link is not None and link.watch is not None and claimed.remote_task_id in link.watch.covered
+
+    def _want_notifications(self, claimed: Claimed) -> None:
+        """Queue a held live task for the server's next subscription, unless the server cannot listen."""
+        link = self._servers.get(claimed.server_id)
+        if not self.listen or link is None or self._stopping:
+            return
+        watch = link.watch
+        if watch is None:
+            watch = link.watch = self._new_watch(link)
+            watch.runner = asyncio.create_task(self._watch_loop(claimed.server_id, watch), name="tracker-listen")
+        remote_task_id = claimed.remote_task_id
+        if watch.supported is False or any(remote_task_id in ids for ids in (watch.queued, watch.asked, watch.refused)):
+            return
+        watch.wanted[remote_task_id] = claimed.task_id
+        watch.queued.add(remote_task_id)
+        watch.wake.set()
+
+    def _new_watch(self, link: ServerLink) -> ServerWatch:
+        # A stdio getter is already an SDK client, and a second one would start a second server process.
+        if isinstance(link.getter, TasksClient):
+            return ServerWatch(client=link.getter, owns_client=False)
+        return ServerWatch(client=TasksClient(link.target, timeout=self.request_timeout), owns_client=True)
+
+    async def _watch_loop(self, server_id: int, watch: ServerWatch) -> None:
+        """Open one subscription per batch of newly held tasks; several subscriptions coexist."""
+        while True:
+            await watch.wake.wait()
+            await asyncio.sleep(SUBSCRIBE_COALESCE_SECONDS)
+            watch.wake.clear()
+            batch, watch.queued = sorted(watch.queued), set()
+            if not batch or watch.supported is False:
+                continue
+            watch.asked.update(batch)
+            subscription = asyncio.create_task(self._subscribe(server_id, watch, batch), name="tracker-subscription")
+            watch.subscriptions.add(subscription)
+            subscription.add_done_callback(watch.subscriptions.discard)
+
+    async def _subscribe(self, server_id: int, watch: ServerWatch, task_ids: list[str]) -> None:
+        accepted: set[str] = set()
+        try:
+            async with watch.client.listen(task_ids) as subscription:
+                watch.supported = True
+                accepted = set(subscription.accepted_task_ids) & set(task_ids)
+                watch.covered |= accepted
+                watch.refused |= set(task_ids) - accepted
+                async for snapshot in subscription:
+                    await self._notified(watch, snapshot)
+        except (MethodNotFound, MissingCapability) as error:
+            watch.supported = False
+            logger.info("tracker %s: server %s cannot listen for tasks (%s); polling", self.worker_id, server_id, error)
+        except McpClientError as error:
+            # Lost or refused: the tasks go back to plain polling, and the next answered poll queues them again.
+            logger.info("tracker %s: task subscription on server %s ended: %s", self.worker_id, server_id, error)
+        except Exception:
+            logger.exception("tracker %s: task subscription on server %s failed", self.worker_id, server_id)
+        finally:
+            watch.covered -= accepted
+            watch.asked.difference_update(task_ids)
+        # Ended without being stopped: its live tasks must not wait for the safety-net poll.
+        still_live = [watch.wanted[remote] for remote in accepted if remote in watch.wanted]
+        try:
+            await self._pull_in(still_live)
+        except Exception:
+            logger.exception("tracker %s: rescheduling tasks after a subscription ended failed", self.worker_id)
+
+    async def _notified(self, watch: ServerWatch, snapshot: TaskSnapshot) -> None:
+        task_id = watch.wanted.get(snapshot.task_id)
+        if task_id is None:
+            return
+        self.stats.notifications += 1
+        digest = snapshot_digest(snapshot)
+        if self._digests.get(task_id) != digest:
+            applied = await self._service(partial(_apply, task_id, snapshot), "storing a notified snapshot")
+            if applied is None:
+                return  # polling will bring it again
+            self._digests[task_id] = digest
+            self.stats.changes += 1
+        if snapshot.is_terminal:
+            self._digests.pop(task_id, None)
+            watch.wanted.pop(snapshot.task_id, None)
+
+    async def _stop_watch(self, watch: ServerWatch) -> None:
+        tasks = [task for task in (watch.runner, *watch.subscriptions) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if watch.owns_client:
+            with contextlib.suppress(Exception):
+                await watch.client.aclose()
 
     # -- servers ------------------------------------------------------------------------------------
 
