@@ -188,6 +188,8 @@ class TrackerStats:
     failures: int = 0
     claimed: int = 0
     notifications: int = 0
+    claim_statements: int = 0
+    reschedule_statements: int = 0
 
 
 @dataclass
@@ -431,6 +433,7 @@ class Tracker:
 
     async def _claim(self, limit: int) -> list[Claimed]:
         rows = await self._execute(CLAIM_SQL, {"owner": self.worker_id, "lease": self.lease, "limit": limit})
+        self.stats.claim_statements += 1
         return [Claimed(*row) for row in rows]
 
     async def _flush(self) -> None:
@@ -447,6 +450,7 @@ class Tracker:
         }
         try:
             await self._execute(RESCHEDULE_SQL, params)
+            self.stats.reschedule_statements += 1
         except Exception:
             self._pending = batch + self._pending
             raise
