@@ -14,6 +14,7 @@ retried: then nothing can have been sent.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import random
@@ -73,9 +74,11 @@ class Backoff(BaseRetryStrategy):
         return job.attempts >= self.max_attempts
 
 
-UNREACHABLE = (TransportError, RequestTimeout, DatabaseError)
-# About a minute of connection attempts before a launch is given up as never sent.
-LAUNCH_RETRY = Backoff(max_attempts=6, retry_exceptions=(ServerUnreachable, DatabaseError))
+# A worker stopping past its grace time cancels its jobs; each job is safe to run again, so they are retried.
+STOPPED = (asyncio.CancelledError,)
+UNREACHABLE = (TransportError, RequestTimeout, DatabaseError, *STOPPED)
+# About four minutes of attempts to reach the server before a launch is given up as never sent.
+LAUNCH_RETRY = Backoff(max_attempts=8, retry_exceptions=(ServerUnreachable, DatabaseError, *STOPPED))
 # About two hours (capped at 5 minutes apart): answers and cancels ride out a server outage.
 DELIVERY_RETRY = Backoff(max_attempts=28, retry_exceptions=UNREACHABLE)
 CANCEL_RETRY = Backoff(max_attempts=28, retry_exceptions=(*UNREACHABLE, LaunchPending))
@@ -92,7 +95,7 @@ async def db[R](function: Callable[..., R], /, **kwargs: Any) -> R:
     return await sync_to_async(call)()
 
 
-def error_object(error: McpClientError) -> dict[str, Any]:
+def error_object(error: Exception) -> dict[str, Any]:
     if isinstance(error, ProtocolError):
         return error.to_error_object()
     return {"message": str(error), "kind": type(error).__name__}
@@ -130,7 +133,7 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
                 raise ServerUnreachable(str(error)) from error
             await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
             return "not sent"
-        except McpClientError as error:
+        except Exception as error:  # refused credentials, a broken discovery answer…: retrying will not help
             await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
             return "not sent"
 
@@ -154,7 +157,7 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
     return type(outcome).__name__
 
 
-def _not_sent(error: McpClientError) -> dict[str, Any]:
+def _not_sent(error: Exception) -> dict[str, Any]:
     return {**error_object(error), "message": f"The tool call was not sent: {error}"}
 
 
@@ -236,8 +239,8 @@ async def deliver_cancel(context, task_id: str) -> str:
 
 async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
     """Send tasks/cancel once the remote task is known; a call still in MRTR rounds is cancelled here."""
-    task = await db(Task.objects.select_related("server").get, pk=task_id)
-    if task.cancel_delivered_at is not None or task.is_terminal:
+    task = await db(Task.objects.select_related("server").filter(pk=task_id).first)
+    if task is None or task.cancel_delivered_at is not None or task.is_terminal:
         return "nothing to cancel"
     if task.remote_task_id is None:
         if task.status == TaskStatus.INPUT_REQUIRED:
