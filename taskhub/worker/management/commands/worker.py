@@ -1,0 +1,86 @@
+"""`python manage.py worker`: background jobs (procrastinate) and the tracker, in one process.
+
+Any number can run at once on one database: jobs are claimed by procrastinate, tasks to poll by the
+tracker's leases. SIGTERM or SIGINT finishes in-flight work, releases the leases and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+from django.core.management.base import BaseCommand
+from django.db import connection
+from procrastinate.contrib.django import app
+
+from taskhub.worker.tracker import Tracker
+
+logger = logging.getLogger("taskhub.worker")
+
+
+class Command(BaseCommand):
+    help = "Run background jobs and follow live tasks (the tracker) until SIGTERM or SIGINT."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", help="worker id, shown in leases and logs (default: host-pid)")
+        parser.add_argument("--concurrency", type=int, default=20, help="jobs run at once (default 20)")
+        parser.add_argument(
+            "--lease-seconds",
+            type=float,
+            default=30.0,
+            help="how long a claimed task stays this worker's without renewal; a dead worker's tasks move on after it",
+        )
+        parser.add_argument(
+            "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight jobs get on stop (default 30)"
+        )
+
+    def handle(self, *args, name=None, concurrency=20, lease_seconds=30.0, shutdown_timeout=30.0, **options):
+        worker_id = name or f"{socket.gethostname()}-{os.getpid()}"
+        # The worker connector reads the connection parameters, which an embedded Postgres only knows once started.
+        connection.ensure_connection()
+        with app.replace_connector(app.connector.get_worker_connector()):
+            asyncio.run(
+                run(
+                    worker_id=worker_id,
+                    concurrency=concurrency,
+                    lease_seconds=lease_seconds,
+                    shutdown_timeout=shutdown_timeout,
+                )
+            )
+        self.stdout.write(f"worker {worker_id} stopped")
+
+
+async def run(*, worker_id: str, concurrency: int, lease_seconds: float, shutdown_timeout: float) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with app.open_async():
+        jobs = asyncio.create_task(
+            app.run_worker_async(
+                name=worker_id,
+                concurrency=concurrency,
+                install_signal_handlers=False,
+                shutdown_graceful_timeout=shutdown_timeout,
+            ),
+            name="jobs",
+        )
+        tracker = asyncio.create_task(
+            Tracker(worker_id=worker_id, lease_seconds=lease_seconds).run(stop), name="tracker"
+        )
+        print(f"worker {worker_id} running (jobs and tracker)", flush=True)
+        stopping = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({jobs, tracker, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for finished in done - {stopping}:
+            if finished.exception() is not None:
+                logger.error("%s stopped unexpectedly", finished.get_name(), exc_info=finished.exception())
+        stop.set()
+        jobs.cancel()  # procrastinate treats this as a graceful stop: running jobs get shutdown_timeout
+        results = await asyncio.gather(jobs, tracker, return_exceptions=True)
+        stopping.cancel()
+        for result in results:
+            if isinstance(result, Exception):
+                logger.error("worker part failed: %r", result)
