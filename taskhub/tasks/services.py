@@ -313,9 +313,19 @@ def _name(user) -> str:
     return user.get_username() if user is not None else "a deleted user"
 
 
+def mark_delivery_attempted(*, input_request: InputRequest) -> None:
+    """Commit, before sending, that this answer may reach the server (see InputRequest.delivery_attempted_at)."""
+    InputRequest.objects.filter(pk=input_request.pk, delivery_attempted_at__isnull=True).update(
+        delivery_attempted_at=timezone.now()
+    )
+
+
 @transaction.atomic
-def mark_delivered(*, input_request: InputRequest) -> bool:
-    """The server acknowledged the answer. Idempotent: a repeated delivery changes nothing."""
+def mark_delivered(*, input_request: InputRequest, confirmed_by_poll: bool = False) -> bool:
+    """The server acknowledged the answer. Idempotent: a repeated delivery changes nothing.
+
+    `confirmed_by_poll`: an interrupted delivery was found already received (the key is no longer outstanding).
+    """
     task = Task.objects.select_for_update().get(pk=input_request.task_id)
     input_request = InputRequest.objects.select_for_update().get(pk=input_request.pk)
     if input_request.state == InputRequestState.DELIVERED:
@@ -331,7 +341,11 @@ def mark_delivered(*, input_request: InputRequest) -> bool:
         action="input.delivered",
         actor_label=WORKER,
         task=task,
-        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round},
+        data={
+            "key": input_request.key,
+            "mrtr_round": input_request.mrtr_round,
+            **({"confirmed_by": "tasks/get after an interrupted delivery"} if confirmed_by_poll else {}),
+        },
     )
     _publish_after_commit(task.id)
     return True

@@ -199,6 +199,10 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
 
     async with TasksClient(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
+            if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
+                await db(_delivered, input_request=input_request, confirmed_by_poll=True)
+                return "already received"
+            await db(services.mark_delivery_attempted, input_request=input_request)
             await client.update_task(task.remote_task_id, {input_request.key: input_request.answer})
         except ProtocolError as error:
             # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.
@@ -213,13 +217,23 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     return "delivered"
 
 
+async def _already_received(client: TasksClient, input_request: InputRequest) -> bool:
+    """Did an earlier, interrupted attempt reach the server? Then the key is no longer outstanding there.
+
+    Servers must not reuse keys and drop answered ones from `inputRequests` (the conformance suite checks
+    that on the next tasks/get), so a key that is gone was received; resending it would deliver it twice.
+    """
+    snapshot = await client.get_task(input_request.task.remote_task_id)
+    return input_request.key not in (snapshot.input_requests or {})
+
+
 def _gave_up(error: McpClientError) -> dict[str, Any]:
     return {**error_object(error), "message": f"Gave up after repeated failures: {error}"}
 
 
 @transaction.atomic
-def _delivered(*, input_request: InputRequest) -> None:
-    services.mark_delivered(input_request=input_request)
+def _delivered(*, input_request: InputRequest, confirmed_by_poll: bool = False) -> None:
+    services.mark_delivered(input_request=input_request, confirmed_by_poll=confirmed_by_poll)
     services.poll_soon(task_id=input_request.task_id)
 
 

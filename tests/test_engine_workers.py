@@ -1,0 +1,232 @@
+"""The engine across real processes: `manage.py worker` subprocesses, the demo MCP server over HTTP, Postgres.
+
+Issue 3's acceptance: a whole approval without a browser; two workers sharing 200 live tasks without
+ever polling one task at once; a worker killed with SIGKILL while holding leases over 100 tasks, with
+every answer delivered exactly once; the MCP server down for 30 s without a task marked failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from urllib.parse import quote
+
+import pytest
+from demo_process import PROJECT_ROOT, DemoServer
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from taskhub.audit.models import AuditEvent
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+APPROVE = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
+
+
+@pytest.fixture
+def worker_env(django_db_setup):
+    """Environment for worker subprocesses, on the very test database this test uses."""
+    connection.ensure_connection()
+    params = connection.get_connection_params()  # the embedded backend fills in its socket and port here
+    host = params.get("host") or "127.0.0.1"
+    user = quote(params.get("user") or "postgres", safe="")
+    password = f":{quote(params['password'], safe='')}" if params.get("password") else ""
+    port = params.get("port") or 5432
+    name = connection.settings_dict["NAME"]
+    env = dict(os.environ)
+    env["DATABASE_URL"] = f"postgres://{user}{password}@{quote(host, safe='')}:{port}/{name}"
+    env["DEBUG"] = "true"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Workers:
+    """`manage.py worker` processes, stopped at the end of the test whatever happens."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *options: str) -> subprocess.Popen:
+        command = [sys.executable, "manage.py", "worker", "--name", name, "--lease-seconds", "4", *options]
+        log = open(PROJECT_ROOT / "test-output" / f"worker-{name}.log", "w")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.processes[name] = process
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def workers(worker_env):
+    (PROJECT_ROOT / "test-output").mkdir(exist_ok=True)
+    pool = Workers(worker_env)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+def operator():
+    return get_user_model().objects.create_user(username="olga", password="x")
+
+
+@pytest.fixture
+def approver():
+    return get_user_model().objects.create_user(username="ada", password="x")
+
+
+def register(demo: DemoServer, user):
+    return create_server(name=f"demo-{demo.port}", transport="http", url=demo.url, user=user)
+
+
+def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def demo_stats(demo: DemoServer) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/demo/stats", timeout=5) as response:
+        return json.load(response)
+
+
+def statuses(tasks) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def test_an_approval_end_to_end_through_a_worker(workers, operator, approver):
+    with DemoServer("--poll-interval-ms", "200") as demo:
+        server = register(demo, operator)
+        task = services.launch(server=server, tool="approval", arguments={"action": "deploy"}, user=operator)
+        workers.start("solo")
+        request = wait_until(
+            lambda: InputRequest.objects.filter(task=task, state=InputRequestState.OPEN).first(),
+            timeout=30,
+            what="the approval request",
+        )
+        services.answer_input(input_request=request, response=APPROVE, user=approver)
+        wait_until(lambda: Task.objects.get(pk=task.pk).status == "completed", timeout=30, what="completion")
+
+    task.refresh_from_db()
+    assert task.result["content"][0]["text"] == "approved: deploy (reason: ok)"
+    request.refresh_from_db()
+    assert request.state == InputRequestState.DELIVERED
+    trail = list(AuditEvent.objects.filter(task_id=task.pk).order_by("id").values_list("action", "actor_label"))
+    actions = [action for action, _ in trail]
+    for expected in ("task.launched", "task.input_requested", "input.answered", "input.delivered"):
+        assert expected in actions, trail
+    assert actions.index("task.launched") < actions.index("task.input_requested") < actions.index("input.answered")
+    assert actions.index("input.answered") < actions.index("input.delivered")
+    assert ("task.launched", "olga") in trail
+    assert ("input.answered", "ada") in trail
+    changes = AuditEvent.objects.filter(task_id=task.pk, action="task.status_changed").order_by("id")
+    assert [event.data["to"] for event in changes][-1] == "completed", trail
+
+
+def test_two_workers_share_200_live_tasks_without_polling_one_twice_at_once(workers, operator):
+    with DemoServer("--poll-interval-ms", "1000", "--get-delay-ms", "50") as demo:
+        server = register(demo, operator)
+        tasks = [
+            services.launch(server=server, tool="progress", arguments={"steps": 3, "step_ms": 2000}, user=operator)
+            for _ in range(200)
+        ]
+        workers.start("alpha")
+        workers.start("beta")
+        wait_until(
+            lambda: statuses(tasks).get("completed") == 200,
+            timeout=120,
+            interval=1,
+            what="200 tasks completed",
+        )
+        stats = demo_stats(demo)
+
+    ids = {t.remote_task_id for t in Task.objects.filter(pk__in=[t.pk for t in tasks])}
+    assert len(ids) == 200
+    assert max(stats["max_concurrent_polls"][task_id] for task_id in ids) == 1
+    # 6 s of work polled every second: a handful of polls each, never a burst.
+    assert max(stats["polls"][task_id] for task_id in ids) <= 12
+    assert not TaskPoll.objects.filter(task__in=tasks).exists(), "finished tasks are no longer tracked"
+
+
+def test_a_worker_killed_while_holding_leases_loses_nothing(workers, operator, approver):
+    with DemoServer("--poll-interval-ms", "500") as demo:
+        server = register(demo, operator)
+        tasks = [
+            services.launch(server=server, tool="approval", arguments={"action": f"job {n}"}, user=operator)
+            for n in range(100)
+        ]
+        doomed = workers.start("doomed")
+        workers.start("survivor")
+        open_requests = wait_until(
+            lambda: (
+                list(InputRequest.objects.filter(task__in=tasks, state=InputRequestState.OPEN))
+                if InputRequest.objects.filter(task__in=tasks, state=InputRequestState.OPEN).count() == 100
+                else None
+            ),
+            timeout=90,
+            interval=0.5,
+            what="100 open approval requests",
+        )
+        for request in open_requests:
+            services.answer_input(input_request=request, response=APPROVE, user=approver)
+        time.sleep(0.3)  # the doomed worker is now busy delivering and polling
+        doomed.kill()
+        doomed.wait()
+        wait_until(
+            lambda: statuses(tasks).get("completed") == 100,
+            timeout=240,
+            interval=1,
+            what="all 100 tasks completed after the kill",
+        )
+        stats = demo_stats(demo)
+
+    keys = [f"{t.remote_task_id}/approve" for t in Task.objects.filter(pk__in=[t.pk for t in tasks])]
+    assert sorted(stats["deliveries"].get(key, 0) for key in set(keys)) == [1] * 100
+    assert InputRequest.objects.filter(task__in=tasks, state=InputRequestState.DELIVERED).count() == 100
+
+
+def test_an_mcp_server_down_for_30_seconds_fails_no_task(workers, operator, tmp_path):
+    demo = DemoServer("--poll-interval-ms", "500", "--state", str(tmp_path / "demo.sqlite3")).start()
+    try:
+        server = register(demo, operator)
+        tasks = [
+            services.launch(server=server, tool="progress", arguments={"steps": 10, "step_ms": 1000}, user=operator)
+            for _ in range(20)
+        ]
+        workers.start("steady")
+        wait_until(lambda: statuses(tasks).get("working") == 20, timeout=60, what="20 working tasks")
+        demo.kill()
+        time.sleep(30)
+        server.refresh_from_db()
+        assert server.unreachable_since is not None
+        assert "failed" not in statuses(tasks)
+        demo.start()
+        wait_until(lambda: statuses(tasks).get("completed") == 20, timeout=90, interval=1, what="completion")
+        server.refresh_from_db()
+        assert server.unreachable_since is None
+    finally:
+        demo.stop()
