@@ -1,4 +1,4 @@
-"""ASGI entry point: Django for HTTP; the WebSocket route joins here when taskhub/live/ exists."""
+"""ASGI entry point: Django for HTTP, the live socket (/ws/live/) for WebSocket."""
 
 import os
 
@@ -9,11 +9,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskhub.settings")
 # Set up Django (and its app registry) before importing anything that touches models.
 django_http_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+
+from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_http_app,
-        # "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(live_websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

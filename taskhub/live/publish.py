@@ -1,7 +1,78 @@
-"""What services call after commit to tell browsers something changed. A no-op until the live layer exists."""
+"""What services call after commit to tell browsers something changed.
 
+At-most-once by design: a message lost while the layer is down is not retried, because every page
+re-syncs from the database when its socket (re)connects. So publishing never raises into the
+service that committed; it logs and drops.
+"""
+
+import asyncio
+import logging
+import threading
 import uuid
+
+from asgiref.sync import async_to_sync
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+
+from taskhub.live.groups import TASKS_GROUP, inbox_group, task_group
+
+logger = logging.getLogger(__name__)
+
+TASK_CHANGED = "task.changed"  # handled by LiveConsumer.task_changed
+# A layer that cannot be reached (Redis stopped or unreachable) costs the caller this long at most.
+SEND_TIMEOUT_SECONDS = 2.0
+
+# The loop the in-process consumers run on (daphne's). The in-memory layer's queues belong to it and are
+# not thread-safe, so a publish from another thread with its own loop (a worker thread) is handed to it.
+_consumer_loop: asyncio.AbstractEventLoop | None = None
+
+
+def remember_consumer_loop(loop: asyncio.AbstractEventLoop) -> None:
+    global _consumer_loop
+    _consumer_loop = loop
 
 
 def publish_task_changed(task_id: uuid.UUID) -> None:
-    """Tell the pages showing this task (list, timeline, inbox) to re-render it. At-most-once by design."""
+    """Tell the pages showing this task (list, detail, inbox, nav counts) to re-render it. Never raises."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _publish(task_id)
+    else:
+        # Called from async code: the database lookup below is sync-only, so it runs off this loop.
+        threading.Thread(target=_publish, args=(task_id,), name="live-publish", daemon=True).start()
+
+
+def _publish(task_id: uuid.UUID) -> None:
+    try:
+        groups = groups_for_task(task_id)
+        message = {"type": TASK_CHANGED, "task_id": str(task_id), "message_id": uuid.uuid4().hex}
+        _send_to_groups(groups, message)
+    except Exception:
+        logger.warning("live update for task %s dropped: the channel layer did not take it", task_id, exc_info=True)
+
+
+def groups_for_task(task_id: uuid.UUID) -> list[str]:
+    from taskhub.tasks.models import InputRequest, Task
+
+    groups = [TASKS_GROUP, task_group(task_id)]
+    server_id = Task.objects.filter(pk=task_id).values_list("server_id", flat=True).first()
+    if server_id is not None and InputRequest.objects.filter(task_id=task_id).exists():
+        groups.append(inbox_group(server_id))
+    return groups
+
+
+def _send_to_groups(groups: list[str], message: dict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
+    async def send_all() -> None:
+        async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+            for group in groups:
+                await layer.group_send(group, message)
+
+    loop = _consumer_loop
+    if isinstance(layer, InMemoryChannelLayer) and loop is not None and loop.is_running():
+        asyncio.run_coroutine_threadsafe(send_all(), loop).result(timeout=SEND_TIMEOUT_SECONDS + 1)
+    else:
+        async_to_sync(send_all)()

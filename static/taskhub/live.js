@@ -1,0 +1,65 @@
+// The live-connection dot, and what a page needs after its socket (re)opens.
+// The socket itself is htmx's ws extension (ws-connect on #live-indicator in base.html).
+(function () {
+  "use strict";
+
+  // Closes the ws extension retries by itself; others (e.g. 1001 when the server restarts) are retried here.
+  var RETRIED_BY_EXTENSION = [1006, 1011, 1012, 1013];
+  // The server refused: not signed in (4401) or no longer allowed (4403). Retrying would not help.
+  var REFUSED = [4401, 4403];
+  var openedBefore = false;
+  var retryTimer = null;
+  var retries = 0;
+
+  function indicator() {
+    return document.getElementById("live-indicator");
+  }
+
+  function show(state, label) {
+    var element = indicator();
+    if (!element) return;
+    element.dataset.state = state;
+    var text = element.querySelector(".live-label");
+    if (text) text.textContent = label;
+  }
+
+  function watchTasks(socketWrapper) {
+    // A page that shows one task marks it with data-live-watch="<task uuid>"; each new socket asks again.
+    document.querySelectorAll("[data-live-watch]").forEach(function (element) {
+      socketWrapper.send(JSON.stringify({ watch: element.dataset.liveWatch }));
+    });
+  }
+
+  document.addEventListener("htmx:wsConnecting", function () {
+    show("reconnecting", openedBefore ? "reconnecting…" : "connecting…");
+  });
+
+  document.addEventListener("htmx:wsOpen", function (event) {
+    retries = 0;
+    show("live", "live");
+    watchTasks(event.detail.socketWrapper);
+    if (openedBefore) {
+      // Messages sent while the socket was closed are lost: pages listen for this to reload their parts
+      // (hx-trigger="taskhub:live-resync from:body"). The nav counts arrive from the server on connect.
+      document.body.dispatchEvent(new CustomEvent("taskhub:live-resync", { bubbles: true }));
+    }
+    openedBefore = true;
+  });
+
+  document.addEventListener("htmx:wsClose", function (event) {
+    var code = event.detail && event.detail.event ? event.detail.event.code : 1006;
+    if (REFUSED.indexOf(code) >= 0) {
+      show("offline", "not live");
+      return;
+    }
+    show("reconnecting", "reconnecting…");
+    if (RETRIED_BY_EXTENSION.indexOf(code) < 0 && retryTimer === null && event.detail.socketWrapper) {
+      var delay = Math.min(1000 * Math.pow(2, retries), 30000);
+      retries += 1;
+      retryTimer = setTimeout(function () {
+        retryTimer = null;
+        event.detail.socketWrapper.reconnect();
+      }, delay);
+    }
+  });
+})();

@@ -1,0 +1,16 @@
+"""Channel-layer group names. Group names allow ASCII letters, digits, hyphens, underscores and periods."""
+
+import uuid
+
+# Every task change: operators and admins.
+TASKS_GROUP = "tasks"
+
+
+def task_group(task_id: uuid.UUID | str) -> str:
+    """One task's changes, for pages that show it (the detail page asks with {"watch": "<uuid>"})."""
+    return f"task.{task_id}"
+
+
+def inbox_group(server_id: int) -> str:
+    """Changes to tasks of one server that have (or had) input requests: its approvers' inboxes."""
+    return f"inbox.server.{server_id}"

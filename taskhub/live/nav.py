@@ -1,0 +1,25 @@
+"""The navigation counts: running tasks (for those who see all tasks) and open requests the user may answer."""
+
+from django.template.loader import render_to_string
+
+from taskhub.live.access import LiveAccess, access_for
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+
+NAV_COUNTS_TEMPLATE = "live/nav_counts.html"
+RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
+
+
+def nav_counts(user, access: LiveAccess | None = None) -> dict[str, int | None]:
+    """None where the count is not this user's business (shown as a dash)."""
+    access = access if access is not None else access_for(user)
+    running = Task.objects.filter(status__in=RUNNING_STATUSES).count() if access.sees_all_tasks else None
+    open_requests = None
+    if access.approvable_server_ids:
+        open_requests = InputRequest.objects.filter(
+            state=InputRequestState.OPEN, task__server_id__in=access.approvable_server_ids
+        ).count()
+    return {"running": running, "open_requests": open_requests}
+
+
+def nav_counts_fragment(user) -> str:
+    return render_to_string(f"{NAV_COUNTS_TEMPLATE}#nav-counts", {"nav_counts": nav_counts(user), "oob": True})

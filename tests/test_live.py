@@ -1,0 +1,326 @@
+"""The live socket against the real ASGI app: who is let in, who hears what, and publishing that never fails."""
+
+import asyncio
+import importlib
+import subprocess
+import sys
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from channels_redis.core import RedisChannelLayer
+from django.contrib.auth.models import Group
+from django.db import connections
+from django.test import Client
+
+from taskhub.live import publish
+from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
+from taskhub.live.fragments import FragmentKind, register_task_fragment, unregister_task_fragment
+from taskhub.mcp.client import TaskCreated
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from tests.conftest import PROJECT_DIR, free_tcp_port
+from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGIN = b"http://testserver"
+QUIET_SECONDS = 0.3
+APPROVAL_REQUEST = {
+    "method": "elicitation/create",
+    "params": {"message": "Deploy <b>now</b>?", "requestedSchema": {"type": "object", "properties": {}}},
+}
+
+
+def snapshot(status="working", **fields) -> TaskSnapshot:
+    base = {"taskId": "remote-1", "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
+    return TaskSnapshot.model_validate({**base, **fields})
+
+
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+def user_in(django_user_model, name: str, *groups: str):
+    user = django_user_model.objects.create_user(name)
+    for group in groups:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+@pytest.fixture(scope="module")
+def application():
+    """taskhub.asgi.application, built after the test environment added "testserver" to ALLOWED_HOSTS
+    (AllowedHostsOriginValidator reads the setting once, when the application is built)."""
+    import taskhub.asgi
+
+    return importlib.reload(taskhub.asgi).application
+
+
+@pytest.fixture
+def socket_for(application):
+    async def socket_for(user=None, origin: bytes = ORIGIN) -> WebsocketCommunicator:
+        cookie = await database_sync_to_async(session_cookie)(user) if user is not None else None
+        return _socket(application, cookie, origin)
+
+    return socket_for
+
+
+def _socket(application, cookie: str | None, origin: bytes) -> WebsocketCommunicator:
+    headers = [(b"host", b"testserver"), (b"origin", origin)]
+    if cookie is not None:
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    return WebsocketCommunicator(application, "/ws/live/", headers=headers)
+
+
+@pytest.fixture(autouse=True)
+async def fresh_layer():
+    # The in-memory layer outlives tests; its queues must not carry over to the next test's event loop.
+    layer = get_channel_layer()
+    await layer.flush()
+    yield
+    await layer.flush()
+    # The sync_to_async thread's connection would keep the test database from being dropped.
+    await database_sync_to_async(connections.close_all)()
+
+
+@pytest.fixture
+def server(db):
+    return create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+
+
+@pytest.fixture
+def other_server(db):
+    other = create_server(name="beta", transport="http", url="http://127.0.0.1:9/other", user=None)
+    other.approver_groups.set([Group.objects.get_or_create(name="beta-approvers")[0]])
+    return other
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return user_in(django_user_model, "olga", "operators")
+
+
+@pytest.fixture
+def live_task(server, operator):
+    """A durable task in status working, made through the services as the launch job would."""
+    task = services.launch(server=server, tool="deploy", arguments={}, user=operator)
+    return services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot()))
+
+
+@pytest.fixture
+def task_fragments():
+    """A page's registered fragments, as the list, detail and inbox pages will register theirs."""
+    registered = []
+
+    def register(kind, render):
+        register_task_fragment(kind, render)
+        registered.append((kind, render))
+
+    yield register
+    for kind, render in registered:
+        unregister_task_fragment(kind, render)
+
+
+async def connected(communicator: WebsocketCommunicator) -> str:
+    """Connect and return the fragments sent on connect (the nav counts)."""
+    accepted, _ = await communicator.connect()
+    assert accepted
+    return await communicator.receive_from(timeout=5)
+
+
+apply_snapshot = database_sync_to_async(services.apply_snapshot)
+
+
+# --- who is let in -----------------------------------------------------------------------------------
+
+
+async def test_anonymous_user_is_refused_with_a_close_code(socket_for):
+    communicator = await socket_for(user=None)
+    accepted, code = await communicator.connect()
+    assert not accepted
+    assert code == CLOSE_NOT_SIGNED_IN
+
+
+async def test_a_foreign_origin_is_refused(socket_for, operator):
+    communicator = await socket_for(operator, origin=b"https://evil.example")
+    accepted, _ = await communicator.connect()
+    assert not accepted
+
+
+async def test_connect_sends_the_nav_counts_from_the_database(socket_for, operator, live_task):
+    communicator = await socket_for(operator)
+    html = await connected(communicator)
+    assert 'id="nav-running-count" hx-swap-oob="true"' in html
+    assert ">1</span>" in html  # the one working task
+    assert 'id="nav-inbox-count"' in html and ">\u2013</span>" in html  # a dash: not an approver
+    await communicator.disconnect()
+
+
+# --- who hears what ----------------------------------------------------------------------------------
+
+
+async def test_operator_hears_a_real_task_change_as_fragments(socket_for, operator, live_task, task_fragments):
+    rendered = []
+    task_fragments(FragmentKind.TASKS, lambda task, user: rendered.append(user) or f'<tr id="row-{task.pk}"></tr>')
+    communicator = await socket_for(operator)
+    await connected(communicator)
+
+    changed = await apply_snapshot(task=live_task, snapshot=snapshot("completed", result={"content": []}))
+    assert changed
+
+    html = await communicator.receive_from(timeout=5)
+    assert f'<tr id="row-{live_task.pk}"></tr>' in html
+    assert 'id="nav-running-count" hx-swap-oob="true"' in html and ">0</span>" in html
+    assert [user.username for user in rendered] == ["olga"]
+    # one change, heard once, although it was sent to several groups
+    assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
+    await communicator.disconnect()
+
+
+async def test_approver_hears_input_requests_of_their_server_only(
+    socket_for, django_user_model, server, other_server, live_task, task_fragments
+):
+    task_fragments(FragmentKind.INBOX, lambda task, user: f'<article id="card-{task.pk}"></article>')
+    approver_of_alpha = await sync_to_async(user_in)(django_user_model, "amy", "approvers", "alpha-approvers")
+    approver_of_beta_only = await sync_to_async(user_in)(django_user_model, "ben", "approvers", "beta-approvers")
+    await sync_to_async(server.approver_groups.set)([await sync_to_async(Group.objects.get)(name="alpha-approvers")])
+    amy, ben = await socket_for(approver_of_alpha), await socket_for(approver_of_beta_only)
+    assert ">0</span>" in await connected(amy)
+    await connected(ben)
+
+    await apply_snapshot(task=live_task, snapshot=snapshot("input_required", inputRequests={"ok": APPROVAL_REQUEST}))
+
+    html = await amy.receive_from(timeout=5)
+    assert f'<article id="card-{live_task.pk}"></article>' in html
+    assert 'id="nav-inbox-count" hx-swap-oob="true" aria-label="open requests">1</span>' in html
+    assert await ben.receive_nothing(timeout=QUIET_SECONDS)
+    await amy.disconnect()
+    await ben.disconnect()
+
+
+async def test_watching_a_task_is_granted_only_to_who_may_see_it(
+    socket_for, django_user_model, server, other_server, live_task, task_fragments
+):
+    task_fragments(FragmentKind.TASK, lambda task, user: f'<header id="task-{task.pk}">{task.status}</header>')
+    outsider = await sync_to_async(user_in)(django_user_model, "ben", "approvers", "beta-approvers")
+    await sync_to_async(server.approver_groups.set)([await sync_to_async(Group.objects.get)(name="operators")])
+    communicator = await socket_for(outsider)
+    await connected(communicator)
+
+    await communicator.send_json_to({"watch": str(live_task.pk)})
+    assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
+    await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
+    assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
+    await communicator.disconnect()
+
+
+async def test_watching_a_visible_task_sends_it_now_and_on_every_change(
+    socket_for, operator, live_task, task_fragments
+):
+    task_fragments(FragmentKind.TASK, lambda task, user: f'<header id="task-{task.pk}">{task.status_message}</header>')
+    communicator = await socket_for(operator)
+    await connected(communicator)
+
+    await communicator.send_json_to({"watch": str(live_task.pk)})
+    assert f'<header id="task-{live_task.pk}"></header>' in await communicator.receive_from(timeout=5)
+
+    await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
+    assert f'<header id="task-{live_task.pk}">halfway</header>' in await communicator.receive_from(timeout=5)
+    await communicator.disconnect()
+
+
+async def test_a_page_fragment_that_fails_costs_only_itself(socket_for, operator, live_task, task_fragments):
+    def broken(task, user):
+        raise RuntimeError("a page bug")
+
+    task_fragments(FragmentKind.TASKS, broken)
+    communicator = await socket_for(operator)
+    await connected(communicator)
+    await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
+    assert 'id="nav-running-count"' in await communicator.receive_from(timeout=5)
+    await communicator.disconnect()
+
+
+# --- publishing never breaks a service ---------------------------------------------------------------
+
+
+def closed_port_redis_layer() -> RedisChannelLayer:
+    return RedisChannelLayer(hosts=[f"redis://127.0.0.1:{free_tcp_port()}/0"])
+
+
+def test_publish_with_redis_down_does_not_raise(live_task, monkeypatch, caplog):
+    monkeypatch.setattr(publish, "get_channel_layer", closed_port_redis_layer)
+    started = time.monotonic()
+    publish.publish_task_changed(live_task.pk)
+    assert time.monotonic() - started < publish.SEND_TIMEOUT_SECONDS + 2
+    assert "dropped" in caplog.text
+
+
+def test_a_service_commits_with_redis_down(live_task, monkeypatch):
+    monkeypatch.setattr(publish, "get_channel_layer", closed_port_redis_layer)
+    assert services.apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="still fine"))
+    live_task.refresh_from_db()
+    assert live_task.status_message == "still fine"
+
+
+def test_publish_with_redis_url_at_a_closed_port_in_a_fresh_process():
+    """The settings path (REDIS_URL), from a thread with no event loop, without a database row."""
+    code = (
+        "import threading, uuid, django; django.setup()\n"
+        "from taskhub.live import publish\n"
+        "publish.groups_for_task = lambda task_id: ['tasks']\n"
+        "errors = []\n"
+        "def run():\n"
+        "    try: publish.publish_task_changed(uuid.uuid4())\n"
+        "    except BaseException as error: errors.append(error)\n"
+        "thread = threading.Thread(target=run); thread.start(); thread.join()\n"
+        "assert not errors, errors\n"
+        "print('ok')\n"
+    )
+    environment = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "REDIS_URL": f"redis://127.0.0.1:{free_tcp_port()}/0",
+        "PATH": "/usr/bin:/bin",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_DIR, env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_publish_from_async_code_does_not_raise(live_task):
+    async def from_a_running_loop():
+        publish.publish_task_changed(live_task.pk)
+
+    asyncio.run(from_a_running_loop())
+
+
+# --- across processes: the Redis layer ---------------------------------------------------------------
+
+
+async def test_a_change_published_through_one_redis_layer_reaches_a_socket_on_another(
+    socket_for, operator, live_task, settings, monkeypatch
+):
+    if not redis_is_up(LOCAL_REDIS_URL):
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    prefix = f"taskhub-test-{free_tcp_port()}"
+    config = {"hosts": [LOCAL_REDIS_URL], "prefix": prefix}
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": config}}
+    other_process_layer = RedisChannelLayer(**config)  # what a worker process would hold
+    monkeypatch.setattr(publish, "get_channel_layer", lambda: other_process_layer)
+    communicator = await socket_for(operator)
+    try:
+        await connected(communicator)
+        await apply_snapshot(task=live_task, snapshot=snapshot("completed"))
+        assert ">0</span>" in await communicator.receive_from(timeout=5)
+        await communicator.disconnect()
+    finally:
+        await other_process_layer.flush()
