@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "procrastinate.contrib.django",
     "taskhub.web",
+    "taskhub.accounts",
     "taskhub.servers",
     "taskhub.tasks",
     "taskhub.audit",
@@ -108,6 +109,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "taskhub.accounts.context_processors.roles",
             ],
         },
     },
@@ -131,7 +133,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "admin:login"
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "web:home"
+LOGOUT_REDIRECT_URL = "accounts:login"
 
 LANGUAGE_CODE = "en"
 TIME_ZONE = "UTC"

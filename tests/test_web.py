@@ -2,11 +2,16 @@
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Group
 
 pytestmark = pytest.mark.django_db
 
 
-def test_home_page_says_what_taskhub_is(client):
+def test_home_page_says_what_taskhub_is(client, django_user_model):
+    # an admin who also approves sees every nav item; each role sees only its own (tests/test_accounts.py)
+    admin = django_user_model.objects.create_superuser(username="root", password=None)
+    admin.groups.add(Group.objects.get_or_create(name="approvers")[0])
+    client.force_login(admin)
     response = client.get("/")
     assert response.status_code == 200
     page = response.content.decode()

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class AccountsConfig(AppConfig):
+    name = "taskhub.accounts"
+    label = "accounts"
+    verbose_name = "taskhub accounts and roles"
+
+    def ready(self) -> None:
+        from taskhub.accounts.groups import ensure_role_groups_after_migrate
+
+        # `flush` (transactional tests, `manage.py flush`) empties auth_group and then sends post_migrate,
+        # as Django does to bring back permissions; this brings the role groups back the same way.
+        post_migrate.connect(ensure_role_groups_after_migrate, dispatch_uid="taskhub.accounts.role_groups")

@@ -1,0 +1,18 @@
+"""The three role groups. A user's roles are their memberships; permissions.py decides what they allow."""
+
+APPROVERS = "approvers"
+OPERATORS = "operators"
+ADMINS = "admins"
+ROLE_GROUPS = (APPROVERS, OPERATORS, ADMINS)
+
+
+def ensure_role_groups_after_migrate(sender, using, apps=None, **kwargs) -> None:
+    if apps is None or sender.label != "accounts":
+        return
+    try:
+        group_model = apps.get_model("auth", "Group")
+    except LookupError:  # auth not migrated in this plan
+        return
+    group_model.objects.using(using).bulk_create(
+        [group_model(name=name) for name in ROLE_GROUPS], ignore_conflicts=True
+    )
