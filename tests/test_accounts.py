@@ -7,6 +7,7 @@ from account_fixtures import TEST_PASSWORD, make_user
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import AnonymousUser, Group
 from django.core.exceptions import PermissionDenied
+from django.db import connections
 from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import path
@@ -220,6 +221,7 @@ async def test_guards_wrap_async_views_too():
     with pytest.raises(PermissionDenied):
         await call(view, approver)
     assert (await call(view, AnonymousUser())).status_code == 302
+    await sync_to_async(connections.close_all)()  # the worker thread's connection would block dropping the test db
 
 
 # --- sign in and out ---------------------------------------------------------------------------------
