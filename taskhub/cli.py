@@ -197,12 +197,26 @@ def serve(host: str, port: int, access_log: bool) -> None:
             say(f"Could not listen on {host}:{port}: {failure.getErrorMessage()}")
             super().listen_error(failure)
 
+    from twisted.internet import reactor
+
+    def stop_reactor() -> None:
+        if reactor.running:
+            reactor.stop()
+
+    def request_stop(signum, frame) -> None:
+        # Queued on the reactor, so a signal that lands while it is still starting (Twisted would swallow a
+        # KeyboardInterrupt raised inside a Deferred callback, e.g. right after the ready line) still stops it.
+        reactor.callFromThread(stop_reactor)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
     say(f"• Starting the web server (daphne) on {host}:{port} …")
     AnnouncingServer(
         application=application,
         endpoints=build_endpoint_description_strings(host=host, port=port),
         action_logger=AccessLogGenerator(sys.stdout) if access_log else None,
         verbosity=0,
+        signal_handlers=False,
     ).run()
 
 
