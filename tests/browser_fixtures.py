@@ -93,7 +93,7 @@ def sign_in(page: Page, base_url: str, username: str, password: str) -> None:
 
 
 def database_url_for_subprocesses() -> str:
-    """DATABASE_URL naming the very test database this test uses (as tests/test_engine_workers.py does)."""
+    """DATABASE_URL naming the very test database this test uses, for daphne and worker subprocesses."""
     connection.ensure_connection()
     params = connection.get_connection_params()  # the embedded backend fills in its socket and port here
     host = params.get("host") or "127.0.0.1"

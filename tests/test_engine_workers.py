@@ -14,12 +14,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from urllib.parse import quote
 
 import pytest
+from browser_fixtures import database_url_for_subprocesses
 from demo_process import PROJECT_ROOT, DemoServer
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
@@ -34,15 +33,8 @@ APPROVE = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
 @pytest.fixture
 def worker_env(django_db_setup):
     """Environment for worker subprocesses, on the very test database this test uses."""
-    connection.ensure_connection()
-    params = connection.get_connection_params()  # the embedded backend fills in its socket and port here
-    host = params.get("host") or "127.0.0.1"
-    user = quote(params.get("user") or "postgres", safe="")
-    password = f":{quote(params['password'], safe='')}" if params.get("password") else ""
-    port = params.get("port") or 5432
-    name = connection.settings_dict["NAME"]
     env = dict(os.environ)
-    env["DATABASE_URL"] = f"postgres://{user}{password}@{quote(host, safe='')}:{port}/{name}"
+    env["DATABASE_URL"] = database_url_for_subprocesses()
     env["DEBUG"] = "true"
     env["PYTHONUNBUFFERED"] = "1"
     return env
