@@ -110,6 +110,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "taskhub.accounts.context_processors.roles",
+                "taskhub.live.context_processors.nav_counts",
             ],
         },
     },

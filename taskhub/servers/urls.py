@@ -1,0 +1,13 @@
+from django.urls import path
+
+from taskhub.servers import views
+
+app_name = "servers"
+
+urlpatterns = [
+    path("", views.server_list, name="list"),
+    path("add/", views.server_add, name="add"),
+    path("<int:server_id>/", views.server_detail, name="detail"),
+    path("<int:server_id>/edit/", views.server_edit, name="edit"),
+    path("<int:server_id>/discover", views.server_discover, name="discover"),
+]
