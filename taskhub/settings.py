@@ -42,7 +42,14 @@ def database_from_env() -> dict:
 def channel_layers_from_env() -> dict:
     url = os.environ.get("REDIS_URL", "").strip()
     if url:
-        return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}}
+        # The prefix lets several taskhub deployments (or test runs) share one Redis without hearing each other.
+        prefix = os.environ.get("REDIS_CHANNEL_PREFIX", "").strip() or "taskhub"
+        return {
+            "default": {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"hosts": [url], "prefix": prefix},
+            }
+        }
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 

@@ -11,6 +11,7 @@ refuse ORM calls (and would break async tests after it); so the browser lives fo
 and DJANGO_ALLOW_ASYNC_UNSAFE is set only while it does.
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -128,9 +129,9 @@ def wait_until_serving(server: DaphneServer, timeout: float = 30) -> None:
     pytest.fail(f"daphne did not answer /healthz within {timeout} s:\n{server.log_path.read_text()}")
 
 
-@pytest.fixture
-def daphne_server(transactional_db) -> Iterator[DaphneServer]:
-    """taskhub's ASGI application under daphne, on the test database; rows must be committed to be seen."""
+@contextlib.contextmanager
+def running_daphne(**extra_env: str) -> Iterator[DaphneServer]:
+    """`daphne taskhub.asgi:application` on a free port on the test database, stopped on exit."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -140,6 +141,7 @@ def daphne_server(transactional_db) -> Iterator[DaphneServer]:
         DJANGO_SETTINGS_MODULE="taskhub.settings",
         DEBUG="true",  # so WhiteNoise serves static files from the finders, without collectstatic
         PYTHONUNBUFFERED="1",
+        **extra_env,
     )
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     log_path = PROJECT_DIR / "test-output" / f"daphne-{port}.log"
@@ -163,3 +165,10 @@ def daphne_server(transactional_db) -> Iterator[DaphneServer]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def daphne_server(transactional_db) -> Iterator[DaphneServer]:
+    """taskhub's ASGI application under daphne, on the test database; rows must be committed to be seen."""
+    with running_daphne() as server:
+        yield server

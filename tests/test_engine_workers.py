@@ -8,17 +8,13 @@ every answer delivered exactly once; the MCP server down for 30 s without a task
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
-from browser_fixtures import database_url_for_subprocesses
-from demo_process import PROJECT_ROOT, DemoServer
+from demo_process import DemoServer
 from django.contrib.auth import get_user_model
+from stack_fixtures import workers  # noqa: F401 - fixture
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
@@ -28,50 +24,6 @@ from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 APPROVE = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
-
-
-@pytest.fixture
-def worker_env(django_db_setup):
-    """Environment for worker subprocesses, on the very test database this test uses."""
-    env = dict(os.environ)
-    env["DATABASE_URL"] = database_url_for_subprocesses()
-    env["DEBUG"] = "true"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class Workers:
-    """`manage.py worker` processes, stopped at the end of the test whatever happens."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.processes: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, *options: str) -> subprocess.Popen:
-        command = [sys.executable, "manage.py", "worker", "--name", name, "--lease-seconds", "4", *options]
-        log = open(PROJECT_ROOT / "test-output" / f"worker-{name}.log", "w")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        self.processes[name] = process
-        return process
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-@pytest.fixture
-def workers(worker_env):
-    (PROJECT_ROOT / "test-output").mkdir(exist_ok=True)
-    pool = Workers(worker_env)
-    yield pool
-    pool.stop_all()
 
 
 @pytest.fixture

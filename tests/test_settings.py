@@ -61,8 +61,13 @@ def test_redis_url_selects_the_redis_channel_layer():
     loaded = load_settings(SECRET_KEY="k", REDIS_URL="redis://127.0.0.1:6379/3")
     assert loaded["CHANNEL_LAYER"] == {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": ["redis://127.0.0.1:6379/3"]},
+        "CONFIG": {"hosts": ["redis://127.0.0.1:6379/3"], "prefix": "taskhub"},
     }
+
+
+def test_redis_channel_prefix_separates_deployments_sharing_one_redis():
+    loaded = load_settings(SECRET_KEY="k", REDIS_URL="redis://127.0.0.1:6379/3", REDIS_CHANNEL_PREFIX="staging")
+    assert loaded["CHANNEL_LAYER"]["CONFIG"]["prefix"] == "staging"
 
 
 def test_in_memory_channel_layer_without_redis_url():

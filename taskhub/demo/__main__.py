@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
     parser.add_argument("--poll-interval-ms", type=_positive_int, default=1000, metavar="MS")
     parser.add_argument("--ttl-ms", type=_ttl, default=86_400_000, metavar="MS|none", help="task TTL; none = unlimited")
     parser.add_argument("--conformance", action="store_true", help="also offer the conformance suite's fixture tools")
+    parser.add_argument(
+        "--hostile", action="store_true", help="also offer markup_probe, whose every text is an HTML injection attempt"
+    )
     parser.add_argument("--require-token", metavar="TOKEN", help="HTTP only: require Authorization: Bearer TOKEN")
     parser.add_argument(
         "--get-delay-ms",
@@ -53,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
         poll_interval_ms=args.poll_interval_ms,
         ttl_ms=args.ttl_ms,
         conformance=args.conformance,
+        hostile=args.hostile,
         require_token=args.require_token,
         get_delay_ms=max(0, args.get_delay_ms),
     )

@@ -379,6 +379,41 @@ def greeting_task_script(facts: Facts, now: float) -> Phase:
     return work_for(facts, now, FOLLOW_UP, "Greeting", lambda end: completed(end, f"Hello, {facts.args['name']}!"))
 
 
+# --- a hostile tool (--hostile), for taskhub's own escaping tests ----------------------------------------------
+
+# Each payload sets window.__taskhub_xss if a page ever interprets it as markup instead of showing it as text.
+MARKUP_PAYLOADS = (
+    '<img src=x onerror="window.__taskhub_xss=1">',
+    "<script>window.__taskhub_xss=2</script>",
+    '"><svg onload="window.__taskhub_xss=3">',
+)
+MARKUP = " ".join(MARKUP_PAYLOADS)
+
+
+def markup_probe_script(facts: Facts, now: float) -> Phase:
+    question = FormQuestion(
+        f"Server says {MARKUP}",
+        {
+            "choice": {
+                "type": "string",
+                "title": f"Pick {MARKUP_PAYLOADS[0]}",
+                "description": MARKUP_PAYLOADS[1],
+                "oneOf": [
+                    {"const": "a", "title": f"A {MARKUP_PAYLOADS[2]}"},
+                    {"const": "b", "title": "B"},
+                ],
+            },
+            "note": {"type": "string", "title": f"Note {MARKUP_PAYLOADS[1]}", "default": MARKUP_PAYLOADS[0]},
+        },
+        ("choice",),
+    )
+
+    def finish(answered_at: float) -> Phase:
+        return follow_up(now, answered_at, f"Finishing {MARKUP}", completed(answered_at + FOLLOW_UP, f"done {MARKUP}"))
+
+    return ask_then(facts, now, {"probe": question}, f"Working {MARKUP}", finish)
+
+
 SCRIPTS: dict[str, Script] = {
     "progress": progress_script,
     "long": long_script,
@@ -394,4 +429,5 @@ SCRIPTS: dict[str, Script] = {
     "confirm_delete": confirm_delete_script,
     "multi_input": multi_input_script,
     "test_tool_with_task": greeting_task_script,
+    "markup_probe": markup_probe_script,
 }

@@ -20,7 +20,7 @@ from taskhub.demo.extension import TasksExtension
 from taskhub.demo.listen import TaskListenMiddleware
 from taskhub.demo.stats import DemoStats
 from taskhub.demo.store import TaskStore
-from taskhub.demo.tools import conformance_tools, contract_tools
+from taskhub.demo.tools import conformance_tools, contract_tools, hostile_tools
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class DemoConfig:
     poll_interval_ms: int = 1000
     ttl_ms: int | None = 86_400_000
     conformance: bool = False
+    hostile: bool = False
     require_token: str | None = None
     get_delay_ms: int = 0
 
@@ -58,6 +59,9 @@ def build_server(config: DemoConfig) -> DemoServer:
     plain_tools, task_tools = contract_tools()
     if config.conformance:
         extra_plain, extra_tasks = conformance_tools()
+        plain_tools, task_tools = plain_tools + extra_plain, task_tools + extra_tasks
+    if config.hostile:
+        extra_plain, extra_tasks = hostile_tools()
         plain_tools, task_tools = plain_tools + extra_plain, task_tools + extra_tasks
     mcp = MCPServer(
         "taskhub-demo",

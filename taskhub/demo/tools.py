@@ -139,6 +139,15 @@ def test_tool_with_task() -> None:
     _served_by_interceptor()
 
 
+def markup_probe(
+    text: Annotated[
+        str, Field(max_length=200, title='Text <img src=x onerror="window.__taskhub_xss=4">')
+    ] = "<script>window.__taskhub_xss=5</script>",
+) -> None:
+    """Hostile fixture <img src=x onerror="window.__taskhub_xss=6">: every text it sends is markup to show literally."""
+    _served_by_interceptor()
+
+
 FORM = frozenset({"form"})
 
 
@@ -160,6 +169,10 @@ def contract_tools() -> tuple[list[Tool], list[TaskTool]]:
         ),
     ]
     return [Tool.from_function(quick)], task_tools
+
+
+def hostile_tools() -> tuple[list[Tool], list[TaskTool]]:
+    return [], [_task_tool(markup_probe, input_modes=FORM)]
 
 
 def conformance_tools() -> tuple[list[Tool], list[TaskTool]]:

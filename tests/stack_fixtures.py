@@ -1,0 +1,106 @@
+"""The whole product in real processes for end-to-end tests: the demo MCP server, `manage.py worker`, daphne.
+
+The web and worker processes share live updates through the real Redis channel layer (as in production),
+under a channel prefix of their own so that concurrent test runs on one Redis never hear each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
+from demo_process import PROJECT_ROOT, DemoServer
+
+from taskhub.mcp.client import TasksClient
+from taskhub.servers.models import Server
+from taskhub.servers.services import create_server, record_discovery
+
+LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class Workers:
+    """`manage.py worker` processes, stopped at the end of the test whatever happens."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *options: str) -> subprocess.Popen:
+        command = [sys.executable, "manage.py", "worker", "--name", name, "--lease-seconds", "4", *options]
+        (PROJECT_ROOT / "test-output").mkdir(exist_ok=True)
+        log = open(PROJECT_ROOT / "test-output" / f"worker-{name}.log", "w")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.processes[name] = process
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def worker_environment(**extra: str) -> dict[str, str]:
+    """Environment for worker subprocesses, on the very test database this test uses."""
+    env = dict(os.environ)
+    env.update(DATABASE_URL=database_url_for_subprocesses(), DEBUG="true", PYTHONUNBUFFERED="1", **extra)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    return env
+
+
+def register_and_discover(demo: DemoServer, user, **options) -> Server:
+    server = create_server(name=options.pop("name", f"demo-{demo.port}"), transport="http", url=demo.url, user=user)
+
+    async def discover():
+        async with TasksClient(server.to_target(), timeout=15) as client:
+            return await client.discover()
+
+    return record_discovery(server=server, discovery=asyncio.run(discover()), user=user)
+
+
+@dataclass
+class LiveStack:
+    demo: DemoServer
+    server: Server
+    web: DaphneServer
+    workers: Workers
+
+    @property
+    def url(self) -> str:
+        return self.web.url
+
+
+@contextlib.contextmanager
+def running_stack(admin, *demo_options: str) -> Iterator[LiveStack]:
+    """Demo server (with the hostile tool) registered and discovered, one worker, one daphne, on Redis."""
+    redis = {"REDIS_URL": LOCAL_REDIS_URL, "REDIS_CHANNEL_PREFIX": f"taskhub-test-{uuid.uuid4().hex[:12]}"}
+    with DemoServer("--hostile", "--poll-interval-ms", "200", *demo_options) as demo:
+        server = register_and_discover(demo, admin)
+        workers = Workers(worker_environment(**redis))
+        try:
+            workers.start(f"stack-{demo.port}")
+            with running_daphne(**redis) as web:
+                yield LiveStack(demo=demo, server=server, web=web, workers=workers)
+        finally:
+            workers.stop_all()
+
+
+@pytest.fixture
+def workers(django_db_setup) -> Iterator[Workers]:
+    pool = Workers(worker_environment())
+    yield pool
+    pool.stop_all()
