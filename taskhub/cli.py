@@ -76,6 +76,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
 
     demo_server = None
+    worker = None
     embedded = not os.environ.get("DATABASE_URL")
     try:
         start_database(embedded)
@@ -83,12 +84,18 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.no_demo_server:
             say("• Demo MCP server: skipped (--no-demo-server)")
         else:
-            demo_server = start_demo_server(args.demo_server_port)
+            demo_server, demo_url = start_demo_server(args.demo_server_port)
+            if demo_url:
+                register_demo_server(demo_url)
+        worker = InProcessWorker()
+        worker.start()
         serve(args.host, args.port, access_log=args.access_log)
     except KeyboardInterrupt:
         say("\nInterrupted.")
     finally:
         say("Stopping…")
+        if worker is not None:
+            worker.stop()
         if demo_server is not None:
             stop_process(demo_server, "demo MCP server")
         if embedded:
@@ -130,25 +137,107 @@ def prepare_database() -> None:
     say("• Applying database migrations …")
     call_command("migrate", interactive=False, verbosity=0)
     say("  done")
-    ensure_admin_user()
+    ensure_demo_users()
 
 
-def ensure_admin_user() -> None:
+# username -> the groups that make its role; the admin is a superuser too, and an approver so one login shows it all.
+DEMO_USERS = {"admin": ("admins", "operators", "approvers"), "operator": ("operators",), "approver": ("approvers",)}
+
+
+def ensure_demo_users() -> None:
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
 
     users = get_user_model()
-    if users.objects.filter(username="admin").exists():
-        say("• Admin user: 'admin' exists (reset its password with: uv run python manage.py changepassword admin)")
-        return
-    password = secrets.token_urlsafe(12)
-    users.objects.create_superuser(username="admin", email="", password=password)
-    say(f"• Admin user created: admin / {password}   (shown only this once)")
+    for username, group_names in DEMO_USERS.items():
+        if users.objects.filter(username=username).exists():
+            say(f"• User '{username}' exists (new password: uv run python manage.py changepassword {username})")
+            continue
+        password = secrets.token_urlsafe(12)
+        if username == "admin":
+            user = users.objects.create_superuser(username=username, email="", password=password)
+        else:
+            user = users.objects.create_user(username=username, password=password)
+        user.groups.set(Group.objects.filter(name__in=group_names))
+        say(f"• User created: {username} / {password}   ({', '.join(group_names)}; shown only this once)")
 
 
-def start_demo_server(port: int) -> subprocess.Popen | None:
+def register_demo_server(url: str) -> None:
+    """Register the bundled demo server as "demo" (its port may differ from the last run) and discover its tools."""
+    import asyncio
+
+    from taskhub.mcp.client import TasksClient
+    from taskhub.servers.models import Server
+    from taskhub.servers.services import create_server, record_discovery, record_server_failure, update_server
+
+    server = Server.objects.filter(name="demo").first()
+    if server is None:
+        server = create_server(name="demo", transport="http", url=url, user=None)
+    elif server.url != url or server.transport != "http":
+        server = update_server(server=server, user=None, transport="http", url=url)
+
+    async def discover():
+        async with TasksClient(server.to_target(), timeout=15) as client:
+            return await client.discover()
+
+    try:
+        server = record_discovery(server=server, discovery=asyncio.run(discover()), user=None)
+        say(f"  registered as server 'demo' with {len(server.tools)} tools")
+    except Exception as error:
+        record_server_failure(server=server, error=str(error))
+        say(f"  registered as server 'demo', but discovery failed: {error}")
+
+
+class InProcessWorker:
+    """`manage.py worker` (jobs and tracker) on a thread of this process, so the in-memory channel layer reaches
+    the web pages: the one-command demo needs no Redis."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._loop = None
+        self._stop = None
+        self._thread = threading.Thread(target=self._run, name="taskhub-worker", daemon=True)
+
+    def start(self) -> None:
+        say("• Starting the worker (background jobs and the task tracker) …")
+        self._thread.start()
+        self._ready.wait(timeout=30)
+
+    def _run(self) -> None:
+        import asyncio
+
+        from django.db import connection
+        from procrastinate.contrib.django import app
+
+        from taskhub.worker.management.commands.worker import run
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await run(worker_id="demo", concurrency=10, lease_seconds=30, shutdown_timeout=10, stop=self._stop)
+
+        try:
+            connection.ensure_connection()
+            with app.replace_connector(app.connector.get_worker_connector()):
+                asyncio.run(main())
+        except Exception as error:
+            say(f"  the worker stopped: {error!r}")
+        finally:
+            self._ready.set()
+            connection.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=15)
+            say("  worker stopped" if not self._thread.is_alive() else "  worker did not stop within 15 s")
+
+
+def start_demo_server(port: int) -> tuple[subprocess.Popen | None, str | None]:
     if importlib.util.find_spec("taskhub.demo") is None or importlib.util.find_spec("taskhub.demo.__main__") is None:
         say("• Demo MCP server: not available (taskhub.demo is not installed)")
-        return None
+        return None, None
     state_file = PROJECT_DIR / "var" / "demo-server.sqlite3"
     state_file.parent.mkdir(exist_ok=True)
     command = [sys.executable, "-m", "taskhub.demo", "--http", "--host", "127.0.0.1", "--port", str(port)]
@@ -171,10 +260,10 @@ def start_demo_server(port: int) -> subprocess.Popen | None:
     ready.wait(timeout=30)
     if url:
         say(f"  listening on {url[0]}")
-        return process
+        return process, url[0]
     say("  it did not start (see its output above); carrying on without it")
     stop_process(process, "demo MCP server")
-    return None
+    return None, None
 
 
 def serve(host: str, port: int, access_log: bool) -> None:

