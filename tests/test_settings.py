@@ -19,9 +19,21 @@ print(json.dumps({
     "DATABASE": {key: settings.DATABASES["default"].get(key) for key in ("ENGINE", "NAME", "HOST", "PORT", "USER")},
     "CHANNEL_LAYER": settings.CHANNEL_LAYERS["default"],
     "STATICFILES_STORAGE": settings.STORAGES["staticfiles"]["BACKEND"],
+    "SECURE_SSL_REDIRECT": settings.SECURE_SSL_REDIRECT,
+    "SESSION_COOKIE_SECURE": settings.SESSION_COOKIE_SECURE,
 }))
 """
-CONFIG_VARIABLES = ("DATABASE_URL", "REDIS_URL", "SECRET_KEY", "ALLOWED_HOSTS", "DEBUG", "TASKHUB_PGDATA")
+CONFIG_VARIABLES = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "SECRET_KEY",
+    "ALLOWED_HOSTS",
+    "DEBUG",
+    "TASKHUB_PGDATA",
+    "HTTPS_ONLY",
+    "LOG_FORMAT",
+    "TRUST_X_FORWARDED_PROTO",
+)
 
 
 def run_settings(**env: str) -> subprocess.CompletedProcess:
@@ -99,3 +111,49 @@ def test_debug_must_be_a_boolean(word):
     process = run_settings(DEBUG=word, SECRET_KEY="k")
     assert process.returncode != 0
     assert f"DEBUG={word!r} is not a boolean" in process.stderr
+
+
+def test_production_is_https_only_unless_told_otherwise():
+    production = load_settings(SECRET_KEY="s3cret")
+    assert production["SECURE_SSL_REDIRECT"] is True
+    assert production["SESSION_COOKIE_SECURE"] is True
+    plain = load_settings(SECRET_KEY="s3cret", HTTPS_ONLY="false")
+    assert plain["SECURE_SSL_REDIRECT"] is False
+    assert load_settings(DEBUG="true")["SESSION_COOKIE_SECURE"] is False
+
+
+def test_check_deploy_is_clean_with_the_documented_production_settings():
+    clean = {key: value for key, value in os.environ.items() if key not in CONFIG_VARIABLES}
+    env = {
+        **clean,
+        "DJANGO_SETTINGS_MODULE": "taskhub.settings",
+        "SECRET_KEY": "a-production-secret-" + "x" * 40,
+        "ALLOWED_HOSTS": "hub.example",
+        "DATABASE_URL": "postgres://taskhub@db.example/taskhub",
+        "REDIS_URL": "redis://redis.example:6379/0",
+        "HSTS_INCLUDE_SUBDOMAINS": "true",
+        "HSTS_PRELOAD": "true",
+    }
+    process = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env=env,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+    )
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert "no issues" in process.stdout
+
+
+def test_json_logs_are_one_object_per_line():
+    script = "import logging; from django.conf import settings; settings._setup(); import django; django.setup(); "
+    script += "logging.getLogger('taskhub.demo').warning('server says %s', '<b>hi</b>')"
+    clean = {key: value for key, value in os.environ.items() if key not in CONFIG_VARIABLES}
+    env = {**clean, "DJANGO_SETTINGS_MODULE": "taskhub.settings", "DEBUG": "true", "LOG_FORMAT": "json"}
+    process = subprocess.run([sys.executable, "-c", script], env=env, cwd=PROJECT_DIR, capture_output=True, text=True)
+    assert process.returncode == 0, process.stderr
+    record = json.loads(process.stderr.strip().splitlines()[-1])
+    assert record["level"] == "WARNING"
+    assert record["logger"] == "taskhub.demo"
+    assert record["message"] == "server says <b>hi</b>"
+    assert "time" in record
