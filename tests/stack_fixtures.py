@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import pytest
 from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
+from django.conf import settings
+from django.test import Client
 
 from taskhub.mcp.client import TasksClient
 from taskhub.servers.models import Server
@@ -70,6 +72,13 @@ def register_and_discover(demo: DemoServer, user, **options) -> Server:
             return await client.discover()
 
     return record_discovery(server=server, discovery=asyncio.run(discover()), user=user)
+
+
+def session_cookie_for(user) -> str:
+    """The session cookie of a signed-in `user`, for clients that are not a browser (e.g. a bare WebSocket)."""
+    client = Client()
+    client.force_login(user)
+    return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
 @dataclass

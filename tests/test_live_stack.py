@@ -6,8 +6,7 @@ import aiohttp
 import pytest
 from account_fixtures import make_user
 from django.conf import settings
-from django.test import Client
-from stack_fixtures import running_stack
+from stack_fixtures import running_stack, session_cookie_for
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.tasks import services
@@ -15,12 +14,6 @@ from taskhub.tasks import services
 RUNNING_COUNT = 'aria-label="running tasks">'
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-def session_cookie_for(user) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
 def running_counts(frames: list[str]) -> list[str]:
