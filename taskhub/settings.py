@@ -106,6 +106,7 @@ INSTALLED_APPS = [
     "taskhub.tasks",
     "taskhub.audit",
     "taskhub.worker",
+    "taskhub.api",
 ]
 
 MIDDLEWARE = [

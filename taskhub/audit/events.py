@@ -25,6 +25,9 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "task.expired": "task expired",
     "task.protocol_error": "server sent something that contradicts the protocol",
     "task.purged": "old finished task deleted by retention",
+    # API tokens
+    "api_token.created": "API token created",
+    "api_token.revoked": "API token revoked",
     # input requests
     "input.answered": "input answered",
     "input.delivered": "answer delivered to the server",

@@ -1,0 +1,66 @@
+"""API tokens: created and revoked with an audit row; looked up by the hash of what the client sends."""
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from taskhub.api.models import ApiToken
+from taskhub.audit.services import record_event
+
+TOKEN_PREFIX = "thk_"
+SHOWN_CHARS = len(TOKEN_PREFIX) + 6
+# Writing last_used_at on every request would turn each API read into a write; once a minute is enough.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@transaction.atomic
+def create_token(*, user, name: str, created_by=None) -> tuple[ApiToken, str]:
+    """A new token for `user`; returns the row and the secret, which is never retrievable again."""
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        user=user, name=name.strip()[:100], prefix=secret[:SHOWN_CHARS], key_hash=_hash(secret)
+    )
+    record_event(
+        action="api_token.created",
+        user=created_by,
+        data={"token_id": token.pk, "prefix": token.prefix, "name": token.name, "for": user.get_username()},
+    )
+    return token, secret
+
+
+@transaction.atomic
+def revoke_token(*, token: ApiToken, revoked_by=None) -> ApiToken:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        record_event(
+            action="api_token.revoked",
+            user=revoked_by,
+            data={"token_id": token.pk, "prefix": token.prefix, "for": token.user.get_username()},
+        )
+    return token
+
+
+def user_for_token(secret: str):
+    """The active user a presented token acts as, or None (unknown, revoked, or the user is inactive)."""
+    if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
+        return None
+    token = (
+        ApiToken.objects.select_related("user")
+        .filter(key_hash=_hash(secret), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if token is None:
+        return None
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user
