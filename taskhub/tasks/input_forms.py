@@ -200,6 +200,10 @@ class ToolForm:
     reason: str = ""
     defaults: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def has_required(self) -> bool:
+        return any(form_field.required for form_field in self.fields)
+
     def bind(self, values: dict[str, Any]) -> None:
         for form_field in self.fields:
             form_field.bind_value(values.get(form_field.name))
@@ -226,7 +230,7 @@ class ToolForm:
         rest = []
         for name, message in errors.items():
             if name in by_name:
-                by_name[name].error = message
+                by_name[name].error = by_name[name].error or message
             else:
                 rest.append(f"{name}: {message}" if name else message)
         return " ".join(rest)
@@ -417,7 +421,7 @@ def _string_field(form_field: FormField, prop: dict[str, Any]) -> FormField:
         form_field.constraints.append(f"At most {longest} characters.")
     pattern = prop.get("pattern")
     if isinstance(pattern, str) and pattern:
-        form_field.constraints.append(f"Must match the pattern {pattern[:200]}")
+        form_field.constraints.append(f"Pattern: {pattern[:200]}")
     if longest is not None and longest > 200:
         form_field.widget = "textarea"
     return form_field

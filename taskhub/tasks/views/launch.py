@@ -85,9 +85,12 @@ def launch_tool(request, server_id, tool):
         elif switch == "form" and mode == "json" and form.renderable and not json_error:
             form.bind(arguments)
             mode = "form"
-        elif converted:
+        elif mode == "json" and json_error:
+            status = 400
+        else:
+            # Fields that could not be converted keep their own error; the schema speaks for the rest.
             errors = input_forms.validate_arguments(entry.input_schema, arguments)
-            if not errors:
+            if converted and not errors:
                 try:
                     task = services.launch(server=server, tool=entry.name, arguments=arguments, user=request.user)
                 except TaskError as error:
@@ -98,8 +101,6 @@ def launch_tool(request, server_id, tool):
                 json_error = " ".join(f"{name}: {message}" if name else message for name, message in errors.items())
             else:
                 form_error = form.set_errors(errors)
-            status = 400
-        else:
             status = 400
     elif mode == "json":
         json_text = _as_json(form.defaults)
