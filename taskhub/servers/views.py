@@ -1,21 +1,140 @@
-from django.shortcuts import render
+"""Servers (admins): the list with health, add/edit with write-only credentials, a page per server, discovery.
+
+Views are thin: the form parses, servers.services writes (each change with its audit row), and
+"Discover now" asks the server itself through taskhub.mcp, bounded by DISCOVERY_TIMEOUT_SECONDS so the
+page never hangs.
+"""
+
+import asyncio
+import logging
+
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from taskhub.accounts.permissions import admin_required
+from taskhub.mcp.client import Discovery, TasksClient
+from taskhub.mcp.errors import McpClientError
+from taskhub.servers import services
+from taskhub.servers.catalogue import endpoint_of, health_of, pretty_json, tools_of
+from taskhub.servers.errors import ServerConfigInvalid
+from taskhub.servers.forms import ServerForm
+from taskhub.servers.models import Server
+
+logger = logging.getLogger(__name__)
+
+DISCOVERY_TIMEOUT_SECONDS = 15.0
 
 
+def _row(server: Server) -> dict:
+    return {
+        "server": server,
+        "health": health_of(server),
+        "endpoint": endpoint_of(server),
+        "tools_count": len(tools_of(server)),
+        "groups": [group.name for group in server.approver_groups.all()],
+    }
+
+
+@admin_required
 def server_list(request):
-    return render(request, "web/coming_soon.html", {"title": "Servers"})
+    servers = [_row(server) for server in Server.objects.prefetch_related("approver_groups")]
+    return render(request, "servers/list.html", {"rows": servers})
 
 
+def _save(request, form: ServerForm, server: Server | None):
+    """Create or update through the services; ServerConfigInvalid lands next to its fields."""
+    arguments = form.service_arguments()
+    try:
+        if server is None:
+            return services.create_server(user=request.user, **arguments)
+        return services.update_server(server=server, user=request.user, **arguments)
+    except ServerConfigInvalid as error:
+        for field, problems in error.messages.items():
+            target = field if field in form.fields and field not in ("bearer_token", "headers", "env") else None
+            for problem in problems:
+                form.add_error(target, problem)
+        return None
+
+
+@admin_required
 def server_add(request):
-    return render(request, "web/coming_soon.html", {"title": "Add a server"})
+    form = ServerForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        server = _save(request, form, None)
+        if server is not None:
+            messages.success(request, f"Server {server.name} added. Run “Discover now” to read its tools.")
+            return redirect("servers:detail", server_id=server.pk)
+    status = 400 if form.is_bound else 200
+    return render(request, "servers/form.html", {"form": form, "server": None}, status=status)
 
 
-def server_detail(request, server_id):
-    return render(request, "web/coming_soon.html", {"title": "Server"})
-
-
+@admin_required
 def server_edit(request, server_id):
-    return render(request, "web/coming_soon.html", {"title": "Edit server"})
+    server = get_object_or_404(Server, pk=server_id)
+    form = ServerForm(request.POST or None, server=server)
+    if request.method == "POST" and form.is_valid():
+        saved = _save(request, form, server)
+        if saved is not None:
+            messages.success(request, f"Server {saved.name} saved.")
+            return redirect("servers:detail", server_id=saved.pk)
+    status = 400 if form.is_bound else 200
+    return render(request, "servers/form.html", {"form": form, "server": server}, status=status)
 
 
-def server_discover(request, server_id):
-    return render(request, "web/coming_soon.html", {"title": "Discover"})
+@admin_required
+def server_detail(request, server_id):
+    server = get_object_or_404(Server.objects.prefetch_related("approver_groups"), pk=server_id)
+    return render(
+        request,
+        "servers/detail.html",
+        {
+            **_row(server),
+            "tools": tools_of(server),
+            "capabilities_json": pretty_json(server.capabilities),
+            "header_names": sorted(server.headers or {}),
+            "env_names": sorted(server.env or {}),
+            "has_token": bool(server.bearer_token),
+        },
+    )
+
+
+async def discover(server: Server, *, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> Discovery:
+    """server/discover (capabilities and tools/list), the whole exchange bounded by `timeout`."""
+    async with asyncio.timeout(timeout):
+        async with TasksClient(server.to_target(), timeout=timeout) as client:
+            return await client.discover()
+
+
+def describe_failure(error: BaseException, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> str:
+    if isinstance(error, TimeoutError):
+        return f"No answer within {timeout:g} s."
+    if isinstance(error, McpClientError):
+        return str(error) or type(error).__name__
+    return f"{type(error).__name__}: {error}"
+
+
+@admin_required
+@require_POST
+async def server_discover(request, server_id):
+    """Ask the server now. Async, so a slow server holds no worker thread of the web process."""
+    server = await Server.objects.filter(pk=server_id).afirst()
+    if server is None:
+        raise Http404("No such server.")
+    user = await request.auser()
+    try:
+        discovery = await discover(server)
+    except Exception as error:  # whatever went wrong, the admin is told and the server's health says so
+        text = describe_failure(error)
+        logger.info("discovery of server %s failed: %s", server.pk, text)
+        await sync_to_async(services.record_server_failure)(server=server, error=text)
+        await sync_to_async(messages.error)(request, f"Discovery of {server.name} failed: {text}")
+    else:
+        await sync_to_async(services.record_discovery)(server=server, discovery=discovery, user=user)
+        count = len(discovery.tools)
+        tools = f"{count} tool{'s' if count != 1 else ''}"
+        text = f"Discovered {server.name}: {tools}, protocol {discovery.protocol_version}."
+        await sync_to_async(messages.success)(request, text)
+    return redirect("servers:detail", server_id=server.pk)

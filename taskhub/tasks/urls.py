@@ -9,7 +9,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/", listing.task_detail, name="detail"),
     path("tasks/<uuid:task_id>/cancel", listing.task_cancel, name="cancel"),
     path("launch/", launch.choose_tool, name="launch"),
-    path("launch/<int:server_id>/<str:tool>/", launch.launch_tool, name="launch_tool"),
+    path("launch/<int:server_id>/<path:tool>/", launch.launch_tool, name="launch_tool"),
     path("inbox/", inbox.inbox, name="inbox"),
     path("inbox/<int:request_id>/answer", inbox.answer, name="answer"),
 ]

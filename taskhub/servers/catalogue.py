@@ -1,0 +1,119 @@
+"""A server's stored tool catalogue (`Server.tools`, as `tools/list` sent it: untrusted) read safely for pages.
+
+Whatever shape the server sent, `tools_of` returns only entries with a string name, and every text is a
+plain string (templates escape it). `find_tool` is how the launch page decides what may be launched: only
+a tool in the stored catalogue.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from taskhub.servers.models import Server, Transport
+
+MAX_TOOLS = 1000
+MAX_DESCRIPTION = 4000
+MAX_SCHEMA_SHOWN = 100_000
+
+# Hints of the MCP tool annotations, shown as small labels when the server set them.
+HINT_LABELS = (
+    ("readOnlyHint", True, "read-only", "safe"),
+    ("destructiveHint", True, "destructive", "danger"),
+    ("destructiveHint", False, "not destructive", "safe"),
+    ("idempotentHint", True, "idempotent", ""),
+    ("openWorldHint", True, "open world", ""),
+    ("openWorldHint", False, "closed world", ""),
+)
+TASK_SUPPORT_WORDS = {
+    "required": "always runs as a task",
+    "optional": "may run as a task",
+    "forbidden": "never runs as a task",
+}
+
+
+@dataclass
+class Label:
+    text: str
+    kind: str = ""
+
+
+@dataclass
+class ToolEntry:
+    name: str
+    title: str
+    description: str
+    labels: list[Label] = field(default_factory=list)
+    task_support: str = ""
+    input_schema: Any = None
+
+    @property
+    def schema_json(self) -> str:
+        return pretty_json(self.input_schema, limit=MAX_SCHEMA_SHOWN)
+
+
+def pretty_json(value: Any, *, limit: int = MAX_SCHEMA_SHOWN) -> str:
+    try:
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return "(not representable as JSON)"
+    return text if len(text) <= limit else text[:limit] + "\n… (cut)"
+
+
+def _str(value: Any, limit: int = 500) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _entry(raw: dict[str, Any]) -> ToolEntry:
+    annotations = raw.get("annotations") if isinstance(raw.get("annotations"), dict) else {}
+    labels = [Label(text, kind) for key, value, text, kind in HINT_LABELS if annotations.get(key) is value]
+    execution = raw.get("execution") if isinstance(raw.get("execution"), dict) else {}
+    support = execution.get("taskSupport")
+    return ToolEntry(
+        name=raw["name"],
+        title=_str(raw.get("title")) or _str(annotations.get("title")),
+        description=_str(raw.get("description"), MAX_DESCRIPTION),
+        labels=labels,
+        task_support=TASK_SUPPORT_WORDS.get(support, "") if isinstance(support, str) else "",
+        input_schema=raw.get("inputSchema"),
+    )
+
+
+def tools_of(server: Server) -> list[ToolEntry]:
+    raw_tools = server.tools if isinstance(server.tools, list) else []
+    return [
+        _entry(raw)
+        for raw in raw_tools[:MAX_TOOLS]
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str) and raw["name"]
+    ]
+
+
+def find_tool(server: Server, name: str) -> ToolEntry | None:
+    return next((tool for tool in tools_of(server) if tool.name == name), None)
+
+
+def endpoint_of(server: Server) -> str:
+    """Where the server is, for display: the URL without any password in it, or the command line."""
+    if server.transport == Transport.HTTP:
+        try:
+            parts = urlsplit(server.url)
+        except ValueError:
+            return server.url
+        if parts.password is not None:
+            host = parts.hostname or ""
+            netloc = f"{parts.username}:•••@{host}" + (f":{parts.port}" if parts.port else "")
+            return urlunsplit(parts._replace(netloc=netloc))
+        return server.url
+    args = server.args if isinstance(server.args, list) else []
+    return " ".join([server.command, *(str(arg) for arg in args)])
+
+
+def health_of(server: Server) -> str:
+    """reachable / unreachable / never (contacted): the health dot of the servers pages."""
+    if server.unreachable_since is not None:
+        return "unreachable"
+    if server.last_success_at is not None:
+        return "reachable"
+    return "never"

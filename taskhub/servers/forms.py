@@ -1,0 +1,219 @@
+"""The add/edit form of a server. Credentials are write-only: never rendered back, not even after an error.
+
+- bearer token: a password box, blank keeps the stored one, "remove" clears it;
+- extra headers (`Name: value` lines) and stdio environment (`NAME=value` lines): what is typed sets or
+  replaces those names; the names already set are listed (never their values) with a checkbox each to
+  remove them.
+Error messages name a line by its number, never by its content (it may hold a secret).
+"""
+
+import re
+
+from django import forms
+from django.contrib.auth.models import Group
+
+from taskhub.servers.models import Server, Transport
+
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_HEADERS = {"authorization", "content-type", "accept", "content-length", "host", "mcp-session-id"}
+
+
+class SecretLines(forms.Textarea):
+    """A textarea that never shows what it holds: a re-rendered form starts it empty."""
+
+    def format_value(self, value):
+        return None
+
+    def get_context(self, name, value, attrs):
+        return super().get_context(name, None, attrs)
+
+
+def _lines(text: str):
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            yield number, line
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    problems = []
+    for number, line in _lines(text):
+        name, colon, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not name:
+            problems.append(f"Line {number} is not of the form “Name: value”.")
+        elif not HEADER_NAME.match(name):
+            problems.append(f"Line {number}: a header name has only letters, digits and - _ . (no spaces).")
+        elif name.lower() in RESERVED_HEADERS:
+            what = "the bearer token field" if name.lower() == "authorization" else "taskhub itself"
+            problems.append(f"Line {number}: the {name} header is set by {what}.")
+        elif not value:
+            problems.append(f"Line {number}: the header {name} has no value.")
+        else:
+            headers[name] = value
+    if problems:
+        raise forms.ValidationError(problems)
+    return headers
+
+
+def parse_env(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    problems = []
+    for number, line in _lines(text):
+        name, equals, value = line.partition("=")
+        name = name.strip()
+        if not equals or not name:
+            problems.append(f"Line {number} is not of the form “NAME=value”.")
+        elif not ENV_NAME.match(name):
+            problems.append(f"Line {number}: a variable name has only letters, digits and _, not first a digit.")
+        else:
+            env[name] = value
+    if problems:
+        raise forms.ValidationError(problems)
+    return env
+
+
+class ServerForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="How people will see this server in taskhub.")
+    transport = forms.ChoiceField(
+        choices=[(Transport.HTTP, "Streamable HTTP"), (Transport.STDIO, "stdio (a program taskhub starts)")],
+        widget=forms.RadioSelect,
+        initial=Transport.HTTP,
+    )
+    url = forms.CharField(
+        label="URL",
+        max_length=2000,
+        required=False,
+        help_text="The Streamable HTTP endpoint, e.g. https://mcp.example.com/mcp",
+        widget=forms.URLInput(attrs={"placeholder": "https://…/mcp", "spellcheck": "false"}),
+    )
+    command = forms.CharField(
+        max_length=1000,
+        required=False,
+        help_text="The program to start, e.g. /usr/bin/python3 or npx.",
+        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+    )
+    args = forms.CharField(
+        label="Arguments",
+        required=False,
+        help_text="One argument per line, as the program receives it (no shell quoting).",
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+    )
+    enabled = forms.BooleanField(
+        required=False, initial=True, help_text="Operators launch tools only on enabled servers."
+    )
+    approver_groups = forms.ModelMultipleChoiceField(
+        queryset=Group.objects.order_by("name"),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Only approvers in these groups may answer this server's questions. None ticked: every approver may.",
+    )
+    bearer_token = forms.CharField(
+        required=False,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="HTTP: sent as “Authorization: Bearer …”.",
+    )
+    remove_bearer_token = forms.BooleanField(required=False, label="Remove the stored token")
+    headers = forms.CharField(
+        label="Extra HTTP headers",
+        required=False,
+        strip=False,
+        widget=SecretLines(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off"}),
+        help_text="One “Name: value” per line, e.g. X-Api-Key: …",
+    )
+    remove_headers = forms.MultipleChoiceField(
+        label="Remove headers", required=False, widget=forms.CheckboxSelectMultiple, choices=()
+    )
+    env = forms.CharField(
+        label="Environment",
+        required=False,
+        strip=False,
+        widget=SecretLines(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off"}),
+        help_text="stdio: one NAME=value per line, added to the program's environment.",
+    )
+    remove_env = forms.MultipleChoiceField(
+        label="Remove variables", required=False, widget=forms.CheckboxSelectMultiple, choices=()
+    )
+
+    def __init__(self, *args, server: Server | None = None, **kwargs):
+        self.server = server
+        if server is not None and "initial" not in kwargs:
+            kwargs["initial"] = {
+                "name": server.name,
+                "transport": server.transport,
+                "url": server.url,
+                "command": server.command,
+                "args": "\n".join(str(arg) for arg in server.args or []),
+                "enabled": server.enabled,
+                "approver_groups": list(server.approver_groups.all()),
+            }
+        super().__init__(*args, **kwargs)
+        self.stored_headers = sorted((server.headers or {}) if server else {})
+        self.stored_env = sorted((server.env or {}) if server else {})
+        self.has_token = bool(server and server.bearer_token)
+        self.fields["remove_headers"].choices = [(name, name) for name in self.stored_headers]
+        self.fields["remove_env"].choices = [(name, name) for name in self.stored_env]
+        if server is not None:
+            self.fields["bearer_token"].help_text = (
+                "A token is stored; leave blank to keep it, or type a new one to replace it."
+                if self.has_token
+                else "No token is stored. " + self.fields["bearer_token"].help_text
+            )
+            self.fields["headers"].help_text += " A name already set gets the new value."
+            self.fields["env"].help_text += " A name already set gets the new value."
+
+    def clean_headers(self):
+        return parse_headers(self.cleaned_data.get("headers", ""))
+
+    def clean_env(self):
+        return parse_env(self.cleaned_data.get("env", ""))
+
+    def clean_args(self):
+        return [line.strip() for line in self.cleaned_data.get("args", "").splitlines() if line.strip()]
+
+    def clean(self):
+        data = super().clean()
+        transport = data.get("transport")
+        if transport == Transport.HTTP and not data.get("url"):
+            self.add_error("url", "A Streamable HTTP server needs its URL.")
+        if transport == Transport.STDIO and not data.get("command"):
+            self.add_error("command", "A stdio server needs the command that starts it.")
+        if data.get("bearer_token") and data.get("remove_bearer_token"):
+            self.add_error("remove_bearer_token", "Either type a new token or remove the stored one, not both.")
+        return data
+
+    @property
+    def secrets_were_typed(self) -> bool:
+        """After an error: the secret boxes come back empty, so the page asks to type them again."""
+        return self.is_bound and any(self.data.get(name) for name in ("bearer_token", "headers", "env"))
+
+    def service_arguments(self) -> dict:
+        """Keyword arguments for create_server / update_server; secrets only when they change."""
+        data = self.cleaned_data
+        arguments = {
+            "name": data["name"],
+            "transport": data["transport"],
+            "url": data["url"],
+            "command": data["command"],
+            "args": data["args"],
+            "enabled": data["enabled"],
+            "approver_groups": list(data["approver_groups"]),
+        }
+        if self.server is None:
+            arguments.update(headers=data["headers"], env=data["env"], bearer_token=data["bearer_token"] or None)
+            return arguments
+        headers = {k: v for k, v in (self.server.headers or {}).items() if k not in data["remove_headers"]}
+        headers.update(data["headers"])
+        if headers != (self.server.headers or {}):
+            arguments["headers"] = headers
+        env = {k: v for k, v in (self.server.env or {}).items() if k not in data["remove_env"]}
+        env.update(data["env"])
+        if env != (self.server.env or {}):
+            arguments["env"] = env
+        if data["bearer_token"]:
+            arguments["bearer_token"] = data["bearer_token"]
+        elif data["remove_bearer_token"] and self.server.bearer_token:
+            arguments["bearer_token"] = None
+        return arguments
