@@ -164,28 +164,20 @@ def ensure_demo_users() -> None:
 
 def register_demo_server(url: str) -> None:
     """Register the bundled demo server as "demo" (its port may differ from the last run) and discover its tools."""
-    import asyncio
-
-    from taskhub.mcp.client import TasksClient
+    from taskhub.servers.discovery import DiscoveryFailed, discover_and_record
     from taskhub.servers.models import Server
-    from taskhub.servers.services import create_server, record_discovery, record_server_failure, update_server
+    from taskhub.servers.services import create_server, update_server
 
     server = Server.objects.filter(name="demo").first()
     if server is None:
         server = create_server(name="demo", transport="http", url=url, user=None)
     elif server.url != url or server.transport != "http":
         server = update_server(server=server, user=None, transport="http", url=url)
-
-    async def discover():
-        async with TasksClient(server.to_target(), timeout=15) as client:
-            return await client.discover()
-
     try:
-        server = record_discovery(server=server, discovery=asyncio.run(discover()), user=None)
-        say(f"  registered as server 'demo' with {len(server.tools)} tools")
-    except Exception as error:
-        record_server_failure(server=server, error=str(error))
-        say(f"  registered as server 'demo', but discovery failed: {error}")
+        discovery = discover_and_record(server=server)
+        say(f"  registered as server 'demo' with {len(discovery.tools)} tools")
+    except DiscoveryFailed as failure:
+        say(f"  registered as server 'demo', but discovery failed: {failure}")
 
 
 class InProcessWorker:

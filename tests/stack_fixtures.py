@@ -6,7 +6,6 @@ under a channel prefix of their own so that concurrent test runs on one Redis ne
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -22,9 +21,9 @@ from demo_process import PROJECT_ROOT, DemoServer
 from django.conf import settings
 from django.test import Client
 
-from taskhub.mcp.client import TasksClient
+from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
-from taskhub.servers.services import create_server, record_discovery
+from taskhub.servers.services import create_server
 
 LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -66,12 +65,9 @@ def worker_environment(**extra: str) -> dict[str, str]:
 
 def register_and_discover(demo: DemoServer, user, **options) -> Server:
     server = create_server(name=options.pop("name", f"demo-{demo.port}"), transport="http", url=demo.url, user=user)
-
-    async def discover():
-        async with TasksClient(server.to_target(), timeout=15) as client:
-            return await client.discover()
-
-    return record_discovery(server=server, discovery=asyncio.run(discover()), user=user)
+    discover_and_record(server=server, user=user)
+    server.refresh_from_db()
+    return server
 
 
 def session_cookie_for(user) -> str:

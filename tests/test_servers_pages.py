@@ -397,10 +397,9 @@ def test_discover_where_nothing_listens_says_so_and_marks_the_server(client, adm
 def test_discover_gives_up_after_its_timeout(client, admin, monkeypatch):
     import socket
 
-    from taskhub.servers import views
+    from taskhub.servers import discovery
 
-    monkeypatch.setattr(views, "DISCOVERY_TIMEOUT_SECONDS", 1.0)
-    monkeypatch.setattr(views.discover, "__kwdefaults__", {"timeout": 1.0})
+    monkeypatch.setattr(discovery.adiscover_and_record, "__kwdefaults__", {"user": None, "timeout": 1.0})
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()

@@ -1,11 +1,10 @@
 """Servers (admins): the list with health, add/edit with write-only credentials, a page per server, discovery.
 
 Views are thin: the form parses, servers.services writes (each change with its audit row), and
-"Discover now" asks the server itself through taskhub.mcp, bounded by DISCOVERY_TIMEOUT_SECONDS so the
+"Discover now" asks the server itself through taskhub.mcp, bounded by servers.discovery.DISCOVERY_TIMEOUT_SECONDS so the
 page never hangs.
 """
 
-import asyncio
 import logging
 
 from asgiref.sync import sync_to_async
@@ -15,17 +14,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from taskhub.accounts.permissions import admin_required
-from taskhub.mcp.client import Discovery, TasksClient
-from taskhub.mcp.errors import McpClientError
 from taskhub.servers import services
 from taskhub.servers.catalogue import endpoint_of, health_of, pretty_json, tools_of
+from taskhub.servers.discovery import DiscoveryFailed, adiscover_and_record
 from taskhub.servers.errors import ServerConfigInvalid
 from taskhub.servers.forms import ServerForm
 from taskhub.servers.models import Server
 
 logger = logging.getLogger(__name__)
-
-DISCOVERY_TIMEOUT_SECONDS = 15.0
 
 
 def _row(server: Server) -> dict:
@@ -101,21 +97,6 @@ def server_detail(request, server_id):
     )
 
 
-async def discover(server: Server, *, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> Discovery:
-    """server/discover (capabilities and tools/list), the whole exchange bounded by `timeout`."""
-    async with asyncio.timeout(timeout):
-        async with TasksClient(server.to_target(), timeout=timeout) as client:
-            return await client.discover()
-
-
-def describe_failure(error: BaseException, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> str:
-    if isinstance(error, TimeoutError):
-        return f"No answer within {timeout:g} s."
-    if isinstance(error, McpClientError):
-        return str(error) or type(error).__name__
-    return f"{type(error).__name__}: {error}"
-
-
 @admin_required
 @require_POST
 async def server_discover(request, server_id):
@@ -125,14 +106,10 @@ async def server_discover(request, server_id):
         raise Http404("No such server.")
     user = await request.auser()
     try:
-        discovery = await discover(server)
-    except Exception as error:  # whatever went wrong, the admin is told and the server's health says so
-        text = describe_failure(error)
-        logger.info("discovery of server %s failed: %s", server.pk, text)
-        await sync_to_async(services.record_server_failure)(server=server, error=text)
-        await sync_to_async(messages.error)(request, f"Discovery of {server.name} failed: {text}")
+        discovery = await adiscover_and_record(server=server, user=user)
+    except DiscoveryFailed as failure:
+        await sync_to_async(messages.error)(request, f"Discovery of {server.name} failed: {failure}")
     else:
-        await sync_to_async(services.record_discovery)(server=server, discovery=discovery, user=user)
         count = len(discovery.tools)
         tools = f"{count} tool{'s' if count != 1 else ''}"
         text = f"Discovered {server.name}: {tools}, protocol {discovery.protocol_version}."
