@@ -62,8 +62,7 @@ class AuditFilterForm(forms.Form):
         required=False,
         max_length=150,
         label="Actor",
-        help_text='username, "system" or "worker"',
-        widget=forms.TextInput(attrs={"placeholder": "e.g. alice", "autocomplete": "off"}),
+        widget=forms.TextInput(attrs={"placeholder": "alice, system, worker…", "autocomplete": "off"}),
     )
     actor_exact = forms.BooleanField(required=False, label="exact name")
     action = forms.ChoiceField(
