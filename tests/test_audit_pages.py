@@ -239,7 +239,7 @@ def test_htmx_gets_only_the_filtered_part(as_admin, history):
 
 
 def test_export_links_carry_the_current_filters(as_admin, history):
-    html = as_admin.get(LIST, {"action": "task.launched", "actor": "olga"}).content.decode()
+    html = as_admin.get(LIST, {"action": "task.launched", "actor": "olga", "task": "", "page": "1"}).content.decode()
     assert f'href="{CSV}?action=task.launched&amp;actor=olga"' in html
     assert f'href="{JSON}?action=task.launched&amp;actor=olga"' in html
     assert "Export these 2" in html
@@ -326,6 +326,15 @@ def test_json_export_parses_and_matches_the_filtered_rows(as_admin, history, adm
     assert (launched["actor_id"], launched["server_id"]) == (admin.id, history["reports"].id)
     assert launched["task_id"] == str(history["report"].id)
     assert tuple(launched) == EXPORT_COLUMNS
+
+
+def test_the_recorded_filters_are_the_ones_in_use(as_admin, history):
+    body(as_admin.get(JSON, {"actor": "olga", "actor_exact": "on", "since": "2026-01-01", "task": ""}))
+    body(as_admin.get(JSON, {"actor": "", "actor_exact": "on"}))
+    first, second = AuditEvent.objects.filter(action="audit.exported").order_by("id")
+    assert first.data["filters"] == {"actor": "olga", "actor_exact": True, "since": "2026-01-01T00:00:00+00:00"}
+    assert (first.data["format"], first.data["rows"]) == ("json", 2)
+    assert second.data["filters"] == {}
 
 
 def test_an_empty_json_export_is_an_empty_array(as_admin):

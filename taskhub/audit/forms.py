@@ -122,7 +122,7 @@ class AuditFilterForm(forms.Form):
             return {}
         shown = {}
         for name, value in self.cleaned_data.items():
-            if value in (None, "", False):
+            if value in (None, "", False) or (name == "actor_exact" and not self.cleaned_data.get("actor")):
                 continue
             if isinstance(value, datetime.datetime):
                 value = value.isoformat()

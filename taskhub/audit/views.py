@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -35,11 +35,18 @@ def audit_list(request):
     server_names = dict(Server.objects.filter(pk__in=server_ids).values_list("pk", "name"))
     for event in page:
         event.server_name = server_names.get(event.server_id)
-    filters = request.GET.copy()
-    filters.pop("page", None)
-    context = {"form": form, "page": page, "filters": filters.urlencode()}
+    context = {"form": form, "page": page, "filters": filter_query(request.GET)}
     template = "audit/list.html#filtered" if request.htmx else "audit/list.html"
     return render(request, template, context)
+
+
+def filter_query(params: QueryDict) -> str:
+    """The filters in use as a query string, for page and export links (empty fields and the page left out)."""
+    kept = QueryDict(mutable=True)
+    for name, values in params.lists():
+        if name != "page" and (values := [value for value in values if value.strip()]):
+            kept.setlist(name, values)
+    return kept.urlencode()
 
 
 @require_GET
