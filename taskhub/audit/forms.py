@@ -9,7 +9,13 @@ from django import forms
 from taskhub.audit.events import AUDIT_EVENTS
 from taskhub.servers.models import Server
 
-GROUP_NAMES = {"server": "Servers", "task": "Tasks", "input": "Input requests", "audit": "Audit trail"}
+GROUP_NAMES = {
+    "server": "Servers",
+    "task": "Tasks",
+    "input": "Input requests",
+    "api_token": "API tokens",
+    "audit": "Audit trail",
+}
 
 
 def action_choices() -> list:
