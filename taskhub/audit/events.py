@@ -33,6 +33,8 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "input.delivered": "answer delivered to the server",
     "input.delivery_failed": "the server refused the answer",
     "input.superseded": "input request withdrawn by the server before it was answered",
+    # the audit trail itself
+    "audit.exported": "audit trail exported",
 }
 
 

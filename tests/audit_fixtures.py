@@ -1,0 +1,58 @@
+"""A realistic audit history made through the real services (servers, launches, snapshots) plus a few
+hand-written events with hostile data, for the audit page tests and screenshots."""
+
+from django.db import transaction
+
+from taskhub.audit.services import WORKER, record_event
+from taskhub.mcp.client import TaskCreated
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+
+SCRIPT = "<script>document.title='pwned'</script>"
+
+
+def snapshot(status="working", remote="remote-1", **fields) -> TaskSnapshot:
+    base = {"taskId": remote, "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
+    base["lastUpdatedAt"] = fields.pop("lastUpdatedAt", "2026-07-28T10:00:01Z")
+    return TaskSnapshot.model_validate({**base, **fields})
+
+
+def make_audit_history(admin, operator) -> dict:
+    """Two servers, three tasks in different states, and events a hostile server could have caused."""
+    demo = create_server(name="demo", transport="http", url="http://127.0.0.1:8765/mcp", user=admin)
+    reports = create_server(name="reports", transport="stdio", command="reports-mcp", user=admin)
+
+    slow = services.launch(server=demo, tool="slow_compute", arguments={"seconds": 5}, user=operator)
+    slow = services.record_launch_outcome(task=slow, outcome=TaskCreated(task=snapshot(remote="slow-1")))
+    services.apply_snapshot(
+        task=slow,
+        snapshot=snapshot("completed", remote="slow-1", statusMessage="done", lastUpdatedAt="2026-07-28T10:00:09Z"),
+    )
+
+    approval = services.launch(server=demo, tool="needs_approval", arguments={"amount": 120}, user=operator)
+    approval = services.record_launch_outcome(task=approval, outcome=TaskCreated(task=snapshot(remote="appr-1")))
+    services.apply_snapshot(
+        task=approval,
+        snapshot=snapshot(
+            "failed", remote="appr-1", statusMessage="Budget service down", lastUpdatedAt="2026-07-28T10:00:05Z"
+        ),
+    )
+
+    report = services.launch(server=reports, tool="build_report", arguments={"quarter": "Q3"}, user=admin)
+    report = services.record_launch_outcome(task=report, outcome=TaskCreated(task=snapshot(remote="rep-1")))
+
+    with transaction.atomic():
+        record_event(
+            action="task.protocol_error",
+            actor_label=WORKER,
+            task=report,
+            data={"message": SCRIPT, "detail": "x" * 400},
+        )
+        record_event(
+            action="server.unreachable",
+            actor_label='=HYPERLINK("http://evil")',
+            server=reports,
+            data={"error": "-2+3", "note": "@SUM(A1:A9)"},
+        )
+    return {"demo": demo, "reports": reports, "slow": slow, "approval": approval, "report": report}
