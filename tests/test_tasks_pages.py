@@ -100,7 +100,7 @@ def row_ids(response) -> list[str]:
 
 def tab_counts(response) -> dict[str, int]:
     html = response.content.decode()
-    return {tab: int(n) for tab, n in re.findall(r'data-tab="(\w+)">[^<]*<span class="count">(\d+)</span>', html)}
+    return {tab: int(n) for tab, n in re.findall(r'data-tab="(\w+)"[^>]*>[^<]*<span class="count">(\d+)</span>', html)}
 
 
 # --- who sees what -----------------------------------------------------------------------------------
