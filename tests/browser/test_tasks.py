@@ -4,12 +4,14 @@ daphne runs in a subprocess; the changes are made in this process, so both use o
 (a database number of its own, so other runs on the same Redis do not hear these messages).
 """
 
+import asyncio
 import base64
 import datetime
 import os
 import random
 import re
 import struct
+import threading
 import zlib
 
 import pytest
@@ -23,6 +25,7 @@ from taskhub.live import publish
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
+from taskhub.settings import channel_layers_from_env
 from taskhub.tasks import services
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
 
@@ -60,9 +63,15 @@ def shared_redis_layer(monkeypatch):
         (pytest.fail if os.environ.get("CI") else pytest.skip)("no Redis on 127.0.0.1:6379")
     url = f"{LOCAL_REDIS_URL.rsplit('/', 1)[0]}/{random.randint(8, 15)}"
     monkeypatch.setenv("REDIS_URL", url)
-    layer = RedisChannelLayer(hosts=[url])  # as daphne's, built from REDIS_URL by the settings
+    monkeypatch.setenv("REDIS_CHANNEL_PREFIX", f"taskhub-tasks-pages-{random.randrange(10**9)}")
+    # Built by the settings' own function, so this process and daphne agree on hosts and prefix.
+    layer = RedisChannelLayer(**channel_layers_from_env()["default"]["CONFIG"])
     monkeypatch.setattr(publish, "get_channel_layer", lambda: layer)
-    return layer
+    yield layer
+    # Playwright keeps a loop running in this thread; the flush gets a thread and a loop of its own.
+    cleaner = threading.Thread(target=lambda: asyncio.run(layer.flush()))
+    cleaner.start()
+    cleaner.join(timeout=10)
 
 
 @pytest.fixture
