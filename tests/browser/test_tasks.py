@@ -147,6 +147,7 @@ def test_the_list_follows_changes_and_new_tasks_without_a_reload(live_site, new_
     newest = services.launch(server=beta, tool="migrate", arguments={}, user=olga)
     expect(page.locator("tbody tr").first).to_have_id(f"task-row-{newest.pk}")
     expect(page.locator("tbody tr").first).to_have_class(re.compile(r"\bis-new\b"))
+    screenshot(page, "tasks-list-live-highlight")
     expect(page.locator("[data-tab='all'] .count")).to_have_text("4")
     expect(page.locator("[data-tab='other'] .count")).to_have_text("1")
 
@@ -230,3 +231,9 @@ def test_the_detail_cancels_then_finishes_anyway_without_a_reload(live_site, new
     assert page.evaluate("window.__xss") is None
     assert console_errors.errors == [], console_errors.errors
     screenshot(page, "task-detail-completed")
+
+    dark = new_page(color_scheme="dark")
+    sign_in(dark, live_site.url, "olga", TEST_PASSWORD)
+    dark.goto(f"{live_site.url}/tasks/{task.pk}/")
+    expect(dark.locator(f"#task-{task.pk}-header")).to_contain_text("Finished anyway")
+    screenshot(dark, "task-detail-completed-dark")
