@@ -69,6 +69,29 @@ def servers_user_may_approve(user) -> QuerySet[Server]:
     return Server.objects.filter(~Exists(memberships) | Exists(memberships.filter(group__user=user)))
 
 
+def sees_all_tasks(user) -> bool:
+    """Operators (and so admins) watch every task; the live socket's `tasks` group follows this too."""
+    return is_operator(user)
+
+
+def tasks_visible_to(user) -> QuerySet:
+    """The tasks this user may see: all for operators and admins, those of the servers they approve for an
+    approver, none for anyone else. The task list filters by it; the detail page and the live socket agree."""
+    from taskhub.tasks.models import Task  # tasks.models does not import this module, but keep start-up light
+
+    if sees_all_tasks(user):
+        return Task.objects.all()
+    if not is_approver(user):
+        return Task.objects.none()
+    return Task.objects.filter(server__in=servers_user_may_approve(user))
+
+
+def may_see_task(user, task) -> bool:
+    if sees_all_tasks(user):
+        return True
+    return servers_user_may_approve(user).filter(pk=task.server_id).exists()
+
+
 def may_answer(user, input_request) -> bool:
     return servers_user_may_approve(user).filter(pk=input_request.task.server_id).exists()
 

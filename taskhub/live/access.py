@@ -11,6 +11,7 @@ class LiveAccess:
     approvable_server_ids: frozenset[int]
 
     def may_see_task(self, task) -> bool:
+        # The rule of permissions.may_see_task / tasks_visible_to, from what was read once per message.
         return self.sees_all_tasks or task.server_id in self.approvable_server_ids
 
 
@@ -22,6 +23,6 @@ def access_for(user) -> LiveAccess:
     if user is None or not user.is_authenticated or not user.is_active:
         return NO_ACCESS
     return LiveAccess(
-        sees_all_tasks=permissions.is_operator(user),
+        sees_all_tasks=permissions.sees_all_tasks(user),
         approvable_server_ids=frozenset(permissions.servers_user_may_approve(user).values_list("pk", flat=True)),
     )

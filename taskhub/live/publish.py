@@ -12,6 +12,7 @@ import uuid
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import connections
 
 from taskhub.live.groups import TASKS_GROUP, inbox_group, task_group
 
@@ -39,7 +40,16 @@ def publish_task_changed(task_id: uuid.UUID) -> None:
         _publish(task_id)
     else:
         # Called from async code: the database lookup below is sync-only, so it runs off this loop.
-        threading.Thread(target=_publish, args=(task_id,), name="live-publish", daemon=True).start()
+        threading.Thread(target=_publish_from_a_thread, args=(task_id,), name="live-publish", daemon=True).start()
+
+
+def _publish_from_a_thread(task_id: uuid.UUID) -> None:
+    try:
+        _publish(task_id)
+    finally:
+        # The lookup opened this thread's own database connection; left open it would outlive the thread
+        # (and keep a test database from being dropped).
+        connections.close_all()
 
 
 def _publish(task_id: uuid.UUID) -> None:

@@ -5,3 +5,8 @@ class TasksConfig(AppConfig):
     name = "taskhub.tasks"
     label = "tasks"
     verbose_name = "tasks"
+
+    def ready(self) -> None:
+        from taskhub.tasks import live
+
+        live.register()

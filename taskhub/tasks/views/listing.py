@@ -1,13 +1,201 @@
-from django.shortcuts import render
+"""The task list, the task detail and Cancel. Thin: permissions decide who sees what, services change things.
+
+A task the user may not see answers 404, as if it did not exist (its id says nothing to a stranger).
+"""
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+
+from taskhub.accounts import permissions
+from taskhub.servers.models import Server
+from taskhub.tasks import presenters, services
+from taskhub.tasks.errors import InvalidTransition
+from taskhub.tasks.models import InputRequestState, Task, TaskStatus
+
+PAGE_SIZE = 50
+LIST_TEMPLATE = "tasks/list.html"
+DETAIL_TEMPLATE = "tasks/detail.html"
+
+OTHER = "other"
+OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EXPIRED)
+# (value of ?status=, label, statuses it covers); "" is All.
+TABS = (
+    ("", "All", None),
+    (TaskStatus.WORKING.value, "Working", (TaskStatus.WORKING,)),
+    (TaskStatus.INPUT_REQUIRED.value, "Needs input", (TaskStatus.INPUT_REQUIRED,)),
+    (TaskStatus.COMPLETED.value, "Completed", (TaskStatus.COMPLETED,)),
+    (TaskStatus.FAILED.value, "Failed", (TaskStatus.FAILED,)),
+    (TaskStatus.CANCELLED.value, "Cancelled", (TaskStatus.CANCELLED,)),
+    (OTHER, "Other", OTHER_STATUSES),
+)
+TAB_STATUSES = {value: statuses for value, _, statuses in TABS}
 
 
+class TaskFilterForm(forms.Form):
+    """The filter bar; every field optional. A value that does not fit is reported and left out of the filter."""
+
+    status = forms.ChoiceField(required=False, choices=[(value, label) for value, label, _ in TABS])
+    server = forms.ModelChoiceField(required=False, queryset=Server.objects.none(), empty_label="any server")
+    tool = forms.CharField(required=False, max_length=200)
+    launched_by = forms.CharField(required=False, max_length=150, label="Launched by")
+    q = forms.CharField(required=False, max_length=200, label="Status message contains")
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        visible_servers = Server.objects.filter(pk__in=permissions.tasks_visible_to(user).values("server_id"))
+        self.fields["server"].queryset = visible_servers.order_by("name")
+        for name in ("tool", "launched_by", "q"):
+            self.fields[name].widget.attrs["autocomplete"] = "off"
+
+
+def _require_task_viewer(request):
+    """Anonymous → sign in; a signed-in user who may see no task at all → 403 saying who may."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    roles = permissions.roles_of(request.user)
+    if not (roles.operator or roles.approver):
+        raise PermissionDenied("The task list is for operators, admins and approvers.")
+    return None
+
+
+def _filtered(form: TaskFilterForm, user):
+    tasks = permissions.tasks_visible_to(user)
+    # A bound form's cleaned_data holds the fields that are fine; the others are reported and left out.
+    data = {}
+    if form.is_bound:
+        form.is_valid()
+        data = form.cleaned_data
+    if data.get("server"):
+        tasks = tasks.filter(server=data["server"])
+    if data.get("tool"):
+        tasks = tasks.filter(tool=data["tool"].strip())
+    if data.get("launched_by"):
+        tasks = tasks.filter(launched_by__username=data["launched_by"].strip())
+    if data.get("q"):
+        tasks = tasks.filter(status_message__icontains=data["q"].strip())
+    return tasks, data.get("status") or ""
+
+
+def _query(params: dict, **changes) -> str:
+    merged = {key: value for key, value in {**params, **changes}.items() if value not in ("", None)}
+    return "?" + urlencode(merged) if merged else ""
+
+
+@require_GET
 def task_list(request):
-    return render(request, "web/coming_soon.html", {"title": "Tasks"})
+    refusal = _require_task_viewer(request)
+    if refusal:
+        return refusal
+    form = TaskFilterForm(request.GET or None, user=request.user)
+    tasks, status = _filtered(form, request.user)
+
+    counts = dict(tasks.order_by().values_list("status").annotate(n=Count("id")))
+    filters = {key: request.GET.get(key, "") for key in ("server", "tool", "launched_by", "q")}
+    tabs = [
+        {
+            "value": value,
+            "label": label,
+            "count": sum(counts.values()) if statuses is None else sum(counts.get(s, 0) for s in statuses),
+            "href": _query(filters, status=value),
+            "current": value == status,
+        }
+        for value, label, statuses in TABS
+    ]
+    if status:
+        tasks = tasks.filter(status__in=TAB_STATUSES[status])
+    tasks = tasks.select_related("server", "launched_by").order_by("-created_at")
+    paginator = Paginator(tasks, PAGE_SIZE, allow_empty_first_page=True)
+    page = paginator.get_page(request.GET.get("page"))
+    here = {**filters, "status": status}
+    context = {
+        "form": form,
+        "tabs": tabs,
+        "page": page,
+        "tasks": page.object_list,
+        "status": status,
+        "filtered": any(filters.values()),
+        "previous_href": _query(here, page=page.previous_page_number()) if page.has_previous() else "",
+        "next_href": _query(here, page=page.next_page_number()) if page.has_next() else "",
+        "clear_href": _query({}, status=status),
+    }
+    if request.htmx and not request.htmx.boosted:
+        return render(request, f"{LIST_TEMPLATE}#task-results", context)
+    return render(request, LIST_TEMPLATE, context)
 
 
+# --- detail ------------------------------------------------------------------------------------------
+
+
+def visible_task_or_404(user, task_id) -> Task:
+    task = Task.objects.select_related("server", "launched_by", "cancel_requested_by").filter(pk=task_id).first()
+    if task is None or not permissions.may_see_task(user, task):
+        raise Http404("No such task.")
+    return task
+
+
+def detail_context(task: Task, user) -> dict:
+    """Everything the detail page and its live fragments show; the live renderers call this too."""
+    entries, earlier = presenters.timeline(task)
+    open_requests = [request for request in task.input_requests.all() if request.state == InputRequestState.OPEN]
+    return {
+        "task": task,
+        "may_cancel": permissions.may_cancel(user, task),
+        "cancel_offered": (
+            permissions.may_cancel(user, task)
+            and not task.is_terminal
+            and task.cancel_requested_at is None
+            and task.status != TaskStatus.LAUNCH_UNKNOWN
+        ),
+        "cancel_state": presenters.cancel_state(task),
+        "open_requests": open_requests,
+        "result": presenters.present_result(task.result),
+        "error": presenters.present_error(task.error),
+        "arguments": presenters.pretty_json(task.arguments),
+        "facts": presenters.facts(task),
+        "timeline": entries,
+        "timeline_earlier": earlier,
+    }
+
+
+@require_GET
 def task_detail(request, task_id):
-    return render(request, "web/coming_soon.html", {"title": "Task"})
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    task = visible_task_or_404(request.user, task_id)
+    context = detail_context(task, request.user)
+    if request.htmx and request.GET.get("fragment") == "live":
+        # The page re-syncs after a reconnect: every section, out of band.
+        return render(request, f"{DETAIL_TEMPLATE}#live-sections", {**context, "oob": True})
+    return render(request, DETAIL_TEMPLATE, context)
 
 
+@require_POST
 def task_cancel(request, task_id):
-    return render(request, "web/coming_soon.html", {"title": "Cancel"})
+    if not request.user.is_authenticated:
+        return redirect_to_login(reverse("tasks:detail", args=[task_id]))
+    task = visible_task_or_404(request.user, task_id)
+    if not permissions.may_cancel(request.user, task):
+        raise PermissionDenied("Only operators may cancel tasks.")
+    cancel_error = ""
+    try:
+        task = services.request_cancel(task=task, user=request.user)
+    except InvalidTransition as error:  # TaskAlreadyFinished is one
+        cancel_error = str(error)
+    if request.htmx:
+        task = visible_task_or_404(request.user, task_id)
+        context = {**detail_context(task, request.user), "cancel_error": cancel_error}
+        return render(request, f"{DETAIL_TEMPLATE}#header", context)
+    if cancel_error:
+        messages.error(request, f"The task was not cancelled: {cancel_error}")
+    else:
+        messages.success(request, "Cancel requested: the server is being asked to stop the task.")
+    return redirect("tasks:detail", task_id=task_id)

@@ -1,0 +1,121 @@
+// The task pages: the live list (re-fetch on a signal, highlight what changed, announce politely),
+// clickable rows, and the detail page's re-sync after a reconnect. Loaded only by templates/tasks/*.
+(function () {
+  "use strict";
+
+  var REFRESH_DELAY_MS = 300; // changes that arrive together cost one request
+  var ANNOUNCE_EVERY_MS = 4000; // screen readers hear at most one summary per few seconds
+  var FRESH_CLASS = "is-fresh";
+  var NEW_CLASS = "is-new";
+
+  function results() {
+    return document.getElementById("task-results");
+  }
+
+  // --- the list ----------------------------------------------------------------------------------------
+
+  var versions = {}; // row id -> data-version (the task's updated_at) as last seen on this page
+  var timer = null;
+  var inFlight = false;
+  var again = false;
+  var pending = { created: 0, changed: 0 };
+  var lastAnnounced = 0;
+  var announceTimer = null;
+
+  function remember(container, mark) {
+    var seen = {};
+    var created = 0;
+    var changed = 0;
+    container.querySelectorAll("tr[id^='task-row-']").forEach(function (row) {
+      var before = versions[row.id];
+      var now = row.dataset.version;
+      seen[row.id] = now;
+      if (!mark) return;
+      if (before === undefined) {
+        row.classList.add(NEW_CLASS, FRESH_CLASS);
+        created += 1;
+      } else if (before !== now) {
+        row.classList.add(FRESH_CLASS);
+        changed += 1;
+      }
+    });
+    versions = seen;
+    return { created: created, changed: changed };
+  }
+
+  function announce(summary) {
+    pending.created += summary.created;
+    pending.changed += summary.changed;
+    if (!pending.created && !pending.changed) return;
+    var wait = Math.max(0, lastAnnounced + ANNOUNCE_EVERY_MS - Date.now());
+    if (announceTimer !== null) return;
+    announceTimer = setTimeout(function () {
+      announceTimer = null;
+      var region = document.getElementById("task-live-status");
+      if (!region) return;
+      var parts = [];
+      if (pending.created) parts.push(pending.created + (pending.created === 1 ? " new task" : " new tasks"));
+      if (pending.changed) parts.push(pending.changed + (pending.changed === 1 ? " task changed" : " tasks changed"));
+      region.textContent = "Task list updated: " + parts.join(", ") + ".";
+      pending = { created: 0, changed: 0 };
+      lastAnnounced = Date.now();
+    }, wait);
+  }
+
+  function refresh() {
+    timer = null;
+    if (!results()) return;
+    if (inFlight) {
+      again = true; // one more after this one, so the last change is never missed
+      return;
+    }
+    inFlight = true;
+    // The page's own URL: its filters, its tab, its page number.
+    htmx
+      .ajax("GET", window.location.pathname + window.location.search, {
+        target: "#task-results",
+        swap: "outerHTML",
+      })
+      .finally(function () {
+        inFlight = false;
+        if (again) {
+          again = false;
+          schedule();
+        }
+      });
+  }
+
+  function schedule() {
+    if (timer === null) timer = setTimeout(refresh, REFRESH_DELAY_MS);
+  }
+
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var fragment = event.detail && event.detail.fragment;
+    if (fragment && fragment.id === "tasks-live-signal" && results()) schedule();
+  });
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    if (event.target && event.target.id === "task-results") announce(remember(event.target, true));
+  });
+
+  document.addEventListener("taskhub:live-resync", function () {
+    if (results()) schedule();
+  });
+
+  // A click anywhere on a row opens the task; the link in the row stays for keyboards and no-JS.
+  document.addEventListener("click", function (event) {
+    var row = event.target.closest("tr[data-href]");
+    if (!row || event.target.closest("a, button, input, select, textarea")) return;
+    if (window.getSelection && String(window.getSelection())) return; // selecting text is not a click
+    if (event.metaKey || event.ctrlKey) {
+      window.open(row.dataset.href, "_blank", "noopener");
+    } else {
+      window.location.assign(row.dataset.href);
+    }
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var container = results();
+    if (container) remember(container, false);
+  });
+})();

@@ -1,0 +1,42 @@
+"""What the task pages receive over the live socket (registered in TasksConfig.ready()).
+
+- The list (FragmentKind.TASKS, for those who see every task; and FragmentKind.INBOX, so an approver's list of
+  their servers' tasks follows too): a small signal, `<template id="tasks-live-signal" hx-swap-oob="none:body">`.
+  Its target, body, exists on every page, so htmx never reports a missing oob target wherever the user is, and
+  the swap style `none` changes nothing. static/taskhub/tasks.js on the list page hears it (htmx:oobBeforeSwap)
+  and re-fetches the table and the tab counts with the page's own filters and page number, then highlights the
+  rows whose version changed. Sending rows themselves could not respect the filters, the tabs or the paging.
+- The detail page (FragmentKind.TASK, only for a connection watching that task, which the consumer grants only
+  to who may see it): every live section of the page, out of band, from the page's own template.
+"""
+
+from django.template.loader import render_to_string
+
+from taskhub.accounts import permissions
+from taskhub.live.fragments import FragmentKind, register_task_fragment
+
+LIST_TEMPLATE = "tasks/list.html"
+DETAIL_TEMPLATE = "tasks/detail.html"
+
+
+def list_signal(task, user) -> str:
+    return render_to_string(f"{LIST_TEMPLATE}#live-signal", {"task": task})
+
+
+def list_signal_for_approver(task, user) -> str:
+    # Someone who sees every task hears it through FragmentKind.TASKS already: one signal is enough.
+    return "" if permissions.sees_all_tasks(user) else list_signal(task, user)
+
+
+def detail_sections(task, user) -> str:
+    from taskhub.tasks.views.listing import detail_context
+
+    if not permissions.may_see_task(user, task):  # the consumer checked already; a page never relies on that alone
+        return ""
+    return render_to_string(f"{DETAIL_TEMPLATE}#live-sections", {**detail_context(task, user), "oob": True})
+
+
+def register() -> None:
+    register_task_fragment(FragmentKind.TASKS, list_signal)
+    register_task_fragment(FragmentKind.INBOX, list_signal_for_approver)
+    register_task_fragment(FragmentKind.TASK, detail_sections)

@@ -1,0 +1,331 @@
+"""What the task pages show, shaped from what an MCP server sent: results, errors, the timeline, protocol facts.
+
+Everything here is untrusted input from a server. These functions never mark anything safe: they return plain
+values that the templates autoescape, cap every long text, and never fail on an odd shape (a `content` that is
+not a list, an item that is not a dict, base64 that does not decode…): an unexpected value is shown as JSON.
+"""
+
+import base64
+import binascii
+import datetime
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from taskhub.tasks.models import Task, TaskStatus
+
+TEXT_CAP = 20_000  # characters of one text item, embedded resource text, or JSON shown
+JSON_CAP = 20_000
+EVENT_DATA_CAP = 300  # the compact JSON of one timeline entry
+IMAGE_CAP_BYTES = 2 * 1024 * 1024  # decoded bytes of one inline image
+CONTENT_ITEMS_CAP = 100
+TIMELINE_CAP = 500
+# Raster types only: an SVG can carry script, so it is never shown inline.
+INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+CLICKABLE_SCHEMES = frozenset({"http", "https"})
+
+
+@dataclass
+class Capped:
+    text: str
+    truncated: bool = False
+    total: int = 0
+
+
+def cap(text: Any, limit: int = TEXT_CAP) -> Capped:
+    text = text if isinstance(text, str) else ("" if text is None else str(text))
+    if len(text) <= limit:
+        return Capped(text, False, len(text))
+    return Capped(text[:limit], True, len(text))
+
+
+def pretty_json(value: Any, limit: int = JSON_CAP) -> Capped:
+    try:
+        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return cap(text, limit)
+
+
+def compact_json(value: Any, limit: int = EVENT_DATA_CAP) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _base64_size(data: Any) -> int | None:
+    """Decoded size of base64 text, or None when it is not base64."""
+    if not isinstance(data, str):
+        return None
+    stripped = data.strip()
+    if len(stripped) % 4:
+        return None
+    padding = stripped[-2:].count("=")
+    return len(stripped) // 4 * 3 - padding
+
+
+def _mime(value: Any) -> str:
+    return value.split(";", 1)[0].strip().lower() if isinstance(value, str) else ""
+
+
+def clickable_url(uri: Any) -> str | None:
+    """The URI when it is a plain web address (http/https with a host); None for javascript:, data:, file: …"""
+    if not isinstance(uri, str):
+        return None
+    try:
+        parts = urlsplit(uri.strip())
+    except ValueError:
+        return None
+    if parts.scheme.lower() in CLICKABLE_SCHEMES and parts.netloc:
+        return uri.strip()
+    return None
+
+
+@dataclass
+class ContentItem:
+    kind: str  # text, image, image_refused, audio, resource_link, resource_text, resource_blob, unknown
+    text: Capped | None = None
+    mime: str = ""
+    size: int | None = None
+    data_url: str = ""
+    reason: str = ""
+    name: str = ""
+    uri: str = ""
+    href: str | None = None
+    description: str = ""
+    raw: Capped | None = None
+
+
+def _image(item: dict) -> ContentItem:
+    mime = _mime(item.get("mimeType"))
+    data = item.get("data")
+    size = _base64_size(data)
+    if mime not in INLINE_IMAGE_TYPES:
+        shown = mime or "no type"
+        return ContentItem("image_refused", mime=mime, size=size, reason=f"images of type {shown} are not shown")
+    if size is None:
+        return ContentItem("image_refused", mime=mime, reason="the image data is not valid base64")
+    if size > IMAGE_CAP_BYTES:
+        return ContentItem(
+            "image_refused", mime=mime, size=size, reason=f"the image is larger than {IMAGE_CAP_BYTES // 1024} KiB"
+        )
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return ContentItem("image_refused", mime=mime, reason="the image data is not valid base64")
+    return ContentItem("image", mime=mime, size=size, data_url=f"data:{mime};base64,{data.strip()}")
+
+
+def _resource(item: dict) -> ContentItem:
+    resource = item.get("resource")
+    if not isinstance(resource, dict):
+        return ContentItem("unknown", raw=pretty_json(item))
+    uri = resource.get("uri") if isinstance(resource.get("uri"), str) else ""
+    mime = resource.get("mimeType") if isinstance(resource.get("mimeType"), str) else ""
+    if isinstance(resource.get("text"), str):
+        return ContentItem("resource_text", uri=cap(uri, 2000).text, mime=mime, text=cap(resource["text"]))
+    if "blob" in resource:
+        return ContentItem("resource_blob", uri=cap(uri, 2000).text, mime=mime, size=_base64_size(resource["blob"]))
+    return ContentItem("unknown", raw=pretty_json(item))
+
+
+def content_item(item: Any) -> ContentItem:
+    if not isinstance(item, dict):
+        return ContentItem("unknown", raw=pretty_json(item))
+    kind = item.get("type")
+    if kind == "text":
+        return ContentItem("text", text=cap(item.get("text")))
+    if kind == "image":
+        return _image(item)
+    if kind == "audio":
+        return ContentItem("audio", mime=_mime(item.get("mimeType")), size=_base64_size(item.get("data")))
+    if kind == "resource_link":
+        uri = item.get("uri") if isinstance(item.get("uri"), str) else ""
+        name = item.get("title") or item.get("name") or uri
+        return ContentItem(
+            "resource_link",
+            name=cap(name if isinstance(name, str) else str(name), 500).text,
+            uri=cap(uri, 2000).text,
+            href=clickable_url(uri) if len(uri) <= 2000 else None,
+            mime=item.get("mimeType") if isinstance(item.get("mimeType"), str) else "",
+            description=cap(item.get("description") or "", 2000).text,
+        )
+    if kind == "resource":
+        return _resource(item)
+    return ContentItem("unknown", raw=pretty_json(item))
+
+
+@dataclass
+class ResultView:
+    is_error: bool = False
+    items: list[ContentItem] = field(default_factory=list)
+    items_left_out: int = 0
+    structured: Capped | None = None
+    raw: Capped | None = None  # a result that is not an object at all
+
+
+def present_result(result: Any) -> ResultView | None:
+    if result is None:
+        return None
+    if not isinstance(result, dict):
+        return ResultView(raw=pretty_json(result))
+    view = ResultView(is_error=result.get("isError") is True)
+    content = result.get("content")
+    if isinstance(content, list):
+        view.items = [content_item(item) for item in content[:CONTENT_ITEMS_CAP]]
+        view.items_left_out = max(0, len(content) - CONTENT_ITEMS_CAP)
+    elif content is not None:
+        view.items = [ContentItem("unknown", raw=pretty_json(content))]
+    if "structuredContent" in result:
+        view.structured = pretty_json(result["structuredContent"])
+    return view
+
+
+@dataclass
+class ErrorView:
+    code: str = ""
+    message: Capped | None = None
+    data: Capped | None = None
+
+
+def present_error(error: Any) -> ErrorView | None:
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        return ErrorView(message=cap(compact_json(error, TEXT_CAP)))
+    code = error.get("code")
+    return ErrorView(
+        code="" if code is None else cap(str(code), 100).text,
+        message=cap(error.get("message")) if error.get("message") is not None else None,
+        data=pretty_json(error["data"]) if "data" in error else None,
+    )
+
+
+# --- the timeline ------------------------------------------------------------------------------------
+
+_STATUS_VALUES = frozenset(TaskStatus.values)
+
+
+def event_status(action: str, data: Any) -> str:
+    """The task status an audit event records, for the colour of its dot; "" when it records none."""
+    data = data if isinstance(data, dict) else {}
+    status = ""
+    if action in ("task.status_changed", "task.expired"):
+        status = data.get("to") or ("expired" if action == "task.expired" else "")
+    elif action == "task.launch_answered":
+        outcome = data.get("outcome")
+        status = {"complete": "failed" if data.get("is_error") else "completed", "input_required": "input_required"}
+        status = status.get(outcome) or data.get("status") or ""
+    elif action == "task.launched":
+        status = TaskStatus.LAUNCHING
+    elif action == "task.launch_unknown":
+        status = TaskStatus.LAUNCH_UNKNOWN
+    elif action == "task.launch_failed":
+        status = TaskStatus.FAILED
+    elif action == "task.input_requested":
+        status = TaskStatus.INPUT_REQUIRED
+    return str(status) if status in _STATUS_VALUES else ""
+
+
+@dataclass
+class TimelineEntry:
+    id: int
+    time: datetime.datetime
+    actor: str
+    action: str
+    description: str
+    status: str
+    data: str
+
+
+def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
+    """Every audit event of the task, newest last (the latest TIMELINE_CAP), and how many earlier were left out."""
+    from taskhub.audit.models import AuditEvent
+
+    events = AuditEvent.objects.filter(task_id=task.pk)
+    total = events.count()
+    newest = list(events.order_by("-time", "-id")[:TIMELINE_CAP])
+    newest.reverse()
+    return [
+        TimelineEntry(
+            id=event.pk,
+            time=event.time,
+            actor=event.actor_label,
+            action=event.action,
+            description=event.description,
+            status=event_status(event.action, event.data),
+            data=compact_json(event.data) if event.data else "",
+        )
+        for event in newest
+    ], max(0, total - len(newest))
+
+
+# --- protocol facts ----------------------------------------------------------------------------------
+
+
+def parse_remote_time(value: str) -> datetime.datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+def duration_words(ms: int | None) -> str:
+    if not ms:
+        return ""
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.3g} min"
+    if seconds < 86400:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 86400:.3g} days"
+
+
+@dataclass
+class Facts:
+    remote_created: datetime.datetime | None
+    expires: datetime.datetime | None
+    ttl: str
+    poll_interval: str
+    next_poll: datetime.datetime | None
+
+
+def facts(task: Task) -> Facts:
+    created = parse_remote_time(task.remote_created_at)
+    expires = created + datetime.timedelta(milliseconds=task.ttl_ms) if created and task.ttl_ms else None
+    try:
+        next_poll = task.poll.next_poll_at
+    except Task.poll.RelatedObjectDoesNotExist:
+        next_poll = None
+    return Facts(
+        remote_created=created,
+        expires=expires,
+        ttl=duration_words(task.ttl_ms),
+        poll_interval=duration_words(task.poll_interval_ms),
+        next_poll=next_poll,
+    )
+
+
+# --- the cancel line of the header -------------------------------------------------------------------
+
+
+def cancel_state(task: Task) -> str:
+    """ "" (no cancel asked), "requested" (until the task ends), "cancelled" (it ended as asked),
+    "finished_anyway" (it completed or failed after the request), "ended" (expired after the request)."""
+    if task.cancel_requested_at is None:
+        return ""
+    if not task.is_terminal:
+        return "requested"
+    if task.status == TaskStatus.CANCELLED:
+        return "cancelled"
+    if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+        return "finished_anyway"
+    return "ended"

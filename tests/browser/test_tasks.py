@@ -1,0 +1,239 @@
+"""The task list and the task detail in a real browser, following changes made through the services live.
+
+daphne runs in a subprocess; the changes are made in this process, so both use one Redis channel layer
+(a database number of its own, so other runs on the same Redis do not hear these messages).
+"""
+
+import asyncio
+import base64
+import datetime
+import os
+import random
+import re
+import struct
+import threading
+import zlib
+
+import pytest
+from account_fixtures import TEST_PASSWORD, make_user
+from browser_fixtures import screenshot, sign_in
+from channels_redis.core import RedisChannelLayer
+from playwright.sync_api import expect
+
+from taskhub.accounts.groups import OPERATORS
+from taskhub.live import publish
+from taskhub.mcp.client import TaskCreated
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.services import create_server
+from taskhub.settings import channel_layers_from_env
+from taskhub.tasks import services
+from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
+
+pytestmark = pytest.mark.slow
+
+
+def png(width: int = 240, height: int = 80) -> str:
+    """A small real PNG (a blue-to-green gradient), base64, as a tool would return it."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(
+        b"\x00" + b"".join(bytes((40, 90 + 120 * x // width, 200 - 120 * x // width)) for x in range(width))
+        for _ in range(height)
+    )
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return base64.b64encode(data).decode()
+
+
+CREATED = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+HOSTILE = '<img src=x onerror="window.__xss = 1">'
+
+
+def snapshot(remote_id: str, status: str = "working", **fields) -> TaskSnapshot:
+    base = {"taskId": remote_id, "status": status, "createdAt": CREATED, "ttlMs": 3_600_000}
+    return TaskSnapshot.model_validate({**base, **fields})
+
+
+@pytest.fixture
+def shared_redis_layer(monkeypatch):
+    """REDIS_URL for the daphne started after this, and the same layer for this process's publishes."""
+    if not redis_is_up(LOCAL_REDIS_URL):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("no Redis on 127.0.0.1:6379")
+    url = f"{LOCAL_REDIS_URL.rsplit('/', 1)[0]}/{random.randint(8, 15)}"
+    monkeypatch.setenv("REDIS_URL", url)
+    monkeypatch.setenv("REDIS_CHANNEL_PREFIX", f"taskhub-tasks-pages-{random.randrange(10**9)}")
+    # Built by the settings' own function, so this process and daphne agree on hosts and prefix.
+    layer = RedisChannelLayer(**channel_layers_from_env()["default"]["CONFIG"])
+    monkeypatch.setattr(publish, "get_channel_layer", lambda: layer)
+    yield layer
+    # Playwright keeps a loop running in this thread; the flush gets a thread and a loop of its own.
+    cleaner = threading.Thread(target=lambda: asyncio.run(layer.flush()))
+    cleaner.start()
+    cleaner.join(timeout=10)
+
+
+@pytest.fixture
+def live_site(shared_redis_layer, daphne_server):
+    """daphne and this test process on one Redis channel layer, so a service call here reaches the browser."""
+    return daphne_server
+
+
+# Not these pages' doing: base.html's nav has no inbox badge for a non-approver, but the nav counts fragment
+# always carries one (reported to the lead); browsers ask for /favicon.ico, which taskhub does not serve.
+FOREIGN_ERRORS = ("htmx:oobErrorNoTarget, #nav-inbox-count",)
+
+
+@pytest.fixture
+def console_errors():
+    """Console errors and failed requests of the pages watched, except FOREIGN_ERRORS and the favicon."""
+    errors: list[str] = []
+
+    def on_console(message):
+        if message.type == "error" and message.text not in FOREIGN_ERRORS and "Failed to load" not in message.text:
+            errors.append(message.text)
+
+    def on_response(response):
+        if response.status >= 400 and not response.url.endswith("/favicon.ico"):
+            errors.append(f"{response.status} {response.url}")
+
+    def watch(page):
+        page.on("console", on_console)
+        page.on("response", on_response)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        return page
+
+    watch.errors = errors
+    return watch
+
+
+def durable(server, user, tool: str, remote_id: str, **fields):
+    task = services.launch(server=server, tool=tool, arguments={"target": "prod", "dry_run": False}, user=user)
+    return services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(remote_id, **fields)))
+
+
+def wait_until_live(page):
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+
+
+def test_the_list_follows_changes_and_new_tasks_without_a_reload(live_site, new_page, console_errors):
+    olga = make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    beta = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
+    first = durable(alpha, olga, "deploy", "r-1", statusMessage="copying files (1/3)")
+    durable(beta, olga, "backup", "r-2", statusMessage="snapshotting volumes")
+    done = durable(alpha, olga, "report", "r-3")
+    services.apply_snapshot(
+        task=done, snapshot=snapshot("r-3", "completed", result={"content": [{"type": "text", "text": "ok"}]})
+    )
+
+    page = console_errors(new_page())
+    sign_in(page, live_site.url, "olga", TEST_PASSWORD)
+    page.goto(f"{live_site.url}/tasks/")
+    wait_until_live(page)
+    page.evaluate("window.__sameDocument = true")
+    row = page.locator(f"#task-row-{first.pk}")
+    expect(row).to_contain_text("copying files (1/3)")
+    expect(page.locator("[data-tab='all'] .count")).to_have_text("3")
+
+    # a change made through the services: the row updates in place, highlighted, and is announced
+    services.apply_snapshot(task=first, snapshot=snapshot("r-1", statusMessage=f"copying files (2/3) {HOSTILE}"))
+    expect(row).to_contain_text(f"copying files (2/3) {HOSTILE}")
+    expect(row).to_have_class(re.compile(r"\bis-fresh\b"))
+    expect(page.locator("#task-live-status")).to_have_text("Task list updated: 1 task changed.", timeout=8000)
+
+    # a new task slides in at the top, and the counts follow
+    newest = services.launch(server=beta, tool="migrate", arguments={}, user=olga)
+    expect(page.locator("tbody tr").first).to_have_id(f"task-row-{newest.pk}")
+    expect(page.locator("tbody tr").first).to_have_class(re.compile(r"\bis-new\b"))
+    screenshot(page, "tasks-list-live-highlight")
+    expect(page.locator("[data-tab='all'] .count")).to_have_text("4")
+    expect(page.locator("[data-tab='other'] .count")).to_have_text("1")
+
+    # a filtered page stays filtered: a task of another server does not appear in it
+    page.get_by_label("Server").select_option(label="alpha")
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"/tasks/\?server=\d+"))
+    wait_until_live(page)
+    page.evaluate("window.__sameDocument = true")
+    expect(page.locator("tbody tr")).to_have_count(2)
+    services.launch(server=beta, tool="elsewhere", arguments={}, user=olga)
+    services.apply_snapshot(task=first, snapshot=snapshot("r-1", statusMessage="copying files (3/3)"))
+    expect(row).to_contain_text("copying files (3/3)")
+    expect(page.locator("tbody tr")).to_have_count(2)
+    expect(page.locator("[data-tab='all'] .count")).to_have_text("2")
+
+    assert page.evaluate("window.__sameDocument") is True  # never reloaded
+    assert page.evaluate("window.__xss") is None
+    page.goto(f"{live_site.url}/tasks/")
+    screenshot(page, "tasks-list")
+
+    # on another page the list's live signal changes nothing and logs no error
+    page.goto(f"{live_site.url}/")
+    wait_until_live(page)
+    services.apply_snapshot(task=first, snapshot=snapshot("r-1", statusMessage="elsewhere"))
+    page.wait_for_timeout(800)
+    assert console_errors.errors == [], console_errors.errors
+
+    dark = new_page(color_scheme="dark")
+    sign_in(dark, live_site.url, "olga", TEST_PASSWORD)
+    dark.goto(f"{live_site.url}/tasks/")
+    expect(dark.locator("tbody tr")).to_have_count(5)
+    screenshot(dark, "tasks-list-dark")
+
+
+def test_the_detail_cancels_then_finishes_anyway_without_a_reload(live_site, new_page, console_errors):
+    olga = make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    task = durable(alpha, olga, "deploy", "r-9", statusMessage=f"building {HOSTILE}", pollIntervalMs=2000)
+
+    page = console_errors(new_page())
+    sign_in(page, live_site.url, "olga", TEST_PASSWORD)
+    page.goto(f"{live_site.url}/tasks/{task.pk}/")
+    wait_until_live(page)
+    page.evaluate("window.__sameDocument = true")
+    header = page.locator(f"#task-{task.pk}-header")
+    expect(header.locator(".pill")).to_have_text("working")
+    expect(page.locator(f"#task-{task.pk}-message")).to_contain_text(f"server says: building {HOSTILE}")
+
+    page.get_by_role("button", name="Cancel task").click()
+    expect(header).to_contain_text("Cancel requested by olga")
+    expect(page.get_by_role("button", name="Cancel task")).to_have_count(0)
+    services.apply_snapshot(task=task, snapshot=snapshot("r-9", statusMessage="stopping soon", pollIntervalMs=2000))
+    expect(page.locator(f"#task-{task.pk}-message")).to_contain_text("stopping soon")
+    expect(header).to_contain_text("Cancel requested by olga")
+    screenshot(page, "task-detail-cancel-requested")
+
+    result = {
+        "content": [
+            {"type": "text", "text": "Deployed 3 services.\n<script>window.__xss = 1</script>"},
+            {"type": "image", "mimeType": "image/png", "data": png()},
+            {"type": "resource_link", "name": "release notes", "uri": "https://example.com/notes"},
+            {"type": "resource_link", "name": "sneaky", "uri": "javascript:window.__xss=1"},
+        ],
+        "structuredContent": {"services": ["api", "web", "worker"], "duration_s": 42},
+    }
+    services.apply_snapshot(task=task, snapshot=snapshot("r-9", "completed", statusMessage="all done", result=result))
+    expect(header.locator(".pill")).to_have_text("completed")
+    expect(header).to_contain_text("Finished anyway")
+    result_section = page.locator(f"#task-{task.pk}-result")
+    expect(result_section).to_contain_text("<script>window.__xss = 1</script>")
+    expect(result_section.locator("img.result-image")).to_be_visible()
+    expect(result_section.get_by_role("link", name="https://example.com/notes")).to_have_attribute(
+        "rel", "noopener noreferrer"
+    )
+    expect(result_section.get_by_role("link")).to_have_count(1)
+    expect(result_section).to_contain_text('"duration_s": 42')
+    expect(page.locator(f"#task-{task.pk}-timeline .timeline-entry").last).to_contain_text("task status changed")
+
+    assert page.evaluate("window.__sameDocument") is True
+    assert page.evaluate("window.__xss") is None
+    assert console_errors.errors == [], console_errors.errors
+    screenshot(page, "task-detail-completed")
+
+    dark = new_page(color_scheme="dark")
+    sign_in(dark, live_site.url, "olga", TEST_PASSWORD)
+    dark.goto(f"{live_site.url}/tasks/{task.pk}/")
+    expect(dark.locator(f"#task-{task.pk}-header")).to_contain_text("Finished anyway")
+    screenshot(dark, "task-detail-completed-dark")

@@ -1,0 +1,542 @@
+"""Task list, task detail and Cancel: filters, counts, paging, who sees what, cancel, result rendering, live."""
+
+import base64
+import importlib
+import re
+
+import pytest
+from account_fixtures import make_user
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import AnonymousUser, Group
+from django.urls import reverse
+
+from taskhub.accounts import permissions
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.audit.models import AuditEvent
+from taskhub.live.access import access_for
+from taskhub.mcp.client import TaskCreated, ToolCompleted
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.services import create_server
+from taskhub.tasks import live as tasks_live
+from taskhub.tasks import presenters, services
+from taskhub.tasks.models import Task
+from taskhub.tasks.views.listing import PAGE_SIZE
+
+pytestmark = pytest.mark.django_db
+
+PNG_1PX = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360f8cfc0f01f0005000201a5d4a1d70000000049454e44ae426082"
+    )
+).decode()
+SVG = base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"></svg>').decode()
+XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+
+
+def snapshot(status="working", task_id="remote-1", **fields) -> TaskSnapshot:
+    base = {"taskId": task_id, "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
+    return TaskSnapshot.model_validate({**base, **fields})
+
+
+_remote_ids = iter(range(1, 10_000))
+
+
+def durable(server, user, tool="deploy", status="working", **fields) -> Task:
+    """A task launched and made durable through the services, then moved to `status` by a snapshot."""
+    task = services.launch(server=server, tool=tool, arguments={"target": "prod"}, user=user)
+    remote = f"remote-{next(_remote_ids)}"
+    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id=remote)))
+    if status != "working" or fields:
+        services.apply_snapshot(task=task, snapshot=snapshot(status, task_id=remote, **fields))
+        task.refresh_from_db()
+    return task
+
+
+def completed_with(server, user, result: dict) -> Task:
+    task = services.launch(server=server, tool="render", arguments={}, user=user)
+    return services.record_launch_outcome(task=task, outcome=ToolCompleted(result=result))
+
+
+@pytest.fixture
+def alpha():
+    server = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
+    server.approver_groups.set([Group.objects.get_or_create(name="alpha-approvers")[0]])
+    return server
+
+
+@pytest.fixture
+def beta():
+    server = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
+    server.approver_groups.set([Group.objects.get_or_create(name="beta-approvers")[0]])
+    return server
+
+
+@pytest.fixture
+def olga():
+    return make_user("olga", OPERATORS)
+
+
+@pytest.fixture
+def amy():
+    """Approves for alpha only."""
+    return make_user("amy", APPROVERS, "alpha-approvers")
+
+
+@pytest.fixture
+def ben():
+    """Approves for beta only."""
+    return make_user("ben", APPROVERS, "beta-approvers")
+
+
+def signed_in(client, user):
+    client.force_login(user)
+    return client
+
+
+def row_ids(response) -> list[str]:
+    return re.findall(r'id="task-row-([0-9a-f-]+)"', response.content.decode())
+
+
+def tab_counts(response) -> dict[str, int]:
+    html = response.content.decode()
+    return {tab: int(n) for tab, n in re.findall(r'data-tab="(\w+)"[^>]*>[^<]*<span class="count">(\d+)</span>', html)}
+
+
+# --- who sees what -----------------------------------------------------------------------------------
+
+
+def test_tasks_visible_to_follows_the_roles_and_live_access_agrees(alpha, beta, olga, amy, ben):
+    on_alpha, on_beta = durable(alpha, olga), durable(beta, olga)
+    admin, nobody = make_user("alex", ADMINS), make_user("nils")
+    expected = {
+        olga: {on_alpha, on_beta},
+        admin: {on_alpha, on_beta},
+        amy: {on_alpha},
+        ben: {on_beta},
+        nobody: set(),
+        AnonymousUser(): set(),
+    }
+    for user, tasks in expected.items():
+        assert set(permissions.tasks_visible_to(user)) == tasks, user
+        for task in (on_alpha, on_beta):
+            assert permissions.may_see_task(user, task) == (task in tasks), (user, task)
+            assert access_for(user).may_see_task(task) == (task in tasks), (user, task)
+
+
+def test_anonymous_is_sent_to_sign_in(client, alpha, olga):
+    task = durable(alpha, olga)
+    for url in (reverse("tasks:list"), reverse("tasks:detail", args=[task.pk])):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    response = client.post(reverse("tasks:cancel", args=[task.pk]))
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+    assert Task.objects.get(pk=task.pk).cancel_requested_at is None
+
+
+def test_a_user_without_a_role_is_refused_the_list(client, alpha, olga):
+    durable(alpha, olga)
+    response = signed_in(client, make_user("nils")).get(reverse("tasks:list"))
+    assert response.status_code == 403
+    assert "operators, admins and approvers" in response.content.decode()
+
+
+def test_an_approver_lists_only_the_tasks_of_their_servers(client, alpha, beta, olga, amy):
+    on_alpha, on_beta = durable(alpha, olga), durable(beta, olga)
+    response = signed_in(client, amy).get(reverse("tasks:list"))
+    assert response.status_code == 200
+    assert row_ids(response) == [str(on_alpha.pk)]
+    assert tab_counts(response)["all"] == 1
+    # the server filter offers only the servers whose tasks they see
+    assert ">alpha</option>" in response.content.decode() and ">beta</option>" not in response.content.decode()
+    assert client.get(reverse("tasks:detail", args=[on_alpha.pk])).status_code == 200
+    assert client.get(reverse("tasks:detail", args=[on_beta.pk])).status_code == 404
+
+
+def test_a_task_nobody_may_see_is_404_not_403(client, alpha, olga, ben):
+    task = durable(alpha, olga)
+    response = signed_in(client, ben).get(reverse("tasks:detail", args=[task.pk]))
+    assert response.status_code == 404
+    assert "deploy" not in response.content.decode()
+    assert client.get(reverse("tasks:detail", args=["00000000-0000-0000-0000-000000000000"])).status_code == 404
+
+
+# --- the list: filters, counts, paging ---------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed(alpha, beta, olga):
+    wendy = make_user("wendy", OPERATORS)
+    return {
+        "working": durable(alpha, olga, tool="deploy", statusMessage="copying files"),
+        "done": durable(alpha, wendy, tool="backup", status="completed", statusMessage="all copied"),
+        "failed": durable(beta, olga, tool="deploy", status="failed", statusMessage="disk full"),
+        "cancelled": durable(beta, wendy, tool="report", status="cancelled"),
+        "launching": services.launch(server=alpha, tool="deploy", arguments={}, user=olga),
+        "asking": durable(beta, olga, tool="deploy", status="input_required", statusMessage="waiting for Dana"),
+    }
+
+
+def test_the_list_counts_each_status_and_groups_local_states_as_other(client, olga, mixed):
+    response = signed_in(client, olga).get(reverse("tasks:list"))
+    assert response.status_code == 200
+    assert tab_counts(response) == {
+        "all": 6,
+        "working": 1,
+        "input_required": 1,
+        "completed": 1,
+        "failed": 1,
+        "cancelled": 1,
+        "other": 1,
+    }
+    # newest first
+    assert row_ids(response) == [str(task.pk) for task in reversed(list(mixed.values()))]
+
+
+def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, olga, alpha, mixed):
+    client = signed_in(client, olga)
+    response = client.get(reverse("tasks:list"), {"status": "other"})
+    assert row_ids(response) == [str(mixed["launching"].pk)]
+
+    response = client.get(reverse("tasks:list"), {"server": alpha.pk})
+    assert set(row_ids(response)) == {str(mixed[k].pk) for k in ("working", "done", "launching")}
+    assert tab_counts(response)["all"] == 3 and tab_counts(response)["failed"] == 0
+    # the tab links keep the filters (bookmarkable)
+    assert f'href="/tasks/?server={alpha.pk}&amp;status=completed"' in response.content.decode()
+
+    response = client.get(reverse("tasks:list"), {"tool": "deploy", "status": "failed"})
+    assert row_ids(response) == [str(mixed["failed"].pk)]
+
+    response = client.get(reverse("tasks:list"), {"launched_by": "wendy"})
+    assert set(row_ids(response)) == {str(mixed["done"].pk), str(mixed["cancelled"].pk)}
+
+    response = client.get(reverse("tasks:list"), {"q": "COP"})
+    assert set(row_ids(response)) == {str(mixed["working"].pk), str(mixed["done"].pk)}
+    assert 'value="COP"' in response.content.decode()
+
+
+def test_a_filter_value_that_does_not_fit_is_reported_and_left_out(client, olga, mixed):
+    response = signed_in(client, olga).get(reverse("tasks:list"), {"server": "999999", "tool": "deploy"})
+    assert response.status_code == 200
+    assert "Select a valid choice" in response.content.decode()
+    assert len(row_ids(response)) == 4  # the tool filter still applies
+    response = client.get(reverse("tasks:list"), {"status": "bogus"})
+    assert response.status_code == 200 and len(row_ids(response)) == 6
+
+
+def test_the_list_is_paginated_and_the_pages_keep_the_filters(client, alpha, olga):
+    tasks = [services.launch(server=alpha, tool="bulk", arguments={}, user=olga) for _ in range(PAGE_SIZE + 3)]
+    client = signed_in(client, olga)
+    first = client.get(reverse("tasks:list"), {"tool": "bulk"})
+    assert len(row_ids(first)) == PAGE_SIZE
+    assert row_ids(first)[0] == str(tasks[-1].pk)
+    assert 'href="/tasks/?tool=bulk&amp;page=2"' in first.content.decode()
+    second = client.get(reverse("tasks:list"), {"tool": "bulk", "page": 2})
+    assert row_ids(second) == [str(task.pk) for task in reversed(tasks[:3])]
+    assert "Page 2 of 2" in second.content.decode()
+    assert len(row_ids(client.get(reverse("tasks:list"), {"tool": "bulk", "page": "zzz"}))) == PAGE_SIZE
+
+
+def test_the_list_escapes_status_messages_and_keeps_them_to_one_line(client, alpha, olga):
+    durable(alpha, olga, statusMessage=XSS + "x" * 1000)
+    html = signed_in(client, olga).get(reverse("tasks:list")).content.decode()
+    assert "<script>alert" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert "x" * 500 not in html  # truncated in the cell and its title
+
+
+def test_an_htmx_request_gets_only_the_table_and_the_tabs(client, olga, mixed):
+    response = signed_in(client, olga).get(reverse("tasks:list"), {"status": "working"}, headers={"HX-Request": "true"})
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="task-results"')
+    assert "<form" not in html and "<html" not in html
+    assert row_ids(response) == [str(mixed["working"].pk)]
+
+
+def test_empty_list_says_so(client, olga):
+    html = signed_in(client, olga).get(reverse("tasks:list")).content.decode()
+    assert "No tasks yet." in html
+
+
+# --- detail ------------------------------------------------------------------------------------------
+
+
+def test_the_detail_shows_header_message_requests_facts_and_timeline(client, alpha, olga):
+    task = durable(alpha, olga, status="input_required", statusMessage="need a <b>yes</b>", pollIntervalMs=5000)
+    services.apply_snapshot(
+        task=task,
+        snapshot=snapshot(
+            "input_required",
+            task_id=task.remote_task_id,
+            statusMessage="need a <b>yes</b>",
+            pollIntervalMs=5000,
+            inputRequests={
+                "approve": {"method": "elicitation/create", "params": {"message": "Deploy <i>now</i>?"}},
+            },
+        ),
+    )
+    html = signed_in(client, olga).get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    assert f'data-live-watch="{task.pk}"' in html
+    assert "server says:" in html and "need a &lt;b&gt;yes&lt;/b&gt;" in html
+    assert "Cancel task" in html
+    requests = html.split(f'id="task-{task.pk}-requests"')[1].split("</section>")[0]
+    assert "approve" in requests and "Deploy &lt;i&gt;now&lt;/i&gt;?" in requests and 'href="/inbox/"' in requests
+    assert task.remote_task_id in html and "1 min" in html and "5 s" in html  # id, TTL, poll interval
+    timeline = html.split(f'id="task-{task.pk}-timeline"')[1].split("</section>")[0]
+    descriptions = re.findall(r"<strong>([^<]+)</strong>", timeline)
+    assert descriptions == [
+        "tool call launched",
+        "server answered the tool call",
+        "task status changed",
+        "server asked for input",
+    ]
+    assert 'class="timeline-dot dot-input_required"' in timeline
+    assert "&quot;to&quot;: &quot;input_required&quot;" in timeline
+
+
+def test_an_approver_sees_the_detail_but_no_cancel_button(client, alpha, olga, amy):
+    task = durable(alpha, olga)
+    html = signed_in(client, amy).get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    assert "Cancel task" not in html
+
+
+def test_the_timeline_shows_the_latest_events_when_there_are_very_many(alpha, olga, monkeypatch):
+    task = durable(alpha, olga)
+    monkeypatch.setattr(presenters, "TIMELINE_CAP", 2)
+    entries, earlier = presenters.timeline(task)
+    assert [entry.action for entry in entries] == ["task.launched", "task.launch_answered"][-2:]
+    assert earlier == AuditEvent.objects.filter(task_id=task.pk).count() - 2
+
+
+# --- cancel ------------------------------------------------------------------------------------------
+
+
+def test_an_operator_cancels_and_the_page_says_cancel_requested(client, alpha, olga):
+    task = durable(alpha, olga)
+    client = signed_in(client, olga)
+    response = client.post(reverse("tasks:cancel", args=[task.pk]), follow=True)
+    assert response.redirect_chain[-1][0] == reverse("tasks:detail", args=[task.pk])
+    html = response.content.decode()
+    assert "Cancel requested" in html and "by olga" in html
+    assert "Cancel task" not in html  # asked once is enough
+    task.refresh_from_db()
+    assert task.cancel_requested_by == olga
+    assert AuditEvent.objects.filter(task_id=task.pk, action="task.cancel_requested").count() == 1
+
+
+def test_a_task_that_completes_after_a_cancel_says_finished_anyway(client, alpha, olga):
+    task = durable(alpha, olga)
+    services.request_cancel(task=task, user=olga)
+    services.apply_snapshot(task=task, snapshot=snapshot("completed", task_id=task.remote_task_id, result={}))
+    html = signed_in(client, olga).get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    assert "Finished anyway" in html and "Cancel requested" not in html
+
+
+def test_htmx_cancel_gets_the_header_fragment(client, alpha, olga):
+    task = durable(alpha, olga)
+    response = signed_in(client, olga).post(reverse("tasks:cancel", args=[task.pk]), headers={"HX-Request": "true"})
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.lstrip().startswith(f'<header id="task-{task.pk}-header"')
+    assert "Cancel requested" in html
+
+
+def test_cancel_is_refused_to_an_approver_and_to_a_get(client, alpha, olga, amy):
+    task = durable(alpha, olga)
+    client = signed_in(client, amy)
+    assert client.post(reverse("tasks:cancel", args=[task.pk])).status_code == 403
+    assert client.get(reverse("tasks:cancel", args=[task.pk])).status_code == 405
+    task.refresh_from_db()
+    assert task.cancel_requested_at is None
+
+
+def test_cancel_of_a_task_another_approver_cannot_see_is_404(client, alpha, olga, ben):
+    task = durable(alpha, olga)
+    assert signed_in(client, ben).post(reverse("tasks:cancel", args=[task.pk])).status_code == 404
+
+
+def test_cancel_of_a_finished_task_says_why_and_changes_nothing(client, alpha, olga):
+    task = durable(alpha, olga, status="completed", result={"content": []})
+    events_before = AuditEvent.objects.count()
+    client = signed_in(client, olga)
+    response = client.post(reverse("tasks:cancel", args=[task.pk]), follow=True)
+    assert "The task was not cancelled: The task is already completed" in response.content.decode()
+    response = client.post(reverse("tasks:cancel", args=[task.pk]), headers={"HX-Request": "true"})
+    assert 'role="alert">The task was not cancelled: The task is already completed' in response.content.decode()
+    task.refresh_from_db()
+    assert task.cancel_requested_at is None and AuditEvent.objects.count() == events_before
+
+
+def test_cancel_of_a_launch_with_unknown_outcome_is_refused_with_the_reason(client, alpha, olga):
+    task = services.launch(server=alpha, tool="deploy", arguments={}, user=olga)
+    services.mark_launch_unknown(task=task, reason="worker died")
+    client = signed_in(client, olga)
+    assert "Cancel task" not in client.get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    response = client.post(reverse("tasks:cancel", args=[task.pk]), follow=True)
+    assert "no remote task to cancel" in response.content.decode()
+    assert Task.objects.get(pk=task.pk).cancel_requested_at is None
+
+
+# --- results, including hostile ones -----------------------------------------------------------------
+
+
+def result_html(client, alpha, olga, result) -> str:
+    task = completed_with(alpha, olga, result)
+    html = signed_in(client, olga).get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    return html.split(f'id="task-{task.pk}-result"')[1].split("</section>")[0]
+
+
+def test_text_is_shown_literally_and_capped(client, alpha, olga):
+    html = result_html(
+        client, alpha, olga, {"content": [{"type": "text", "text": XSS}, {"type": "text", "text": "y" * 50_000}]}
+    )
+    assert "<script>" not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+    assert "y" * presenters.TEXT_CAP in html and "y" * (presenters.TEXT_CAP + 1) not in html
+    assert f"Cut at {presenters.TEXT_CAP} of 50000 characters" in html
+
+
+def test_raster_images_are_shown_and_svg_is_refused(client, alpha, olga):
+    html = result_html(
+        client,
+        alpha,
+        olga,
+        {
+            "content": [
+                {"type": "image", "mimeType": "image/png", "data": PNG_1PX},
+                {"type": "image", "mimeType": "image/svg+xml", "data": SVG},
+                {"type": "image", "mimeType": "image/png", "data": "not base64!!"},
+                {"type": "image", "mimeType": "image/png", "data": "A" * (presenters.IMAGE_CAP_BYTES * 2)},
+            ]
+        },
+    )
+    assert html.count("<img ") == 1
+    assert f'src="data:image/png;base64,{PNG_1PX}"' in html
+    assert "images of type image/svg+xml are not shown" in html
+    assert SVG not in html
+    assert "not valid base64" in html
+    assert "larger than 2048 KiB" in html
+
+
+def test_links_are_clickable_only_for_http_and_https(client, alpha, olga):
+    html = result_html(
+        client,
+        alpha,
+        olga,
+        {
+            "content": [
+                {"type": "resource_link", "name": "report", "uri": "https://example.com/r?a=1&b=2"},
+                {"type": "resource_link", "name": "evil", "uri": "javascript:alert(1)"},
+                {"type": "resource_link", "name": "local", "uri": "file:///etc/passwd"},
+            ]
+        },
+    )
+    anchors = re.findall(r"<a [^>]*>", html)
+    assert anchors == ['<a href="https://example.com/r?a=1&amp;b=2" rel="noopener noreferrer" target="_blank">']
+    assert "javascript:alert(1)" in html and 'href="javascript' not in html
+    assert "file:///etc/passwd" in html
+
+
+def test_resources_audio_structured_content_and_is_error(client, alpha, olga):
+    html = result_html(
+        client,
+        alpha,
+        olga,
+        {
+            "isError": True,
+            "content": [
+                {"type": "resource", "resource": {"uri": "mem://notes", "mimeType": "text/plain", "text": "<b>n</b>"}},
+                {"type": "resource", "resource": {"uri": "mem://blob", "mimeType": "application/zip", "blob": "AAAA"}},
+                {"type": "audio", "mimeType": "audio/wav", "data": "AAAA"},
+                {"type": "hologram", "beam": 1},
+                "not even an object",
+            ],
+            "structuredContent": {"total": 3, "names": ["<a>", "b"]},
+        },
+    )
+    assert "The tool reported an error" in html
+    assert "&lt;b&gt;n&lt;/b&gt;" in html and "mem://notes" in html
+    assert "Embedded binary resource" in html and "application/zip, 3" in html
+    assert "Audio (audio/wav" in html and "not played here" in html
+    assert "&quot;hologram&quot;" in html and "&quot;not even an object&quot;" in html
+    assert "Structured content" in html and "&quot;names&quot;: [\n    &quot;&lt;a&gt;&quot;," in html
+
+
+def test_odd_results_and_errors_do_not_break_the_page(client, alpha, olga):
+    html = result_html(client, alpha, olga, {"content": "a string, not a list"})
+    assert "a string, not a list" in html
+    task = durable(alpha, olga, status="failed", error={"code": -32603, "message": XSS, "data": {"trace": [1, 2]}})
+    html = client.get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    assert "Error -32603" in html and "&lt;script&gt;" in html and "<script>alert" not in html
+    assert "&quot;trace&quot;" in html
+
+
+# --- live fragments ----------------------------------------------------------------------------------
+
+
+def test_the_list_signal_targets_body_with_no_swap(alpha, olga):
+    task = durable(alpha, olga)
+    html = tasks_live.list_signal(task, olga)
+    assert html == (
+        f'<template id="tasks-live-signal" hx-swap-oob="none:body" data-task="{task.pk}" data-status="working">'
+        "</template>"
+    )
+    # an operator hears it through TASKS already; an approver through INBOX
+    assert tasks_live.list_signal_for_approver(task, olga) == ""
+    assert tasks_live.list_signal_for_approver(task, make_user("amy", APPROVERS)) == html
+
+
+def test_the_detail_renderer_sends_every_section_out_of_band(alpha, olga, ben):
+    task = durable(alpha, olga, statusMessage=XSS)
+    html = tasks_live.detail_sections(task, olga)
+    for section in ("header", "message", "requests", "result", "facts", "timeline"):
+        assert f'id="task-{task.pk}-{section}"' in html
+        assert re.search(rf'id="task-{task.pk}-{section}"[^>]*hx-swap-oob="true"', html), section
+    assert "<script>alert" not in html and "Cancel task" in html
+    assert tasks_live.detail_sections(task, ben) == ""  # never for someone who may not see it
+
+
+def test_the_detail_resync_fragment_is_the_live_sections(client, alpha, olga):
+    task = durable(alpha, olga)
+    response = signed_in(client, olga).get(
+        reverse("tasks:detail", args=[task.pk]), {"fragment": "live"}, headers={"HX-Request": "true"}
+    )
+    html = response.content.decode()
+    assert "<html" not in html and html.count('hx-swap-oob="true"') == 6
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_real_socket_carries_the_list_signal_and_the_detail_sections(alpha, olga):
+    from channels.db import database_sync_to_async
+    from channels.layers import get_channel_layer
+    from django.db import connections
+
+    import taskhub.asgi
+    from tests.test_live import ORIGIN, _socket, session_cookie
+
+    # Rebuilt now that the test settings allow the "testserver" host (the origin validator reads it once).
+    application = importlib.reload(taskhub.asgi).application
+    layer = get_channel_layer()
+    await layer.flush()
+    task = await sync_to_async(durable)(alpha, olga)
+    communicator = _socket(application, await sync_to_async(session_cookie)(olga), ORIGIN)
+    try:
+        accepted, _ = await communicator.connect()
+        assert accepted
+        await communicator.receive_from(timeout=5)  # nav counts on connect
+        await communicator.send_json_to({"watch": str(task.pk)})
+        assert f'id="task-{task.pk}-header" class="task-header status-edge-working" hx-swap-oob="true"' in (
+            await communicator.receive_from(timeout=5)
+        )
+
+        await database_sync_to_async(services.apply_snapshot)(
+            task=task, snapshot=snapshot("working", task_id=task.remote_task_id, statusMessage="half <b>way</b>")
+        )
+        html = await communicator.receive_from(timeout=5)
+        assert f'<template id="tasks-live-signal" hx-swap-oob="none:body" data-task="{task.pk}"' in html
+        assert html.count('id="tasks-live-signal"') == 1
+        assert "half &lt;b&gt;way&lt;/b&gt;" in html and f'id="task-{task.pk}-message"' in html
+        await communicator.disconnect()
+    finally:
+        await layer.flush()
+        await database_sync_to_async(connections.close_all)()
