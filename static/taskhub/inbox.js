@@ -148,7 +148,7 @@
       var form = card.querySelector("form.ir-form");
       if (accept && form) {
         event.preventDefault();
-        form.requestSubmit(accept);
+        accept.click();
       }
       return;
     }

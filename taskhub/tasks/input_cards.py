@@ -51,18 +51,26 @@ def url_target(value: Any) -> UrlTarget:
     if any(ch.isspace() or ord(ch) < 32 for ch in url.strip()):
         return UrlTarget(url=url, host=host, clickable=False, problem="The URL contains spaces or control characters.")
     scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        return UrlTarget(
+            url=url,
+            host=host,
+            clickable=False,
+            problem=f"taskhub opens only https: links, not {scheme or 'scheme-less'}: ones; "
+            "decline or cancel this request.",
+        )
     if not host:
         return UrlTarget(url=url, host="", clickable=False, problem="The URL names no host.")
     if scheme == "https":
         return UrlTarget(url=url, host=host, clickable=True)
     if scheme == "http" and _is_loopback(host):
         return UrlTarget(url=url, host=host, clickable=True)
-    why = "http: is allowed only on this machine (loopback)" if scheme == "http" else f"{scheme or 'no'} scheme"
     return UrlTarget(
         url=url,
         host=host,
         clickable=False,
-        problem=f"taskhub opens only https: links ({why}); decline or cancel this request.",
+        problem="taskhub opens only https: links (http: only on this machine, for development); "
+        "decline or cancel this request.",
     )
 
 
