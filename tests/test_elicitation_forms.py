@@ -95,6 +95,13 @@ def test_choices_with_and_without_titles(prop, choices):
     assert [(c.value, c.label) for c in one(prop).choices] == choices
 
 
+def test_a_required_choice_without_default_starts_on_its_first_option():
+    required = one({"type": "string", "enum": ["a", "b"]}, required=True)
+    assert ([c.selected for c in required.choices], required.placeholder) == ([True, False], False)
+    optional = one({"type": "string", "enum": ["a", "b"]})
+    assert ([c.selected for c in optional.choices], optional.placeholder) == ([False, False], True)
+
+
 def test_submitted_values_are_kept_when_shown_again():
     schema = {
         "type": "object",

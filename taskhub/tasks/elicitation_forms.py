@@ -46,6 +46,7 @@ class FormField:
     attrs: dict[str, str] = field(default_factory=dict)  # minlength, maxlength, min, max, step
     error: str = ""
     problem: str = ""  # for widget "unsupported": why
+    placeholder: bool = False  # for widget "select": an empty first option (optional choices only)
 
     @property
     def form_name(self) -> str:
@@ -170,7 +171,9 @@ def _field(name: str, index: int, prop: Any, required: bool, submitted) -> FormF
             value = raw if submitted is not None else (default if isinstance(default, str) else "")
             for choice in choices:
                 choice.selected = choice.value == value
-            return FormField(widget="select", choices=choices, **common)
+            if required and not any(choice.selected for choice in choices):
+                choices[0].selected = True  # a required choice shows its first option, as a native select does
+            return FormField(widget="select", choices=choices, placeholder=not required, **common)
         fmt = prop.get("format")
         widget = STRING_FORMATS.get(fmt, "text") if isinstance(fmt, str) else "text"
         widget = "datetime" if widget == "datetime-local" else widget
