@@ -7,6 +7,6 @@ class TasksConfig(AppConfig):
     verbose_name = "tasks"
 
     def ready(self) -> None:
-        from taskhub.tasks import live
+        from taskhub.tasks import live, live_inbox  # noqa: F401 - live_inbox registers the inbox's fragments
 
         live.register()

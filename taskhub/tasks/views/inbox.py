@@ -1,9 +1,110 @@
-from django.shortcuts import render
+"""The approver inbox: every open input request the user may answer, oldest first, each answered in its card.
+
+Plain POSTs answer and redirect back (JavaScript off); htmx POSTs get the card back and swap it in place.
+Refusals re-show the card with the user's input and the reasons, and record nothing.
+"""
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from taskhub.accounts.permissions import approver_required, may_answer
+from taskhub.tasks import services
+from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
+from taskhub.tasks.input_cards import card_for, open_requests_for, requests_user_may_see, response_from_post
+from taskhub.tasks.models import InputRequest
+
+INBOX_TEMPLATE = "tasks/inbox.html"
+CARD_TEMPLATE = "tasks/input_request_card.html"
+MAX_INCLUDED = 200
 
 
+@approver_required
+@require_GET
 def inbox(request):
-    return render(request, "web/coming_soon.html", {"title": "Inbox"})
+    # Open requests come from servers the user approves for; may_answer is therefore true for each.
+    requests = list(open_requests_for(request.user))
+    if request.GET.get("fragment") == "cards":
+        # The live re-fetch also asks for cards already on the page, to bring their state up to date.
+        included = _ids(request.GET.get("include", ""))
+        shown = {ir.pk for ir in requests}
+        extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
+        requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
+        cards = [card_for(ir, request.user, may_answer=True) for ir in requests]
+        return render(request, f"{INBOX_TEMPLATE}#card-list", {"cards": cards})
+    cards = [card_for(ir, request.user, may_answer=True) for ir in requests]
+    return render(request, INBOX_TEMPLATE, {"cards": cards})
 
 
+def _ids(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")[:MAX_INCLUDED] if part.strip().isdigit()]
+
+
+@approver_required
+@require_POST
 def answer(request, request_id):
-    return render(request, "web/coming_soon.html", {"title": "Answer"})
+    input_request = get_object_or_404(InputRequest.objects.select_related("task__server"), pk=request_id)
+    if not may_answer(request.user, input_request):
+        raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
+    next_url = _safe_next(request)
+    card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
+    try:
+        response = response_from_post(card, request.POST)
+        services.answer_input(input_request=input_request, response=response, user=request.user)
+    except AnswerRejected as refused:
+        problem = (
+            str(refused)
+            if not refused.field_errors
+            else "The answer was not sent: please correct the fields marked below."
+        )
+        again = card_for(
+            input_request,
+            request.user,
+            may_answer=True,
+            submitted=request.POST,
+            errors=refused.field_errors,
+            form_error=problem,
+            next_url=next_url,
+        )
+        return _refused(request, again, status=400)
+    except AlreadyAnswered as taken:
+        input_request.refresh_from_db()
+        notice = f"{taken.answered_by} answered this first; your answer was not recorded."
+        return _refused(request, card_for(input_request, request.user, may_answer=True, notice=notice), status=409)
+    except InputNoLongerOpen as gone:
+        input_request.refresh_from_db()
+        notice = f"{gone} Nothing more to do here."
+        return _refused(request, card_for(input_request, request.user, may_answer=True, notice=notice), status=409)
+
+    input_request.refresh_from_db()
+    if request.htmx:
+        return render(request, CARD_TEMPLATE, {"card": card_for(input_request, request.user, may_answer=True)})
+    action = (input_request.answer or {}).get("action", "answer")
+    words = {"accept": "Accepted", "decline": "Declined", "cancel": "Cancelled"}.get(action, "Answered")
+    messages.success(
+        request, f"{words}: the answer to {input_request.task.server.name} is recorded and being delivered."
+    )
+    return redirect(next_url or reverse("tasks:inbox"))
+
+
+def _safe_next(request) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        return target
+    return ""
+
+
+def _refused(request, card, *, status: int):
+    """htmx: the card in place (200, so htmx swaps it); a plain POST: the inbox with this card in it."""
+    if request.htmx:
+        return render(request, CARD_TEMPLATE, {"card": card})
+    cards = [card_for(ir, request.user, may_answer=True) for ir in open_requests_for(request.user)]
+    cards = [card if other.pk == card.pk else other for other in cards]
+    if all(other.pk != card.pk for other in cards):
+        cards.insert(0, card)
+    return render(
+        request, INBOX_TEMPLATE, {"cards": cards, "page_notice": card.notice or card.form_error}, status=status
+    )

@@ -1,0 +1,178 @@
+// The inbox: keeps its list of cards current from the live socket, and the keyboard (j/k, Enter, Ctrl+Enter).
+// Cards come from templates/tasks/input_request_card.html; without JavaScript the page still works by plain POSTs.
+(function () {
+  "use strict";
+
+  var REFETCH_GAP_MS = 1000; // at most one re-fetch a second, however many changes arrive
+  var lastSeq = null;
+  var lastFetch = 0;
+  var pending = null;
+  var inFlight = false;
+
+  function inbox() {
+    return document.querySelector(".inbox[data-cards-url]");
+  }
+
+  function list() {
+    return document.getElementById("inbox-cards");
+  }
+
+  function cards() {
+    return Array.prototype.slice.call(document.querySelectorAll(".ir-card"));
+  }
+
+  function announce(text) {
+    var region = document.getElementById("inbox-announce");
+    if (region) region.textContent = text;
+  }
+
+  // --- re-fetching the list ----------------------------------------------------------------------------
+
+  function scheduleRefetch() {
+    if (!inbox()) return;
+    var wait = Math.max(0, lastFetch + REFETCH_GAP_MS - Date.now());
+    if (pending !== null) return;
+    pending = setTimeout(function () {
+      pending = null;
+      refetch();
+    }, wait);
+  }
+
+  function refetch() {
+    var section = inbox();
+    if (!section) return;
+    if (inFlight) {
+      scheduleRefetch();
+      return;
+    }
+    inFlight = true;
+    lastFetch = Date.now();
+    var ids = cards().map(function (card) { return card.dataset.request; });
+    var url = section.dataset.cardsUrl + "&include=" + encodeURIComponent(ids.join(","));
+    fetch(url, { credentials: "same-origin", headers: { "HX-Request": "true" } })
+      .then(function (response) {
+        if (!response.ok) throw new Error("inbox re-fetch: HTTP " + response.status);
+        return response.text();
+      })
+      .then(merge)
+      .catch(function (error) { console.warn(error); })
+      .then(function () { inFlight = false; });
+  }
+
+  // Cards already shown in the same state stay untouched (someone may be typing in them); new ones are added
+  // in order, and those whose state changed are replaced.
+  function merge(html) {
+    var target = list();
+    if (!target) return;
+    var holder = document.createElement("template");
+    holder.innerHTML = html;
+    var fresh = holder.content.querySelectorAll(".ir-card");
+    var added = 0;
+    var previous = null;
+    Array.prototype.forEach.call(fresh, function (card) {
+      var current = document.getElementById(card.id);
+      if (current && current.dataset.state === card.dataset.state) {
+        previous = current;
+        return;
+      }
+      if (current) {
+        current.replaceWith(card);
+      } else if (previous && previous.parentNode === target) {
+        previous.after(card);
+        added += 1;
+      } else {
+        target.prepend(card);
+        added += 1;
+      }
+      if (window.htmx) window.htmx.process(card);
+      previous = card;
+    });
+    if (fresh.length) {
+      var empty = document.getElementById("inbox-empty");
+      if (empty) empty.remove();
+    }
+    if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
+  }
+
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    var marker = document.getElementById("inbox-live");
+    if (!marker || !marker.dataset.seq || marker.dataset.seq === lastSeq) return;
+    lastSeq = marker.dataset.seq;
+    scheduleRefetch();
+  });
+
+  document.body.addEventListener("taskhub:live-resync", function () {
+    scheduleRefetch();
+  });
+
+  // --- keyboard ----------------------------------------------------------------------------------------
+
+  function typingIn(element) {
+    if (!element) return false;
+    var tag = element.tagName;
+    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT" || element.isContentEditable;
+  }
+
+  function focusCard(card) {
+    if (!card) return;
+    card.focus();
+    card.scrollIntoView({ block: "nearest", behavior: "smooth" });
+  }
+
+  function move(step) {
+    var all = cards();
+    if (!all.length) return;
+    var current = document.activeElement ? document.activeElement.closest(".ir-card") : null;
+    var index = all.indexOf(current);
+    if (index < 0) {
+      focusCard(step > 0 ? all[0] : all[all.length - 1]);
+      return;
+    }
+    focusCard(all[Math.min(all.length - 1, Math.max(0, index + step))]);
+  }
+
+  function firstField(card) {
+    return card.querySelector(
+      ".ir-form input:not([type=hidden]):not([disabled]), .ir-form select, .ir-form textarea, .ir-url-open, .ir-form button"
+    );
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (!inbox()) return;
+    var active = document.activeElement;
+    var card = active ? active.closest(".ir-card") : null;
+
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      if (!card) return;
+      var accept = card.querySelector("button[data-accept]");
+      var form = card.querySelector("form.ir-form");
+      if (accept && form) {
+        event.preventDefault();
+        accept.click();
+      }
+      return;
+    }
+    if (event.altKey || event.ctrlKey || event.metaKey || typingIn(active)) return;
+    if (event.key === "j" || event.key === "k") {
+      event.preventDefault();
+      move(event.key === "j" ? 1 : -1);
+    } else if (event.key === "Enter" && card && active === card) {
+      var field = firstField(card);
+      if (field) {
+        event.preventDefault();
+        field.focus();
+      }
+    }
+  });
+
+  // After htmx swaps a card in place (an answer, or a refusal with errors), keep the focus on that card.
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var card = event.detail && event.detail.target;
+    if (!card || !card.id) return;
+    var swapped = document.getElementById(card.id);
+    if (swapped && swapped.classList.contains("ir-card")) {
+      var error = swapped.querySelector("[aria-invalid=true], .has-error input, .has-error select");
+      (error || swapped).focus();
+    }
+  });
+})();

@@ -1,0 +1,492 @@
+"""The approver inbox and answering (taskhub/tasks/views/inbox.py): who sees what, field types, refusals, live cards."""
+
+import re
+
+import pytest
+from account_fixtures import make_user
+from django.contrib.auth.models import Group
+from django.test import Client
+from django.urls import reverse
+
+from taskhub.accounts.groups import APPROVERS, OPERATORS
+from taskhub.audit.models import AuditEvent
+from taskhub.mcp.client import TaskCreated
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.elicitation_forms import FIELD_PREFIX
+from taskhub.tasks.live_inbox import inbox_fragment
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
+
+pytestmark = pytest.mark.django_db
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "title": "Name", "minLength": 2, "maxLength": 10},
+        "email": {"type": "string", "format": "email"},
+        "homepage": {"type": "string", "format": "uri"},
+        "birthday": {"type": "string", "format": "date"},
+        "meeting": {"type": "string", "format": "date-time"},
+        "count": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
+        "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+        "agree": {"type": "boolean", "default": True},
+        "size": {"type": "string", "enum": ["S", "M", "L"], "enumNames": ["Small", "Medium", "Large"]},
+        "colour": {"type": "string", "oneOf": [{"const": "red", "title": "Red"}, {"const": "blue", "title": "Blue"}]},
+        "toppings": {
+            "type": "array",
+            "items": {"type": "string", "anyOf": [{"const": "cheese", "title": "Cheese"}, {"const": "ham"}]},
+            "minItems": 1,
+            "maxItems": 2,
+        },
+    },
+    "required": ["name", "count"],
+}
+FORM = {"method": "elicitation/create", "params": {"message": "Fill in <b>this</b>", "requestedSchema": SCHEMA}}
+URL = {
+    "method": "elicitation/create",
+    "params": {"mode": "url", "message": "Sign in", "url": "https://auth.example/x?y=1"},
+}
+XSS = '<img src=x onerror="alert(1)">'
+
+
+def snapshot(task, status, requests=None) -> TaskSnapshot:
+    data = {"taskId": f"r-{task.id}", "status": status, "ttlMs": None}
+    if requests is not None:
+        data["inputRequests"] = requests
+    return TaskSnapshot.model_validate(data)
+
+
+def task_asking(server, requests, tool="deploy"):
+    """A task launched through services that the server then follows with an input_required snapshot."""
+    task = services.launch(server=server, tool=tool, arguments={}, user=None)
+    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task, "working")))
+    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", requests))
+    return task
+
+
+def request_of(task, key) -> InputRequest:
+    return InputRequest.objects.select_related("task__server").get(task=task, key=key)
+
+
+@pytest.fixture
+def servers():
+    alpha = create_server(name="alpha", transport="http", url="http://alpha.example/mcp", user=None)
+    beta = create_server(name="beta", transport="http", url="http://beta.example/mcp", user=None)
+    alpha.approver_groups.add(Group.objects.create(name="team-alpha"))
+    beta.approver_groups.add(Group.objects.create(name="team-beta"))
+    return alpha, beta
+
+
+@pytest.fixture
+def ada(servers):
+    return make_user("ada", APPROVERS, "team-alpha")
+
+
+@pytest.fixture
+def dana(servers):
+    return make_user("dana", APPROVERS, "team-alpha")
+
+
+@pytest.fixture
+def bob(servers):
+    return make_user("bob", APPROVERS, "team-beta")
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def form_request(servers):
+    return request_of(task_asking(servers[0], {"form": FORM}), "form")
+
+
+def accept(client, input_request, htmx=False, **fields):
+    data = {"action": "accept"}
+    for name, value in fields.items():
+        data[FIELD_PREFIX + name] = value
+    headers = {"HX-Request": "true"} if htmx else {}
+    return client.post(reverse("tasks:answer", args=[input_request.pk]), data, headers=headers)
+
+
+# --- who sees what ---------------------------------------------------------------------------------------------
+
+
+def test_anonymous_users_are_sent_to_sign_in(form_request):
+    for response in (
+        Client().get(reverse("tasks:inbox")),
+        Client().post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline"}),
+    ):
+        assert response.status_code == 302 and response.url.startswith(reverse("accounts:login"))
+    form_request.refresh_from_db()
+    assert form_request.state == InputRequestState.OPEN
+
+
+def test_an_operator_who_is_no_approver_gets_403(form_request):
+    client = client_for(make_user("olga", OPERATORS))
+    assert client.get(reverse("tasks:inbox")).status_code == 403
+    assert client.post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline"}).status_code == 403
+    form_request.refresh_from_db()
+    assert form_request.state == InputRequestState.OPEN
+
+
+def test_the_inbox_lists_open_requests_of_the_users_servers_oldest_first(servers, ada, bob):
+    alpha, beta = servers
+    first = task_asking(alpha, {"first": FORM}, tool="first_tool")
+    task_asking(beta, {"beta-only": FORM}, tool="beta_tool")
+    second = task_asking(alpha, {"second": URL}, tool="second_tool")
+    answered = task_asking(alpha, {"done": FORM}, tool="answered_tool")
+    services.answer_input(input_request=request_of(answered, "done"), response={"action": "decline"}, user=ada)
+
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    ids = re.findall(r'<article class="ir-card[^"]*" id="ir-(\d+)"', page)
+    assert ids == [str(request_of(first, "first").pk), str(request_of(second, "second").pk)]
+    assert "beta_tool" not in page and "answered_tool" not in page
+    assert "first_tool" in page and reverse("tasks:detail", args=[first.id]) in page
+    assert "server says:" in page and "Fill in &lt;b&gt;this&lt;/b&gt;" in page
+
+    bobs = client_for(bob).get(reverse("tasks:inbox")).content.decode()
+    assert "beta_tool" in bobs and "first_tool" not in bobs
+
+
+def test_an_approver_of_another_server_cannot_answer_by_a_forged_post(form_request, bob):
+    response = accept(client_for(bob), form_request, name="Bob", count="2")
+    assert response.status_code == 403
+    form_request.refresh_from_db()
+    assert form_request.state == InputRequestState.OPEN
+    assert not AuditEvent.objects.filter(action="input.answered").exists()
+
+
+def test_an_empty_inbox_is_friendly(ada):
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    assert "Nothing waiting for you" in page
+
+
+def test_the_form_shows_every_field_type_with_defaults_and_required(form_request, ada):
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    pk = form_request.pk
+    for snippet in (
+        f'type="text" id="ir{pk}-f0" name="f:name" value="" required minlength="2" maxlength="10"',
+        'type="email"',
+        'type="url"',
+        'type="date"',
+        'type="datetime-local"',
+        f'type="number" id="ir{pk}-f1" name="f:count" value="2" required step="1" min="1" max="5"',
+        'step="any" min="0" max="1"',
+        'name="f:agree" value="true" checked',
+        '<option value="S">Small</option>',
+        '<option value="red">Red</option>',
+        'name="f:toppings" value="cheese"> <span>Cheese</span>',
+        "Pick at least 1. Pick at most 2.",
+        'value="accept" data-accept',
+        'value="decline" formnovalidate',
+        'value="cancel" formnovalidate',
+    ):
+        assert snippet in page, snippet
+
+
+def test_schema_text_from_the_server_is_escaped(servers, ada):
+    schema = {"type": "object", "properties": {"x": {"type": "string", "title": XSS, "description": XSS}}}
+    task_asking(
+        servers[0], {"k": {"method": "elicitation/create", "params": {"message": XSS, "requestedSchema": schema}}}
+    )
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    assert XSS not in page
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
+
+
+# --- answering --------------------------------------------------------------------------------------------------
+
+
+def test_a_full_accept_is_recorded_with_typed_content_and_redirects(form_request, ada):
+    client = client_for(ada)
+    response = accept(
+        client,
+        form_request,
+        name="Luca",
+        email="luca@example.com",
+        homepage="https://luca.example/",
+        birthday="1990-02-03",
+        meeting="2026-07-28T14:30",
+        count="3",
+        ratio="0.5",
+        agree="true",
+        size="M",
+        colour="blue",
+        toppings=["cheese", "ham"],
+    )
+    assert response.status_code == 302 and response.url == reverse("tasks:inbox")
+    form_request.refresh_from_db()
+    assert form_request.state == InputRequestState.ANSWERED and form_request.answered_by == ada
+    assert form_request.answer == {
+        "action": "accept",
+        "content": {
+            "name": "Luca",
+            "email": "luca@example.com",
+            "homepage": "https://luca.example/",
+            "birthday": "1990-02-03",
+            "meeting": "2026-07-28T14:30:00Z",
+            "count": 3,
+            "ratio": 0.5,
+            "agree": True,
+            "size": "M",
+            "colour": "blue",
+            "toppings": ["cheese", "ham"],
+        },
+    }
+    page = client.get(response.url).content.decode()
+    assert "Accepted: the answer to alpha is recorded" in page
+    assert "Nothing waiting for you" in page
+
+
+def test_an_unchecked_box_is_false_and_empty_optional_fields_are_left_out(form_request, ada):
+    accept(client_for(ada), form_request, name="Luca", count="1", email="", ratio="")
+    form_request.refresh_from_db()
+    assert form_request.answer["content"] == {"name": "Luca", "count": 1, "agree": False}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"count": "2"}, "name", "this field is required"),
+        ({"name": "L", "count": "2"}, "name", "at least 2 characters"),
+        ({"name": "Lucaaaaaaaaaaa", "count": "2"}, "name", "at most 10 characters"),
+        ({"name": "Luca", "count": "2", "email": "nope"}, "email", "email address"),
+        ({"name": "Luca", "count": "2", "homepage": "luca.example"}, "homepage", "absolute URI"),
+        ({"name": "Luca", "count": "2", "birthday": "03/02/1990"}, "birthday", "a date like"),
+        ({"name": "Luca", "count": "2", "meeting": "tomorrow"}, "meeting", "date and time"),
+        ({"name": "Luca", "count": "two"}, "count", "whole number"),
+        ({"name": "Luca", "count": "2.5"}, "count", "whole number"),
+        ({"name": "Luca", "count": "9"}, "count", "at most 5"),
+        ({"name": "Luca", "count": "0"}, "count", "at least 1"),
+        ({"name": "Luca", "count": "2", "ratio": "lots"}, "ratio", "must be a number"),
+        ({"name": "Luca", "count": "2", "ratio": "1.5"}, "ratio", "at most 1"),
+        ({"name": "Luca", "count": "2", "size": "XL"}, "size", "one of S, M, L"),
+        ({"name": "Luca", "count": "2", "colour": "green"}, "colour", "one of red, blue"),
+        ({"name": "Luca", "count": "2", "toppings": ["pineapple"]}, "toppings", "not among the choices"),
+    ],
+)
+def test_each_field_problem_is_shown_inline_with_the_input_kept_and_nothing_recorded(
+    form_request, ada, fields, field, message
+):
+    for htmx in (False, True):
+        response = accept(client_for(ada), form_request, htmx=htmx, **fields)
+        assert response.status_code == (200 if htmx else 400)
+        page = response.content.decode()
+        assert re.search(rf'<p class="field-error" id="ir{form_request.pk}-f\d+-error">[^<]*{re.escape(message)}', page)
+        assert "please correct the fields marked below" in page
+        for name, value in fields.items():
+            if name not in ("size", "colour", "toppings"):  # a choice not offered cannot be shown selected
+                assert f'value="{value}"' in page
+        if htmx:
+            assert page.lstrip().startswith("<article")  # the card alone, swapped in place
+    form_request.refresh_from_db()
+    assert form_request.state == InputRequestState.OPEN
+    assert not AuditEvent.objects.filter(action="input.answered").exists()
+
+
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+def test_decline_and_cancel_send_no_content_and_skip_validation(form_request, ada, action):
+    response = client_for(ada).post(
+        reverse("tasks:answer", args=[form_request.pk]), {"action": action, "f:count": "not a number"}
+    )
+    assert response.status_code == 302
+    form_request.refresh_from_db()
+    assert form_request.answer == {"action": action}
+
+
+def test_an_unknown_action_is_refused(form_request, ada):
+    response = client_for(ada).post(reverse("tasks:answer", args=[form_request.pk]), {"action": "maybe"})
+    assert response.status_code == 400
+    assert "Choose Accept, Decline or Cancel." in response.content.decode()
+    form_request.refresh_from_db()
+    assert form_request.state == InputRequestState.OPEN
+
+
+def test_htmx_answer_returns_the_card_answered_by_you(form_request, ada):
+    response = accept(client_for(ada), form_request, htmx=True, name="Luca", count="2")
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert 'data-state="answered"' in page and "answered by you" in page and "delivering…" in page
+    services.mark_delivered(input_request=form_request)
+    form_request.refresh_from_db()
+    fragment = inbox_fragment(form_request.task, ada)
+    assert "delivered ✓" in fragment and 'hx-swap-oob="true"' in fragment
+
+
+def test_two_approvers_one_wins_the_other_is_told_who(form_request, ada, dana):
+    assert accept(client_for(dana), form_request, name="Dana", count="2").status_code == 302
+    for htmx in (False, True):
+        response = accept(client_for(ada), form_request, htmx=htmx, name="Ada", count="3")
+        page = response.content.decode()
+        assert response.status_code == (200 if htmx else 409)
+        assert "dana answered this first; your answer was not recorded." in page
+        assert "answered by dana" in page and "just now" in page
+    form_request.refresh_from_db()
+    assert (form_request.answered_by, form_request.answer["content"]["name"]) == (dana, "Dana")
+
+
+def test_a_withdrawn_request_says_so(form_request, ada):
+    task = form_request.task
+    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", {"other": URL}))
+    response = client_for(ada).post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline"})
+    assert response.status_code == 409
+    page = response.content.decode()
+    assert "The server no longer asks &#x27;form&#x27;" in page and "withdrawn" in page
+
+
+def test_a_request_of_an_ended_task_says_so(form_request, ada):
+    task = form_request.task
+    services.apply_snapshot(task=task, snapshot=snapshot(task, "completed"))
+    response = client_for(ada).post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline"})
+    assert response.status_code == 409
+    assert "The task ended (completed) before this was answered" in response.content.decode()
+
+
+def test_next_brings_a_plain_post_back_only_to_this_site(form_request, ada):
+    url = reverse("tasks:detail", args=[form_request.task_id])
+    response = client_for(ada).post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline", "next": url})
+    assert response.url == url
+    other = task_asking(form_request.task.server, {"k": FORM})
+    response = client_for(ada).post(
+        reverse("tasks:answer", args=[request_of(other, "k").pk]),
+        {"action": "decline", "next": "https://evil.example/"},
+    )
+    assert response.url == reverse("tasks:inbox")
+
+
+# --- URL mode and other methods ---------------------------------------------------------------------------------
+
+
+def test_a_url_request_shows_host_and_link_without_loading_anything(servers, ada):
+    task_asking(servers[0], {"u": URL})
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    assert '<strong class="ir-host">auth.example</strong>' in page
+    assert "https://auth.example/x?y=1" in page
+    assert 'href="https://auth.example/x?y=1" target="_blank" rel="noopener noreferrer"' in page
+    card = page[page.index('class="ir-card') : page.index("</article>")]
+    assert "<img" not in card and "<iframe" not in card and "prefetch" not in card and "preload" not in card
+    assert card.count("auth.example/x") == 2  # the text and the link, nothing that loads it
+
+
+def test_accepting_a_url_request_is_consent_without_content(servers, ada):
+    request = request_of(task_asking(servers[0], {"u": URL}), "u")
+    response = client_for(ada).post(reverse("tasks:answer", args=[request.pk]), {"action": "accept", "f:x": "1"})
+    assert response.status_code == 302
+    request.refresh_from_db()
+    assert request.answer == {"action": "accept"}
+
+
+@pytest.mark.parametrize(
+    "url", ["http://auth.example/x", "javascript:alert(1)", "data:text/html,hi", "ftp://auth.example/", ""]
+)
+def test_a_non_https_url_is_text_with_a_warning_and_cannot_be_accepted(servers, ada, url):
+    bad = {"method": "elicitation/create", "params": {"mode": "url", "message": "Go", "url": url}}
+    request = request_of(task_asking(servers[0], {"u": bad}), "u")
+    client = client_for(ada)
+    page = client.get(reverse("tasks:inbox")).content.decode()
+    assert "ir-url-open" not in page and 'value="accept"' not in page and "⚠" in page
+    if url:
+        assert 'href="' + url not in page
+    response = client.post(reverse("tasks:answer", args=[request.pk]), {"action": "accept"})
+    assert response.status_code == 400
+    request.refresh_from_db()
+    assert request.state == InputRequestState.OPEN
+    client.post(reverse("tasks:answer", args=[request.pk]), {"action": "decline"})
+    request.refresh_from_db()
+    assert request.answer == {"action": "decline"}
+
+
+def test_http_on_loopback_is_allowed_for_development(servers, ada):
+    local = {"method": "elicitation/create", "params": {"mode": "url", "message": "Go", "url": "http://127.0.0.1:9/cb"}}
+    task_asking(servers[0], {"u": local})
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    assert 'href="http://127.0.0.1:9/cb" target="_blank" rel="noopener noreferrer"' in page
+
+
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {
+            "method": "sampling/createMessage",
+            "params": {"messages": [{"role": "user", "content": XSS}], "maxTokens": 9},
+        },
+        {"method": "roots/list", "params": {}},
+        {"method": "something/new", "params": {"x": 1}},
+    ],
+)
+def test_other_methods_are_shown_as_text_with_no_buttons_and_cannot_be_answered(servers, ada, request_body):
+    request = request_of(task_asking(servers[0], {"o": request_body}), "o")
+    client = client_for(ada)
+    page = client.get(reverse("tasks:inbox")).content.decode()
+    assert "taskhub cannot answer this kind of request here" in page
+    assert 'name="action"' not in page and XSS not in page
+    response = client.post(reverse("tasks:answer", args=[request.pk]), {"action": "decline"})
+    assert response.status_code == 400
+    request.refresh_from_db()
+    assert request.state == InputRequestState.OPEN
+
+
+def test_a_form_taskhub_cannot_render_offers_only_decline_and_cancel(servers, ada):
+    odd = {"method": "elicitation/create", "params": {"message": "?", "requestedSchema": {"properties": ["x"]}}}
+    request = request_of(task_asking(servers[0], {"o": odd}), "o")
+    client = client_for(ada)
+    page = client.get(reverse("tasks:inbox")).content.decode()
+    assert "taskhub cannot render this request; decline or cancel it." in page
+    assert 'value="accept"' not in page and 'value="decline"' in page
+    assert client.post(reverse("tasks:answer", args=[request.pk]), {"action": "accept"}).status_code == 400
+    assert client.post(reverse("tasks:answer", args=[request.pk]), {"action": "cancel"}).status_code == 302
+    request.refresh_from_db()
+    assert request.answer == {"action": "cancel"}
+
+
+# --- the list re-fetch and the live fragment ---------------------------------------------------------------------
+
+
+def test_the_card_list_fragment_adds_cards_asked_for_by_id(servers, ada, dana, bob):
+    alpha, beta = servers
+    answered = request_of(task_asking(alpha, {"a": FORM}), "a")
+    services.answer_input(input_request=answered, response={"action": "decline"}, user=dana)
+    foreign = request_of(task_asking(beta, {"b": FORM}), "b")
+    fresh = request_of(task_asking(alpha, {"c": URL}), "c")
+    response = client_for(ada).get(
+        reverse("tasks:inbox"), {"fragment": "cards", "include": f"{answered.pk},{foreign.pk},x"}
+    )
+    page = response.content.decode()
+    assert page.lstrip().startswith('<div id="inbox-cards"') and "<html" not in page
+    assert re.findall(r'id="ir-(\d+)"', page) == [str(answered.pk), str(fresh.pk)]
+    assert "answered by dana" in page
+
+
+def test_the_live_fragment_replaces_changed_cards_and_asks_for_new_ones(servers, ada, dana):
+    task = task_asking(servers[0], {"first": FORM})
+    first = request_of(task, "first")
+    fragment = inbox_fragment(task, ada)
+    assert 'id="ir-' not in fragment  # an open card is never pushed: someone may be typing in it
+    assert re.search(r'<div id="inbox-live" hx-swap-oob="true" data-seq="[0-9a-f]{32}" hidden></div>', fragment)
+
+    services.answer_input(
+        input_request=first, response={"action": "accept", "content": {"name": "Dana", "count": 2}}, user=dana
+    )
+    fragment = inbox_fragment(task, ada)
+    assert f'id="ir-{first.pk}" data-state="answered"' in fragment and 'hx-swap-oob="true"' in fragment
+    assert "answered by dana" in fragment and "(accepted)" in fragment
+    assert "inbox-live" not in fragment  # nothing open: nothing new to fetch
+    assert "answered by you" in inbox_fragment(task, dana)
+
+    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", {"second": FORM}))
+    fragment = inbox_fragment(task, ada)
+    assert "inbox-live" in fragment
+    services.apply_snapshot(task=task, snapshot=snapshot(task, "cancelled"))
+    second = request_of(task, "second")
+    fragment = inbox_fragment(Task.objects.select_related("server").get(pk=task.pk), ada)
+    assert f'id="ir-{second.pk}" data-state="ended"' in fragment and "The task ended (cancelled)" in fragment
+
+
+def test_the_inbox_renderer_is_registered_for_the_live_socket():
+    from taskhub.live.fragments import FragmentKind, _task_fragments
+
+    assert inbox_fragment in _task_fragments[FragmentKind.INBOX]
