@@ -279,8 +279,10 @@ def test_the_detail_shows_header_message_requests_facts_and_timeline(client, alp
     assert f'data-live-watch="{task.pk}"' in html
     assert "server says:" in html and "need a &lt;b&gt;yes&lt;/b&gt;" in html
     assert "Cancel task" in html
-    requests = html.split(f'id="task-{task.pk}-requests"')[1].split("</section>")[0]
-    assert "approve" in requests and "Deploy &lt;i&gt;now&lt;/i&gt;?" in requests and 'href="/inbox/"' in requests
+    requests = html.split(f'id="task-{task.pk}-requests"')[1].split(f'id="task-{task.pk}-no-requests"')[0]
+    request = task.input_requests.get(key="approve")
+    assert f'id="ir-{request.pk}"' in requests and "Deploy &lt;i&gt;now&lt;/i&gt;?" in requests  # the inbox's card
+    assert f'data-open="{request.pk}"' in requests
     assert task.remote_task_id in html and "1 min" in html and "5 s" in html  # id, TTL, poll interval
     timeline = html.split(f'id="task-{task.pk}-timeline"')[1].split("</section>")[0]
     descriptions = re.findall(r"<strong>([^<]+)</strong>", timeline)
@@ -489,9 +491,11 @@ def test_the_list_signal_targets_body_with_no_swap(alpha, olga):
 def test_the_detail_renderer_sends_every_section_out_of_band(alpha, olga, ben):
     task = durable(alpha, olga, statusMessage=XSS)
     html = tasks_live.detail_sections(task, olga)
-    for section in ("header", "message", "requests", "result", "facts", "timeline"):
+    for section in ("header", "message", "requests-signal", "result", "facts", "timeline"):
         assert f'id="task-{task.pk}-{section}"' in html
         assert re.search(rf'id="task-{task.pk}-{section}"[^>]*hx-swap-oob="true"', html), section
+    # The requests section itself is never replaced live: someone may be typing an answer in it.
+    assert f'id="task-{task.pk}-requests"' not in html
     assert "<script>alert" not in html and "Cancel task" in html
     assert tasks_live.detail_sections(task, ben) == ""  # never for someone who may not see it
 

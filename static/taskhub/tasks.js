@@ -119,3 +119,54 @@
     if (container) remember(container, false);
   });
 })();
+
+// The task page's answer cards. Live updates never replace the section (someone may be typing in a card):
+// closed cards arrive by id, out of band; the requests signal lists the open ones, and cards this page does not
+// show yet are fetched and added in order, leaving the others alone.
+(function () {
+  "use strict";
+
+  function shownIds(list) {
+    return Array.prototype.map.call(list.querySelectorAll(":scope > [data-request]"), function (card) {
+      return card.dataset.request;
+    });
+  }
+
+  function addMissingCards(signal) {
+    var taskSection = signal.closest("section");
+    if (!taskSection) return;
+    var list = taskSection.querySelector(".request-cards");
+    var open = (signal.dataset.open || "").split(" ").filter(Boolean);
+    var count = taskSection.querySelector("[id$='-requests-count']");
+    var none = taskSection.querySelector("[id$='-no-requests']");
+    if (count) count.textContent = String(open.length);
+    if (none) none.hidden = open.length > 0;
+    if (!list) return;
+    var shown = shownIds(list);
+    var missing = open.filter(function (id) { return shown.indexOf(id) < 0; });
+    if (!missing.length) return;
+    fetch(signal.dataset.cardsUrl, { headers: { "HX-Request": "true" }, credentials: "same-origin" })
+      .then(function (response) { return response.ok ? response.text() : ""; })
+      .then(function (html) {
+        if (!html) return;
+        var fetched = new DOMParser().parseFromString(html, "text/html").querySelector(".request-cards");
+        if (!fetched) return;
+        var present = shownIds(list);
+        Array.prototype.forEach.call(fetched.querySelectorAll(":scope > [data-request]"), function (card) {
+          if (present.indexOf(card.dataset.request) >= 0) return;
+          var imported = document.importNode(card, true);
+          list.appendChild(imported);
+          if (window.htmx) window.htmx.process(imported);
+        });
+      });
+  }
+
+  document.addEventListener("htmx:oobAfterSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    // The swapped-out element is detached by now: work on the new one, found by its id.
+    if (target && target.id && /-requests-signal$/.test(target.id)) {
+      var signal = document.getElementById(target.id);
+      if (signal) addMissingCards(signal);
+    }
+  });
+})();

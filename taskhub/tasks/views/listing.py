@@ -19,11 +19,13 @@ from taskhub.accounts import permissions
 from taskhub.servers.models import Server
 from taskhub.tasks import presenters, services
 from taskhub.tasks.errors import InvalidTransition
+from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequestState, Task, TaskStatus
 
 PAGE_SIZE = 50
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
+CLOSED_CARDS_SENT = 20
 
 OTHER = "other"
 OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EXPIRED)
@@ -145,7 +147,13 @@ def visible_task_or_404(user, task_id) -> Task:
 def detail_context(task: Task, user) -> dict:
     """Everything the detail page and its live fragments show; the live renderers call this too."""
     entries, earlier = presenters.timeline(task)
-    open_requests = [request for request in task.input_requests.all() if request.state == InputRequestState.OPEN]
+    requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
+    for input_request in requests:
+        input_request.task = task
+    here = reverse("tasks:detail", args=[task.pk])
+    open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
+    # Cards closed lately replace their open version wherever a page still shows it (the newest few suffice).
+    closed = [ir for ir in requests if ir not in open_requests][-CLOSED_CARDS_SENT:]
     return {
         "task": task,
         "may_cancel": permissions.may_cancel(user, task),
@@ -157,6 +165,8 @@ def detail_context(task: Task, user) -> dict:
         ),
         "cancel_state": presenters.cancel_state(task),
         "open_requests": open_requests,
+        "request_cards": [card_for(ir, user, next_url=here) for ir in open_requests],
+        "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
         "result": presenters.present_result(task.result),
         "error": presenters.present_error(task.error),
         "arguments": presenters.pretty_json(task.arguments),
@@ -172,6 +182,8 @@ def task_detail(request, task_id):
         return redirect_to_login(request.get_full_path())
     task = visible_task_or_404(request.user, task_id)
     context = detail_context(task, request.user)
+    if request.GET.get("fragment") == "requests":
+        return render(request, f"{DETAIL_TEMPLATE}#input-requests", context)
     if request.htmx and request.GET.get("fragment") == "live":
         # The page re-syncs after a reconnect: every section, out of band.
         return render(request, f"{DETAIL_TEMPLATE}#live-sections", {**context, "oob": True})
