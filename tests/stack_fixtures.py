@@ -13,12 +13,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
 from django.conf import settings
+from django.db import connections
 from django.test import Client
 
 from taskhub.servers.discovery import discover_and_record
@@ -65,9 +67,24 @@ def worker_environment(**extra: str) -> dict[str, str]:
 
 def register_and_discover(demo: DemoServer, user, **options) -> Server:
     server = create_server(name=options.pop("name", f"demo-{demo.port}"), transport="http", url=demo.url, user=user)
-    discover_and_record(server=server, user=user)
+    in_own_thread(discover_and_record, server=server, user=user)
     server.refresh_from_db()
     return server
+
+
+def in_own_thread(function, **kwargs):
+    """Run sync code that may use async_to_sync on a thread of its own: Playwright keeps an event loop
+    running in the test's thread. The thread's database connection is closed, or the test database could
+    not be dropped at the end."""
+
+    def call():
+        try:
+            return function(**kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
 
 
 def session_cookie_for(user) -> str:

@@ -17,7 +17,7 @@ from browser_fixtures import screenshot, sign_in
 from django.conf import settings
 from django.contrib.auth.models import Group
 from playwright.sync_api import Page, expect
-from stack_fixtures import LiveStack, running_stack, session_cookie_for
+from stack_fixtures import LiveStack, in_own_thread, running_stack, session_cookie_for
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.demo.scripts import MARKUP_PAYLOADS
@@ -226,8 +226,11 @@ def test_the_live_socket_refuses_strangers_and_foreign_origins(stack, people):
             except aiohttp.WSServerHandshakeError as error:
                 return "refused", error.status
 
+    def attempt(origin: str, cookies: dict[str, str]) -> tuple[str, int | None]:
+        return in_own_thread(asyncio.run, main=handshake(origin, cookies))  # Playwright's loop runs in this thread
+
     signed_in_cookie = {settings.SESSION_COOKIE_NAME: cookie}
-    assert asyncio.run(handshake(stack.url, signed_in_cookie)) == ("open", None)
-    assert asyncio.run(handshake("http://evil.example", signed_in_cookie)) == ("refused", 403)
+    assert attempt(stack.url, signed_in_cookie) == ("open", None)
+    assert attempt("http://evil.example", signed_in_cookie) == ("refused", 403)
     # The consumer closes before accepting, which daphne turns into a refused handshake.
-    assert asyncio.run(handshake(stack.url, {})) == ("refused", 403)
+    assert attempt(stack.url, {}) == ("refused", 403)
