@@ -139,8 +139,7 @@
     var open = (signal.dataset.open || "").split(" ").filter(Boolean);
     var count = taskSection.querySelector("[id$='-requests-count']");
     var none = taskSection.querySelector("[id$='-no-requests']");
-    if (count) count.textContent = String(open.length);
-    if (none) none.hidden = open.length > 0;
+    if (count) count.textContent = open.length + " open";
     if (!list) return;
     var shown = shownIds(list);
     var missing = open.filter(function (id) { return shown.indexOf(id) < 0; });
@@ -158,6 +157,7 @@
           list.appendChild(imported);
           if (window.htmx) window.htmx.process(imported);
         });
+        if (none) none.hidden = list.children.length > 0;
       });
   }
 

@@ -1,5 +1,6 @@
 from django.http import JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -19,3 +20,9 @@ def healthz(request):
     database = database_status()
     healthy = database["ok"]
     return JsonResponse({"status": "ok" if healthy else "error", "database": database}, status=200 if healthy else 503)
+
+
+@require_GET
+def favicon(request):
+    # Browsers ask for /favicon.ico whatever the page declares.
+    return redirect(static("taskhub/favicon.svg"), permanent=True)

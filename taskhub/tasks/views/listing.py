@@ -26,6 +26,7 @@ PAGE_SIZE = 50
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
 CLOSED_CARDS_SENT = 20
+REQUEST_CARDS_SHOWN = 200
 
 OTHER = "other"
 OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EXPIRED)
@@ -152,8 +153,10 @@ def detail_context(task: Task, user) -> dict:
         input_request.task = task
     here = reverse("tasks:detail", args=[task.pk])
     open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
-    # Cards closed lately replace their open version wherever a page still shows it (the newest few suffice).
+    # The page shows every request, answered ones with who answered and when; live, the cards closed lately
+    # replace their open version wherever a page still shows it (the newest few suffice).
     closed = [ir for ir in requests if ir not in open_requests][-CLOSED_CARDS_SENT:]
+    shown = requests[-REQUEST_CARDS_SHOWN:]
     return {
         "task": task,
         "may_cancel": permissions.may_cancel(user, task),
@@ -165,7 +168,7 @@ def detail_context(task: Task, user) -> dict:
         ),
         "cancel_state": presenters.cancel_state(task),
         "open_requests": open_requests,
-        "request_cards": [card_for(ir, user, next_url=here) for ir in open_requests],
+        "request_cards": [card_for(ir, user, next_url=here) for ir in shown],
         "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
         "result": presenters.present_result(task.result),
         "error": presenters.present_error(task.error),
