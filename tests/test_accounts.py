@@ -302,3 +302,11 @@ def test_a_refusal_page_says_who_may_and_who_you_are(client, people, settings):
 
 
 urlpatterns = [*project_urls.urlpatterns, path("only-admins", permissions.admin_required(ok_view))]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_role_groups_come_back_after_a_flush():
+    from django.core.management import call_command
+
+    call_command("flush", interactive=False, verbosity=0)
+    assert set(Group.objects.values_list("name", flat=True)) >= {APPROVERS, OPERATORS, ADMINS}

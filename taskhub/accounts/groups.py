@@ -7,8 +7,12 @@ ROLE_GROUPS = (APPROVERS, OPERATORS, ADMINS)
 
 
 def ensure_role_groups_after_migrate(sender, using, apps=None, **kwargs) -> None:
-    if apps is None or sender.label != "accounts":
+    # Django sends post_migrate only to apps with a models module, which accounts has not: listen for auth's.
+    # `migrate` passes the migration state's apps; `flush` passes none, and then the live registry is right.
+    if sender.label != "auth":
         return
+    if apps is None:
+        from django.apps import apps
     try:
         group_model = apps.get_model("auth", "Group")
     except LookupError:  # auth not migrated in this plan
