@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "procrastinate.contrib.django",
+    "ninja",  # the API's documentation page (static files)
     "taskhub.web",
     "taskhub.accounts",
     "taskhub.servers",

@@ -3,7 +3,6 @@
 A task the user may not see answers 404, as if it did not exist (its id says nothing to a stranger).
 """
 
-from django import forms
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
@@ -16,48 +15,17 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts import permissions
-from taskhub.servers.models import Server
 from taskhub.tasks import presenters, services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequestState, Task, TaskStatus
+from taskhub.tasks.queries import TAB_STATUSES, TABS, TaskFilterForm, filtered_tasks
 
 PAGE_SIZE = 50
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
 CLOSED_CARDS_SENT = 20
 REQUEST_CARDS_SHOWN = 200
-
-OTHER = "other"
-OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EXPIRED)
-# (value of ?status=, label, statuses it covers); "" is All.
-TABS = (
-    ("", "All", None),
-    (TaskStatus.WORKING.value, "Working", (TaskStatus.WORKING,)),
-    (TaskStatus.INPUT_REQUIRED.value, "Needs input", (TaskStatus.INPUT_REQUIRED,)),
-    (TaskStatus.COMPLETED.value, "Completed", (TaskStatus.COMPLETED,)),
-    (TaskStatus.FAILED.value, "Failed", (TaskStatus.FAILED,)),
-    (TaskStatus.CANCELLED.value, "Cancelled", (TaskStatus.CANCELLED,)),
-    (OTHER, "Other", OTHER_STATUSES),
-)
-TAB_STATUSES = {value: statuses for value, _, statuses in TABS}
-
-
-class TaskFilterForm(forms.Form):
-    """The filter bar; every field optional. A value that does not fit is reported and left out of the filter."""
-
-    status = forms.ChoiceField(required=False, choices=[(value, label) for value, label, _ in TABS])
-    server = forms.ModelChoiceField(required=False, queryset=Server.objects.none(), empty_label="any server")
-    tool = forms.CharField(required=False, max_length=200)
-    launched_by = forms.CharField(required=False, max_length=150, label="Launched by")
-    q = forms.CharField(required=False, max_length=200, label="Status message contains")
-
-    def __init__(self, *args, user, **kwargs):
-        super().__init__(*args, **kwargs)
-        visible_servers = Server.objects.filter(pk__in=permissions.tasks_visible_to(user).values("server_id"))
-        self.fields["server"].queryset = visible_servers.order_by("name")
-        for name in ("tool", "launched_by", "q"):
-            self.fields[name].widget.attrs["autocomplete"] = "off"
 
 
 def _require_task_viewer(request):
@@ -68,24 +36,6 @@ def _require_task_viewer(request):
     if not (roles.operator or roles.approver):
         raise PermissionDenied("The task list is for operators, admins and approvers.")
     return None
-
-
-def _filtered(form: TaskFilterForm, user):
-    tasks = permissions.tasks_visible_to(user)
-    # A bound form's cleaned_data holds the fields that are fine; the others are reported and left out.
-    data = {}
-    if form.is_bound:
-        form.is_valid()
-        data = form.cleaned_data
-    if data.get("server"):
-        tasks = tasks.filter(server=data["server"])
-    if data.get("tool"):
-        tasks = tasks.filter(tool=data["tool"].strip())
-    if data.get("launched_by"):
-        tasks = tasks.filter(launched_by__username=data["launched_by"].strip())
-    if data.get("q"):
-        tasks = tasks.filter(status_message__icontains=data["q"].strip())
-    return tasks, data.get("status") or ""
 
 
 def _query(params: dict, **changes) -> str:
@@ -99,7 +49,7 @@ def task_list(request):
     if refusal:
         return refusal
     form = TaskFilterForm(request.GET or None, user=request.user)
-    tasks, status = _filtered(form, request.user)
+    tasks, status = filtered_tasks(form, request.user)
 
     counts = dict(tasks.order_by().values_list("status").annotate(n=Count("id")))
     filters = {key: request.GET.get(key, "") for key in ("server", "tool", "launched_by", "q")}

@@ -1,0 +1,279 @@
+"""The JSON API: the same services, permissions and audit trail as the pages; the actor is the token's user.
+
+Errors are `{"error": "...", "fields": {...}}` with a 4xx status, and change nothing.
+"""
+
+import math
+import uuid
+
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.http import Http404
+from django.urls import reverse
+from ninja import NinjaAPI, Query, Schema
+from ninja.responses import Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from taskhub.accounts import permissions
+from taskhub.api.auth import ApiTokenAuth
+from taskhub.api.schemas import AnswerIn, InputRequestOut, LaunchIn, Problem, TaskDetailOut, TaskOut, TaskPage
+from taskhub.servers.catalogue import find_tool
+from taskhub.servers.models import Server
+from taskhub.tasks import input_forms, services
+from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen, InvalidTransition, TaskError
+from taskhub.tasks.input_cards import card_for, open_requests_for
+from taskhub.tasks.models import InputRequest, Task
+from taskhub.tasks.queries import TAB_STATUSES, TaskFilterForm, filtered_tasks
+
+PAGE_SIZE_MAX = 200
+
+api = NinjaAPI(
+    title="taskhub API",
+    version="1",
+    description="Launch MCP tool calls, follow their tasks, answer their input requests, cancel them. "
+    "Authenticate with `Authorization: Bearer <token>` (`manage.py create_api_token USER`).",
+    auth=ApiTokenAuth(),
+    urls_namespace="api",
+    docs_url="/docs",
+)
+
+
+class ApiProblem(Exception):
+    def __init__(self, status: int, error: str, fields: dict[str, str] | None = None):
+        self.status, self.error, self.fields = status, error, fields or {}
+
+
+def _problem(request, status: int, error: str, fields: dict[str, str] | None = None):
+    return api.create_response(request, {"error": error, "fields": fields or {}}, status=status)
+
+
+@api.exception_handler(ApiProblem)
+def on_problem(request, exc: ApiProblem):
+    return _problem(request, exc.status, exc.error, exc.fields)
+
+
+@api.exception_handler(ValidationError)
+def on_invalid(request, exc: ValidationError):
+    fields = {}
+    for error in exc.errors:
+        location = [str(part) for part in error.get("loc", ()) if part not in ("body", "payload", "query")]
+        fields[".".join(location) or "body"] = str(error.get("msg", "invalid"))
+    return _problem(request, 400, "The request does not have the expected shape.", fields)
+
+
+@api.exception_handler(AuthenticationError)
+def on_unauthenticated(request, exc):
+    return _problem(request, 401, "Send a valid API token: Authorization: Bearer <token>.")
+
+
+@api.exception_handler(PermissionDenied)
+def on_forbidden(request, exc):
+    return _problem(request, 403, str(exc) or "Your role does not allow this.")
+
+
+@api.exception_handler(Http404)
+def on_not_found(request, exc):
+    return _problem(request, 404, str(exc) or "Not found.")
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request, exc: HttpError):
+    # Ninja raises this for a body that is not JSON at all.
+    return _problem(request, exc.status_code, str(exc))
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _task_out(task: Task) -> dict:
+    return {
+        "id": task.id,
+        "server": task.server.name,
+        "server_id": task.server_id,
+        "tool": task.tool,
+        "status": task.status,
+        "status_message": task.status_message,
+        "launched_by": task.launched_by.get_username() if task.launched_by else None,
+        "remote_task_id": task.remote_task_id,
+        "created_at": task.created_at,
+        "updated_at": task.updated_at,
+        "finished_at": task.finished_at,
+        "cancel_requested_at": task.cancel_requested_at,
+        "url": reverse("tasks:detail", args=[task.id]),
+    }
+
+
+def _request_out(input_request: InputRequest) -> dict:
+    return {
+        "id": input_request.pk,
+        "task_id": input_request.task_id,
+        "key": input_request.key,
+        "method": input_request.method,
+        "mode": input_request.mode,
+        "state": input_request.state,
+        "params": input_request.params,
+        "answer": input_request.answer,
+        "answered_by": input_request.answered_by.get_username() if input_request.answered_by else None,
+        "answered_at": input_request.answered_at,
+        "delivered_at": input_request.delivered_at,
+        "created_at": input_request.created_at,
+    }
+
+
+def _task_detail_out(task: Task) -> dict:
+    requests = task.input_requests.select_related("answered_by").order_by("created_at", "pk")
+    return {
+        **_task_out(task),
+        "arguments": task.arguments,
+        "result": task.result,
+        "error": task.error,
+        "ttl_ms": task.ttl_ms,
+        "poll_interval_ms": task.poll_interval_ms,
+        "input_requests": [_request_out(ir) for ir in requests],
+    }
+
+
+def _visible_task(user, task_id: uuid.UUID) -> Task:
+    task = Task.objects.select_related("server", "launched_by").filter(pk=task_id).first()
+    if task is None or not permissions.may_see_task(user, task):
+        raise Http404("No such task.")  # a task one may not see does not exist for them
+    return task
+
+
+def _server_named(user, name_or_id: str) -> Server:
+    lookup = Q(name=name_or_id) | (Q(pk=int(name_or_id)) if name_or_id.isdigit() else Q(pk__in=[]))
+    server = Server.objects.filter(lookup).first()
+    if server is None:
+        raise ApiProblem(404, f"No server {name_or_id!r}.", {"server": "unknown server"})
+    return server
+
+
+# --- tasks ----------------------------------------------------------------------------------------
+
+
+class TaskFilters(Schema):
+    status: str = ""
+    server: str = ""
+    tool: str = ""
+    launched_by: str = ""
+    q: str = ""
+    page: int = 1
+    page_size: int = 50
+
+
+@api.get("/tasks", response={200: TaskPage, 400: Problem, 401: Problem, 403: Problem}, tags=["tasks"])
+def list_tasks(request, filters: Query[TaskFilters]):
+    """The tasks you may see, newest first, with the task list page's filters."""
+    roles = permissions.roles_of(request.user)
+    if not (roles.operator or roles.approver):
+        raise PermissionDenied("The task list is for operators, admins and approvers.")
+    params = filters.dict()
+    if params["server"] and not params["server"].isdigit():
+        server = Server.objects.filter(name=params["server"]).first()
+        params["server"] = str(server.pk) if server else "-1"
+    form = TaskFilterForm({k: v for k, v in params.items() if k not in ("page", "page_size")}, user=request.user)
+    if not form.is_valid():
+        raise ApiProblem(400, "Some filters are not valid.", {name: " ".join(e) for name, e in form.errors.items()})
+    tasks, status = filtered_tasks(form, request.user)
+    if status:
+        tasks = tasks.filter(status__in=TAB_STATUSES[status])
+    page_size = max(1, min(filters.page_size, PAGE_SIZE_MAX))
+    count = tasks.count()
+    pages = max(1, math.ceil(count / page_size))
+    page = max(1, min(filters.page, pages))
+    rows = tasks.select_related("server", "launched_by").order_by("-created_at")[
+        (page - 1) * page_size : page * page_size
+    ]
+    return {"count": count, "page": page, "pages": pages, "results": [_task_out(task) for task in rows]}
+
+
+@api.get("/tasks/{task_id}", response={200: TaskDetailOut, 401: Problem, 404: Problem}, tags=["tasks"])
+def get_task(request, task_id: uuid.UUID):
+    """One task: status, result or error, arguments and every input request."""
+    return _task_detail_out(_visible_task(request.user, task_id))
+
+
+@api.post(
+    "/tasks",
+    response={201: TaskDetailOut, 400: Problem, 401: Problem, 403: Problem, 404: Problem, 409: Problem},
+    tags=["tasks"],
+)
+def launch_task(request, payload: LaunchIn):
+    """Launch a tool call; its arguments are checked against the tool's input schema first."""
+    if not permissions.is_operator(request.user):
+        raise PermissionDenied("Launching tools is for operators.")
+    server = _server_named(request.user, payload.server)
+    if not permissions.may_launch(request.user, server):
+        raise ApiProblem(409, f"The server {server.name} is disabled: tools cannot be launched on it.")
+    entry = find_tool(server, payload.tool)
+    if entry is None:
+        raise ApiProblem(
+            404, f"The server {server.name} has no tool {payload.tool!r} (discover it again if it is new).", {}
+        )
+    errors = input_forms.validate_arguments(entry.input_schema, payload.arguments)
+    if errors:
+        raise ApiProblem(400, "The arguments do not fit the tool's input schema.", errors)
+    try:
+        task = services.launch(server=server, tool=entry.name, arguments=payload.arguments, user=request.user)
+    except TaskError as error:
+        raise ApiProblem(409, str(error)) from error
+    return Status(201, _task_detail_out(_visible_task(request.user, task.id)))
+
+
+@api.post(
+    "/tasks/{task_id}/cancel",
+    response={202: TaskOut, 401: Problem, 403: Problem, 404: Problem, 409: Problem},
+    tags=["tasks"],
+)
+def cancel_task(request, task_id: uuid.UUID):
+    """Ask the server to cancel (tasks/cancel). The task may still end otherwise; follow it to see."""
+    task = _visible_task(request.user, task_id)
+    if not permissions.may_cancel(request.user, task):
+        raise PermissionDenied("Cancelling tasks is for operators.")
+    try:
+        services.request_cancel(task=task, user=request.user)
+    except InvalidTransition as error:
+        raise ApiProblem(409, str(error)) from error
+    return Status(202, _task_out(_visible_task(request.user, task_id)))
+
+
+# --- input requests -------------------------------------------------------------------------------
+
+
+@api.get("/inbox", response={200: list[InputRequestOut], 401: Problem, 403: Problem}, tags=["input requests"])
+def inbox(request):
+    """Every open input request you may answer, oldest first."""
+    if not permissions.is_approver(request.user):
+        raise PermissionDenied("The inbox is for approvers.")
+    return [_request_out(ir) for ir in open_requests_for(request.user)[:1000]]
+
+
+@api.post(
+    "/input-requests/{request_id}/answer",
+    response={200: InputRequestOut, 400: Problem, 401: Problem, 403: Problem, 404: Problem, 409: Problem},
+    tags=["input requests"],
+)
+def answer(request, request_id: int, payload: AnswerIn):
+    """Answer an elicitation: accept (with content for a form), decline or cancel. Each request takes one answer."""
+    input_request = InputRequest.objects.select_related("task__server", "answered_by").filter(pk=request_id).first()
+    if input_request is None or not permissions.may_see_task(request.user, input_request.task):
+        raise Http404("No such input request.")
+    if not permissions.may_answer(request.user, input_request):
+        raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
+    card = card_for(input_request, request.user, may_answer=True)
+    if card.kind == "other":
+        raise ApiProblem(400, f"taskhub cannot answer {input_request.method or 'this kind of'} requests.")
+    response = {"action": payload.action}
+    if payload.action == "accept" and card.kind == "form":
+        if not card.form.renderable:
+            raise ApiProblem(400, "This request's schema cannot be answered by taskhub; decline or cancel it.")
+        response["content"] = payload.content or {}
+    elif payload.action == "accept" and card.kind == "url" and not card.url.clickable:
+        raise ApiProblem(400, card.url.problem or "This URL cannot be opened from taskhub; decline or cancel.")
+    try:
+        answered = services.answer_input(input_request=input_request, response=response, user=request.user)
+    except AnswerRejected as rejected:
+        raise ApiProblem(400, str(rejected), rejected.field_errors) from rejected
+    except (AlreadyAnswered, InputNoLongerOpen) as closed:
+        raise ApiProblem(409, str(closed)) from closed
+    return _request_out(InputRequest.objects.select_related("answered_by").get(pk=answered.pk))

@@ -1,0 +1,71 @@
+"""What the API sends and accepts. Everything a server sent is passed on as data, never interpreted."""
+
+import datetime
+import uuid
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import Field
+
+
+class Problem(Schema):
+    error: str = Field(description="what went wrong, for a person")
+    fields: dict[str, str] = Field(default_factory=dict, description="per argument or content field, what is wrong")
+
+
+class InputRequestOut(Schema):
+    id: int
+    task_id: uuid.UUID
+    key: str
+    method: str
+    mode: str | None
+    state: str
+    params: Any = Field(description="as the server sent it")
+    answer: Any = None
+    answered_by: str | None = None
+    answered_at: datetime.datetime | None = None
+    delivered_at: datetime.datetime | None = None
+    created_at: datetime.datetime
+
+
+class TaskOut(Schema):
+    id: uuid.UUID
+    server: str
+    server_id: int
+    tool: str
+    status: str
+    status_message: str
+    launched_by: str | None
+    remote_task_id: str | None
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    finished_at: datetime.datetime | None
+    cancel_requested_at: datetime.datetime | None
+    url: str
+
+
+class TaskDetailOut(TaskOut):
+    arguments: Any
+    result: Any = Field(None, description="the CallToolResult, as the server sent it")
+    error: Any = None
+    ttl_ms: int | None
+    poll_interval_ms: int | None
+    input_requests: list[InputRequestOut]
+
+
+class TaskPage(Schema):
+    count: int
+    page: int
+    pages: int
+    results: list[TaskOut]
+
+
+class LaunchIn(Schema):
+    server: str = Field(description="the server's name, or its numeric id")
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class AnswerIn(Schema):
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = Field(None, description="the form's fields, for accept")
