@@ -11,8 +11,8 @@ from django.db.models import Q
 from django.http import Http404
 from django.urls import reverse
 from ninja import NinjaAPI, Query, Schema
-from ninja.responses import Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.responses import Status
 
 from taskhub.accounts import permissions
 from taskhub.api.auth import ApiTokenAuth
