@@ -141,8 +141,8 @@ def running_daphne(**extra_env: str) -> Iterator[DaphneServer]:
         DJANGO_SETTINGS_MODULE="taskhub.settings",
         DEBUG="true",  # so WhiteNoise serves static files from the finders, without collectstatic
         PYTHONUNBUFFERED="1",
-        **extra_env,
     )
+    env.update(extra_env)
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     log_path = PROJECT_DIR / "test-output" / f"daphne-{port}.log"
     log_path.parent.mkdir(exist_ok=True)

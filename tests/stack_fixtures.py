@@ -60,7 +60,8 @@ class Workers:
 def worker_environment(**extra: str) -> dict[str, str]:
     """Environment for worker subprocesses, on the very test database this test uses."""
     env = dict(os.environ)
-    env.update(DATABASE_URL=database_url_for_subprocesses(), DEBUG="true", PYTHONUNBUFFERED="1", **extra)
+    env.update(DATABASE_URL=database_url_for_subprocesses(), DEBUG="true", PYTHONUNBUFFERED="1")
+    env.update(extra)
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return env
 

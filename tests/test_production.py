@@ -1,0 +1,133 @@
+"""Production mode as the README documents it: DEBUG off, SECRET_KEY, static files collected and served by
+WhiteNoise, two daphne processes sharing live updates through Redis, and a worker, all on one Postgres."""
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+import uuid
+
+import aiohttp
+import pytest
+from account_fixtures import make_user
+from browser_fixtures import running_daphne
+from demo_process import PROJECT_ROOT, DemoServer
+from stack_fixtures import LOCAL_REDIS_URL, Workers, register_and_discover, session_cookie_for, worker_environment
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def production_env(tmp_path):
+    static_root = tmp_path / "static"
+    env = {
+        "DJANGO_SETTINGS_MODULE": "taskhub.settings",
+        "DEBUG": "false",
+        "SECRET_KEY": "production-test-" + uuid.uuid4().hex,
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "HTTPS_ONLY": "false",  # plain HTTP between the test and daphne; HTTPS is the proxy's job
+        "STATIC_ROOT": str(static_root),
+        "REDIS_URL": LOCAL_REDIS_URL,
+        "REDIS_CHANNEL_PREFIX": f"taskhub-prod-test-{uuid.uuid4().hex[:8]}",
+        "LOG_FORMAT": "json",
+    }
+    collect = subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput"],
+        cwd=PROJECT_ROOT,
+        env={**worker_environment(), **env},
+        capture_output=True,
+        text=True,
+    )
+    assert collect.returncode == 0, collect.stderr
+    return env
+
+
+def http_json(method: str, url: str, token: str, body=None) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(production_env, settings):
+    settings.SECRET_KEY = production_env["SECRET_KEY"]  # the session made here must be valid in daphne
+    admin = make_user("ada", ADMINS)
+    operator = make_user("olga", OPERATORS)
+    approver = make_user("arun", APPROVERS)
+    _, operator_token = create_token(user=operator, name="test")
+    _, approver_token = create_token(user=approver, name="test")
+
+    with DemoServer("--poll-interval-ms", "200") as demo:
+        server = register_and_discover(demo, admin)
+        workers = Workers(worker_environment(**production_env))
+        try:
+            workers.start("prod")
+            with running_daphne(**production_env) as web_a, running_daphne(**production_env) as web_b:
+                # Static files come from WhiteNoise with hashed names: DEBUG is off.
+                page = urllib.request.urlopen(f"{web_a.url}/accounts/login/", timeout=10).read().decode()
+                stylesheet = re.search(r'href="(/static/taskhub/taskhub\.[0-9a-f]{12}\.css)"', page)
+                assert stylesheet, page[:600]
+                assert urllib.request.urlopen(f"{web_a.url}{stylesheet.group(1)}").status == 200
+
+                status, task = http_json(
+                    "POST", f"{web_b.url}/api/tasks", operator_token, {"server": server.name, "tool": "approval"}
+                )
+                assert status == 201, task
+                request = wait_for(lambda: InputRequest.objects.filter(task_id=task["id"]).first(), "the question")
+
+                cookie = session_cookie_for(approver)
+                socket_url = web_a.url.replace("http://", "ws://") + "/ws/live/"
+
+                async def listen_on_a_then_answer_on_b() -> list[str]:
+                    frames: list[str] = []
+                    async with (
+                        aiohttp.ClientSession(cookies={settings.SESSION_COOKIE_NAME: cookie}) as session,
+                        session.ws_connect(socket_url, origin=web_a.url) as socket,
+                    ):
+                        frames.append((await socket.receive(timeout=10)).data)  # connected: the nav counts
+                        answered = asyncio.to_thread(
+                            http_json,
+                            "POST",
+                            f"{web_b.url}/api/input-requests/{request.pk}/answer",
+                            approver_token,
+                            {"action": "accept", "content": {"approved": True, "reason": "ship it"}},
+                        )
+                        status, body = await answered
+                        assert status == 200, body
+                        async with asyncio.timeout(15):
+                            while not any(f'id="ir-{request.pk}"' in frame for frame in frames):
+                                frames.append((await socket.receive()).data)
+                    return frames
+
+                frames = asyncio.run(listen_on_a_then_answer_on_b())
+                card = next(frame for frame in frames if f'id="ir-{request.pk}"' in frame)
+                assert "answered by" in card or "delivered" in card
+                wait_for(lambda: Task.objects.get(pk=task["id"]).status == "completed", "completion")
+        finally:
+            workers.stop_all()
+    request.refresh_from_db()
+    assert request.state == InputRequestState.DELIVERED
+    assert Task.objects.get(pk=task["id"]).result["content"][0]["text"] == "approved: deploy (reason: ship it)"
+
+
+def wait_for(predicate, what: str, timeout: float = 30):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
