@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-demo-server", action="store_true", help="do not start the bundled demo MCP server")
     demo.add_argument("--demo-server-port", type=int, default=0, help="port of the demo MCP server (default: any)")
     demo.add_argument("--access-log", action="store_true", help="print one line per HTTP request")
+    demo.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the embedded Postgres and the demo server keep their data (default: var/ in the checkout)",
+    )
 
     commands.add_parser(
         "test",
@@ -71,6 +77,11 @@ def run_demo(args: argparse.Namespace) -> int:
     # nor Twisted then installs a handler: Ctrl-C must always stop the demo.
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    data_dir = (args.data_dir or PROJECT_DIR / "var").resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if args.data_dir is not None or "TASKHUB_PGDATA" not in os.environ:
+        os.environ["TASKHUB_PGDATA"] = str(data_dir / "pgdata")
+
     if not port_is_free(args.host, args.port):
         say(f"Port {args.port} on {args.host} is already in use. Stop what uses it, or pick another: --port 8001")
         return 2
@@ -84,7 +95,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.no_demo_server:
             say("• Demo MCP server: skipped (--no-demo-server)")
         else:
-            demo_server, demo_url = start_demo_server(args.demo_server_port)
+            demo_server, demo_url = start_demo_server(args.demo_server_port, data_dir)
             if demo_url:
                 register_demo_server(demo_url)
         worker = InProcessWorker()
@@ -226,12 +237,11 @@ class InProcessWorker:
             say("  worker stopped" if not self._thread.is_alive() else "  worker did not stop within 15 s")
 
 
-def start_demo_server(port: int) -> tuple[subprocess.Popen | None, str | None]:
+def start_demo_server(port: int, data_dir: Path) -> tuple[subprocess.Popen | None, str | None]:
     if importlib.util.find_spec("taskhub.demo") is None or importlib.util.find_spec("taskhub.demo.__main__") is None:
         say("• Demo MCP server: not available (taskhub.demo is not installed)")
         return None, None
-    state_file = PROJECT_DIR / "var" / "demo-server.sqlite3"
-    state_file.parent.mkdir(exist_ok=True)
+    state_file = data_dir / "demo-server.sqlite3"
     command = [sys.executable, "-m", "taskhub.demo", "--http", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--state", str(state_file)]
     say("• Starting the demo MCP server …")

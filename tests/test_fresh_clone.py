@@ -1,0 +1,188 @@
+"""Issue 5's newcomer path, end to end: `git clone`, then the README's one command, with nothing prepared.
+
+No virtualenv in the clone, no DATABASE_URL, no Redis: `uv run taskhub demo` must create its environment,
+start an embedded Postgres, the demo MCP server and a worker, and print the users' passwords; an approver
+signs in over HTTP, an approval launched through the API reaches the inbox and completes after an answer
+through the API; SIGINT leaves no Postgres behind.
+"""
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from http.cookiejar import CookieJar
+from urllib.parse import urlencode
+
+import psutil
+import pytest
+from conftest import PROJECT_DIR, free_tcp_port
+
+pytestmark = pytest.mark.slow
+
+STARTUP_BUDGET_SECONDS = 90
+FOREIGN_VARIABLES = ("DATABASE_URL", "REDIS_URL", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE", "TASKHUB_PGDATA", "DEBUG")
+
+
+@pytest.fixture
+def clone(tmp_path):
+    target = tmp_path / "taskhub"
+    subprocess.run(["git", "clone", "--quiet", str(PROJECT_DIR), str(target)], check=True)
+    assert not (target / ".venv").exists()
+    return target
+
+
+def newcomer_env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Lines:
+    def __init__(self, process: subprocess.Popen):
+        self.lines: list[str] = []
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(process,), daemon=True).start()
+
+    def _read(self, process):
+        for line in process.stdout:
+            self.lines.append(line)
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def wait_for(self, text: str, deadline: float) -> str:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} in time; output:\n{''.join(self.lines)}")
+
+
+def api(method: str, url: str, token: str, body=None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def sign_in(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
+    jar = CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    browser.open(f"{base}/accounts/login/", timeout=15).read()
+    csrf = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
+    form = urlencode({"username": username, "password": password, "csrfmiddlewaretoken": csrf}).encode()
+    request = urllib.request.Request(
+        f"{base}/accounts/login/", data=form, headers={"Referer": f"{base}/accounts/login/"}
+    )
+    landed = browser.open(request, timeout=15)
+    assert landed.url.rstrip("/") == base, f"sign-in did not go through: {landed.url}"
+    return browser
+
+
+def postgres_processes_under(directory) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if process.info["name"] == "postgres" and str(directory) in " ".join(process.info["cmdline"] or ()):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_path):
+    readme = (clone / "README.md").read_text()
+    assert "uv run taskhub demo" in readme
+    uv = shutil.which("uv")
+    assert uv, "the README's command needs uv on PATH"
+    port = free_tcp_port()
+    data_dir = tmp_path / "data"
+    env = newcomer_env()
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [uv, "run", "taskhub", "demo", "--port", str(port), "--data-dir", str(data_dir)],
+        cwd=clone,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = Lines(process)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        output.wait_for("taskhub is running at", started + STARTUP_BUDGET_SECONDS)
+        with urllib.request.urlopen(f"{base}/accounts/login/", timeout=10) as response:
+            assert response.status == 200 and "Sign in" in response.read().decode()
+        elapsed = time.monotonic() - started
+        assert elapsed < STARTUP_BUDGET_SECONDS, f"the login page took {elapsed:.0f} s"
+
+        text = "".join(output.lines)
+        passwords = dict(re.findall(r"User created: (\w+) / (\S+)", text))
+        assert set(passwords) == {"admin", "operator", "approver"}, text
+        assert "registered as server 'demo' with " in text, text
+        approver = sign_in(base, "approver", passwords["approver"])
+
+        def token_for(username: str) -> str:
+            made = subprocess.run(
+                [uv, "run", "python", "manage.py", "create_api_token", username],
+                cwd=clone,
+                env={**env, "DEBUG": "true", "TASKHUB_PGDATA": str(data_dir / "pgdata")},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert made.returncode == 0, made.stderr
+            return made.stdout.strip()
+
+        operator_token, approver_token = token_for("operator"), token_for("approver")
+        status, task = api("POST", f"{base}/api/tasks", operator_token, {"server": "demo", "tool": "approval"})
+        assert status == 201, task
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            inbox = approver.open(f"{base}/inbox/", timeout=10).read().decode()
+            if task["id"] in inbox:
+                break
+            time.sleep(0.3)
+        assert task["id"] in inbox and "Approve deploy?" in inbox
+        request_id = int(re.search(r'id="ir-(\d+)"', inbox).group(1))
+        status, body = api(
+            "POST",
+            f"{base}/api/input-requests/{request_id}/answer",
+            approver_token,
+            {"action": "accept", "content": {"approved": True, "reason": "first day"}},
+        )
+        assert status == 200, body
+        while time.monotonic() < deadline + 30:
+            status, detail = api("GET", f"{base}/api/tasks/{task['id']}", operator_token)
+            if detail.get("status") == "completed":
+                break
+            time.sleep(0.3)
+        assert detail["result"]["content"][0]["text"] == "approved: deploy (reason: first day)"
+        assert postgres_processes_under(data_dir), "no embedded Postgres ran under the data directory"
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    assert process.returncode == 0, "".join(output.lines)[-3000:]
+    time.sleep(0.5)
+    assert postgres_processes_under(data_dir) == []
