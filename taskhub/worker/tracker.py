@@ -42,7 +42,9 @@ import hashlib
 import heapq
 import json
 import logging
+import os
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -96,6 +98,9 @@ SERVER_REFRESH_SECONDS = 60.0
 SAFETY_NET_MS = 30_000
 SUBSCRIBE_COALESCE_SECONDS = 0.2
 PROBLEM_TEXT_MAX_CHARS = 500
+# Log the tracker's counters (polls, statements, ...) this often, in seconds; 0 (the default) never.
+# bench/tracker.py reads them to report database statements per poll.
+STATS_LOG_SECONDS = float(os.environ.get("TASKHUB_TRACKER_STATS_SECONDS") or 0)
 
 # A row is due when its time has come and nobody else holds a live lease on it; the rows this
 # worker holds are claimed again by the same statement when they fall due.
@@ -190,6 +195,21 @@ class TrackerStats:
     notifications: int = 0
     claim_statements: int = 0
     reschedule_statements: int = 0
+    own_statements: int = 0  # sent on the tracker's own connection (claims, reschedules, renewals, ...)
+    orm_statements: int = 0  # sent by the services in the tracker's threads
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def statements(self) -> int:
+        return self.own_statements + self.orm_statements
+
+    def count_orm_statement(self) -> None:
+        with self._lock:  # the ORM threads count concurrently
+            self.orm_statements += 1
+
+    def as_dict(self) -> dict[str, int]:
+        counters = {name: value for name, value in vars(self).items() if not name.startswith("_")}
+        return {**counters, "statements": self.statements}
 
 
 @dataclass
@@ -254,11 +274,18 @@ def _short(text: str) -> str:
 # --- the ORM side (runs in the tracker's threads) ------------------------------------------------------
 
 
-def _fresh_connection(work: Callable[[], Any], used: set) -> Any:
+def _fresh_connection(work: Callable[[], Any], used: set, stats: TrackerStats) -> Any:
     # These threads see no request cycle, so drop a connection that broke or aged before using it.
     db.close_old_connections()
-    used.add(db.connections["default"])
-    return work()
+    connection = db.connections["default"]
+    used.add(connection)
+
+    def counted(execute, sql, params, many, context):
+        stats.count_orm_statement()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counted):
+        return work()
 
 
 def _load_target(server_id: int):
@@ -374,6 +401,8 @@ class Tracker:
                 asyncio.create_task(self._flush_loop(flushing), name="tracker-flush"),
                 asyncio.create_task(self._renew_loop(stop), name="tracker-renew"),
             ]
+            if STATS_LOG_SECONDS > 0:
+                helpers.append(asyncio.create_task(self._stats_loop(stop), name="tracker-stats"))
             await self._claim_loop(stop)
         finally:
             await self._wind_down(helpers, flushing)
@@ -428,6 +457,7 @@ class Tracker:
             if self._db is None or self._db.closed or self._db.broken:
                 await self._connect()
             assert self._db is not None
+            self.stats.own_statements += 1
             cursor = await self._db.execute(sql, params)
             return await cursor.fetchall() if cursor.description else []
 
@@ -466,6 +496,10 @@ class Tracker:
                 logger.exception("tracker %s: rescheduling failed; retrying", self.worker_id)
                 await asyncio.sleep(1)
                 self._pending_ready.set()
+
+    async def _stats_loop(self, stop: asyncio.Event) -> None:
+        while not await _wait(stop, STATS_LOG_SECONDS):
+            logger.info("tracker %s stats %s", self.worker_id, json.dumps(self.stats.as_dict()))
 
     async def _renew_loop(self, stop: asyncio.Event) -> None:
         every = self.lease.total_seconds() / 3
@@ -777,7 +811,7 @@ class Tracker:
 
     async def _in_thread(self, work: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, _fresh_connection, work, self._thread_connections)
+        return await loop.run_in_executor(self._executor, _fresh_connection, work, self._thread_connections, self.stats)
 
     async def _service(self, work: Callable[[], Any], what: str) -> Any:
         """Run a service call; a failure is logged and answered with None, never raised into a poll."""
