@@ -33,6 +33,7 @@ from taskhub.worker.tracker import (
     _database_params,
     backoff_delay_ms,
     poll_delay_ms,
+    snapshot_digest,
 )
 from tests.demo_process import DemoServer
 from tests.wire_recorder import WireRecorder
@@ -373,3 +374,11 @@ def test_backoff_doubles_and_is_capped():
     assert 900 <= backoff_delay_ms(1, base_seconds=1, cap_seconds=30) <= 1100
     assert 3600 <= backoff_delay_ms(3, base_seconds=1, cap_seconds=30) <= 4400
     assert 27_000 <= backoff_delay_ms(12, base_seconds=1, cap_seconds=30) <= 33_000
+
+
+def test_a_snapshot_is_news_unless_only_last_updated_at_moved():
+    base = {"taskId": "t", "status": "working", "lastUpdatedAt": "1", "statusMessage": "m", "extra": 1}
+    same = snapshot_digest(TaskSnapshot.model_validate(base))
+    assert snapshot_digest(TaskSnapshot.model_validate({**base, "lastUpdatedAt": "2"})) == same
+    for change in ({"statusMessage": "n"}, {"extra": 2}, {"pollIntervalMs": 500}, {"status": "completed"}):
+        assert snapshot_digest(TaskSnapshot.model_validate({**base, **change})) != same, change
