@@ -157,7 +157,7 @@ WHERE task.id = poll.task_id AND poll.task_id = ANY(%(ids)s::uuid[]) AND poll.le
 RELEASE_SQL = "UPDATE tasks_taskpoll SET lease_owner = '', lease_expires_at = NULL WHERE lease_owner = %(owner)s"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__, per claimed row
 class Claimed:
     """A row this worker just claimed, with what polling it needs."""
 
@@ -208,7 +208,7 @@ class Claimed:
         return now > created + timedelta(milliseconds=self.ttl_ms)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reschedule:
     task_id: uuid.UUID
     claimed_next: datetime
