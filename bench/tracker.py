@@ -32,6 +32,7 @@ import itertools
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -611,7 +612,7 @@ class Bench:
 
     def report(self, cores: str) -> str:
         options = self.options
-        command = "uv run python bench/tracker.py " + " ".join(sys.argv[1:])
+        command = "uv run python bench/tracker.py " + shlex.join(sys.argv[1:])
         label = f", {options.label}" if options.label else ""
         lines = [
             f"## Tracker throughput, {self.started_at:%Y-%m-%d %H:%M} UTC{label}",
