@@ -15,6 +15,7 @@ from datetime import timedelta
 from itertools import pairwise
 
 import httpx2
+import psycopg
 import pytest
 from django.utils import timezone
 
@@ -25,7 +26,15 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
-from taskhub.worker.tracker import Tracker, backoff_delay_ms, poll_delay_ms
+from taskhub.worker.tracker import (
+    CLAIM_SQL,
+    Claimed,
+    Tracker,
+    _database_params,
+    backoff_delay_ms,
+    poll_delay_ms,
+    snapshot_digest,
+)
 from tests.demo_process import DemoServer
 from tests.wire_recorder import WireRecorder
 
@@ -286,6 +295,71 @@ def test_a_task_past_its_ttl_that_the_server_forgot_is_expired_at_once(demo):
     assert actions(task)[-1] == "task.expired"
 
 
+# --- a first poll that brings nothing new ------------------------------------------------------------------
+
+CREATED_AT = "2026-11-01T10:00:00Z"
+STORED = {"status": "working", "statusMessage": "halfway", "createdAt": CREATED_AT, "ttlMs": None}
+STORED["pollIntervalMs"] = 300
+
+
+def _claim_one() -> Claimed:
+    """Claim the due rows exactly as the tracker does (its SQL, on a connection like its own)."""
+    with psycopg.connect(autocommit=True, **_database_params()) as connection:
+        params = {"owner": "w1", "lease": timedelta(seconds=30), "limit": 10, "ahead": timedelta(seconds=1)}
+        rows = connection.execute(CLAIM_SQL, params).fetchall()
+    assert len(rows) == 1, rows
+    return Claimed(*rows[0])
+
+
+@pytest.mark.parametrize(
+    ("received", "nothing_new"),
+    [
+        pytest.param({}, True, id="the same"),
+        pytest.param({"lastUpdatedAt": "2026-11-01T10:05:00Z"}, True, id="only lastUpdatedAt moved"),
+        pytest.param({"statusMessage": "almost"}, False, id="new status message"),
+        pytest.param({"pollIntervalMs": 500}, False, id="new poll interval"),
+        pytest.param({"ttlMs": 60_000}, False, id="new ttl"),
+        pytest.param({"status": "completed", "result": {"content": []}}, False, id="completed"),
+        pytest.param({"status": "input_required", "inputRequests": {}}, False, id="input required"),
+    ],
+)
+def test_a_first_poll_is_stored_only_when_it_says_something_the_row_does_not(received, nothing_new):
+    server = create_server(name="peer", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    task = _task_with_remote_id(server, "t-1", **STORED)
+    claimed = _claim_one()
+    snapshot = TaskSnapshot.model_validate({"taskId": "t-1", "resultType": "complete", **STORED, **received})
+    assert claimed.stored_as(snapshot) is nothing_new
+    # It agrees with the services: what the tracker skips, apply_snapshot would not have changed.
+    assert services.apply_snapshot(task=task, snapshot=snapshot) is not nothing_new
+
+
+def test_a_task_with_open_input_requests_is_always_stored():
+    server = create_server(name="peer", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    asking = {**STORED, "status": "input_required", "inputRequests": {"k": {"method": "elicitation/create"}}}
+    task = _task_with_remote_id(server, "t-2", **asking)
+    claimed = _claim_one()
+    assert claimed.open_requests
+    # The server moved on: the open request must be superseded, although no field of the row changes back.
+    snapshot = TaskSnapshot.model_validate({"taskId": "t-2", **STORED, "status": "input_required", "inputRequests": {}})
+    assert not claimed.stored_as(snapshot)
+    assert services.apply_snapshot(task=task, snapshot=snapshot)
+
+
+def test_rows_are_claimed_ahead_and_polled_at_their_time_not_before(demo):
+    recorder = WireRecorder(demo.url).start()
+    try:
+        server = register(recorder.url)
+        task = _task_with_remote_id(server, "ahead", createdAt=timezone.now().isoformat())
+        due_at = time.monotonic() + 0.6
+        TaskPoll.objects.filter(task=task).update(next_poll_at=timezone.now() + timedelta(seconds=0.6))
+        with RunningTracker(worker_id="w1", listen=False, claim_ahead_seconds=0.5) as running:
+            wait_until(lambda: running.tracker.stats.polls >= 1, what="the first poll")
+        first = recorder.requests("tasks/get")[0]
+    finally:
+        recorder.stop()
+    assert first.at >= due_at - 0.01, f"polled {due_at - first.at:.3f}s before its time"
+
+
 # --- pure helpers -----------------------------------------------------------------------------------------
 
 
@@ -300,3 +374,11 @@ def test_backoff_doubles_and_is_capped():
     assert 900 <= backoff_delay_ms(1, base_seconds=1, cap_seconds=30) <= 1100
     assert 3600 <= backoff_delay_ms(3, base_seconds=1, cap_seconds=30) <= 4400
     assert 27_000 <= backoff_delay_ms(12, base_seconds=1, cap_seconds=30) <= 33_000
+
+
+def test_a_snapshot_is_news_unless_only_last_updated_at_moved():
+    base = {"taskId": "t", "status": "working", "lastUpdatedAt": "1", "statusMessage": "m", "extra": 1}
+    same = snapshot_digest(TaskSnapshot.model_validate(base))
+    assert snapshot_digest(TaskSnapshot.model_validate({**base, "lastUpdatedAt": "2"})) == same
+    for change in ({"statusMessage": "n"}, {"extra": 2}, {"pollIntervalMs": 500}, {"status": "completed"}):
+        assert snapshot_digest(TaskSnapshot.model_validate({**base, **change})) != same, change

@@ -39,10 +39,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import heapq
 import json
 import logging
+import os
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -75,7 +76,7 @@ from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers import services as server_services
 from taskhub.servers.models import Server
 from taskhub.tasks import services
-from taskhub.tasks.models import Task
+from taskhub.tasks.models import LIVE_STATUSES, Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +89,19 @@ BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 30.0
 NOT_FOUND_GIVE_UP = 5
 IDLE_CLAIM_SECONDS = 0.1
-FLUSH_COALESCE_SECONDS = 0.005
-# The claim for a row we rescheduled goes out this long after its time, so the database agrees it is due.
-DUE_MARGIN_SECONDS = 0.015
+# A claim takes the rows due within this much from now; each is polled at its time. So one claim per
+# tick serves every task due before the next one, and no poll waits for a claim (< the interval floor).
+CLAIM_AHEAD_SECONDS = 0.25
+# Reschedules are written together, this often at most; each row's time counts from its answer, not the write.
+FLUSH_COALESCE_SECONDS = 0.05
 SERVER_REFRESH_SECONDS = 60.0
 # With a live subscription, polling is only a safety net: this often at least, or 10x the task's interval.
 SAFETY_NET_MS = 30_000
 SUBSCRIBE_COALESCE_SECONDS = 0.2
 PROBLEM_TEXT_MAX_CHARS = 500
+# Log the tracker's counters (polls, statements, ...) this often, in seconds; 0 (the default) never.
+# bench/tracker.py reads them to report database statements per poll.
+STATS_LOG_SECONDS = float(os.environ.get("TASKHUB_TRACKER_STATS_SECONDS") or 0)
 
 # A row is due when its time has come and nobody else holds a live lease on it; the rows this
 # worker holds are claimed again by the same statement when they fall due.
@@ -105,9 +111,9 @@ SET lease_owner = %(owner)s,
     lease_expires_at = now() + %(lease)s,
     next_poll_at = now() + %(lease)s
 FROM (
-    SELECT task_id, lease_owner AS previous_owner
+    SELECT task_id, lease_owner AS previous_owner, next_poll_at AS due_at
     FROM tasks_taskpoll
-    WHERE next_poll_at <= now()
+    WHERE next_poll_at <= now() + %(ahead)s
       AND (lease_owner = '' OR lease_owner = %(owner)s OR lease_expires_at IS NULL OR lease_expires_at < now())
     ORDER BY next_poll_at
     LIMIT %(limit)s
@@ -115,7 +121,11 @@ FROM (
 ) AS due, tasks_task AS task
 WHERE poll.task_id = due.task_id AND task.id = poll.task_id
 RETURNING poll.task_id, due.previous_owner, poll.next_poll_at, poll.consecutive_failures,
-          task.remote_task_id, task.server_id, task.poll_interval_ms, task.ttl_ms, task.remote_created_at
+          GREATEST(EXTRACT(EPOCH FROM due.due_at - now()), 0)::float8 AS due_in,
+          task.remote_task_id, task.server_id, task.poll_interval_ms, task.ttl_ms, task.remote_created_at,
+          task.status, task.status_message, task.result, task.error,
+          EXISTS (SELECT 1 FROM tasks_inputrequest AS request
+                  WHERE request.task_id = poll.task_id AND request.state = 'open') AS open_requests
 """
 
 RESCHEDULE_SQL = """
@@ -147,7 +157,7 @@ WHERE task.id = poll.task_id AND poll.task_id = ANY(%(ids)s::uuid[]) AND poll.le
 RELEASE_SQL = "UPDATE tasks_taskpoll SET lease_owner = '', lease_expires_at = NULL WHERE lease_owner = %(owner)s"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__, per claimed row
 class Claimed:
     """A row this worker just claimed, with what polling it needs."""
 
@@ -155,11 +165,36 @@ class Claimed:
     previous_owner: str
     claimed_next: datetime
     failures: int
+    due_in: float  # seconds from the claim until the row's time: the poll waits for it
     remote_task_id: str
     server_id: int
     poll_interval_ms: int | None
     ttl_ms: int | None
     remote_created_at: str
+    # What the task row says now, so that a first poll that brings nothing new writes nothing.
+    status: str = ""
+    status_message: str = ""
+    result: Any = None
+    error: Any = None
+    open_requests: bool = True
+
+    def stored_as(self, snapshot: TaskSnapshot) -> bool:
+        """Whether storing `snapshot` would change nothing: `services.apply_snapshot` would find no field
+        to change, no input request to open or supersede. Only said of a live task asking for no input."""
+        if self.status not in LIVE_STATUSES or self.open_requests or snapshot.status == TaskStatus.INPUT_REQUIRED:
+            return False
+        stored = {
+            "status": self.status,
+            "status_message": self.status_message,
+            "result": self.result,
+            "error": self.error,
+            "ttl_ms": self.ttl_ms,
+            "poll_interval_ms": self.poll_interval_ms,
+            "remote_created_at": self.remote_created_at,
+        }
+        # The very comparison apply_snapshot makes (tests/test_tracker.py checks that the two agree).
+        wanted = services._snapshot_values(snapshot, Task(remote_created_at=self.remote_created_at))
+        return all(stored[name] == wanted[name] for name in services.SNAPSHOT_FIELDS)
 
     def ttl_passed(self, now: datetime) -> bool:
         if self.ttl_ms is None or not self.remote_created_at:
@@ -173,12 +208,13 @@ class Claimed:
         return now > created + timedelta(milliseconds=self.ttl_ms)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reschedule:
     task_id: uuid.UUID
     claimed_next: datetime
     delay_ms: float
     failures: int
+    at: float  # time.monotonic() when decided: the delay counts from then, however late the write
 
 
 @dataclass
@@ -190,6 +226,21 @@ class TrackerStats:
     notifications: int = 0
     claim_statements: int = 0
     reschedule_statements: int = 0
+    own_statements: int = 0  # sent on the tracker's own connection (claims, reschedules, renewals, ...)
+    orm_statements: int = 0  # sent by the services in the tracker's threads
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def statements(self) -> int:
+        return self.own_statements + self.orm_statements
+
+    def count_orm_statement(self) -> None:
+        with self._lock:  # the ORM threads count concurrently
+            self.orm_statements += 1
+
+    def as_dict(self) -> dict[str, int]:
+        counters = {name: value for name, value in vars(self).items() if not name.startswith("_")}
+        return {**counters, "statements": self.statements}
 
 
 @dataclass
@@ -240,11 +291,12 @@ def backoff_delay_ms(failures: int, *, base_seconds: float, cap_seconds: float) 
 
 
 def snapshot_digest(snapshot: TaskSnapshot) -> bytes:
-    """What decides whether a snapshot is news: everything but lastUpdatedAt."""
-    wire_form = snapshot.to_wire()
-    wire_form.pop("lastUpdatedAt", None)
-    encoded = json.dumps(wire_form, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.blake2b(encoded, digest_size=16).digest()
+    """What decides whether a snapshot is news: everything but lastUpdatedAt.
+
+    pydantic's own JSON (fields in declaration order, extra keys in the order sent): a peer that reorders
+    its extra keys costs one needless apply_snapshot, which finds nothing to change."""
+    encoded = snapshot.model_dump_json(by_alias=True, exclude_none=True, exclude={"last_updated_at"})
+    return hashlib.blake2b(encoded.encode(), digest_size=16).digest()
 
 
 def _short(text: str) -> str:
@@ -254,11 +306,18 @@ def _short(text: str) -> str:
 # --- the ORM side (runs in the tracker's threads) ------------------------------------------------------
 
 
-def _fresh_connection(work: Callable[[], Any], used: set) -> Any:
+def _fresh_connection(work: Callable[[], Any], used: set, stats: TrackerStats) -> Any:
     # These threads see no request cycle, so drop a connection that broke or aged before using it.
     db.close_old_connections()
-    used.add(db.connections["default"])
-    return work()
+    connection = db.connections["default"]
+    used.add(connection)
+
+    def counted(execute, sql, params, many, context):
+        stats.count_orm_statement()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counted):
+        return work()
 
 
 def _load_target(server_id: int):
@@ -320,10 +379,11 @@ class Tracker:
         self,
         *,
         worker_id: str,
-        batch_size: int = 200,
+        batch_size: int = 500,
         lease_seconds: float = 30.0,
         per_server_concurrency: int = 32,
-        max_in_flight: int = 2000,
+        max_in_flight: int = 5000,
+        claim_ahead_seconds: float = CLAIM_AHEAD_SECONDS,
         request_timeout: float = 10.0,
         min_interval_ms: int = MIN_POLL_INTERVAL_MS,
         max_interval_ms: int = MAX_POLL_INTERVAL_MS,
@@ -339,6 +399,7 @@ class Tracker:
         self.lease = timedelta(seconds=lease_seconds)
         self.per_server_concurrency = per_server_concurrency
         self.max_in_flight = max_in_flight
+        self.claim_ahead = timedelta(seconds=claim_ahead_seconds)
         self.request_timeout = min(request_timeout, lease_seconds / 2)
         self.min_interval_ms = min_interval_ms
         self.max_interval_ms = max_interval_ms
@@ -358,7 +419,6 @@ class Tracker:
         self._in_flight: dict[uuid.UUID, asyncio.Task] = {}
         self._pending: list[Reschedule] = []
         self._pending_ready = asyncio.Event()
-        self._due_times: list[float] = []  # monotonic times our rescheduled rows fall due (a heap)
         self._poll_finished = asyncio.Event()
         self._stopping = False
 
@@ -374,6 +434,8 @@ class Tracker:
                 asyncio.create_task(self._flush_loop(flushing), name="tracker-flush"),
                 asyncio.create_task(self._renew_loop(stop), name="tracker-renew"),
             ]
+            if STATS_LOG_SECONDS > 0:
+                helpers.append(asyncio.create_task(self._stats_loop(stop), name="tracker-stats"))
             await self._claim_loop(stop)
         finally:
             await self._wind_down(helpers, flushing)
@@ -428,11 +490,13 @@ class Tracker:
             if self._db is None or self._db.closed or self._db.broken:
                 await self._connect()
             assert self._db is not None
+            self.stats.own_statements += 1
             cursor = await self._db.execute(sql, params)
             return await cursor.fetchall() if cursor.description else []
 
     async def _claim(self, limit: int) -> list[Claimed]:
-        rows = await self._execute(CLAIM_SQL, {"owner": self.worker_id, "lease": self.lease, "limit": limit})
+        params = {"owner": self.worker_id, "lease": self.lease, "limit": limit, "ahead": self.claim_ahead}
+        rows = await self._execute(CLAIM_SQL, params)
         self.stats.claim_statements += 1
         return [Claimed(*row) for row in rows]
 
@@ -440,12 +504,13 @@ class Tracker:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        now = time.monotonic()
         params = {
             "owner": self.worker_id,
             "lease": self.lease,
             "ids": [item.task_id for item in batch],
             "claimed": [item.claimed_next for item in batch],
-            "delays": [item.delay_ms for item in batch],
+            "delays": [max(item.delay_ms - (now - item.at) * 1000, 0.0) for item in batch],
             "failures": [item.failures for item in batch],
         }
         try:
@@ -467,6 +532,10 @@ class Tracker:
                 await asyncio.sleep(1)
                 self._pending_ready.set()
 
+    async def _stats_loop(self, stop: asyncio.Event) -> None:
+        while not await _wait(stop, STATS_LOG_SECONDS):
+            logger.info("tracker %s stats %s", self.worker_id, json.dumps(self.stats.as_dict()))
+
     async def _renew_loop(self, stop: asyncio.Event) -> None:
         every = self.lease.total_seconds() / 3
         while not await _wait(stop, every):
@@ -481,19 +550,8 @@ class Tracker:
             await self._execute(PULL_IN_SQL, params)
 
     def _reschedule(self, claimed: Claimed, *, delay_ms: float, failures: int) -> None:
-        self._pending.append(Reschedule(claimed.task_id, claimed.claimed_next, delay_ms, failures))
+        self._pending.append(Reschedule(claimed.task_id, claimed.claimed_next, delay_ms, failures, time.monotonic()))
         self._pending_ready.set()
-        due = time.monotonic() + FLUSH_COALESCE_SECONDS + delay_ms / 1000 + DUE_MARGIN_SECONDS
-        heapq.heappush(self._due_times, due)
-
-    def _idle_seconds(self) -> float:
-        """Until the next claim: the idle tick, or sooner when one of our rows falls due before it."""
-        now = time.monotonic()
-        while self._due_times and self._due_times[0] <= now:
-            heapq.heappop(self._due_times)
-        if self._due_times:
-            return min(IDLE_CLAIM_SECONDS, self._due_times[0] - now)
-        return IDLE_CLAIM_SECONDS
 
     # -- claiming ---------------------------------------------------------------------------------
 
@@ -513,7 +571,7 @@ class Tracker:
             for row in claimed:
                 self._start_poll(row)
             if len(claimed) < room:
-                await _wait(stop, self._idle_seconds())
+                await _wait(stop, IDLE_CLAIM_SECONDS)
 
     def _start_poll(self, claimed: Claimed) -> None:
         if claimed.task_id in self._in_flight:
@@ -523,7 +581,7 @@ class Tracker:
             self._digests.pop(claimed.task_id, None)
             self._not_found.pop(claimed.task_id, None)
         self.stats.claimed += 1
-        poll = asyncio.create_task(self._poll(claimed), name=f"poll {claimed.task_id}")
+        poll = asyncio.create_task(self._poll(claimed))  # unnamed: a name per poll costs more than it tells
         self._in_flight[claimed.task_id] = poll
         poll.add_done_callback(lambda _: self._poll_done(claimed.task_id))
 
@@ -534,6 +592,8 @@ class Tracker:
     # -- polling ----------------------------------------------------------------------------------
 
     async def _poll(self, claimed: Claimed) -> None:
+        if claimed.due_in > 0:
+            await asyncio.sleep(claimed.due_in)  # claimed ahead of its time
         try:
             link = await self._link(claimed.server_id)
             async with link.semaphore:
@@ -558,7 +618,11 @@ class Tracker:
         await self._note_reachable(claimed.server_id)
         self._not_found.pop(claimed.task_id, None)
         digest = snapshot_digest(snapshot)
-        if self._digests.get(claimed.task_id) != digest:
+        known = self._digests.get(claimed.task_id)
+        if known is None and claimed.stored_as(snapshot):
+            # The first poll since the claim, and the row already says all of it: nothing to store.
+            self._digests[claimed.task_id] = digest
+        elif known != digest:
             try:
                 await self._in_thread(partial(_apply, claimed.task_id, snapshot))
             except Exception:
@@ -777,7 +841,7 @@ class Tracker:
 
     async def _in_thread(self, work: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, _fresh_connection, work, self._thread_connections)
+        return await loop.run_in_executor(self._executor, _fresh_connection, work, self._thread_connections, self.stats)
 
     async def _service(self, work: Callable[[], Any], what: str) -> Any:
         """Run a service call; a failure is logged and answered with None, never raised into a poll."""
