@@ -4,7 +4,7 @@
 # Configuration is the environment (README: Configuration): DATABASE_URL, REDIS_URL, SECRET_KEY, ALLOWED_HOSTS, …
 
 FROM python:3.12-slim AS build
-COPY --from=ghcr.io/astral-sh/uv:0.9 /uv /usr/local/bin/uv
+COPY --from=ghcr.io/astral-sh/uv:0.13 /uv /usr/local/bin/uv
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
 WORKDIR /app
 # Dependencies first, so code changes reuse this layer.
