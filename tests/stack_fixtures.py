@@ -7,10 +7,13 @@ under a channel prefix of their own so that concurrent test runs on one Redis ne
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -127,3 +130,16 @@ def workers(django_db_setup) -> Iterator[Workers]:
     pool = Workers(worker_environment())
     yield pool
     pool.stop_all()
+
+
+def api_request(method: str, url: str, token: str, body=None) -> tuple[int, dict]:
+    """One JSON API call with a bearer token: the status and the decoded body (errors included)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)

@@ -2,18 +2,16 @@
 
 import importlib.util
 import os
-import queue
 import signal
 import socket
 import subprocess
-import threading
-import time
 import urllib.request
 from urllib.parse import urlparse
 
 import psutil
 import pytest
 from conftest import PROJECT_DIR, VENV_BIN, free_tcp_port
+from process_output import OutputLines
 
 from taskhub import embedded_pg
 
@@ -28,8 +26,6 @@ class DemoRun:
 
     def __init__(self, port: int, env: dict[str, str], *options: str):
         self.port = port
-        self.lines: list[str] = []
-        self._new_lines: queue.Queue[str | None] = queue.Queue()
         self.process = subprocess.Popen(
             [TASKHUB, "demo", "--port", str(port), *(options or ["--no-demo-server"])],
             env=env,
@@ -39,30 +35,14 @@ class DemoRun:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        threading.Thread(target=self._collect, daemon=True).start()
-
-    def _collect(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line)
-            self._new_lines.put(line)
-        self._new_lines.put(None)
+        self._output = OutputLines(self.process)
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
+        return self._output.text
 
     def wait_for_line(self, text: str, timeout: float = 90) -> str:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._new_lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r}; output so far:\n{self.output}")
+        return self._output.wait_for(text, timeout)
 
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:

@@ -6,14 +6,11 @@ signs in over HTTP, an approval launched through the API reaches the inbox and c
 through the API; SIGINT leaves no Postgres behind.
 """
 
-import json
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from http.cookiejar import CookieJar
@@ -22,6 +19,8 @@ from urllib.parse import urlencode
 import psutil
 import pytest
 from conftest import PROJECT_DIR, free_tcp_port
+from process_output import OutputLines
+from stack_fixtures import api_request
 
 pytestmark = pytest.mark.slow
 
@@ -41,42 +40,6 @@ def newcomer_env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-class Lines:
-    def __init__(self, process: subprocess.Popen):
-        self.lines: list[str] = []
-        self.queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, args=(process,), daemon=True).start()
-
-    def _read(self, process):
-        for line in process.stdout:
-            self.lines.append(line)
-            self.queue.put(line)
-        self.queue.put(None)
-
-    def wait_for(self, text: str, deadline: float) -> str:
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r} in time; output:\n{''.join(self.lines)}")
-
-
-def api(method: str, url: str, token: str, body=None) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method)
-    request.add_header("Authorization", f"Bearer {token}")
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
 
 
 def sign_in(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
@@ -122,16 +85,16 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
         stderr=subprocess.STDOUT,
         text=True,
     )
-    output = Lines(process)
+    output = OutputLines(process)
     base = f"http://127.0.0.1:{port}"
     try:
-        output.wait_for("taskhub is running at", started + STARTUP_BUDGET_SECONDS)
+        output.wait_for("taskhub is running at", STARTUP_BUDGET_SECONDS)
         with urllib.request.urlopen(f"{base}/accounts/login/", timeout=10) as response:
             assert response.status == 200 and "Sign in" in response.read().decode()
         elapsed = time.monotonic() - started
         assert elapsed < STARTUP_BUDGET_SECONDS, f"the login page took {elapsed:.0f} s"
 
-        text = "".join(output.lines)
+        text = output.text
         passwords = dict(re.findall(r"User created: (\w+) / (\S+)", text))
         assert set(passwords) == {"admin", "operator", "approver"}, text
         assert "registered as server 'demo' with " in text, text
@@ -150,7 +113,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
             return made.stdout.strip()
 
         operator_token, approver_token = token_for("operator"), token_for("approver")
-        status, task = api("POST", f"{base}/api/tasks", operator_token, {"server": "demo", "tool": "approval"})
+        status, task = api_request("POST", f"{base}/api/tasks", operator_token, {"server": "demo", "tool": "approval"})
         assert status == 201, task
 
         deadline = time.monotonic() + 30
@@ -161,7 +124,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
             time.sleep(0.3)
         assert task["id"] in inbox and "Approve deploy?" in inbox
         request_id = int(re.search(r'id="ir-(\d+)"', inbox).group(1))
-        status, body = api(
+        status, body = api_request(
             "POST",
             f"{base}/api/input-requests/{request_id}/answer",
             approver_token,
@@ -169,7 +132,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
         )
         assert status == 200, body
         while time.monotonic() < deadline + 30:
-            status, detail = api("GET", f"{base}/api/tasks/{task['id']}", operator_token)
+            status, detail = api_request("GET", f"{base}/api/tasks/{task['id']}", operator_token)
             if detail.get("status") == "completed":
                 break
             time.sleep(0.3)
@@ -183,6 +146,6 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-    assert process.returncode == 0, "".join(output.lines)[-3000:]
+    assert process.returncode == 0, output.text[-3000:]
     time.sleep(0.5)
     assert postgres_processes_under(data_dir) == []

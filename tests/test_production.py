@@ -2,7 +2,6 @@
 WhiteNoise, two daphne processes sharing live updates through Redis, and a worker, all on one Postgres."""
 
 import asyncio
-import json
 import re
 import subprocess
 import sys
@@ -14,7 +13,14 @@ import pytest
 from account_fixtures import make_user
 from browser_fixtures import running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
-from stack_fixtures import LOCAL_REDIS_URL, Workers, register_and_discover, session_cookie_for, worker_environment
+from stack_fixtures import (
+    LOCAL_REDIS_URL,
+    Workers,
+    api_request,
+    register_and_discover,
+    session_cookie_for,
+    worker_environment,
+)
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
@@ -48,18 +54,6 @@ def production_env(tmp_path):
     return env
 
 
-def http_json(method: str, url: str, token: str, body=None) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Authorization", f"Bearer {token}")
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=15) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
-
-
 def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(production_env, settings):
     settings.SECRET_KEY = production_env["SECRET_KEY"]  # the session made here must be valid in daphne
     admin = make_user("ada", ADMINS)
@@ -80,7 +74,7 @@ def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(produ
                 assert stylesheet, page[:600]
                 assert urllib.request.urlopen(f"{web_a.url}{stylesheet.group(1)}").status == 200
 
-                status, task = http_json(
+                status, task = api_request(
                     "POST", f"{web_b.url}/api/tasks", operator_token, {"server": server.name, "tool": "approval"}
                 )
                 assert status == 201, task
@@ -97,7 +91,7 @@ def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(produ
                     ):
                         frames.append((await socket.receive(timeout=10)).data)  # connected: the nav counts
                         answered = asyncio.to_thread(
-                            http_json,
+                            api_request,
                             "POST",
                             f"{web_b.url}/api/input-requests/{request.pk}/answer",
                             approver_token,
