@@ -10,13 +10,12 @@ import pytest
 from account_fixtures import make_user
 from audit_fixtures import SCRIPT, make_audit_history
 from django.db import DatabaseError, transaction
-from django.template.loader import render_to_string
 from django.urls import reverse
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.admin import AuditEventAdmin
 from taskhub.audit.models import AuditEvent
-from taskhub.audit.queries import filtered_events, task_timeline
+from taskhub.audit.queries import filtered_events
 from taskhub.audit.services import record_event
 from taskhub.audit.views import EXPORT_COLUMNS
 
@@ -355,18 +354,6 @@ def test_the_export_is_recorded_with_its_filters_and_row_count(as_admin, history
     rows = json.loads(body(as_admin.get(JSON, {"action": "audit.exported"})))
     assert [row["id"] for row in rows] == [event.id]
     assert "audit trail exported" in as_admin.get(LIST, {"action": "audit.exported"}).content.decode()
-
-
-# --- the timeline partial ------------------------------------------------------------------------------
-
-
-def test_the_timeline_partial_lists_a_task_oldest_first(history):
-    html = render_to_string("audit/timeline.html", {"events": task_timeline(history["approval"].id)})
-    assert html.index("tool call launched") < html.index("server answered") < html.index("task status changed")
-    assert 'data-status="failed"' in html and "Budget service down" in html
-    assert "Nothing recorded yet" in render_to_string("audit/timeline.html", {"events": []})
-    hostile = render_to_string("audit/timeline.html", {"events": task_timeline(history["report"].id)})
-    assert SCRIPT not in hostile and "&lt;script&gt;" in hostile
 
 
 # --- the Django admin -----------------------------------------------------------------------------------

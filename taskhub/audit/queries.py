@@ -52,8 +52,3 @@ def events_matching(filters: Mapping) -> QuerySet[AuditEvent]:
             | Q(data_text__icontains=text)
         )
     return events.order_by(*NEWEST_FIRST)
-
-
-def task_timeline(task_id) -> QuerySet[AuditEvent]:
-    """A task's events oldest first, as templates/audit/timeline.html shows them (uses audit_task_time)."""
-    return AuditEvent.objects.filter(task_id=task_id).order_by("time", "id")
