@@ -3,7 +3,7 @@
 (function () {
   "use strict";
 
-  var REFETCH_GAP_MS = 1000; // at most one re-fetch a second, however many changes arrive
+  var REFETCH_GAP_MS = 300; // at most one re-fetch per 300 ms, however many changes arrive (the first at once)
   var lastSeq = null;
   var lastFetch = 0;
   var pending = null;
