@@ -199,6 +199,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# ModelBackend that refuses every password while the sign-in rate limit is reached (admin sign-in included).
+AUTHENTICATION_BACKENDS = ["taskhub.accounts.backends.RateLimitedModelBackend"]
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "accounts:login"

@@ -109,3 +109,21 @@ def test_empty_fields_are_not_counted(client):
     for _ in range(10):
         assert sign_in(client, "olga", "").status_code == 200
     assert sign_in(client, "olga", "wrong").status_code == 200
+
+
+def test_the_admin_sign_in_obeys_the_same_limit(client):
+    make_user("root", password=TEST_PASSWORD, is_staff=True, is_superuser=True)
+    for _ in range(5):
+        response = client.post("/admin/login/", {"username": "root", "password": "wrong"}, REMOTE_ADDR="10.0.0.1")
+        assert response.status_code == 200
+    # Locked by the admin site's failures: the right password is refused there and on our page.
+    response = client.post("/admin/login/", {"username": "root", "password": TEST_PASSWORD}, REMOTE_ADDR="10.0.0.1")
+    assert response.status_code == 200 and "_auth_user_id" not in client.session
+    assert sign_in(client, "root", TEST_PASSWORD).status_code == 429
+
+
+def test_a_failure_on_our_page_counts_once(client):
+    for _ in range(4):
+        sign_in(client, "olga", "wrong")
+    assert sign_in(client, "olga", "wrong").status_code == 200  # the fifth: still only a wrong password
+    assert sign_in(client, "olga", "wrong").status_code == 429

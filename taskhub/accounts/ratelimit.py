@@ -82,3 +82,20 @@ def clear_username(username: str, address: str) -> None:
 def lockout_message(seconds: int) -> str:
     minutes = max(1, math.ceil(seconds / 60))
     return f"Too many sign-in attempts; try again in {minutes} minute{'s' if minutes != 1 else ''}."
+
+
+# --- wiring: every password sign-in (ours and the admin site's) goes through authenticate() -----------------
+
+
+def on_login_failed(sender, credentials, request=None, **kwargs) -> None:
+    # Django calls this for every failed authenticate(), including one refused while locked (counted too: a
+    # locked bucket stays locked while someone keeps trying). Without a request (a script, the test client's
+    # login()) there is no address to count against.
+    username = credentials.get("username")
+    if request is not None and username:
+        record_failure(str(username), client_address(request))
+
+
+def on_logged_in(sender, request, user, **kwargs) -> None:
+    if request is not None:
+        clear_username(user.get_username(), client_address(request))

@@ -24,15 +24,8 @@ class SignInView(auth_views.LoginView):
             return self.render_to_response(self.get_context_data(form=form), status=429)
         return super().post(request, *args, **kwargs)
 
-    def form_valid(self, form):
-        ratelimit.clear_username(self.request.POST.get("username", ""), ratelimit.client_address(self.request))
-        return super().form_valid(form)
-
-    def form_invalid(self, form):
-        username = self.request.POST.get("username", "")
-        if username and self.request.POST.get("password"):
-            ratelimit.record_failure(username, ratelimit.client_address(self.request))
-        return super().form_invalid(form)
+    # Failures are counted, and a success clears the username's count, by the user_login_failed and
+    # user_logged_in signals (accounts/apps.py), so the admin site's sign-in counts the same way.
 
 
 class SignOutView(auth_views.LogoutView):
