@@ -1,5 +1,7 @@
 """Sign-in rate limiting (taskhub/accounts/ratelimit.py): per username and address, and per address."""
 
+import os
+import subprocess
 import time
 
 import pytest
@@ -127,3 +129,22 @@ def test_a_failure_on_our_page_counts_once(client):
         sign_in(client, "olga", "wrong")
     assert sign_in(client, "olga", "wrong").status_code == 200  # the fifth: still only a wrong password
     assert sign_in(client, "olga", "wrong").status_code == 429
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failures_counted_by_another_process_lock_this_one(client):
+    """Several web processes share the count: failures recorded by a separate Python process lock sign-in here."""
+    from browser_fixtures import database_url_for_subprocesses
+    from conftest import PROJECT_DIR, VENV_BIN
+
+    env = {**os.environ, "DATABASE_URL": database_url_for_subprocesses(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env.pop("REDIS_URL", None)
+    script = (
+        "import django; django.setup()\n"
+        "from taskhub.accounts import ratelimit\n"
+        "for _ in range(5): ratelimit.record_failure('olga', '10.0.0.1')\n"
+    )
+    subprocess.run([str(VENV_BIN / "python"), "-c", script], cwd=PROJECT_DIR, env=env, check=True, timeout=60)
+    make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    assert sign_in(client, "olga", TEST_PASSWORD).status_code == 429
+    assert sign_in(client, "olga", TEST_PASSWORD, address="10.0.0.2").status_code == 302
