@@ -5,6 +5,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,19 @@ def channel_layers_from_env() -> dict:
         }
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+
+def caches_from_env() -> dict:
+    # Shared by every web process (the sign-in rate limit counts there): Redis when there is one, else a table in
+    # the database (created by the accounts migration 0002). Never a per-process LocMemCache.
+    url = os.environ.get("REDIS_URL", "").strip()
+    if url:
+        prefix = os.environ.get("REDIS_CHANNEL_PREFIX", "").strip() or "taskhub"
+        redis_cache = "django.core.cache.backends.redis.RedisCache"
+        return {"default": {"BACKEND": redis_cache, "LOCATION": url, "KEY_PREFIX": prefix}}
+    return {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": CACHE_TABLE}}
+
+
+CACHE_TABLE = "taskhub_cache"
 
 DEBUG = env_bool("DEBUG")
 
@@ -119,10 +133,29 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "taskhub.urls"
+
+# Content-Security-Policy (Django's own middleware): no inline script or style anywhere, no eval, nothing from
+# another origin. htmx's inline indicator <style> is switched off in base.html (its rules live in taskhub.css).
+# 'self' in connect-src covers ws:/wss: to the same host in CSP Level 3 browsers (tests/browser/test_csp.py checks
+# the live socket still connects under it). Pages that cannot comply relax it for themselves only, with
+# django.views.decorators.csp.csp_override; see SECURITY notes in tests/test_csp.py.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "font-src": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "object-src": [CSP.NONE],
+}
 
 TEMPLATES = [
     {
@@ -147,6 +180,13 @@ DATABASES = {"default": database_from_env()}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CHANNEL_LAYERS = channel_layers_from_env()
+CACHES = caches_from_env()
+
+# Sign-in rate limit (taskhub/accounts/ratelimit.py): failed attempts within the window, per username and client
+# address, and per client address alone; over either, sign-in is refused (429) until the window has passed.
+LOGIN_FAILURE_WINDOW_SECONDS = int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS", "300"))
+LOGIN_FAILURES_PER_USERNAME = int(os.environ.get("LOGIN_FAILURES_PER_USERNAME", "5"))
+LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
 
 # Background jobs (taskhub/worker): procrastinate on the same database, through Django's connection.
 PROCRASTINATE_IMPORT_PATHS = ["taskhub.worker.jobs", "taskhub.worker.sweeps"]
@@ -159,6 +199,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# ModelBackend that refuses every password while the sign-in rate limit is reached (admin sign-in included).
+AUTHENTICATION_BACKENDS = ["taskhub.accounts.backends.RateLimitedModelBackend"]
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "accounts:login"

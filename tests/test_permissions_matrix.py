@@ -1,0 +1,291 @@
+"""Every route, every role, with the status code each must get (issue 7's permissions matrix).
+
+The table lists every URL route of taskhub's apps and API (Django's admin site guards itself: one row checks it
+sends everyone but staff to its own sign-in). A route that appears without a row fails the test, so no page can
+be added unguarded. Roles:
+
+- anonymous: not signed in (pages send to sign-in, 302; the API answers 401);
+- approver: approves for the server `alpha` (in `approvers` and alpha's approver group);
+- other_approver: an approver, but of `beta` only: alpha's task is hidden from them (404, as if it did not
+  exist); answering alpha's request is 403 on the page (which names the server) but 404 in the API;
+- operator: launches and cancels, is no approver (the inbox is 403);
+- admin: in `admins` (an operator too), not an approver.
+
+The subject of every row is one task on `alpha`, waiting on one input request, launched by the operator.
+Allowed POSTs send an empty or minimal body: 400 there means "let through the guard, then the form said no".
+The live socket (the consumer) is checked at the end.
+"""
+
+import importlib
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import Group
+from django.db import connections
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token
+from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
+from taskhub.mcp.client import TaskCreated
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest
+
+ROLES = ("anonymous", "approver", "other_approver", "operator", "admin")
+LOGIN = 302  # a page's answer to anonymous: the sign-in page, with ?next=
+# fmt: off
+MATRIX = {
+    # (method, route):                        anonymous approver other_approver operator admin
+    ("GET", "web:home"):                      (200,   200, 200, 200, 200),
+    ("GET", "web:healthz"):                   (200,   200, 200, 200, 200),
+    ("GET", "web:favicon"):                   (301,   301, 301, 301, 301),
+    ("GET", "accounts:login"):                (200,   302, 302, 302, 302),
+    ("POST", "accounts:logout"):              (302,   302, 302, 302, 302),
+    ("GET", "tasks:list"):                    (LOGIN, 200, 200, 200, 200),
+    ("GET", "tasks:detail"):                  (LOGIN, 200, 404, 200, 200),
+    ("POST", "tasks:cancel"):                 (LOGIN, 403, 404, 302, 302),
+    ("GET", "tasks:launch"):                  (LOGIN, 403, 403, 200, 200),
+    ("GET", "tasks:launch_tool"):             (LOGIN, 403, 403, 200, 200),
+    ("POST", "tasks:launch_tool"):            (LOGIN, 403, 403, 400, 400),
+    ("GET", "tasks:inbox"):                   (LOGIN, 200, 200, 403, 403),
+    ("POST", "tasks:answer"):                 (LOGIN, 302, 403, 403, 403),
+    ("GET", "servers:list"):                  (LOGIN, 403, 403, 403, 200),
+    ("GET", "servers:add"):                   (LOGIN, 403, 403, 403, 200),
+    ("POST", "servers:add"):                  (LOGIN, 403, 403, 403, 200),  # empty POST: the blank form again
+    ("GET", "servers:detail"):                (LOGIN, 403, 403, 403, 200),
+    ("GET", "servers:edit"):                  (LOGIN, 403, 403, 403, 200),
+    ("POST", "servers:edit"):                 (LOGIN, 403, 403, 403, 200),  # empty POST: the form again
+    ("POST", "servers:discover"):             (LOGIN, 403, 403, 403, 302),
+    ("GET", "audit:list"):                    (LOGIN, 403, 403, 403, 200),
+    ("GET", "audit:export"):                  (LOGIN, 403, 403, 403, 200),
+    # The API: a bearer token of the role's user; anonymous sends none.
+    ("GET", "api:api-root"):                  (404,   404, 404, 404, 404),
+    ("GET", "api:openapi-json"):              (200,   200, 200, 200, 200),
+    ("GET", "api:openapi-view"):              (200,   200, 200, 200, 200),
+    ("GET", "api:list_tasks"):                (401,   200, 200, 200, 200),
+    ("POST", "api:launch_task"):              (401,   403, 403, 400, 400),
+    ("GET", "api:get_task"):                  (401,   200, 404, 200, 200),
+    ("POST", "api:cancel_task"):              (401,   403, 404, 202, 202),
+    ("GET", "api:inbox"):                     (401,   200, 200, 403, 403),
+    ("POST", "api:answer"):                   (401,   200, 404, 403, 403),  # the API hides it (the page: 403)
+    # Django's admin site: staff only (none of these roles is staff), its own sign-in page.
+    ("GET", "admin:index"):                   (302,   302, 302, 302, 302),
+}
+# fmt: on
+NOT_IN_MATRIX = {"admin"}  # the admin site's own routes: one row above stands for them
+
+APPROVAL = {"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": {"type": "object"}}}
+TOOL = {"name": "deploy", "inputSchema": {"type": "object", "properties": {"target": {"type": "string"}},
+                                          "required": ["target"]}}  # fmt: skip
+
+
+def route_names() -> set[str]:
+    names = set()
+
+    def walk(patterns, namespace: str) -> None:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                inner = f"{namespace}:{pattern.namespace}" if namespace and pattern.namespace else pattern.namespace
+                if (inner or namespace) in NOT_IN_MATRIX:
+                    continue
+                walk(pattern.url_patterns, inner or namespace)
+            elif isinstance(pattern, URLPattern):
+                assert pattern.name, f"unnamed route {pattern.pattern}: name it and add it to MATRIX"
+                names.add(f"{namespace}:{pattern.name}" if namespace else pattern.name)
+
+    walk(get_resolver().url_patterns, "")
+    return names
+
+
+def test_the_matrix_lists_every_route():
+    listed = {route for _, route in MATRIX}
+    missing = route_names() - listed - {"admin:index"}
+    assert not missing, f"routes without a row in MATRIX (add the expected status per role): {sorted(missing)}"
+    gone = listed - route_names() - {"admin:index"}
+    assert not gone, f"MATRIX rows for routes that no longer exist: {sorted(gone)}"
+
+
+def snapshot(status: str, **fields) -> TaskSnapshot:
+    return TaskSnapshot.model_validate({"taskId": "remote-1", "status": status, "ttlMs": 60_000, **fields})
+
+
+def make_user(name: str, *groups: str):
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user(name)
+    for group in groups:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+@pytest.fixture
+def world(db):
+    alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
+    beta = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
+    alpha.approver_groups.set([Group.objects.create(name="alpha-approvers")])
+    beta.approver_groups.set([Group.objects.create(name="beta-approvers")])
+    Server.objects.filter(pk=alpha.pk).update(tools=[TOOL], discovered_at=timezone.now())
+    users = {
+        "approver": make_user("amy", APPROVERS, "alpha-approvers"),
+        "other_approver": make_user("ben", APPROVERS, "beta-approvers"),
+        "operator": make_user("olga", OPERATORS),
+        "admin": make_user("alex", ADMINS),
+    }
+    task = services.launch(server=alpha, tool="deploy", arguments={"target": "x"}, user=users["operator"])
+    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot("working")))
+    services.apply_snapshot(task=task, snapshot=snapshot("input_required", inputRequests={"go": APPROVAL}))
+    input_request = InputRequest.objects.get(task=task, key="go")
+    return {"server": alpha, "users": users, "task": task, "request": input_request}
+
+
+def request_for(method: str, route: str, world) -> tuple[str, dict]:
+    """The URL of the route for the world's subjects, and the body a POST sends."""
+    s, t, r = world["server"].pk, world["task"].pk, world["request"].pk
+    urls = {
+        "web:home": "/",
+        "web:healthz": "/healthz",
+        "web:favicon": "/favicon.ico",
+        "accounts:login": "/accounts/login/",
+        "accounts:logout": "/accounts/logout/",
+        "tasks:list": "/tasks/",
+        "tasks:detail": f"/tasks/{t}/",
+        "tasks:cancel": f"/tasks/{t}/cancel",
+        "tasks:launch": "/launch/",
+        "tasks:launch_tool": f"/launch/{s}/deploy/",
+        "tasks:inbox": "/inbox/",
+        "tasks:answer": f"/inbox/{r}/answer",
+        "servers:list": "/servers/",
+        "servers:add": "/servers/add/",
+        "servers:detail": f"/servers/{s}/",
+        "servers:edit": f"/servers/{s}/edit/",
+        "servers:discover": f"/servers/{s}/discover",
+        "audit:list": "/audit/",
+        "audit:export": "/audit/export.csv",
+        "api:api-root": "/api/",
+        "api:openapi-json": "/api/openapi.json",
+        "api:openapi-view": "/api/docs",
+        "api:list_tasks": "/api/tasks",
+        "api:launch_task": "/api/tasks",
+        "api:get_task": f"/api/tasks/{t}",
+        "api:cancel_task": f"/api/tasks/{t}/cancel",
+        "api:inbox": "/api/inbox",
+        "api:answer": f"/api/input-requests/{r}/answer",
+        "admin:index": "/admin/",
+    }
+    bodies = {
+        "tasks:answer": {"action": "accept"},
+        "api:launch_task": {"server": "alpha", "tool": "deploy", "arguments": {}},
+        "api:answer": {"action": "accept", "content": {}},
+    }
+    return urls[route], bodies.get(route, {})
+
+
+CASES = [
+    pytest.param(method, route, role, expected, id=f"{method} {route} as {role}")
+    for (method, route), codes in MATRIX.items()
+    for role, expected in zip(ROLES, codes, strict=True)
+]
+
+
+@pytest.mark.parametrize(("method", "route", "role", "expected"), CASES)
+def test_route_answers_each_role_as_the_matrix_says(world, method, route, role, expected):
+    url, body = request_for(method, route, world)
+    user = world["users"].get(role)
+    if route.startswith("api:"):
+        headers = {}
+        if user is not None:
+            headers["Authorization"] = f"Bearer {create_token(user=user, name='matrix')[1]}"
+        client = Client(headers=headers)
+        response = client.post(url, body, content_type="application/json") if method == "POST" else client.get(url)
+    else:
+        client = Client()
+        if user is not None:
+            client.force_login(user)
+        response = client.post(url, body) if method == "POST" else client.get(url)
+    assert response.status_code == expected, (
+        f"{method} {url} ({route}) as {role}: expected {expected}, got {response.status_code}"
+    )
+    if expected == LOGIN and role == "anonymous" and not route.startswith(("api:", "web:", "accounts:", "admin:")):
+        assert response["Location"].startswith("/accounts/login/?next="), (
+            f"{route} as anonymous: {response['Location']}"
+        )
+    if route.startswith("admin:"):
+        assert response["Location"].startswith("/admin/login/?next="), f"{route} as {role}: {response['Location']}"
+
+
+# --- the live socket ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def application():
+    # Built after the test settings allowed "testserver" (AllowedHostsOriginValidator reads it at build time).
+    import taskhub.asgi
+
+    return importlib.reload(taskhub.asgi).application
+
+
+def socket(application, user=None) -> WebsocketCommunicator:
+    headers = [(b"host", b"testserver"), (b"origin", b"http://testserver")]
+    if user is not None:
+        client = Client()
+        client.force_login(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    return WebsocketCommunicator(application, "/ws/live/", headers=headers)
+
+
+@pytest.fixture
+async def fresh_layer():
+    layer = get_channel_layer()
+    await layer.flush()
+    yield
+    await layer.flush()
+    await database_sync_to_async(connections.close_all)()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_live_socket_refuses_anonymous(application, fresh_layer):
+    communicator = socket(application)
+    accepted, code = await communicator.connect()
+    assert not accepted and code == CLOSE_NOT_SIGNED_IN
+    await communicator.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_only_the_servers_approvers_hear_its_inbox(application, fresh_layer):
+    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
+    group = await Group.objects.acreate(name="alpha-approvers")
+    await sync_to_async(alpha.approver_groups.set)([group])
+    amy = await sync_to_async(make_user)("amy", APPROVERS, "alpha-approvers")
+    ben = await sync_to_async(make_user)("ben", APPROVERS, "beta-approvers")
+    launch = sync_to_async(services.launch)
+    task = await launch(server=alpha, tool="deploy", arguments={}, user=None)
+    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
+
+    sockets = {}
+    for name, user in (("amy", amy), ("ben", ben)):
+        sockets[name] = await sync_to_async(socket)(application, user)
+        accepted, _ = await sockets[name].connect()
+        assert accepted, name
+        await sockets[name].receive_from(timeout=5)  # the nav counts, on connect
+
+    # Ben tries to watch alpha's task too: refused silently.
+    await sockets["ben"].send_json_to({"watch": str(task.pk)})
+    assert await sockets["ben"].receive_nothing(timeout=0.3)
+
+    secret = {**APPROVAL, "params": {"message": "Secret plan?", "requestedSchema": {}}}
+    question = snapshot("input_required", inputRequests={"go": secret})
+    await sync_to_async(services.apply_snapshot)(task=task, snapshot=question)
+
+    heard = await sockets["amy"].receive_from(timeout=5)
+    assert "Secret plan?" in heard or f"{task.pk}" in heard
+    assert await sockets["ben"].receive_nothing(timeout=0.5), "an approver of another server heard alpha's inbox"
+    for communicator in sockets.values():
+        await communicator.disconnect()
