@@ -12,3 +12,8 @@ if os.environ.get("BENCH_REDIS_SOCKET_TIMEOUT") and os.environ.get("REDIS_URL"):
     CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [  # noqa: F405
         {"address": os.environ["REDIS_URL"], "socket_timeout": float(os.environ["BENCH_REDIS_SOCKET_TIMEOUT"])}
     ]
+
+# BENCH_CHANNEL_LAYER=pubsub: channels_redis's pub/sub layer (one PUBLISH per group, each process delivers to its
+# own members) instead of the core layer (one message per member channel, popped one by one by the receiver).
+if os.environ.get("BENCH_CHANNEL_LAYER") == "pubsub" and os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS["default"]["BACKEND"] = "channels_redis.pubsub.RedisPubSubChannelLayer"  # noqa: F405
