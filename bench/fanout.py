@@ -1,0 +1,425 @@
+"""Fan-out: how long one task change takes to reach 500 WebSocket clients of ONE daphne process (issue 6 item 5),
+against the same clients receiving a tiny group message without rendering, in the same run.
+
+One `daphne taskhub.asgi:application` (DEBUG on, the Redis channel layer under a prefix of its own, a database of
+its own); N aiohttp clients, each with the session cookie of an operator (sessions made with Django's test Client
+force_login in this process, same SECRET_KEY), connect to /ws/live/ with an Origin of the daphne URL, as the
+task list page does. Then, C times: a task is changed (its status_message, directly in the database) and
+taskhub.live.publish.publish_task_changed(task_id) is called from this process; measured per client: the time from
+the publish call until a frame mentioning the task arrived; p50/p99/max across clients and changes, and daphne's
+CPU per change. Connect time: from the first connect until every client had its first frame (the live socket
+sends the user's fragments on connect), and per client. Baseline in the same run: the same clients on a daphne
+serving bench/fanout_baseline.py (same middleware and channel layer, a consumer that forwards a group message
+as it is) and one plain group_send of a tiny message, timed the same way: the transport without the rendering.
+Goal of issue 6: all clients have the change within 1 s (p99).
+
+    uv run python bench/fanout.py                                  # 500 clients, 5 changes (~2 min)
+    uv run python bench/fanout.py --clients 50 --changes 2 --no-record    # a quick look
+
+Postgres: --database-url (default $BENCH_FANOUT_DATABASE_URL or
+postgres://postgres@127.0.0.1:5432/taskhub_bench_fanout), dropped and created by the benchmark.
+Redis: --redis-url (default redis://127.0.0.1:6379/0), channel prefix benchfanout<pid>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_fanout"
+SECRET_KEY = "taskhub-bench-only-not-secret"
+GOAL_P99_MS = 1000.0
+LIST_TASKS = 100
+T0 = time.monotonic()
+CONNECT_ATTEMPTS = 5
+
+
+def admin_url(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/postgres")), parts.path.lstrip("/")
+
+
+def set_database(url: str, create: bool) -> None:
+    import psycopg
+
+    admin, name = admin_url(url)
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if create:
+            connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def machine() -> str:
+    cpu = "?"
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as info:
+        memory_kib = int(info.readline().split()[1])
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory_kib / 2**20:.0f} GiB memory, Linux {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def cpu_busy() -> tuple[float, float]:
+    with open("/proc/stat") as stat:
+        fields = [float(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def prepare(clients: int) -> dict:
+    """An operator, a server, LIST_TASKS tasks, and one session per client."""
+    from django.conf import settings
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from taskhub.accounts.groups import OPERATORS
+    from taskhub.servers.models import Server, Transport
+    from taskhub.tasks.models import Task, TaskStatus
+
+    operator = User.objects.create_user("bench-operator", password=None)
+    operator.groups.add(Group.objects.get(name=OPERATORS))
+    server = Server.objects.create(name="bench-server", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    tasks = Task.objects.bulk_create(
+        Task(server=server, tool="slow_tool", launched_by=operator, remote_task_id=f"r{n}", status=TaskStatus.WORKING)
+        for n in range(LIST_TASKS)
+    )
+    cookies = []
+    for _ in range(clients):
+        client = Client()
+        client.force_login(operator)
+        cookies.append(f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}")
+    return {"task_id": tasks[0].pk, "cookies": cookies}
+
+
+def start_daphne(app: str, port: int, env: dict) -> subprocess.Popen:
+    daphne = Path(sys.executable).parent / "daphne"
+    process = subprocess.Popen(
+        [str(daphne), "-b", "127.0.0.1", "-p", str(port), app],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(f"/tmp/bench-fanout-daphne-{port}.log", "w"),  # noqa: SIM115
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"daphne exited ({process.returncode}); see /tmp/bench-fanout-daphne-{port}.log")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit("daphne did not listen within 60 s")
+
+
+class Listener:
+    """One WebSocket client: records when a frame containing the awaited marker arrives."""
+
+    def __init__(self) -> None:
+        self.marker: str | None = None
+        self.arrived: asyncio.Future | None = None
+        self.frames = 0
+
+    async def read(self, ws) -> None:
+        import aiohttp
+
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                continue
+            now = time.perf_counter()
+            self.frames += 1
+            if self.marker is not None and self.marker in message.data and not self.arrived.done():
+                self.arrived.set_result(now)
+
+
+async def run_phase(kind: str, port: int, cookies: list[str], changes: int, change, concurrency: int, timeout: float):
+    """Connect every client, then `changes` times: change(k) → (t0, marker); wait for every client's frame."""
+    import aiohttp
+
+    base = f"http://127.0.0.1:{port}"
+    url = f"ws://127.0.0.1:{port}/ws/live/"
+    listeners = [Listener() for _ in cookies]
+    sockets = []
+    readers = []
+    connect_times = []
+    retries: list[str] = []
+    semaphore = asyncio.Semaphore(concurrency)
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout()
+    )
+
+    async def connect(index: int) -> None:
+        # Like the htmx ws extension, a refused or dropped handshake is retried (after 1 s); counted in `retries`.
+        async with semaphore:
+            t0 = time.perf_counter()
+            for attempt in range(CONNECT_ATTEMPTS):
+                try:
+                    ws = await session.ws_connect(
+                        url, headers={"Origin": base, "Cookie": cookies[index]}, heartbeat=None, max_msg_size=0
+                    )
+                    first = await ws.receive(timeout=timeout)
+                    if first.type != aiohttp.WSMsgType.TEXT:
+                        raise RuntimeError(f"client {index}: no first frame but {first.type} {first.data}")
+                    break
+                except (aiohttp.ClientError, RuntimeError, TimeoutError) as error:
+                    retries.append(f"{type(error).__name__}: {error}"[:120])
+                    if attempt == CONNECT_ATTEMPTS - 1:
+                        raise
+                    await asyncio.sleep(1)
+            connect_times.append((time.perf_counter() - t0) * 1000)
+            sockets.append(ws)
+            readers.append(asyncio.create_task(listeners[index].read(ws)))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(connect(index) for index in range(len(cookies))))
+    all_connected_s = time.perf_counter() - started
+    await asyncio.sleep(1)
+
+    latencies, per_change, missing = [], [], 0
+    loop = asyncio.get_running_loop()
+    for k in range(changes):
+        for listener in listeners:
+            listener.marker = None
+            listener.arrived = loop.create_future()
+        prepared = await loop.run_in_executor(None, change, k, "prepare")
+        for listener in listeners:
+            listener.marker = prepared
+        t0, cpu = await loop.run_in_executor(None, change, k, "publish")
+        done, pending = await asyncio.wait([listener.arrived for listener in listeners], timeout=timeout)
+        missing += len(pending)
+        these = [(future.result() - t0) * 1000 for future in done]
+        latencies += these
+        cpu_after = cpu()
+        per_change.append({"p50": statistics.median(these), "max": max(these), "daphne_cpu_s": cpu_after})
+        await asyncio.sleep(1)
+
+    for ws in sockets:
+        await ws.close()
+    for reader in readers:
+        reader.cancel()
+    await session.close()
+    return {
+        "kind": kind,
+        "all_connected_s": all_connected_s,
+        "connect": connect_times,
+        "latencies": latencies,
+        "missing": missing,
+        "retries": retries,
+        "per_change": per_change,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=500)
+    parser.add_argument("--changes", type=int, default=5)
+    parser.add_argument("--connect-concurrency", type=int, default=20, help="connects in flight at once")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all clients per change")
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_FANOUT_DATABASE_URL", DEFAULT_DATABASE_URL))
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis-socket-timeout",
+        type=float,
+        help="run with bench/fanout_settings.py: this socket timeout for the channel layer's Redis connections "
+        "(default: taskhub.settings as deployed, i.e. redis-py's 5 s)",
+    )
+    parser.add_argument(
+        "--layer",
+        choices=("core", "pubsub"),
+        default="core",
+        help="pubsub: channels_redis's RedisPubSubChannelLayer (with bench/fanout_settings.py), to compare",
+    )
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    args = parser.parse_args()
+
+    import psutil
+
+    command = "uv run python bench/fanout.py " + " ".join(sys.argv[1:])
+    load_start = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(
+        f"fan-out: {args.clients} WebSocket clients on one daphne, {args.changes} changes; "
+        f"machine shared (load {load_start})",
+        flush=True,
+    )
+    prefix = f"benchfanout{os.getpid()}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": (
+            "bench.fanout_settings" if args.redis_socket_timeout or args.layer != "core" else "taskhub.settings"
+        ),
+        "BENCH_CHANNEL_LAYER": args.layer,
+        "BENCH_REDIS_SOCKET_TIMEOUT": str(args.redis_socket_timeout or ""),
+        "DATABASE_URL": args.database_url,
+        "REDIS_URL": args.redis_url,
+        "REDIS_CHANNEL_PREFIX": prefix,
+        "SECRET_KEY": SECRET_KEY,
+        "DEBUG": "true",
+        "HTTPS_ONLY": "false",
+    }
+    set_database(args.database_url, create=True)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+    from django.db import connections
+    from django.utils import timezone
+
+    from taskhub.live.publish import publish_task_changed
+    from taskhub.tasks.models import Task
+
+    print(f"[{time.monotonic() - T0:.0f} s] migrated; making {args.clients} sessions", flush=True)
+    data = prepare(args.clients)
+    task_id = data["task_id"]
+    results = []
+    busy0, total0 = cpu_busy()
+    try:
+        for kind, app in (("baseline", "bench.fanout_baseline:application"), ("taskhub", "taskhub.asgi:application")):
+            if kind == "baseline" and args.no_baseline:
+                continue
+            port = free_port()
+            print(f"[{time.monotonic() - T0:.0f} s] {kind}: starting daphne {app} on port {port}", flush=True)
+            daphne = start_daphne(app, port, env)
+            print(f"[{time.monotonic() - T0:.0f} s] {kind}: daphne listens; connecting", flush=True)
+            watched = psutil.Process(daphne.pid)
+
+            def daphne_cpu(watched=watched) -> float:
+                times = watched.cpu_times()
+                return times.user + times.system
+
+            state = {}
+
+            def change(k: int, step: str, kind=kind, state=state, daphne_cpu=daphne_cpu):
+                if step == "prepare":
+                    if kind == "baseline":
+                        state["marker"] = f"ping-{k}-{uuid.uuid4().hex}"
+                    else:
+                        Task.objects.filter(pk=task_id).update(status_message=f"change {k}", updated_at=timezone.now())
+                        state["marker"] = str(task_id)
+                    return state["marker"]
+                state["cpu0"] = daphne_cpu()
+                t0 = time.perf_counter()
+                if kind == "baseline":
+                    async_to_sync(get_channel_layer().group_send)(
+                        "bench-fanout-baseline", {"type": "bench.ping", "text": state["marker"]}
+                    )
+                else:
+                    publish_task_changed(task_id)
+                connections.close_all()
+                return t0, lambda: daphne_cpu() - state["cpu0"]
+
+            try:
+                outcome = asyncio.run(
+                    run_phase(kind, port, data["cookies"], args.changes, change, args.connect_concurrency, args.timeout)
+                )
+            finally:
+                daphne.terminate()
+                daphne.wait(timeout=30)
+            print(f"[{time.monotonic() - T0:.0f} s] {kind}: daphne stopped", flush=True)
+            results.append(outcome)
+            lat = outcome["latencies"]
+            print(
+                f"{kind}: all {args.clients} connected in {outcome['all_connected_s']:.2f} s; change → frame "
+                f"p50 {statistics.median(lat):.0f} ms, p99 {percentile(lat, 0.99):.0f} ms, max {max(lat):.0f} ms, "
+                f"missing {outcome['missing']}",
+                flush=True,
+            )
+    finally:
+        connections.close_all()
+        set_database(args.database_url, create=False)
+    busy1, total1 = cpu_busy()
+
+    lines = [
+        f"## Fan-out, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"- command: `{command.strip()}`",
+        f"- machine: {machine()}; load average at start {load_start}, at end "
+        + ", ".join(f"{value:.1f}" for value in os.getloadavg()),
+        f"- **shared machine**: over the run the 2 cores were {(busy1 - busy0) / (total1 - total0) * 100:.0f}% busy "
+        "(daphne, the 500 clients in this one asyncio process, Redis, Postgres and others' tests, all unpinned)",
+        f"- one daphne (DEBUG on, Redis channel layer, prefix `{prefix}`, settings `{env['DJANGO_SETTINGS_MODULE']}`"
+        + (f", Redis socket_timeout {args.redis_socket_timeout:g} s" if args.redis_socket_timeout else "")
+        + (", channels_redis pub/sub layer" if args.layer == "pubsub" else "")
+        + f"), {args.clients} aiohttp clients with an "
+        f"operator's session cookie on /ws/live/ (Origin: the daphne URL), connected {args.connect_concurrency} at a "
+        f"time; {args.changes} changes of one task, each `publish_task_changed` from this process, 1 s apart; "
+        f"latency = frame mentioning the change received - publish called; {LIST_TASKS} tasks in the database",
+        "- baseline: the same clients on a daphne serving `bench/fanout_baseline.py` (same middleware and channel "
+        "layer, no rendering) and one plain `group_send` of a tiny message",
+        "",
+        "| server | all connected s | connect p50 ms | connect p99 ms | change → all p50 ms | p99 ms | max ms "
+        "| missing | daphne CPU s per change | p99 ≤ 1 s | failed handshakes (retried) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for outcome in results:
+        lat = outcome["latencies"] or [float("nan")]
+        cpu = statistics.mean(change["daphne_cpu_s"] for change in outcome["per_change"])
+        lines.append(
+            f"| {outcome['kind']} | {outcome['all_connected_s']:.2f} | {statistics.median(outcome['connect']):.0f} | "
+            f"{percentile(outcome['connect'], 0.99):.0f} | {statistics.median(lat):.0f} | "
+            f"{percentile(lat, 0.99):.0f} | "
+            f"{max(lat):.0f} | {outcome['missing']} | {cpu:.2f} | "
+            f"{'yes' if percentile(lat, 0.99) <= GOAL_P99_MS and not outcome['missing'] else '**no**'} | "
+            f"{len(outcome['retries'])} |"
+        )
+    if len(results) == 2:
+        base, hub = (percentile(outcome["latencies"], 0.99) for outcome in results)
+        lines += ["", f"p99 ratio taskhub / baseline transport: **{hub / base:.1f}x**"]
+    lines += [
+        "",
+        "per change (p50 / max ms): "
+        + "; ".join(
+            f"{outcome['kind']}: " + ", ".join(f"{c['p50']:.0f}/{c['max']:.0f}" for c in outcome["per_change"])
+            for outcome in results
+        ),
+        "",
+    ]
+    for outcome in results:
+        if outcome["retries"]:
+            first = sorted(set(outcome["retries"]))[:3]
+            lines.append(f"{outcome['kind']}: handshakes retried {len(outcome['retries'])}x, e.g. " + "; ".join(first))
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_record:
+        with args.results.open("a") as results_file:
+            results_file.write("\n" + text)
+        print(f"appended to {args.results}")
+
+
+if __name__ == "__main__":
+    main()

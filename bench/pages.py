@@ -1,0 +1,413 @@
+"""Pages at scale: how fast the task list, the inbox and a task detail answer with 100,000 tasks and 20,000 open
+input requests in the database (issue 6 item 4), against the bare SQL of the list's main query in the same run.
+
+Fills a database of its own with INSERT … SELECT generate_series (tasks across a few servers and users, statuses
+mixed, one OPEN elicitation/create per input_required task, three audit rows per task), then times, in-process
+through Django's test Client (DEBUG off, signed in with force_login as an admin who is also operator and
+approver), N requests after W warm-ups of each page: the task list unfiltered, filtered by status, server,
+launched_by and text (q), page 100, the inbox and a task detail. Reports p50/p95/max ms, the response size and the
+SQL queries per page (CaptureQueriesContext, on one extra request), and EXPLAIN (ANALYZE, BUFFERS) of each page's
+slowest query. Baseline: the list page's main query (SELECT … ORDER BY created_at DESC LIMIT 50) run bare through
+a psycopg cursor, to show the framework's overhead as a ratio. Goal of issue 6: p95 ≤ 150 ms per page. A page
+slower than --page-budget seconds in total is timed on fewer requests (the table says how many).
+
+    uv run python bench/pages.py                                   # 100,000 tasks, 20,000 open requests, 50 requests
+    uv run python bench/pages.py --tasks 10000 --open-requests 2000 --requests 10 --no-record    # a quick look
+
+Postgres: --database-url (default $BENCH_PAGES_DATABASE_URL or postgres://postgres@127.0.0.1:5432/taskhub_bench_pages);
+that database is dropped and created by the benchmark (--keep leaves it for a look afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_pages"
+GOAL_P95_MS = 150.0
+SERVERS = 5
+USERS = 10
+PLAN_LINES = 40
+
+
+def admin_url(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/postgres")), parts.path.lstrip("/")
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    admin, name = admin_url(url)
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+
+    admin, name = admin_url(url)
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def machine() -> str:
+    cpu = "?"
+    with open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as info:
+        memory_kib = int(info.readline().split()[1])
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory_kib / 2**20:.0f} GiB memory, Linux {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def cpu_busy() -> tuple[float, float]:
+    with open("/proc/stat") as stat:
+        fields = [float(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+# --- filling the database ----------------------------------------------------------------------------------
+
+STATUS_SQL = """CASE
+    WHEN i %% 5 = 0 THEN 'input_required'
+    WHEN i %% 5 = 1 THEN 'working'
+    WHEN i %% 5 IN (2, 3) THEN 'completed'
+    WHEN i %% 10 = 4 THEN 'failed'
+    ELSE 'cancelled' END"""
+
+SCHEMA = (
+    '{"type": "object", "properties": {"approve": {"type": "boolean", "title": "Approve?"}, '
+    '"comment": {"type": "string", "title": "Comment", "maxLength": 200}}, "required": ["approve"]}'
+)
+
+
+def fill(tasks: int, open_requests: int) -> dict:
+    from django.contrib.auth.models import Group, User
+    from django.db import connection
+
+    from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+    from taskhub.servers.models import Server, Transport
+    from taskhub.tasks.models import Task
+
+    if open_requests > tasks // 5:
+        raise SystemExit(f"--open-requests at most --tasks / 5 ({tasks // 5}): one per input_required task")
+    servers = [
+        Server.objects.create(name=f"bench-server-{n}", transport=Transport.HTTP, url=f"http://127.0.0.1:9/{n}")
+        for n in range(SERVERS)
+    ]
+    users = [User.objects.create_user(f"user{n}", password=None) for n in range(USERS)]
+    admin = User.objects.create_user("bench-admin", password=None)
+    admin.groups.add(*Group.objects.filter(name__in=[ADMINS, OPERATORS, APPROVERS]))
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO tasks_task (id, tool, arguments, remote_task_id, status, status_message, ttl_ms,
+                poll_interval_ms, remote_created_at, remote_last_updated_at, created_at, updated_at, finished_at,
+                server_id, launched_by_id)
+            SELECT gen_random_uuid(), 'tool_' || (i %% 20), jsonb_build_object('batch', i, 'dry_run', false),
+                'remote-' || i, s.status, 'processing batch ' || i || ' of shard ' || (i %% 97), 3600000, 2000,
+                '', '', now() - i * interval '7 seconds', now() - i * interval '7 seconds',
+                CASE WHEN s.status IN ('completed', 'failed', 'cancelled') THEN now() - i * interval '7 seconds'
+                END,
+                (%s::bigint[])[1 + i %% {SERVERS}], (%s::int[])[1 + (i / 3) %% {USERS}]
+            FROM generate_series(1, %s) AS i, LATERAL (SELECT {STATUS_SQL} AS status) AS s
+            """,
+            [[s.pk for s in servers], [u.pk for u in users], tasks],
+        )
+        cursor.execute(
+            """
+            INSERT INTO tasks_inputrequest (mrtr_round, key, method, params, state, created_at, task_id)
+            SELECT 0, 'elicit-1', 'elicitation/create',
+                jsonb_build_object('mode', 'form', 'message', 'Release batch ' || t.remote_task_id || '?',
+                                   'requestedSchema', %s::jsonb),
+                'open', t.created_at + interval '1 second', t.id
+            FROM tasks_task AS t WHERE t.status = 'input_required' ORDER BY t.created_at DESC LIMIT %s
+            """,
+            [SCHEMA, open_requests],
+        )
+        cursor.execute(
+            """
+            INSERT INTO audit_auditevent (time, actor_label, action, data, actor_id, server_id, task_id)
+            SELECT t.created_at + e.n * interval '1 second', e.actor, e.action, e.data, NULL, t.server_id, t.id
+            FROM tasks_task AS t, LATERAL (VALUES
+                (0, 'user', 'task.launched', '{}'::jsonb),
+                (1, 'worker', 'task.launch_answered', jsonb_build_object('outcome', 'task', 'status', 'working')),
+                (2, 'worker', 'task.status_changed', jsonb_build_object('from', 'working', 'to', t.status))
+            ) AS e(n, actor, action, data)
+            """
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+    filled = time.monotonic() - started
+    detail_task = (
+        Task.objects.filter(status="input_required", input_requests__state="open")
+        .order_by("-created_at")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return {
+        "admin": admin,
+        "servers": servers,
+        "users": users,
+        "detail_task": detail_task,
+        "fill_seconds": filled,
+    }
+
+
+# --- measuring ----------------------------------------------------------------------------------------------
+
+
+def summary(sql: str) -> str:
+    """SELECT … FROM x … WHERE y, shortened: enough to tell the queries of a page apart."""
+    head = sql.split(" FROM ", 1)
+    text = ("SELECT … FROM " + head[1]) if len(head) == 2 and sql.startswith("SELECT") else sql
+    text = text.replace('"', "").replace("|", "/")
+    return text[:150] + ("…" if len(text) > 150 else "")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def time_page(client, path: str, requests: int, warmup: int, budget: float) -> dict:
+    started = time.monotonic()
+    for _ in range(warmup):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.status_code)
+        if time.monotonic() - started > budget / 4:
+            break
+    times = []
+    started = time.monotonic()
+    size = 0
+    for _ in range(requests):
+        t0 = time.perf_counter()
+        response = client.get(path)
+        times.append((time.perf_counter() - t0) * 1000)
+        size = len(response.content)
+        if time.monotonic() - started > budget:
+            break
+    return {"times": times, "size": size}
+
+
+def count_queries(client, path: str) -> list[dict]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        client.get(path)
+    return list(captured.captured_queries)
+
+
+def explain(sql: str) -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def bare_list_query(database_url: str, sql: str, requests: int, warmup: int) -> list[float]:
+    import psycopg
+
+    times = []
+    with psycopg.connect(database_url, autocommit=True) as connection, connection.cursor() as cursor:
+        for index in range(warmup + requests):
+            t0 = time.perf_counter()
+            cursor.execute(sql)
+            cursor.fetchall()
+            if index >= warmup:
+                times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--open-requests", type=int, default=20_000)
+    parser.add_argument("--requests", type=int, default=50, help="timed requests per page")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--page-budget", type=float, default=30.0, help="seconds of timed requests per page (a quarter for warm-ups)"
+    )
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_PAGES_DATABASE_URL", DEFAULT_DATABASE_URL))
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--explain-only", action="store_true", help="no timing: the queries and plans of each page")
+    parser.add_argument("--skip", action="append", default=[], help="with --explain-only: a page label to leave out")
+    args = parser.parse_args()
+
+    command = "uv run python bench/pages.py " + " ".join(sys.argv[1:])
+    load_start = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(
+        f"pages at scale: {args.tasks:,} tasks, {args.open_requests:,} open input requests, "
+        f"{args.requests} requests per page after {args.warmup} warm-ups; machine shared (load {load_start})",
+        flush=True,
+    )
+
+    env = {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "ALLOWED_HOSTS": "testserver",
+        "DEBUG": "false",
+    }
+    recreate_database(args.database_url)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    os.environ.update({key: env[key] for key in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "ALLOWED_HOSTS", "DEBUG")})
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.test import Client
+
+    assert not settings.DEBUG
+    try:
+        data = fill(args.tasks, args.open_requests)
+        print(f"filled in {data['fill_seconds']:.1f} s", flush=True)
+        client = Client()
+        client.force_login(data["admin"])
+        # (label, path, a piece of the page's main query: the one the page exists for)
+        list_main = 'ORDER BY "tasks_task"."created_at" DESC LIMIT'
+        pages = [
+            ("list", "/tasks/", list_main),
+            ("list status=working", "/tasks/?status=working", list_main),
+            ("list server", f"/tasks/?server={data['servers'][2].pk}", list_main),
+            ("list launched_by", "/tasks/?launched_by=user3", list_main),
+            ("list q (text)", "/tasks/?q=shard+42", list_main),
+            ("list page 100", "/tasks/?page=100", list_main),
+            ("inbox", "/inbox/", 'SELECT "tasks_inputrequest"."id"'),
+            ("task detail", f"/tasks/{data['detail_task']}/", 'WHERE "tasks_task"."id" ='),
+        ]
+        rows, plans = [], []
+        busy0, total0 = cpu_busy()
+        cpu0 = time.process_time()
+        wall0 = time.monotonic()
+        for label, path, main_piece in pages:
+            if args.explain_only and label in args.skip:
+                continue
+            if args.explain_only:
+                measured = {"times": [float("nan")], "size": 0}
+            else:
+                measured = time_page(client, path, args.requests, args.warmup, args.page_budget)
+            queries = count_queries(client, path)
+            main_query = next((query for query in queries if main_piece in query["sql"]), None)
+            slowest = sorted(queries, key=lambda query: -float(query["time"]))[:2]
+            explained = ([main_query] if main_query else []) + [q for q in slowest if q is not main_query]
+            page_plans = [(query, explain(query["sql"])) for query in explained]
+            plans.append((label, path, queries, page_plans))
+            main_plan = page_plans[0][1] if main_query else ""
+            times = measured["times"]
+            rows.append(
+                {
+                    "label": label,
+                    "path": path,
+                    "n": len(times),
+                    "p50": statistics.median(times),
+                    "p95": percentile(times, 0.95),
+                    "max": max(times),
+                    "queries": len(queries),
+                    "query_ms": sum(float(query["time"]) for query in queries) * 1000,
+                    "size": measured["size"],
+                    "index": bool(main_plan)
+                    and "Seq Scan on tasks_task" not in main_plan
+                    and "Seq Scan on tasks_inputrequest" not in main_plan,
+                    "slowest_ms": float(slowest[0]["time"]) * 1000,
+                    "slowest": summary(slowest[0]["sql"]),
+                }
+            )
+            print(
+                f"{label:22} n={len(times):3} p50 {rows[-1]['p50']:8.1f} p95 {rows[-1]['p95']:8.1f} ms, "
+                f"{len(queries)} queries, {measured['size']:,} bytes",
+                flush=True,
+            )
+        main_list = [q for q in count_queries(client, "/tasks/") if "LIMIT 50" in q["sql"]]
+        baseline_sql = main_list[0]["sql"]
+        bare = bare_list_query(args.database_url, baseline_sql, args.requests, args.warmup)
+        busy1, total1 = cpu_busy()
+        own_cpu = time.process_time() - cpu0
+        wall = time.monotonic() - wall0
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            drop_database(args.database_url)
+
+    machine_busy = (busy1 - busy0) / (total1 - total0) * 100
+    own_share = own_cpu / wall / (os.cpu_count() or 1) * 100
+    bare_p50 = statistics.median(bare)
+    lines = [
+        f"## Pages at scale, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"- command: `{command.strip()}`",
+        f"- machine: {machine()}; load average at start {load_start}, at end "
+        + ", ".join(f"{value:.1f}" for value in os.getloadavg()),
+        f"- **shared machine**: during the timed part the 2 cores were {machine_busy:.0f}% busy, of which this "
+        f"process (Django, client and server in one) took {own_share:.0f} points; Postgres and others' tests the rest",
+        f"- data: {args.tasks:,} tasks over {SERVERS} servers and {USERS} users (20% input_required, 20% working, "
+        f"40% completed, 10% failed, 10% cancelled), {args.open_requests:,} OPEN elicitation/create requests, "
+        f"3 audit rows per task; filled in {data['fill_seconds']:.0f} s with INSERT … SELECT generate_series",
+        f"- Django test Client in-process, settings tests.settings (DEBUG off), signed in as an admin + operator + "
+        f"approver; {args.warmup} warm-ups then up to {args.requests} timed requests per page (at most "
+        f"{args.page_budget:.0f} s each); queries counted on one more request with CaptureQueriesContext",
+        "",
+        "| page | path | timed | p50 ms | p95 ms | max ms | p95 ≤ 150 ms | SQL queries | SQL ms (sum) | bytes "
+        "| main query: index, no seq scan of tasks / requests | slowest query ms | slowest query |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['label']} | `{row['path']}` | {row['n']} | {row['p50']:.1f} | {row['p95']:.1f} | "
+            f"{row['max']:.1f} | {'yes' if row['p95'] <= GOAL_P95_MS else '**no**'} | {row['queries']} | "
+            f"{row['query_ms']:.1f} | {row['size']:,} | {'yes' if row['index'] else '**no**'} | "
+            f"{row['slowest_ms']:.0f} | {row['slowest']} |"
+        )
+    lines += [
+        "",
+        f"Baseline, same run: the list page's main query (50 rows, ORDER BY created_at DESC LIMIT 50) bare through "
+        f"a psycopg cursor: p50 {bare_p50:.2f} ms, p95 {percentile(bare, 0.95):.2f} ms; the unfiltered list page "
+        f"p50 is **{rows[0]['p50'] / bare_p50:.0f}x** that (framework, the other queries and the template).",
+        "",
+        "<details><summary>EXPLAIN (ANALYZE, BUFFERS) of each page's slowest query</summary>",
+        "",
+    ]
+    for label, path, queries, page_plans in plans:
+        lines += [f"**{label}** (`{path}`): its {len(queries)} queries, ms when captured:", ""]
+        lines += [f"    {float(query['time']) * 1000:7.1f}  {summary(query['sql'])}" for query in queries]
+        lines.append("")
+        for query, plan in page_plans:
+            plan_lines = plan.splitlines()
+            shown = plan_lines[:PLAN_LINES] + (["…"] if len(plan_lines) > PLAN_LINES else [])
+            lines += ["```sql", query["sql"], "```", "", "```", *shown, "```", ""]
+    lines += ["</details>", ""]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_record:
+        with args.results.open("a") as results:
+            results.write("\n" + text)
+        print(f"appended to {args.results}")
+
+
+if __name__ == "__main__":
+    main()
