@@ -48,7 +48,12 @@ def channel_layers_from_env() -> dict:
         return {
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [url], "prefix": prefix},
+                # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py's default 5 s socket timeout
+                # would end an idle consumer's wait with a TimeoutError (and close its WebSocket).
+                "CONFIG": {
+                    "hosts": [{"address": url, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                    "prefix": prefix,
+                },
             }
         }
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

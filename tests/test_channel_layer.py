@@ -1,5 +1,6 @@
 """The channel layer the settings pick works for real: in memory, and on Redis when REDIS_URL is set."""
 
+import asyncio
 import os
 import socket
 from urllib.parse import urlparse
@@ -45,5 +46,24 @@ async def test_redis_layer_round_trip(monkeypatch):
     layer = layer_from_env()
     try:
         await round_trip(layer)
+    finally:
+        await layer.flush()
+
+
+async def test_an_idle_receiver_on_redis_waits_longer_than_a_blocking_pop(monkeypatch):
+    # channels_redis waits for a message with BZPOPMIN … 5 s; a socket timeout of 5 s (redis-py's default)
+    # made an idle consumer's receive fail with "Timeout reading from …", closing its WebSocket.
+    if not redis_is_up(LOCAL_REDIS_URL):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("no Redis on 127.0.0.1:6379 (.ci/run starts one)")
+    monkeypatch.setenv("REDIS_URL", LOCAL_REDIS_URL)
+    monkeypatch.setenv("REDIS_CHANNEL_PREFIX", f"taskhub-idle-test-{os.getpid()}")
+    layer = layer_from_env()
+    try:
+        channel = await layer.new_channel()
+        waiting = asyncio.create_task(layer.receive(channel))
+        await asyncio.sleep(7)
+        assert not waiting.done() or waiting.exception() is None, waiting.exception()
+        await layer.send(channel, {"type": "task.changed", "task": "late"})
+        assert (await asyncio.wait_for(waiting, 5))["task"] == "late"
     finally:
         await layer.flush()

@@ -73,7 +73,10 @@ def test_redis_url_selects_the_redis_channel_layer():
     loaded = load_settings(SECRET_KEY="k", REDIS_URL="redis://127.0.0.1:6379/3")
     assert loaded["CHANNEL_LAYER"] == {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": ["redis://127.0.0.1:6379/3"], "prefix": "taskhub"},
+        "CONFIG": {
+            "hosts": [{"address": "redis://127.0.0.1:6379/3", "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "prefix": "taskhub",
+        },
     }
 
 
