@@ -490,3 +490,15 @@ def test_the_inbox_renderer_is_registered_for_the_live_socket():
     from taskhub.live.fragments import FragmentKind, _task_fragments
 
     assert inbox_fragment in _task_fragments[FragmentKind.INBOX]
+
+
+def test_the_inbox_shows_the_oldest_cards_and_says_how_many_more_wait(servers, ada, monkeypatch):
+    from taskhub.tasks.views import inbox as inbox_views
+
+    monkeypatch.setattr(inbox_views, "CARDS_SHOWN", 2)
+    tasks = [task_asking(servers[0], {f"q{n}": FORM}) for n in range(3)]
+    html = client_for(ada).get("/inbox/").content.decode()
+    assert html.count('class="ir-card') == 2
+    assert f'id="ir-{request_of(tasks[0], "q0").pk}"' in html  # the oldest first
+    assert f'id="ir-{request_of(tasks[2], "q2").pk}"' not in html
+    assert "1 more waiting after these" in html

@@ -91,6 +91,13 @@
       var empty = document.getElementById("inbox-empty");
       if (empty) empty.remove();
     }
+    // "N more waiting" follows the list: keep it last and as the server counts it now.
+    var more = holder.content.getElementById("inbox-more");
+    var shownMore = document.getElementById("inbox-more");
+    if (more && shownMore) {
+      shownMore.replaceWith(more);
+      target.appendChild(more);
+    }
     if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
   }
 

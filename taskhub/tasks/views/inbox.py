@@ -20,13 +20,17 @@ from taskhub.tasks.models import InputRequest
 INBOX_TEMPLATE = "tasks/inbox.html"
 CARD_TEMPLATE = "tasks/input_request_card.html"
 MAX_INCLUDED = 200
+# The oldest this many are shown; a page of thousands of forms helps nobody (and takes seconds to build).
+CARDS_SHOWN = 100
 
 
 @approver_required
 @require_GET
 def inbox(request):
     # Open requests come from servers the user approves for; may_answer is therefore true for each.
-    requests = list(open_requests_for(request.user))
+    waiting = open_requests_for(request.user)
+    requests = list(waiting[:CARDS_SHOWN])
+    more = waiting.count() - len(requests) if len(requests) == CARDS_SHOWN else 0
     if request.GET.get("fragment") == "cards":
         # The live re-fetch also asks for cards already on the page, to bring their state up to date.
         included = _ids(request.GET.get("include", ""))
@@ -34,9 +38,9 @@ def inbox(request):
         extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
         requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
         cards = [card_for(ir, request.user, may_answer=True) for ir in requests]
-        return render(request, f"{INBOX_TEMPLATE}#card-list", {"cards": cards})
+        return render(request, f"{INBOX_TEMPLATE}#card-list", {"cards": cards, "more": more})
     cards = [card_for(ir, request.user, may_answer=True) for ir in requests]
-    return render(request, INBOX_TEMPLATE, {"cards": cards})
+    return render(request, INBOX_TEMPLATE, {"cards": cards, "more": more})
 
 
 def _ids(text: str) -> list[int]:
