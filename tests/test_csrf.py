@@ -1,0 +1,33 @@
+"""Every POST of the pages needs the CSRF token: without it Django refuses with 403 and nothing changes."""
+
+import uuid
+
+import pytest
+from account_fixtures import make_user
+from django.test import Client
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.audit.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+POSTS = [
+    f"/tasks/{uuid.uuid4()}/cancel",
+    "/inbox/1/answer",
+    "/servers/add/",
+    "/servers/1/edit/",
+    "/servers/1/discover",
+    "/launch/1/approval/",
+    "/accounts/logout/",
+]
+
+
+@pytest.mark.parametrize("path", POSTS)
+def test_a_post_without_the_csrf_token_is_refused(path):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_user("ada", ADMINS, OPERATORS, APPROVERS))
+    events = AuditEvent.objects.count()
+    response = client.post(path, {"action": "accept", "name": "x", "transport": "http", "url": "http://x/mcp"})
+    assert response.status_code == 403
+    assert b"CSRF" in response.content
+    assert AuditEvent.objects.count() == events
