@@ -105,7 +105,8 @@ def detail_context(task: Task, user) -> dict:
     open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
     # The page shows every request, answered ones with who answered and when; live, the cards closed lately
     # replace their open version wherever a page still shows it (the newest few suffice).
-    closed = [ir for ir in requests if ir not in open_requests][-CLOSED_CARDS_SENT:]
+    open_ids = {ir.pk for ir in open_requests}
+    closed = [ir for ir in requests if ir.pk not in open_ids][-CLOSED_CARDS_SENT:]
     shown = requests[-REQUEST_CARDS_SHOWN:]
     return {
         "task": task,
