@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -35,7 +34,8 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+
+from benchlib import cpu_busy, free_port, machine, percentile, set_database
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_fanout"
@@ -44,54 +44,6 @@ GOAL_P99_MS = 1000.0
 LIST_TASKS = 100
 T0 = time.monotonic()
 CONNECT_ATTEMPTS = 5
-
-
-def admin_url(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/postgres")), parts.path.lstrip("/")
-
-
-def set_database(url: str, create: bool) -> None:
-    import psycopg
-
-    admin, name = admin_url(url)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if create:
-            connection.execute(f'CREATE DATABASE "{name}"')
-
-
-def machine() -> str:
-    cpu = "?"
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as info:
-        memory_kib = int(info.readline().split()[1])
-    return (
-        f"{os.cpu_count()} cores ({cpu}), {memory_kib / 2**20:.0f} GiB memory, Linux {platform.release()}, "
-        f"Python {platform.python_version()}"
-    )
-
-
-def cpu_busy() -> tuple[float, float]:
-    with open("/proc/stat") as stat:
-        fields = [float(value) for value in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def prepare(clients: int) -> dict:

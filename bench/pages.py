@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+
+from benchlib import cpu_busy, machine, percentile, set_database
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_pages"
@@ -37,50 +37,6 @@ GOAL_P95_MS = 150.0
 SERVERS = 5
 USERS = 10
 PLAN_LINES = 40
-
-
-def admin_url(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/postgres")), parts.path.lstrip("/")
-
-
-def recreate_database(url: str) -> None:
-    import psycopg
-
-    admin, name = admin_url(url)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{name}"')
-
-
-def drop_database(url: str) -> None:
-    import psycopg
-
-    admin, name = admin_url(url)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def machine() -> str:
-    cpu = "?"
-    with open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as info:
-        memory_kib = int(info.readline().split()[1])
-    return (
-        f"{os.cpu_count()} cores ({cpu}), {memory_kib / 2**20:.0f} GiB memory, Linux {platform.release()}, "
-        f"Python {platform.python_version()}"
-    )
-
-
-def cpu_busy() -> tuple[float, float]:
-    with open("/proc/stat") as stat:
-        fields = [float(value) for value in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
 
 
 # --- filling the database ----------------------------------------------------------------------------------
@@ -183,11 +139,6 @@ def summary(sql: str) -> str:
     return text[:150] + ("…" if len(text) > 150 else "")
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
 def time_page(client, path: str, requests: int, warmup: int, budget: float) -> dict:
     started = time.monotonic()
     for _ in range(warmup):
@@ -271,7 +222,7 @@ def main() -> None:
         "ALLOWED_HOSTS": "testserver",
         "DEBUG": "false",
     }
-    recreate_database(args.database_url)
+    set_database(args.database_url, create=True)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     os.environ.update({key: env[key] for key in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "ALLOWED_HOSTS", "DEBUG")})
     sys.path.insert(0, str(ROOT))
@@ -352,7 +303,7 @@ def main() -> None:
 
         connections.close_all()
         if not args.keep:
-            drop_database(args.database_url)
+            set_database(args.database_url, create=False)
 
     machine_busy = (busy1 - busy0) / (total1 - total0) * 100
     own_share = own_cpu / wall / (os.cpu_count() or 1) * 100
