@@ -30,6 +30,8 @@ FIELD_PREFIX = "arg."
 MAX_SCHEMA_CHARS = 200_000
 MAX_PROPERTIES = 100
 MAX_CHOICES = 500
+# A hostile schema can fail on every one of thousands of fields; the form shows the first ones.
+MAX_ERRORS = 50
 MAX_TEXT = 2_000  # labels, help and error texts from the server are cut here
 SCALAR_TYPES = ("string", "number", "integer", "boolean")
 STRING_INPUT_TYPES = {"email": "email", "uri": "url", "url": "url", "date": "date", "date-time": "datetime-local"}
@@ -587,7 +589,7 @@ def validate_arguments(schema: Any, arguments: Any) -> dict[str, str]:
             key = str(error.path[0]) if error.path else ""
             if key not in errors:
                 errors[key] = _describe(error)
-            if len(errors) >= 50:
+            if len(errors) >= MAX_ERRORS:
                 break
         return errors
     except jsonschema.SchemaError as error:
