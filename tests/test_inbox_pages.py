@@ -7,16 +7,15 @@ from account_fixtures import make_user
 from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
+from inbox_fixtures import request_of, snapshot, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
-from taskhub.mcp.client import TaskCreated
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.elicitation_forms import FIELD_PREFIX
 from taskhub.tasks.live_inbox import inbox_fragment
-from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from taskhub.tasks.models import InputRequestState, Task
 
 pytestmark = pytest.mark.django_db
 
@@ -48,25 +47,6 @@ URL = {
     "params": {"mode": "url", "message": "Sign in", "url": "https://auth.example/x?y=1"},
 }
 XSS = '<img src=x onerror="alert(1)">'
-
-
-def snapshot(task, status, requests=None) -> TaskSnapshot:
-    data = {"taskId": f"r-{task.id}", "status": status, "ttlMs": None}
-    if requests is not None:
-        data["inputRequests"] = requests
-    return TaskSnapshot.model_validate(data)
-
-
-def task_asking(server, requests, tool="deploy"):
-    """A task launched through services that the server then follows with an input_required snapshot."""
-    task = services.launch(server=server, tool=tool, arguments={}, user=None)
-    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task, "working")))
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", requests))
-    return task
-
-
-def request_of(task, key) -> InputRequest:
-    return InputRequest.objects.select_related("task__server").get(task=task, key=key)
 
 
 @pytest.fixture

@@ -8,14 +8,12 @@ import pytest
 from account_fixtures import TEST_PASSWORD, make_user
 from browser_fixtures import screenshot, sign_in
 from django.contrib.auth.models import Group
+from inbox_fixtures import request_of, task_asking
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS
-from taskhub.mcp.client import TaskCreated
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
-from taskhub.tasks import services
-from taskhub.tasks.models import InputRequest, InputRequestState
+from taskhub.tasks.models import InputRequestState
 
 SCHEMA = {
     "type": "object",
@@ -63,24 +61,6 @@ def url_request(url: str) -> dict:
         "method": "elicitation/create",
         "params": {"mode": "url", "message": "Sign in to the billing system so I can fetch the invoice.", "url": url},
     }
-
-
-def snapshot(task, status, requests=None) -> TaskSnapshot:
-    data = {"taskId": f"r-{task.id}", "status": status, "ttlMs": None}
-    if requests is not None:
-        data["inputRequests"] = requests
-    return TaskSnapshot.model_validate(data)
-
-
-def task_asking(server, requests, tool="deploy"):
-    task = services.launch(server=server, tool=tool, arguments={}, user=None)
-    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task, "working")))
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", requests))
-    return task
-
-
-def request_of(task, key) -> InputRequest:
-    return InputRequest.objects.get(task=task, key=key)
 
 
 @pytest.fixture
