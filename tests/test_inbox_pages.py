@@ -467,9 +467,10 @@ def test_the_live_fragment_replaces_changed_cards_and_asks_for_new_ones(servers,
 
 
 def test_the_inbox_renderer_is_registered_for_the_live_socket():
-    from taskhub.live.fragments import FragmentKind, _task_fragments
+    from taskhub.live.fragments import FragmentKind, Sharing, registered_task_fragments
 
-    assert inbox_fragment in _task_fragments[FragmentKind.INBOX]
+    # Per user, not per audience: a card says "answered by you".
+    assert inbox_fragment in registered_task_fragments(FragmentKind.INBOX, Sharing.USER)
 
 
 def test_the_inbox_shows_the_oldest_cards_and_says_how_many_more_wait(servers, ada, monkeypatch):

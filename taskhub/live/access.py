@@ -1,17 +1,32 @@
-"""Who may receive what over the live socket, decided by taskhub.accounts.permissions and read fresh each time."""
+"""Who may receive what over the live socket, decided by taskhub.accounts.permissions.
+
+A socket reads its user's access on connect, again when told the access may have changed (the signals
+below publish `access.changed` after a commit that touches roles, memberships or servers' approver groups),
+and at the latest ACCESS_MAX_AGE_SECONDS after its last read, in case such a message was lost (the channel
+layer delivers at most once).
+"""
 
 from dataclasses import dataclass
 
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models.signals import m2m_changed, post_delete, post_save
+
 from taskhub.accounts import permissions
+
+ACCESS_MAX_AGE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
 class LiveAccess:
+    """Also the audience of a change: sockets with equal access get the same shared fragments."""
+
     sees_all_tasks: bool
     approvable_server_ids: frozenset[int]
+    roles: permissions.Roles = permissions.NO_ROLES
 
     def may_see_task(self, task) -> bool:
-        # The rule of permissions.may_see_task / tasks_visible_to, from what was read once per message.
+        # The rule of permissions.may_see_task / tasks_visible_to, from what was read once.
         return self.sees_all_tasks or task.server_id in self.approvable_server_ids
 
 
@@ -25,4 +40,67 @@ def access_for(user) -> LiveAccess:
     return LiveAccess(
         sees_all_tasks=permissions.sees_all_tasks(user),
         approvable_server_ids=frozenset(permissions.servers_user_may_approve(user).values_list("pk", flat=True)),
+        roles=permissions.roles_of(user),
     )
+
+
+def current_access(user_id: int) -> tuple[object | None, LiveAccess]:
+    """The user, read again (None once deleted or deactivated), and their access now."""
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    return user, (access_for(user) if user is not None else NO_ACCESS)
+
+
+# --- telling sockets their access may have changed ----------------------------------------------------
+
+
+def _after_commit(user_ids=None) -> None:
+    """user_ids: those whose access changed; None: anyone's may have (servers, groups)."""
+    from taskhub.live import publish
+
+    ids = None if user_ids is None else sorted(user_ids)
+    transaction.on_commit(lambda: publish.publish_access_changed(user_ids=ids))
+
+
+def _user_saved(sender, instance, created, update_fields=None, **kwargs) -> None:
+    if created or (update_fields is not None and set(update_fields) <= {"last_login"}):
+        return  # a new user has no socket; signing in changes nothing of the access
+    _after_commit({instance.pk})
+
+
+def _user_deleted(sender, instance, **kwargs) -> None:
+    _after_commit({instance.pk})
+
+
+def _memberships_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
+    if action not in ("post_add", "post_remove", "post_clear"):
+        return
+    # user.groups.… names the user; group.user_set.… names users (or, cleared, nobody): tell everyone then.
+    _after_commit({instance.pk} if not reverse else (pk_set or None))
+
+
+def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None:
+    if action is not None and action not in ("post_add", "post_remove", "post_clear"):
+        return
+    if not created:
+        return  # a server renamed or re-pointed: who may approve for it is unchanged
+    _after_commit(None)
+
+
+def connect_access_signals() -> None:
+    """From AccountsConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
+    from django.contrib.auth.models import Group
+
+    from taskhub.servers.models import Server
+
+    user_model = get_user_model()
+    uid = "taskhub.live.access."
+    post_save.connect(_user_saved, sender=user_model, dispatch_uid=uid + "user_saved")
+    post_delete.connect(_user_deleted, sender=user_model, dispatch_uid=uid + "user_deleted")
+    m2m_changed.connect(_memberships_changed, sender=user_model.groups.through, dispatch_uid=uid + "memberships")
+    m2m_changed.connect(
+        _anyones_access_changed, sender=Server.approver_groups.through, dispatch_uid=uid + "approver_groups"
+    )
+    # Servers without approver groups are answered by every approver; deleting a group drops its memberships.
+    post_save.connect(_anyones_access_changed, sender=Server, dispatch_uid=uid + "server_saved")
+    post_delete.connect(_anyones_access_changed, sender=Server, dispatch_uid=uid + "server_deleted")
+    post_delete.connect(_anyones_access_changed, sender=Group, dispatch_uid=uid + "group_deleted")

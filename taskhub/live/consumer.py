@@ -1,8 +1,12 @@
 """The live socket, /ws/live/: pushes htmx out-of-band fragments to a signed-in user's pages.
 
-Permissions are checked here, not only in views: the groups joined on connect follow the user's
-roles, a {"watch": "<task uuid>"} is granted only for a task the user may see, and every change is
-rendered with the user's access read fresh from the database.
+Permissions are checked here, not only in views: the groups joined follow the user's access (read on
+connect, again when told it changed, and at the latest every ACCESS_MAX_AGE_SECONDS), a {"watch": "<task
+uuid>"} is granted only for a task the user may see, and a change is rendered for the socket's own access.
+
+One change reaches every socket of the process that hears it, so its rendering is shared (sharing.py):
+the task is read once, fragments of Sharing.AUDIENCE are rendered once per access (the same bytes for
+every socket whose user may see the same), those of Sharing.USER once per user.
 """
 
 import asyncio
@@ -13,12 +17,19 @@ from collections import deque
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from django.contrib.auth import get_user_model
 
 from taskhub.live import publish
-from taskhub.live.access import NO_ACCESS, LiveAccess, access_for
-from taskhub.live.fragments import FragmentKind, render_task_fragments, render_user_fragments
-from taskhub.live.groups import TASKS_GROUP, inbox_group, task_group
+from taskhub.live.access import ACCESS_MAX_AGE_SECONDS, NO_ACCESS, LiveAccess, access_for, current_access
+from taskhub.live.fragments import (
+    FragmentKind,
+    Sharing,
+    has_task_fragments,
+    has_user_fragments,
+    render_task_fragments,
+    render_user_fragments,
+)
+from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
+from taskhub.live.sharing import shared
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +48,30 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_NOT_SIGNED_IN)
             return
+        self.user = user
         self.user_id = user.pk
+        self.access = NO_ACCESS
+        self.access_read_at = 0.0
         self.groups_joined: set[str] = set()
-        self.watched_task_ids: set[str] = set()
+        self.watched_tasks: dict[str, int] = {}  # task id → its server's id
         self.recent_message_ids: deque[str] = deque(maxlen=REMEMBERED_MESSAGES)
-        publish.remember_consumer_loop(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        publish.remember_consumer_loop(loop)
 
-        access = await database_sync_to_async(access_for)(user)
-        groups = [TASKS_GROUP] if access.sees_all_tasks else []
-        groups += [inbox_group(server_id) for server_id in sorted(access.approvable_server_ids)]
-        for group in groups:
-            await self._join(group)
+        started = loop.time()
+        await self._adopt(await database_sync_to_async(access_for)(user), read_at=started)
         await self.accept()
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
-        await self._send_html(await database_sync_to_async(self._render_user_fragments)())
+        # Sockets of one audience connecting together share a rendering begun after they joined their groups.
+        audience_html = await shared(
+            ("connect", self.access),
+            lambda: database_sync_to_async(_render_user_fragments)(self.user, Sharing.AUDIENCE),
+            started_after=loop.time(),
+        )
+        user_html = ""
+        if has_user_fragments(Sharing.USER):
+            user_html = await database_sync_to_async(_render_user_fragments)(self.user, Sharing.USER)
+        await self._send_html(audience_html + user_html)
 
     async def disconnect(self, code):
         for group in list(getattr(self, "groups_joined", ())):
@@ -75,31 +96,96 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if event.get("message_id") in self.recent_message_ids:
             return
         self.recent_message_ids.append(event.get("message_id"))
-        allowed, html = await database_sync_to_async(self._render_change)(event["task_id"], set(self.watched_task_ids))
-        if not allowed:
-            await self.close(code=CLOSE_NO_LONGER_ALLOWED)
+        now = asyncio.get_running_loop().time()
+        # A read begun in the last second (by a socket of the same user hearing this change) is fresh enough.
+        if now - self.access_read_at > ACCESS_MAX_AGE_SECONDS and not await self._read_access(since=now - 1):
             return
-        await self._send_html(html)
+        await self._send_html(await self._change_html(event["task_id"], event.get("message_id")))
+
+    async def access_changed(self, event):
+        await self._read_access(since=asyncio.get_running_loop().time())
+
+    # --- access -------------------------------------------------------------------------------------------
+
+    async def _read_access(self, *, since: float) -> bool:
+        """Read the user's access again (shared with the user's other sockets that need a read begun after
+        `since`) and follow it; False when the socket was closed because the user may no longer use it."""
+        user, access = await shared(
+            ("access", self.user_id),
+            lambda: database_sync_to_async(current_access)(self.user_id),
+            started_after=since,
+            keep=ACCESS_MAX_AGE_SECONDS,
+        )
+        if user is None:
+            await self.close(code=CLOSE_NO_LONGER_ALLOWED)
+            return False
+        self.user = user
+        await self._adopt(access, read_at=asyncio.get_running_loop().time())
+        return True
+
+    async def _adopt(self, access: LiveAccess, *, read_at: float) -> None:
+        """Follow this access: what is rendered for the socket, and the groups it is in (joined and left)."""
+        self.access, self.access_read_at = access, read_at
+        for task_id, server_id in list(self.watched_tasks.items()):
+            if not (access.sees_all_tasks or server_id in access.approvable_server_ids):
+                del self.watched_tasks[task_id]
+        wanted = {user_group(self.user_id), ACCESS_GROUP, *map(task_group, self.watched_tasks)}
+        wanted |= {TASKS_GROUP} if access.sees_all_tasks else set()
+        wanted |= {inbox_group(server_id) for server_id in access.approvable_server_ids}
+        for group in sorted(self.groups_joined - wanted):
+            self.groups_joined.discard(group)
+            await self.channel_layer.group_discard(group, self.channel_name)
+        for group in sorted(wanted - self.groups_joined):
+            await self._join(group)
+
+    # --- a change -----------------------------------------------------------------------------------------
+
+    async def _change_html(self, task_id: str, message_id: str | None) -> str:
+        message_id = message_id or uuid.uuid4().hex  # without an id (not from publish.py): nothing to share
+        task = await shared(("task", message_id), lambda: database_sync_to_async(_task_or_none)(task_id))
+        access = self.access
+        kinds = []
+        if task is not None:
+            if access.sees_all_tasks:
+                kinds.append(FragmentKind.TASKS)
+            if str(task.pk) in self.watched_tasks and access.may_see_task(task):
+                kinds.append(FragmentKind.TASK)
+            if task.server_id in access.approvable_server_ids:
+                kinds.append(FragmentKind.INBOX)
+            if not kinds:
+                return ""  # heard through a group the user has since lost; nothing of it is theirs
+        kinds = tuple(kinds)
+        user = self.user
+        html = await shared(
+            ("audience", message_id, access, kinds),
+            lambda: database_sync_to_async(_render_change)(task, kinds, user, Sharing.AUDIENCE),
+        )
+        if has_task_fragments(kinds, Sharing.USER) or has_user_fragments(Sharing.USER):
+            html += await shared(
+                ("user", message_id, self.user_id, access, kinds),
+                lambda: database_sync_to_async(_render_change)(task, kinds, user, Sharing.USER),
+            )
+        return html
 
     # --- watching one task --------------------------------------------------------------------------------
 
     async def _watch(self, value) -> None:
         task_id = _as_uuid(value)
-        if task_id is None or len(self.watched_task_ids) >= MAX_WATCHED_TASKS:
+        if task_id is None or len(self.watched_tasks) >= MAX_WATCHED_TASKS:
             return
-        allowed, html = await database_sync_to_async(self._render_watched_task)(task_id)
-        if not allowed:
+        server_id, html = await database_sync_to_async(self._render_watched_task)(task_id)
+        if server_id is None:
             logger.info("user %s may not watch task %s; refused", self.user_id, task_id)
             return
         await self._join(task_group(task_id))
-        self.watched_task_ids.add(str(task_id))
+        self.watched_tasks[str(task_id)] = server_id
         await self._send_html(html)
 
     async def _unwatch(self, value) -> None:
         task_id = _as_uuid(value)
-        if task_id is None or str(task_id) not in self.watched_task_ids:
+        if task_id is None or str(task_id) not in self.watched_tasks:
             return
-        self.watched_task_ids.discard(str(task_id))
+        del self.watched_tasks[str(task_id)]
         self.groups_joined.discard(task_group(task_id))
         await self.channel_layer.group_discard(task_group(task_id), self.channel_name)
 
@@ -111,44 +197,31 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if html:
             await self.send(text_data=html)
 
-    # --- rendering (sync, in a thread: database access) ---------------------------------------------------
-
-    def _current_user_and_access(self) -> tuple[object | None, LiveAccess]:
-        user = get_user_model().objects.filter(pk=self.user_id, is_active=True).first()
-        return user, (access_for(user) if user is not None else NO_ACCESS)
-
-    def _render_user_fragments(self) -> str:
-        user, _ = self._current_user_and_access()
-        return "".join(render_user_fragments(user)) if user is not None else ""
-
-    def _render_watched_task(self, task_id: uuid.UUID) -> tuple[bool, str]:
-        from taskhub.tasks.models import Task
-
-        user, access = self._current_user_and_access()
-        task = Task.objects.select_related("server").filter(pk=task_id).first()
+    def _render_watched_task(self, task_id: uuid.UUID) -> tuple[int | None, str]:
+        """(the task's server id, its fragments) if the user may see it now, else (None, "")."""
+        user, access = current_access(self.user_id)
+        task = _task_or_none(task_id)
         if user is None or task is None or not access.may_see_task(task):
-            return False, ""
-        return True, "".join(render_task_fragments([FragmentKind.TASK], task, user))
+            return None, ""
+        return task.server_id, "".join(render_task_fragments([FragmentKind.TASK], task, user))
 
-    def _render_change(self, task_id: str, watched_task_ids: set[str]) -> tuple[bool, str]:
-        from taskhub.tasks.models import Task
 
-        user, access = self._current_user_and_access()
-        if user is None:
-            return False, ""
-        task = Task.objects.select_related("server").filter(pk=task_id).first()
-        kinds = []
-        if task is not None:
-            if access.sees_all_tasks:
-                kinds.append(FragmentKind.TASKS)
-            if str(task.pk) in watched_task_ids and access.may_see_task(task):
-                kinds.append(FragmentKind.TASK)
-            if task.server_id in access.approvable_server_ids:
-                kinds.append(FragmentKind.INBOX)
-        if task is not None and not kinds:
-            return True, ""  # heard through a group the user has since lost; nothing of it is theirs
-        fragments = render_task_fragments(kinds, task, user) if kinds else []
-        return True, "".join([*fragments, *render_user_fragments(user)])
+# --- rendering (sync, in the database thread) -----------------------------------------------------------
+
+
+def _task_or_none(task_id):
+    from taskhub.tasks.models import Task
+
+    return Task.objects.select_related("server").filter(pk=task_id).first()
+
+
+def _render_user_fragments(user, sharing: Sharing) -> str:
+    return "".join(render_user_fragments(user, sharing=sharing))
+
+
+def _render_change(task, kinds: tuple[FragmentKind, ...], user, sharing: Sharing) -> str:
+    fragments = render_task_fragments(kinds, task, user, sharing=sharing) if task is not None else []
+    return "".join([*fragments, *render_user_fragments(user, sharing=sharing)])
 
 
 def _as_uuid(value) -> uuid.UUID | None:

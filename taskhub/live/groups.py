@@ -14,3 +14,12 @@ def task_group(task_id: uuid.UUID | str) -> str:
 def inbox_group(server_id: int) -> str:
     """Changes to tasks of one server that have (or had) input requests: its approvers' inboxes."""
     return f"inbox.server.{server_id}"
+
+
+# Every socket: told to read its access again when anyone's may have changed (servers' approver groups).
+ACCESS_GROUP = "access"
+
+
+def user_group(user_id: int) -> str:
+    """A user's sockets: told to read their access again after their roles or memberships changed."""
+    return f"user.{user_id}"

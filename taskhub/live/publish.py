@@ -14,11 +14,12 @@ from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
 
-from taskhub.live.groups import TASKS_GROUP, inbox_group, task_group
+from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
 
 logger = logging.getLogger(__name__)
 
 TASK_CHANGED = "task.changed"  # handled by LiveConsumer.task_changed
+ACCESS_CHANGED = "access.changed"  # handled by LiveConsumer.access_changed
 # A layer that cannot be reached (Redis stopped or unreachable) costs the caller this long at most.
 SEND_TIMEOUT_SECONDS = 2.0
 
@@ -34,18 +35,27 @@ def remember_consumer_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 def publish_task_changed(task_id: uuid.UUID) -> None:
     """Tell the pages showing this task (list, detail, inbox, nav counts) to re-render it. Never raises."""
+    _off_the_loop(_publish, task_id)
+
+
+def publish_access_changed(*, user_ids: list[int] | None) -> None:
+    """Tell these users' sockets (None: every socket) to read their access again. Never raises."""
+    _off_the_loop(_publish_access, user_ids)
+
+
+def _off_the_loop(publish, *args) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        _publish(task_id)
+        publish(*args)
     else:
-        # Called from async code: the database lookup below is sync-only, so it runs off this loop.
-        threading.Thread(target=_publish_from_a_thread, args=(task_id,), name="live-publish", daemon=True).start()
+        # Called from async code: the database lookup and the sync send cannot run on this loop.
+        threading.Thread(target=_publish_from_a_thread, args=(publish, *args), name="live-publish", daemon=True).start()
 
 
-def _publish_from_a_thread(task_id: uuid.UUID) -> None:
+def _publish_from_a_thread(publish, *args) -> None:
     try:
-        _publish(task_id)
+        publish(*args)
     finally:
         # The lookup opened this thread's own database connection; left open it would outlive the thread
         # (and keep a test database from being dropped).
@@ -59,6 +69,14 @@ def _publish(task_id: uuid.UUID) -> None:
         _send_to_groups(groups, message)
     except Exception:
         logger.warning("live update for task %s dropped: the channel layer did not take it", task_id, exc_info=True)
+
+
+def _publish_access(user_ids: list[int] | None) -> None:
+    try:
+        groups = [ACCESS_GROUP] if user_ids is None else [user_group(user_id) for user_id in user_ids]
+        _send_to_groups(groups, {"type": ACCESS_CHANGED, "message_id": uuid.uuid4().hex})
+    except Exception:
+        logger.warning("access change for users %s not told to their sockets", user_ids, exc_info=True)
 
 
 def groups_for_task(task_id: uuid.UUID) -> list[str]:

@@ -13,7 +13,7 @@
 from django.template.loader import render_to_string
 
 from taskhub.accounts import permissions
-from taskhub.live.fragments import FragmentKind, register_task_fragment
+from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
 
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
@@ -37,6 +37,7 @@ def detail_sections(task, user) -> str:
 
 
 def register() -> None:
-    register_task_fragment(FragmentKind.TASKS, list_signal)
-    register_task_fragment(FragmentKind.INBOX, list_signal_for_approver)
+    # The signal names nothing of the user: one rendering per change serves a whole audience.
+    register_task_fragment(FragmentKind.TASKS, list_signal, sharing=Sharing.AUDIENCE)
+    register_task_fragment(FragmentKind.INBOX, list_signal_for_approver, sharing=Sharing.AUDIENCE)
     register_task_fragment(FragmentKind.TASK, detail_sections)
