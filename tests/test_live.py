@@ -17,9 +17,9 @@ from django.contrib.auth.models import Group
 from django.db import connections
 from django.test import Client
 
-from taskhub.live import publish
-from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
-from taskhub.live.fragments import FragmentKind, register_task_fragment, unregister_task_fragment
+from taskhub.live import consumer, publish
+from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
+from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
@@ -111,8 +111,7 @@ def operator(django_user_model):
 @pytest.fixture
 def live_task(server, operator):
     """A durable task in status working, made through the services as the launch job would."""
-    task = services.launch(server=server, tool="deploy", arguments={}, user=operator)
-    return services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot()))
+    return launched_on(server, operator)
 
 
 @pytest.fixture
@@ -120,13 +119,18 @@ def task_fragments():
     """A page's registered fragments, as the list, detail and inbox pages will register theirs."""
     registered = []
 
-    def register(kind, render):
-        register_task_fragment(kind, render)
+    def register(kind, render, sharing=Sharing.USER):
+        register_task_fragment(kind, render, sharing=sharing)
         registered.append((kind, render))
 
     yield register
     for kind, render in registered:
         unregister_task_fragment(kind, render)
+
+
+def launched_on(server, user):
+    task = services.launch(server=server, tool="deploy", arguments={}, user=user)
+    return services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot()))
 
 
 async def connected(communicator: WebsocketCommunicator) -> str:
@@ -246,6 +250,113 @@ async def test_a_page_fragment_that_fails_costs_only_itself(socket_for, operator
     await connected(communicator)
     await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
     assert 'id="nav-running-count"' in await communicator.receive_from(timeout=5)
+    await communicator.disconnect()
+
+
+# --- one rendering per audience, shared by its sockets --------------------------------------------------
+
+
+async def test_sockets_of_one_audience_share_a_rendering_and_hear_only_the_tasks_they_may_see(
+    socket_for, django_user_model, server, other_server, operator, task_fragments
+):
+    """amy and amos approve for alpha (one audience), ben for beta only; amy has two tabs open."""
+    shared_renders, user_renders = [], []
+
+    def for_the_audience(task, user):
+        shared_renders.append(task.server.name)
+        return f'<i id="shared-{task.pk}"></i>'
+
+    def for_the_user(task, user):
+        user_renders.append(user.username)
+        return f'<b id="{user.username}-{task.pk}"></b>'
+
+    task_fragments(FragmentKind.INBOX, for_the_audience, Sharing.AUDIENCE)
+    task_fragments(FragmentKind.INBOX, for_the_user)
+    alpha_approvers = await sync_to_async(Group.objects.create)(name="alpha-approvers")
+    await sync_to_async(server.approver_groups.set)([alpha_approvers])
+    amy, amos, ben = [
+        await sync_to_async(user_in)(django_user_model, name, "approvers", group)
+        for name, group in (("amy", "alpha-approvers"), ("amos", "alpha-approvers"), ("ben", "beta-approvers"))
+    ]
+    alpha_task = await database_sync_to_async(launched_on)(server, operator)
+    beta_task = await database_sync_to_async(launched_on)(other_server, operator)
+    tabs = {"amy": amy, "amy2": amy, "amos": amos, "ben": ben}
+    sockets = {name: await socket_for(user) for name, user in tabs.items()}
+    for communicator in sockets.values():
+        await connected(communicator)
+    asking = snapshot("input_required", inputRequests={"ok": APPROVAL_REQUEST})
+
+    await apply_snapshot(task=alpha_task, snapshot=asking)
+    heard = {name: await sockets[name].receive_from(timeout=5) for name in ("amy", "amy2", "amos")}
+    assert f'<i id="shared-{alpha_task.pk}"></i>' in heard["amy"]
+    assert f'<b id="amy-{alpha_task.pk}"></b>' in heard["amy"] and "amos-" not in heard["amy"]
+    assert heard["amy2"] == heard["amy"]
+    assert f'<b id="amos-{alpha_task.pk}"></b>' in heard["amos"] and "amy-" not in heard["amos"]
+    assert f'<i id="shared-{alpha_task.pk}"></i>' in heard["amos"]
+    assert await sockets["ben"].receive_nothing(timeout=QUIET_SECONDS)
+    assert shared_renders == ["alpha"]  # once for the audience of amy and amos
+    assert sorted(user_renders) == ["amos", "amy"]  # once per user, not per socket
+
+    await apply_snapshot(task=beta_task, snapshot=asking)
+    heard_by_ben = await sockets["ben"].receive_from(timeout=5)
+    assert f'<i id="shared-{beta_task.pk}"></i>' in heard_by_ben and f'<b id="ben-{beta_task.pk}"></b>' in heard_by_ben
+    for name in ("amy", "amy2", "amos"):
+        assert await sockets[name].receive_nothing(timeout=QUIET_SECONDS), f"{name} heard of a beta task"
+    assert shared_renders == ["alpha", "beta"]
+    for communicator in sockets.values():
+        await communicator.disconnect()
+
+
+# --- access that changes while the socket is open ----------------------------------------------------
+
+
+async def test_a_server_granted_after_connect_is_heard_and_one_revoked_is_not(
+    socket_for, django_user_model, server, other_server, operator, task_fragments
+):
+    task_fragments(FragmentKind.INBOX, lambda task, user: f'<article id="card-{task.pk}"></article>')
+    alpha_approvers = await sync_to_async(Group.objects.create)(name="alpha-approvers")
+    await sync_to_async(server.approver_groups.set)([alpha_approvers])
+    carl = await sync_to_async(user_in)(django_user_model, "carl", "approvers")
+    alpha_task = await database_sync_to_async(launched_on)(server, operator)
+    communicator = await socket_for(carl)
+    assert 'id="nav-inbox-count"' not in await connected(communicator)  # no server of his yet
+
+    await sync_to_async(carl.groups.add)(alpha_approvers)
+    assert 'id="nav-inbox-count" hx-swap-oob="true"' in await communicator.receive_from(timeout=5)
+    await apply_snapshot(task=alpha_task, snapshot=snapshot("input_required", inputRequests={"ok": APPROVAL_REQUEST}))
+    assert f'<article id="card-{alpha_task.pk}"></article>' in await communicator.receive_from(timeout=5)
+
+    await sync_to_async(alpha_approvers.user_set.remove)(carl)
+    assert 'id="nav-inbox-count"' not in await communicator.receive_from(timeout=5)
+    await apply_snapshot(task=alpha_task, snapshot=snapshot("working", statusMessage="answered elsewhere"))
+    assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
+    await communicator.disconnect()
+
+
+async def test_a_user_deactivated_after_connect_is_disconnected(socket_for, operator):
+    communicator = await socket_for(operator)
+    await connected(communicator)
+    operator.is_active = False
+    await database_sync_to_async(operator.save)()
+    closed = await communicator.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": CLOSE_NO_LONGER_ALLOWED}
+
+
+async def test_a_role_lost_without_a_message_stops_changes_once_the_access_is_read_again(
+    socket_for, operator, live_task, monkeypatch
+):
+    """The access.changed message is at most once; the socket reads the access again at the latest after
+    ACCESS_MAX_AGE_SECONDS (here 0) anyway. The membership is deleted by queryset: no signal is sent."""
+    communicator = await socket_for(operator)
+    await connected(communicator)
+    memberships = operator.groups.through.objects.filter(user=operator)
+    await database_sync_to_async(memberships.delete)()
+    await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="unseen"))
+    assert ">1</span>" in await communicator.receive_from(timeout=5)  # the max age (30 s) was not reached
+
+    monkeypatch.setattr(consumer, "ACCESS_MAX_AGE_SECONDS", 0.0)
+    await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="unseen again"))
+    assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
     await communicator.disconnect()
 
 

@@ -6,6 +6,9 @@ and at the latest ACCESS_MAX_AGE_SECONDS after its last read, in case such a mes
 layer delivers at most once).
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -42,6 +45,26 @@ def access_for(user) -> LiveAccess:
         approvable_server_ids=frozenset(permissions.servers_user_may_approve(user).values_list("pk", flat=True)),
         roles=permissions.roles_of(user),
     )
+
+
+_rendering_for: ContextVar["LiveAccess | None"] = ContextVar("taskhub_live_access", default=None)
+
+
+@contextmanager
+def rendering_for(access: LiveAccess) -> Iterator[None]:
+    """Fragments rendered inside are for sockets with this access (an audience), whatever the user's is now."""
+    token = _rendering_for.set(access)
+    try:
+        yield
+    finally:
+        _rendering_for.reset(token)
+
+
+def access_in_force(user) -> LiveAccess:
+    """For renderers: the access of the sockets being rendered for; outside a live rendering, the user's now.
+    A fragment shared by an audience must follow the audience's access, not the one of the user it was
+    rendered with (whose access may have changed before the sockets heard of it)."""
+    return _rendering_for.get() or access_for(user)
 
 
 def current_access(user_id: int) -> tuple[object | None, LiveAccess]:

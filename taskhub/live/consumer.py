@@ -19,7 +19,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from taskhub.live import publish
-from taskhub.live.access import ACCESS_MAX_AGE_SECONDS, NO_ACCESS, LiveAccess, access_for, current_access
+from taskhub.live.access import (
+    ACCESS_MAX_AGE_SECONDS,
+    NO_ACCESS,
+    LiveAccess,
+    access_for,
+    current_access,
+    rendering_for,
+)
 from taskhub.live.fragments import (
     FragmentKind,
     Sharing,
@@ -65,12 +72,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # Sockets of one audience connecting together share a rendering begun after they joined their groups.
         audience_html = await shared(
             ("connect", self.access),
-            lambda: database_sync_to_async(_render_user_fragments)(self.user, Sharing.AUDIENCE),
+            lambda: database_sync_to_async(_render_user_fragments)(self.user, self.access, Sharing.AUDIENCE),
             started_after=loop.time(),
         )
         user_html = ""
         if has_user_fragments(Sharing.USER):
-            user_html = await database_sync_to_async(_render_user_fragments)(self.user, Sharing.USER)
+            user_html = await database_sync_to_async(_render_user_fragments)(self.user, self.access, Sharing.USER)
         await self._send_html(audience_html + user_html)
 
     async def disconnect(self, code):
@@ -103,7 +110,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self._send_html(await self._change_html(event["task_id"], event.get("message_id")))
 
     async def access_changed(self, event):
-        await self._read_access(since=asyncio.get_running_loop().time())
+        before = self.access
+        if await self._read_access(since=asyncio.get_running_loop().time()) and self.access != before:
+            # What the nav counts count changed with it (rare: not worth sharing).
+            await self._send_html(await database_sync_to_async(_render_user_fragments)(self.user, self.access, None))
 
     # --- access -------------------------------------------------------------------------------------------
 
@@ -158,12 +168,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         user = self.user
         html = await shared(
             ("audience", message_id, access, kinds),
-            lambda: database_sync_to_async(_render_change)(task, kinds, user, Sharing.AUDIENCE),
+            lambda: database_sync_to_async(_render_change)(task, kinds, user, access, Sharing.AUDIENCE),
         )
         if has_task_fragments(kinds, Sharing.USER) or has_user_fragments(Sharing.USER):
             html += await shared(
                 ("user", message_id, self.user_id, access, kinds),
-                lambda: database_sync_to_async(_render_change)(task, kinds, user, Sharing.USER),
+                lambda: database_sync_to_async(_render_change)(task, kinds, user, access, Sharing.USER),
             )
         return html
 
@@ -215,13 +225,15 @@ def _task_or_none(task_id):
     return Task.objects.select_related("server").filter(pk=task_id).first()
 
 
-def _render_user_fragments(user, sharing: Sharing) -> str:
-    return "".join(render_user_fragments(user, sharing=sharing))
+def _render_user_fragments(user, access: LiveAccess, sharing: Sharing | None) -> str:
+    with rendering_for(access):
+        return "".join(render_user_fragments(user, sharing=sharing))
 
 
-def _render_change(task, kinds: tuple[FragmentKind, ...], user, sharing: Sharing) -> str:
-    fragments = render_task_fragments(kinds, task, user, sharing=sharing) if task is not None else []
-    return "".join([*fragments, *render_user_fragments(user, sharing=sharing)])
+def _render_change(task, kinds: tuple[FragmentKind, ...], user, access: LiveAccess, sharing: Sharing) -> str:
+    with rendering_for(access):
+        fragments = render_task_fragments(kinds, task, user, sharing=sharing) if task is not None else []
+        return "".join([*fragments, *render_user_fragments(user, sharing=sharing)])
 
 
 def _as_uuid(value) -> uuid.UUID | None:

@@ -2,7 +2,7 @@
 
 from django.template.loader import render_to_string
 
-from taskhub.live.access import LiveAccess, access_for
+from taskhub.live.access import LiveAccess, access_in_force
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
 
 NAV_COUNTS_TEMPLATE = "live/nav_counts.html"
@@ -11,7 +11,7 @@ RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_R
 
 def nav_counts(user, access: LiveAccess | None = None) -> dict[str, int | None]:
     """None where the count is not this user's business (shown as a dash)."""
-    access = access if access is not None else access_for(user)
+    access = access if access is not None else access_in_force(user)
     running = Task.objects.filter(status__in=RUNNING_STATUSES).count() if access.sees_all_tasks else None
     open_requests = None
     if access.approvable_server_ids:

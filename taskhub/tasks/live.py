@@ -13,6 +13,7 @@
 from django.template.loader import render_to_string
 
 from taskhub.accounts import permissions
+from taskhub.live.access import access_in_force
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
 
 LIST_TEMPLATE = "tasks/list.html"
@@ -25,7 +26,7 @@ def list_signal(task, user) -> str:
 
 def list_signal_for_approver(task, user) -> str:
     # Someone who sees every task hears it through FragmentKind.TASKS already: one signal is enough.
-    return "" if permissions.sees_all_tasks(user) else list_signal(task, user)
+    return "" if access_in_force(user).sees_all_tasks else list_signal(task, user)
 
 
 def detail_sections(task, user) -> str:
