@@ -66,6 +66,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         publish.remember_consumer_loop(loop)
 
         started = loop.time()
+        # Joined before the access is read, so a change of it committed meanwhile is not missed.
+        await self._join(user_group(self.user_id))
+        await self._join(ACCESS_GROUP)
         await self._adopt(await database_sync_to_async(access_for)(user), read_at=started)
         await self.accept()
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
