@@ -90,11 +90,11 @@ def fill(tasks: int, open_requests: int) -> dict:
         )
         cursor.execute(
             """
-            INSERT INTO tasks_inputrequest (mrtr_round, key, method, params, state, created_at, task_id)
+            INSERT INTO tasks_inputrequest (mrtr_round, key, method, params, state, created_at, task_id, server_id)
             SELECT 0, 'elicit-1', 'elicitation/create',
                 jsonb_build_object('mode', 'form', 'message', 'Release batch ' || t.remote_task_id || '?',
                                    'requestedSchema', %s::jsonb),
-                'open', t.created_at + interval '1 second', t.id
+                'open', t.created_at + interval '1 second', t.id, t.server_id
             FROM tasks_task AS t WHERE t.status = 'input_required' ORDER BY t.created_at DESC LIMIT %s
             """,
             [SCHEMA, open_requests],

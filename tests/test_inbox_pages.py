@@ -15,7 +15,7 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.elicitation_forms import FIELD_PREFIX
 from taskhub.tasks.live_inbox import inbox_fragment
-from taskhub.tasks.models import InputRequestState, Task
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
 
 pytestmark = pytest.mark.django_db
 
@@ -128,8 +128,21 @@ def test_the_inbox_lists_open_requests_of_the_users_servers_oldest_first(servers
     assert "first_tool" in page and reverse("tasks:detail", args=[first.id]) in page
     assert "server says:" in page and "Fill in &lt;b&gt;this&lt;/b&gt;" in page
 
+    # the nav badge counts the same requests: the open ones of the user's servers
+    assert 'aria-label="open requests">2</span>' in page
+
     bobs = client_for(bob).get(reverse("tasks:inbox")).content.decode()
     assert "beta_tool" in bobs and "first_tool" not in bobs
+    assert 'aria-label="open requests">1</span>' in bobs
+
+
+def test_an_input_request_carries_its_tasks_server(servers):
+    # the inbox and the nav badge filter open requests by this copy of the task's server
+    beta = servers[1]
+    asked = request_of(task_asking(beta, {"form": FORM}), "form")
+    assert asked.server_id == beta.pk == asked.task.server_id
+    made_directly = InputRequest.objects.create(task=asked.task, key="other", method="elicitation/create")
+    assert made_directly.server_id == beta.pk
 
 
 def test_an_approver_of_another_server_cannot_answer_by_a_forged_post(form_request, bob):

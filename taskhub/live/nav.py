@@ -16,7 +16,7 @@ def nav_counts(user, access: LiveAccess | None = None) -> dict[str, int | None]:
     open_requests = None
     if access.approvable_server_ids:
         open_requests = InputRequest.objects.filter(
-            state=InputRequestState.OPEN, task__server_id__in=access.approvable_server_ids
+            state=InputRequestState.OPEN, server_id__in=access.approvable_server_ids
         ).count()
     return {"running": running, "open_requests": open_requests}
 

@@ -199,9 +199,7 @@ def _pretty(value: Any) -> str:
 def open_requests_for(user) -> QuerySet[InputRequest]:
     """Every open request on a server the user approves for, oldest first."""
     return (
-        InputRequest.objects.filter(
-            state=InputRequestState.OPEN, task__server__in=permissions.servers_user_may_approve(user)
-        )
+        InputRequest.objects.filter(state=InputRequestState.OPEN, server__in=permissions.servers_user_may_approve(user))
         .select_related("task__server", "answered_by")
         .order_by("created_at", "pk")
     )
@@ -209,7 +207,7 @@ def open_requests_for(user) -> QuerySet[InputRequest]:
 
 def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:
     return (
-        InputRequest.objects.filter(pk__in=ids, task__server__in=permissions.servers_user_may_approve(user))
+        InputRequest.objects.filter(pk__in=ids, server__in=permissions.servers_user_may_approve(user))
         .select_related("task__server", "answered_by")
         .order_by("created_at", "pk")
     )
