@@ -8,6 +8,7 @@ import pytest
 from account_fixtures import make_user
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import AnonymousUser, Group
+from django.db import connection
 from django.urls import reverse
 
 from taskhub.accounts import permissions
@@ -215,6 +216,19 @@ def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, ol
     assert 'value="COP"' in response.content.decode()
 
 
+def test_the_status_message_search_has_a_trigram_index_where_postgres_has_pg_trgm():
+    # The embedded Postgres has no pg_trgm: there the search above works without the index (a sequential scan).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")
+        available = cursor.fetchone() is not None
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'task_status_message_trgm'")
+        index = cursor.fetchone()
+    if available:
+        assert index is not None and "gin (upper(status_message) gin_trgm_ops)" in index[0]
+    else:
+        assert index is None
+
+
 def test_a_filter_value_that_does_not_fit_is_reported_and_left_out(client, olga, mixed):
     response = signed_in(client, olga).get(reverse("tasks:list"), {"server": "999999", "tool": "deploy"})
     assert response.status_code == 200
@@ -234,6 +248,10 @@ def test_the_list_is_paginated_and_the_pages_keep_the_filters(client, alpha, olg
     second = client.get(reverse("tasks:list"), {"tool": "bulk", "page": 2})
     assert row_ids(second) == [str(task.pk) for task in reversed(tasks[:3])]
     assert "Page 2 of 2" in second.content.decode()
+    assert "tasks 51\N{EN DASH}53 of 53" in second.content.decode()
+    # the page count within a tab is that tab's count (launching is under Other)
+    other = client.get(reverse("tasks:list"), {"tool": "bulk", "status": "other"})
+    assert "Page 1 of 2 · tasks 1\N{EN DASH}50 of 53" in other.content.decode()
     assert len(row_ids(client.get(reverse("tasks:list"), {"tool": "bulk", "page": "zzz"}))) == PAGE_SIZE
 
 

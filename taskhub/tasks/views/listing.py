@@ -26,6 +26,17 @@ LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
 CLOSED_CARDS_SENT = 20
 REQUEST_CARDS_SHOWN = 200
+# What a row of the list shows (the task-row partial): the big JSON columns (arguments, result, error) stay behind.
+ROW_FIELDS = (
+    "status",
+    "status_message",
+    "tool",
+    "cancel_requested_at",
+    "created_at",
+    "updated_at",
+    "server__name",
+    "launched_by__username",
+)
 
 
 def _require_task_viewer(request):
@@ -65,8 +76,10 @@ def task_list(request):
     ]
     if status:
         tasks = tasks.filter(status__in=TAB_STATUSES[status])
-    tasks = tasks.select_related("server", "launched_by").order_by("-created_at")
+    tasks = tasks.select_related("server", "launched_by").only(*ROW_FIELDS).order_by("-created_at")
     paginator = Paginator(tasks, PAGE_SIZE, allow_empty_first_page=True)
+    # The current tab's count is the paginator's: no second COUNT over the same tasks.
+    paginator.count = next(tab["count"] for tab in tabs if tab["value"] == status)
     page = paginator.get_page(request.GET.get("page"))
     here = {**filters, "status": status}
     context = {
