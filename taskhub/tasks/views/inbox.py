@@ -20,8 +20,9 @@ from taskhub.tasks.models import InputRequest
 INBOX_TEMPLATE = "tasks/inbox.html"
 CARD_TEMPLATE = "tasks/input_request_card.html"
 MAX_INCLUDED = 200
-# The oldest this many are shown; a page of thousands of forms helps nobody (and takes seconds to build).
-CARDS_SHOWN = 100
+# The oldest this many are shown: a page of thousands of forms helps nobody, and each card is about a millisecond
+# of template rendering (100 cards were most of the inbox's time in bench/pages.py).
+CARDS_SHOWN = 50
 
 
 @approver_required
@@ -105,7 +106,7 @@ def _refused(request, card, *, status: int):
     """htmx: the card in place (200, so htmx swaps it); a plain POST: the inbox with this card in it."""
     if request.htmx:
         return render(request, CARD_TEMPLATE, {"card": card})
-    cards = [card_for(ir, request.user, may_answer=True) for ir in open_requests_for(request.user)]
+    cards = [card_for(ir, request.user, may_answer=True) for ir in open_requests_for(request.user)[:CARDS_SHOWN]]
     cards = [card if other.pk == card.pk else other for other in cards]
     if all(other.pk != card.pk for other in cards):
         cards.insert(0, card)
