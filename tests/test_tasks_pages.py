@@ -192,6 +192,10 @@ def test_the_list_counts_each_status_and_groups_local_states_as_other(client, ol
     }
     # newest first
     assert row_ids(response) == [str(task.pk) for task in reversed(list(mixed.values()))]
+    # the nav counts the running tasks of all (launching, working, input_required), whatever the list's filter
+    assert 'aria-label="running tasks">3</span>' in response.content.decode()
+    response = client.get(reverse("tasks:list"), {"server": mixed["working"].server_id})
+    assert tab_counts(response)["all"] == 3 and 'aria-label="running tasks">3</span>' in response.content.decode()
 
 
 def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, olga, alpha, mixed):

@@ -9,10 +9,14 @@ NAV_COUNTS_TEMPLATE = "live/nav_counts.html"
 RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 
 
-def nav_counts(user, access: LiveAccess | None = None) -> dict[str, int | None]:
-    """None where the count is not this user's business (shown as a dash)."""
+def nav_counts(user, access: LiveAccess | None = None, *, running: int | None = None) -> dict[str, int | None]:
+    """None where the count is not this user's business (shown as a dash). `running`: the running tasks among all
+    tasks when the caller has counted them already (the unfiltered task list has)."""
     access = access if access is not None else access_in_force(user)
-    running = Task.objects.filter(status__in=RUNNING_STATUSES).count() if access.sees_all_tasks else None
+    if not access.sees_all_tasks:
+        running = None
+    elif running is None:
+        running = Task.objects.filter(status__in=RUNNING_STATUSES).count()
     open_requests = None
     if access.approvable_server_ids:
         open_requests = InputRequest.objects.filter(

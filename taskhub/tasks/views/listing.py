@@ -11,10 +11,12 @@ from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.functional import SimpleLazyObject
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts import permissions
+from taskhub.live.nav import RUNNING_STATUSES, nav_counts
 from taskhub.tasks import presenters, services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.input_cards import card_for
@@ -80,6 +82,12 @@ def task_list(request):
     paginator = Paginator(tasks, PAGE_SIZE, allow_empty_first_page=True)
     # The current tab's count is the paginator's: no second COUNT over the same tasks.
     paginator.count = next(tab["count"] for tab in tabs if tab["value"] == status)
+    if not any(filters.values()) and permissions.sees_all_tasks(request.user):
+        # The counts cover every task, so they hold the nav's running count too: no third scan.
+        running = sum(counts.get(s, 0) for s in RUNNING_STATUSES)
+        extra_context = {"nav_counts": SimpleLazyObject(lambda: nav_counts(request.user, running=running))}
+    else:
+        extra_context = {}
     page = paginator.get_page(request.GET.get("page"))
     here = {**filters, "status": status}
     context = {
@@ -92,6 +100,7 @@ def task_list(request):
         "previous_href": _query(here, page=page.previous_page_number()) if page.has_previous() else "",
         "next_href": _query(here, page=page.next_page_number()) if page.has_next() else "",
         "clear_href": _query({}, status=status),
+        **extra_context,
     }
     if request.htmx and not request.htmx.boosted:
         return render(request, f"{LIST_TEMPLATE}#task-results", context)
