@@ -10,7 +10,8 @@ from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.http import HttpResponse
 from django.test import RequestFactory
-from django.urls import path
+from django.test.utils import CaptureQueriesContext
+from django.urls import path, reverse
 from django.views import View
 
 from taskhub import urls as project_urls
@@ -154,6 +155,18 @@ def test_a_membership_change_is_seen_at_once(people):
     assert permissions.is_operator(operator)
     operator.groups.clear()
     assert not permissions.is_operator(operator)
+
+
+def test_a_page_reads_the_roles_once_and_the_next_request_reads_them_again(client, people):
+    # The view, the filter form, the nav and the template all ask; one query answers them within the request.
+    operator = people["operator"]
+    client.force_login(operator)
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert client.get(reverse("tasks:list")).status_code == 200
+    assert sum('FROM "auth_group"' in query["sql"] for query in queries.captured_queries) == 1
+    operator.groups.clear()
+    assert client.get(reverse("tasks:list")).status_code == 403
+    assert permissions.roles_this_request.get() is None  # nothing is kept once the request is answered
 
 
 # --- view guards -------------------------------------------------------------------------------------

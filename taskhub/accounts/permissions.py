@@ -11,11 +11,14 @@ Roles are memberships of the groups created by the accounts migration (groups.py
   DESIGN.md gives answering a server's question to approvers alone, so it is granted explicitly,
   never implied by power.
 
-Anonymous and inactive users have no role. Nothing here caches: a long-lived WebSocket connection sees a
-membership change on its next check. These functions answer "may this user?", never "is this the right
-moment?" (an input request already answered, a task already finished): the services decide that.
+Anonymous and inactive users have no role. Nothing here caches across requests: a long-lived WebSocket connection
+sees a membership change on its next check. Within one HTTP request the roles are read once (roles_once_per_request
+in taskhub/accounts/middleware.py): a page asks in its view, its filters, its nav and its template. These functions
+answer "may this user?", never "is this the right moment?" (an input request already answered, a task already
+finished): the services decide that.
 """
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import wraps
 from inspect import iscoroutinefunction
@@ -39,14 +42,23 @@ class Roles:
 
 NO_ROLES = Roles()
 
+# {user id: Roles} for the HTTP request being answered; None outside one (sockets, workers, tests calling directly).
+roles_this_request: ContextVar[dict[int, Roles] | None] = ContextVar("roles_this_request", default=None)
+
 
 def roles_of(user) -> Roles:
     """All three roles in one query (pages ask for several: the context processor exposes this as `roles`)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return NO_ROLES
+    known = roles_this_request.get()
+    if known is not None and user.pk in known:
+        return known[user.pk]
     names = set(user.groups.filter(name__in=ROLE_GROUPS).values_list("name", flat=True))
     admin = user.is_superuser or ADMINS in names
-    return Roles(admin=admin, operator=admin or OPERATORS in names, approver=APPROVERS in names)
+    roles = Roles(admin=admin, operator=admin or OPERATORS in names, approver=APPROVERS in names)
+    if known is not None:
+        known[user.pk] = roles
+    return roles
 
 
 def is_admin(user) -> bool:
