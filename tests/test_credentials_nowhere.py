@@ -1,15 +1,17 @@
 """Credentials are encrypted at rest and appear nowhere else: not in logs, pages, audit rows or stored errors.
 
-A whole life of a server with credentials, all of it logged at DEBUG: an admin registers it through the
+A whole life of servers with credentials, all of it logged at DEBUG: an admin registers them through the
 page, discovery fails against a real HTTP server that answers 401 (and, as a careless one would, echoes the
 Authorization header and the API key back in its body), a task is launched through the real launch job and
-fails the same way, and people sign in with a password. Then every log record, every page shown, every
+fails the same way, a stdio server with a secret in its environment exits at once, and people sign in
+with a password. Then every log record, every page shown, every
 audit row and every error stored on the server and the task is searched for each secret.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 from account_fixtures import make_user
@@ -94,9 +96,19 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
 
     stdio = browser.post(
         reverse("servers:add"),
-        {"name": "local", "transport": "stdio", "command": "python", "args": "-V", "env": f"TOKEN={ENV_SECRET}"},
+        {
+            "name": "local",
+            "transport": "stdio",
+            "command": sys.executable,
+            "args": "-c\nraise SystemExit(3)",
+            "env": f"TOKEN={ENV_SECRET}",
+        },
     )
     assert stdio.status_code == 302
+    local = Server.objects.get(name="local")
+    pages.append(browser.post(reverse("servers:discover", args=[local.pk]), follow=True).content.decode())
+    local.refresh_from_db()
+    assert local.last_error
     sign_in = Client()
     sign_in.post(reverse("accounts:login"), {"username": "olga", "password": PASSWORD + "-wrong"})
     assert sign_in.post(reverse("accounts:login"), {"username": "olga", "password": PASSWORD}).status_code == 302
@@ -112,7 +124,7 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
     pages.append(browser.get(reverse("tasks:detail", args=[task.pk])).content.decode())
     pages.append(browser.get(reverse("audit:list")).content.decode())
 
-    stored_errors = f"{server.last_error} {task.error} {task.status_message}"
+    stored_errors = f"{server.last_error} {local.last_error} {task.error} {task.status_message}"
     audit = " ".join(repr(event.data) for event in AuditEvent.objects.all())
     logged = every_text_logged(caplog.records)
     with connection.cursor() as cursor:
