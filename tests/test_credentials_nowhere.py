@@ -127,6 +127,8 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
     stored_errors = f"{server.last_error} {local.last_error} {task.error} {task.status_message}"
     audit = " ".join(repr(event.data) for event in AuditEvent.objects.all())
     logged = every_text_logged(caplog.records)
+    # A target written into a log line or a traceback (repr) shows where, never with what.
+    targets = " ".join(f"{server.to_target()!r} {server.to_target()}" for server in Server.objects.all())
     with connection.cursor() as cursor:
         cursor.execute("SELECT bearer_token, headers::text, env::text FROM servers_server")
         at_rest = repr(cursor.fetchall())
@@ -140,6 +142,7 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
         "a stored error": stored_errors,
         "an audit row": audit,
         "a log record": logged,
+        "a target's repr": targets,
         "a page": "\n".join(pages),
         "a database column": at_rest,
     }.items():
