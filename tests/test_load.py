@@ -217,7 +217,9 @@ def action_for(request_id: int) -> str:
 async def answer_everything(approvers: list[Approver], run: LoadRun, size: Scale, deadline: float, stop) -> None:
     """Each approver answers the cards that fall to it; every `double_every`-th card two approvers at once."""
     count = len(approvers)
-    order: dict[int, int] = {}  # request id -> the n-th request seen, which decides who answers it
+    # request id -> the n-th request seen by any approver, which decides who answers it (n % count) and whether two
+    # do at once; all approvers run on one event loop, so this needs no lock.
+    order: dict[int, int] = {}
 
     async def answer_one(approver: Approver, request_id: int, fields) -> None:
         n = order.setdefault(request_id, len(order))
@@ -241,7 +243,6 @@ async def answer_everything(approvers: list[Approver], run: LoadRun, size: Scale
                 await answer_one(approver, request_id, cards[request_id])
             await asyncio.sleep(INBOX_POLL_S)
 
-    # Settle who answers what in inbox order, so a late reader does not skip its share.
     await asyncio.gather(*(keep_answering(approver) for approver in approvers))
 
 
