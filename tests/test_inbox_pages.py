@@ -7,6 +7,7 @@ from account_fixtures import make_user
 from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 from inbox_fixtures import request_of, snapshot, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
@@ -398,6 +399,74 @@ def test_http_on_loopback_is_allowed_for_development(servers, ada):
     task_asking(servers[0], {"u": local})
     page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
     assert 'href="http://127.0.0.1:9/cb" target="_blank" rel="noopener noreferrer"' in page
+
+
+OPENABLE_URLS = [
+    "https://auth.example/x?y=1",
+    "HTTPS://Auth.Example:8443/x",
+    "http://127.0.0.1:9/cb",
+    "http://127.8.9.10/cb",
+    "http://[::1]:8080/cb",
+    "http://localhost/cb",
+    "http://LOCALHOST:3000/cb",
+]
+REFUSED_URLS = [
+    "javascript:alert(1)",
+    "JavaScript:alert(document.cookie)",
+    " javascript:alert(1)",
+    "java\tscript:alert(1)",
+    "data:text/html,<script>alert(1)</script>",
+    "vbscript:msgbox(1)",
+    "file:///etc/passwd",
+    "http://example.com/cb",
+    "http://localhost.evil.example/cb",
+    "http://127.0.0.1.evil.example/cb",
+    "http://localhost@evil.example/cb",
+    "http://[::ffff:8.8.8.8]/cb",
+    "https://",
+    "//evil.example/cb",
+    "https://auth.example/\nx",
+]
+
+
+def url_request(server, url):
+    body = {"method": "elicitation/create", "params": {"mode": "url", "message": "Go", "url": url}}
+    return request_of(task_asking(server, {"u": body}), "u")
+
+
+@pytest.mark.parametrize("url", OPENABLE_URLS)
+def test_https_anywhere_and_http_on_loopback_can_be_opened_and_accepted(servers, ada, url):
+    request = url_request(servers[0], url)
+    client = client_for(ada)
+    page = client.get(reverse("tasks:inbox")).content.decode()
+    assert f'href="{escape(url)}" target="_blank" rel="noopener noreferrer"' in page
+    assert client.post(reverse("tasks:answer", args=[request.pk]), {"action": "accept"}).status_code == 302
+    request.refresh_from_db()
+    assert request.answer == {"action": "accept"}
+
+
+@pytest.mark.parametrize("url", REFUSED_URLS)
+def test_any_other_url_is_shown_as_text_and_cannot_be_accepted(servers, ada, url):
+    request = url_request(servers[0], url)
+    client = client_for(ada)
+    page = client.get(reverse("tasks:inbox")).content.decode()
+    card = page[page.index('class="ir-card') : page.index("</article>")]
+    assert "ir-url-open" not in card and 'value="accept"' not in card and "⚠" in card
+    assert f'href="{escape(url)}' not in card and f'href="{escape(url.strip())}' not in card
+    assert "<script>" not in card
+    assert client.post(reverse("tasks:answer", args=[request.pk]), {"action": "accept"}).status_code == 400
+    request.refresh_from_db()
+    assert request.state == InputRequestState.OPEN and request.answer is None
+
+
+def test_the_whole_url_is_shown_escaped_however_long_or_odd(servers, ada):
+    url = 'https://auth.example/cb?next="><script>alert(1)</script>&state=' + "s" * 1500 + "#end"
+    url_request(servers[0], url)
+    page = client_for(ada).get(reverse("tasks:inbox")).content.decode()
+    card = page[page.index('class="ir-card') : page.index("</article>")]
+    assert f'<code class="ir-url-text">{escape(url)}</code>' in card  # the full address, as text
+    assert f'href="{escape(url)}"' in card  # and the link is that very address
+    assert "<script>alert(1)" not in card
 
 
 @pytest.mark.parametrize(

@@ -159,6 +159,46 @@ async def test_a_foreign_origin_is_refused(socket_for, operator):
     assert not accepted
 
 
+@pytest.mark.parametrize(
+    "origin",
+    [
+        b"http://testserver.evil.example",
+        b"http://evil.example/?testserver",
+        b"http://testserver@evil.example",
+        b"null",
+        b"file://",
+    ],
+)
+async def test_look_alike_and_opaque_origins_are_refused(socket_for, operator, origin):
+    communicator = await socket_for(operator, origin=origin)
+    accepted, _ = await communicator.connect()
+    assert not accepted
+
+
+async def test_a_socket_without_an_origin_is_refused(application, operator):
+    # What a non-browser client sends if it sends nothing: a stolen cookie alone does not open the socket.
+    cookie = await database_sync_to_async(session_cookie)(operator)
+    headers = [(b"host", b"testserver"), (b"cookie", f"sessionid={cookie}".encode())]
+    accepted, _ = await WebsocketCommunicator(application, "/ws/live/", headers=headers).connect()
+    assert not accepted
+
+
+async def test_a_forged_session_or_one_signed_out_or_of_a_deactivated_user_is_refused(application, operator):
+    forged = _socket(application, "0123456789abcdefghijklmnopqrstuv", ORIGIN)
+    assert await forged.connect() == (False, CLOSE_NOT_SIGNED_IN)
+
+    signed_out = await database_sync_to_async(session_cookie)(operator)
+    await database_sync_to_async(
+        lambda: Client(headers={"cookie": f"sessionid={signed_out}"}).post("/accounts/logout/")
+    )()
+    assert await _socket(application, signed_out, ORIGIN).connect() == (False, CLOSE_NOT_SIGNED_IN)
+
+    cookie = await database_sync_to_async(session_cookie)(operator)
+    operator.is_active = False
+    await database_sync_to_async(operator.save)()
+    assert await _socket(application, cookie, ORIGIN).connect() == (False, CLOSE_NOT_SIGNED_IN)
+
+
 async def test_connect_sends_the_nav_counts_from_the_database(socket_for, operator, live_task):
     communicator = await socket_for(operator)
     html = await connected(communicator)

@@ -72,11 +72,14 @@ CLIENT_INFO: dict[str, Any] = {"name": "taskhub", "version": _client_version()}
 
 @dataclass(frozen=True, kw_only=True)
 class HttpTarget:
-    """A Streamable HTTP endpoint, with optional bearer token and extra headers (e.g. an API key)."""
+    """A Streamable HTTP endpoint, with optional bearer token and extra headers (e.g. an API key).
+
+    Credentials are left out of repr(): a target in a log line or a traceback must not carry them.
+    """
 
     url: str
-    headers: Mapping[str, str] = field(default_factory=dict)
-    bearer_token: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    bearer_token: str | None = field(default=None, repr=False)
 
     def all_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
@@ -90,11 +93,11 @@ class HttpTarget:
 
 @dataclass(frozen=True, kw_only=True)
 class StdioTarget:
-    """A server launched as a subprocess speaking JSON-RPC on stdin/stdout."""
+    """A server launched as a subprocess speaking JSON-RPC on stdin/stdout (its environment left out of repr())."""
 
     command: str
     args: Sequence[str] = ()
-    env: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None = field(default=None, repr=False)
     cwd: str | None = None
 
     def describe(self) -> str:
