@@ -105,7 +105,7 @@ def parse_task_snapshot(raw: Any, *, source: str) -> TaskSnapshot:
         snapshot = TaskSnapshot.model_validate(raw)
     except ValidationError as error:
         raise InvalidResult(f"{source}: malformed task: {first_error(error)}") from error
-    _check_lengths(snapshot, source=source)
+    _check_identifiers(snapshot, source=source)
     if snapshot.status == "input_required" and snapshot.input_requests is None:
         raise InvalidResult(f"{source}: status input_required without inputRequests")
     if snapshot.status == "failed" and snapshot.error is None:
@@ -117,21 +117,33 @@ def parse_task_snapshot(raw: Any, *, source: str) -> TaskSnapshot:
     return snapshot
 
 
-def _check_lengths(snapshot: TaskSnapshot, *, source: str) -> None:
-    too_long = None
+def _exact_text(value: str) -> bool:
+    """Whether `value` can be stored and sent back exactly: no NUL (Postgres refuses it), no lone surrogate."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
+
+
+def _check_identifiers(snapshot: TaskSnapshot, *, source: str) -> None:
+    """Identifiers taskhub must store and send back exactly: of bounded length and plain characters."""
+    problem = None
     if len(snapshot.task_id) > MAX_TASK_ID_CHARS:
-        too_long = f"taskId is longer than {MAX_TASK_ID_CHARS} characters"
+        problem = f"taskId is longer than {MAX_TASK_ID_CHARS} characters"
+    if not _exact_text(snapshot.task_id) or not all(_exact_text(key) for key in snapshot.input_requests or {}):
+        problem = "a taskId or inputRequests key holds a NUL character or a lone surrogate"
     for name, value in (("createdAt", snapshot.created_at), ("lastUpdatedAt", snapshot.last_updated_at)):
         if value is not None and len(value) > MAX_TIMESTAMP_CHARS:
-            too_long = f"{name} is longer than {MAX_TIMESTAMP_CHARS} characters"
+            problem = f"{name} is longer than {MAX_TIMESTAMP_CHARS} characters"
     for key, request in (snapshot.input_requests or {}).items():
         if len(key) > MAX_INPUT_KEY_CHARS:
-            too_long = f"an inputRequests key is longer than {MAX_INPUT_KEY_CHARS} characters"
+            problem = f"an inputRequests key is longer than {MAX_INPUT_KEY_CHARS} characters"
         method = request.get("method")
         if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD_CHARS):
-            too_long = f"inputRequests.{_short(key, 40)}.method is not a name of at most {MAX_METHOD_CHARS} characters"
-    if too_long is not None:
-        raise InvalidResult(f"{source}: malformed task: {too_long}")
+            problem = f"inputRequests.{_short(key, 40)}.method is not a name of at most {MAX_METHOD_CHARS} characters"
+    if problem is not None:
+        raise InvalidResult(f"{source}: malformed task: {problem}")
 
 
 def parse_get_task_result(raw: Any) -> TaskSnapshot:
