@@ -155,8 +155,11 @@ def mark_launch_unknown(*, task: Task, reason: str) -> bool:
 
 
 @transaction.atomic
-def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll") -> bool:
-    """Store what the server says about the task; return whether anything changed. Idempotent."""
+def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", asked_at=None) -> bool:
+    """Store what the server says about the task; return whether anything changed. Idempotent.
+
+    `asked_at`: when the request that brought the snapshot was sent. Only an answer asked for after a key's
+    delivery can say that the server asks for that key again (an earlier one may predate the delivery)."""
     task = _locked(task)
     if task.remote_task_id is None:
         raise InvalidTransition(f"Task {task.id} has no remote task yet; nothing to apply a snapshot to.")
@@ -207,7 +210,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll") 
     outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
     outstanding = storable(outstanding)
     superseded = _supersede_open_requests(task, keep=set(outstanding), reason=f"no longer asked for ({source})")
-    opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE, problems=problems)
+    opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE, problems=problems, asked_at=asked_at)
     _record_problems(task, problems, source=source)
     anything = bool(changed or superseded or opened)
     if anything:
@@ -263,17 +266,20 @@ def _record_protocol_error_once(task: Task, data: dict[str, Any]) -> None:
 
 
 def _open_requests(
-    task: Task, requests: dict[str, dict[str, Any]], *, mrtr_round: int, problems: list[str]
+    task: Task, requests: dict[str, dict[str, Any]], *, mrtr_round: int, problems: list[str], asked_at=None
 ) -> list[InputRequest]:
     """Open the keys not seen before. A key already answered (or dropped) that the server asks for again is
     never reopened; that, and params taskhub cannot show, go to `problems` (the request still opens, so an
     approver can decline or cancel it and the task can move on)."""
-    known = dict(InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", "state"))
+    rows = InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", "state", "delivered_at")
+    known = {key: (state, delivered_at) for key, state, delivered_at in rows}
     opened = []
     for key, request in storable(requests).items():
         if key in known:
-            if known[key] in (InputRequestState.DELIVERED, InputRequestState.SUPERSEDED):
-                was = "answered" if known[key] == InputRequestState.DELIVERED else "no longer asked for"
+            state, delivered_at = known[key]
+            asked_after_delivery = asked_at is not None and delivered_at is not None and delivered_at < asked_at
+            if state == InputRequestState.SUPERSEDED or (state == InputRequestState.DELIVERED and asked_after_delivery):
+                was = "answered" if state == InputRequestState.DELIVERED else "no longer asked for"
                 problems.append(f"the server asks again for the key {_quote(key)!r}, which was {was}; not reopened")
             continue
         request = request if isinstance(request, dict) else {}

@@ -337,8 +337,8 @@ def _load_target(server_id: int):
     return Server.objects.get(pk=server_id).to_target()
 
 
-def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot) -> bool:
-    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source="poll")
+def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot, asked_at: datetime | None = None) -> bool:
+    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source="poll", asked_at=asked_at)
 
 
 def _expire(task_id: uuid.UUID) -> bool:
@@ -610,6 +610,7 @@ class Tracker:
         try:
             link = await self._link(claimed.server_id)
             async with link.semaphore:
+                asked_at = datetime.now(UTC)
                 snapshot = await link.getter.get_task(claimed.remote_task_id)
             if snapshot.task_id != claimed.remote_task_id:
                 raise InvalidResult(f"tasks/get answered about another task, {snapshot.task_id[:80]!r}")
@@ -628,7 +629,7 @@ class Tracker:
             self.stats.failures += 1
         else:
             try:
-                await self._answered(claimed, snapshot)
+                await self._answered(claimed, snapshot, asked_at)
             except Exception:
                 logger.exception(
                     "tracker %s: handling the answer about task %s failed", self.worker_id, claimed.task_id
@@ -638,7 +639,7 @@ class Tracker:
         finally:
             self.stats.polls += 1
 
-    async def _answered(self, claimed: Claimed, snapshot: TaskSnapshot) -> None:
+    async def _answered(self, claimed: Claimed, snapshot: TaskSnapshot, asked_at: datetime) -> None:
         await self._note_reachable(claimed.server_id)
         self._not_found.pop(claimed.task_id, None)
         digest = snapshot_digest(snapshot)
@@ -648,7 +649,7 @@ class Tracker:
             self._digests[claimed.task_id] = digest
         elif known != digest or claimed.asks_beyond_open_requests(snapshot):
             try:
-                await self._in_thread(partial(_apply, claimed.task_id, snapshot))
+                await self._in_thread(partial(_apply, claimed.task_id, snapshot, asked_at))
             except Exception:
                 logger.exception("tracker %s: storing a snapshot of task %s failed", self.worker_id, claimed.task_id)
                 self._back_off(claimed)
