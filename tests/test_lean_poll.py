@@ -14,7 +14,14 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient
-from taskhub.mcp.errors import AuthorizationFailed, InvalidResult, RequestTimeout, TaskNotFound, TransportError
+from taskhub.mcp.errors import (
+    AuthorizationFailed,
+    IncompleteAnswer,
+    InvalidResult,
+    RequestTimeout,
+    TaskNotFound,
+    TransportError,
+)
 from taskhub.mcp.lean import LeanTaskGetter, task_getter
 from tests.demo_process import DemoServer, free_port, stdio_target
 from tests.wire_recorder import WireRecorder
@@ -193,6 +200,41 @@ async def test_an_answer_larger_than_the_cap_is_refused(media_type):
         assert (await poll(server, max_response_bytes=100_000)).status_message == padding
         with pytest.raises(InvalidResult, match="larger than 10000 bytes"):
             await poll(server, max_response_bytes=10_000)
+
+
+@pytest.mark.parametrize("length_given", [True, False])
+async def test_an_answer_that_arrives_in_pieces_is_read_whole(length_given):
+    """aiohttp's StreamReader.read(n) returns what has arrived so far; the body must be read to its end."""
+    padding = "p" * 200_000
+
+    async def answer(request_id):
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {**TASK, "statusMessage": padding}}).encode()
+
+        async def pieces():
+            for start in range(0, len(body), 50_000):
+                yield body[start : start + 50_000]
+                await asyncio.sleep(0.05)
+
+        headers = {"content-length": str(len(body))} if length_given else {}
+        return StreamingResponse(pieces(), media_type="application/json", headers=headers)
+
+    with OddServer(answer) as server:
+        assert (await poll(server)).status_message == padding
+
+
+async def test_a_body_that_trickles_past_the_timeout_is_an_incomplete_answer():
+    async def answer(request_id):
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": TASK}).encode()
+
+        async def drip():
+            for byte in body:
+                yield bytes([byte])
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(drip(), media_type="application/json")
+
+    with OddServer(answer) as server, pytest.raises(IncompleteAnswer, match="did not finish within"):
+        await poll(server, timeout=0.5)
 
 
 async def test_a_slow_server_times_out():

@@ -1,5 +1,6 @@
 """answer_input: answers checked against the request on the server side; one answer per key, even when two race."""
 
+import datetime
 import threading
 import time
 
@@ -232,3 +233,23 @@ def test_two_concurrent_answers_on_one_key_one_wins_the_other_is_told_who(server
     form.refresh_from_db()
     assert (form.state, form.answered_by, form.answer) == ("answered", ada, {"action": "decline"})
     assert AuditEvent.objects.filter(action="input.answered").count() == 1
+
+
+def test_a_delivered_key_listed_again_is_noted_only_by_an_answer_asked_for_after_the_delivery(form, approver):
+    services.answer_input(input_request=form, response={"action": "accept", "content": VALID}, user=approver)
+    services.mark_delivered(input_request=form)
+    form.refresh_from_db()
+    task = form.task
+    still_asking = TaskSnapshot.model_validate(
+        {"taskId": task.remote_task_id, "status": "input_required", "inputRequests": {"form": FORM}, "ttlMs": None}
+    )
+    # A poll sent before the delivery may still list the key: not the server's fault.
+    before = form.delivered_at - datetime.timedelta(seconds=1)
+    services.apply_snapshot(task=task, snapshot=still_asking, asked_at=before)
+    assert not AuditEvent.objects.filter(task=task, action="task.protocol_error").exists()
+    services.apply_snapshot(
+        task=task, snapshot=still_asking, asked_at=form.delivered_at + datetime.timedelta(seconds=1)
+    )
+    (noted,) = AuditEvent.objects.filter(task=task, action="task.protocol_error")
+    assert "asks again for the key 'form', which was answered" in noted.data["problem"]
+    assert list(InputRequest.objects.filter(task=task, key="form").values_list("state", flat=True)) == ["delivered"]

@@ -293,7 +293,13 @@ def test_the_detail_shows_header_message_requests_facts_and_timeline(client, alp
             statusMessage="need a <b>yes</b>",
             pollIntervalMs=5000,
             inputRequests={
-                "approve": {"method": "elicitation/create", "params": {"message": "Deploy <i>now</i>?"}},
+                "approve": {
+                    "method": "elicitation/create",
+                    "params": {
+                        "message": "Deploy <i>now</i>?",
+                        "requestedSchema": {"type": "object", "properties": {}},
+                    },
+                },
             },
         ),
     )

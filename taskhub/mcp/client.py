@@ -234,11 +234,46 @@ def _leaf_exceptions(error: BaseException) -> Iterator[BaseException]:
 
 
 def _map_mcp_error(error: MCPError, method: str) -> McpClientError:
+    if error.code == mcp_types.PARSE_ERROR:
+        # What the SDK answers itself when the server's answer is not JSON-RPC (or is too large, see
+        # _cap_json_body); a server has no reason to send it for a request it received well-formed.
+        return InvalidResult(f"{method}: the answer is unusable: {error.message[:500]}")
     if error.code == mcp_types.REQUEST_TIMEOUT:
         return RequestTimeout(f"{method}: {error.message}")
     if error.code == mcp_types.CONNECTION_CLOSED:
         return TransportError(f"{method}: connection closed")
     return protocol_error(error.code, error.message, error.data, method=method)
+
+
+class ResponseTooLarge(httpx2.StreamError):
+    """A JSON answer past wire.MAX_RESPONSE_BYTES. A StreamError, so the SDK fails just that request."""
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        received = 0
+        async for chunk in self._inner:
+            received += len(chunk)
+            if received > self._limit:
+                raise ResponseTooLarge(f"the answer is larger than {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def _cap_json_body(response: httpx2.Response) -> None:
+    """The SDK reads a JSON answer whole, however large: read at most MAX_RESPONSE_BYTES of it.
+
+    Event streams are left alone: a subscription's stream is long-lived, and each of its events is small.
+    """
+    content_type = response.headers.get("content-type", "").lower()
+    if content_type.startswith("application/json") and isinstance(response.stream, httpx2.AsyncByteStream):
+        response.stream = _CappedStream(response.stream, wire.MAX_RESPONSE_BYTES)
 
 
 # --- the client -----------------------------------------------------------------------------------
@@ -285,7 +320,7 @@ class TasksClient:
                 headers=target.all_headers(),
                 timeout=httpx2.Timeout(min(self.timeout, 10.0), read=max(self.timeout, 300.0)),
             )
-            http_client.event_hooks["response"].append(self._note_http_status)
+            http_client.event_hooks["response"].extend([self._note_http_status, _cap_json_body])
             stack.push_async_callback(http_client.aclose)
             transport: Any = streamable_http_client(target.url, http_client=http_client)
         else:
@@ -642,6 +677,8 @@ def parse_call_tool_result(raw: dict[str, Any]) -> CallOutcome:
         if result_type == "input_required":
             parsed = mcp_types.InputRequiredResult.model_validate(raw)
             requests = raw.get("inputRequests") or {}
+            if any(len(key) > wire.MAX_INPUT_KEY_CHARS for key in requests):
+                raise InvalidResult(f"tools/call: an inputRequests key is longer than {wire.MAX_INPUT_KEY_CHARS}")
             return ToolInputRequired(input_requests=dict(requests), request_state=parsed.request_state)
         if result_type == "complete":
             mcp_types.CallToolResult.model_validate(raw)

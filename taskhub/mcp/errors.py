@@ -68,6 +68,13 @@ class TransportError(McpClientError):
     """The connection failed (refused, reset, process exited). The next call reconnects by itself."""
 
 
+class IncompleteAnswer(TransportError):
+    """The server began to answer, but the body broke off or did not finish in time.
+
+    The server is reachable, so this says more about the answer than about the server's health.
+    """
+
+
 def protocol_error(code: int, message: str, data: Any = None, *, method: str | None = None) -> ProtocolError:
     """The typed error for a JSON-RPC error answer to `method`."""
     if code == MISSING_REQUIRED_CLIENT_CAPABILITY:

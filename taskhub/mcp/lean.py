@@ -23,6 +23,7 @@ from taskhub.mcp.client import CLIENT_INFO, HttpTarget, ServerTarget, TasksClien
 from taskhub.mcp.errors import (
     INTERNAL_ERROR,
     AuthorizationFailed,
+    IncompleteAnswer,
     InvalidResult,
     RequestTimeout,
     TransportError,
@@ -32,7 +33,7 @@ from taskhub.mcp.wire import TaskSnapshot
 
 METHOD = "tasks/get"
 DEFAULT_TIMEOUT_SECONDS = 30.0
-MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+MAX_RESPONSE_BYTES = wire.MAX_RESPONSE_BYTES
 # What the SDK's Streamable HTTP transport sends with every POST.
 CONTENT_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 READ_CHUNK = 64 * 1024
@@ -106,7 +107,16 @@ class LeanTaskGetter:
         where = self.target.describe()
         try:
             async with self._http().post(self.target.url, data=payload, headers=headers) as response:
-                return await self._read_message(response, request_id)
+                try:
+                    return await self._read_message(response, request_id)
+                except TimeoutError:
+                    raise IncompleteAnswer(
+                        f"{METHOD}: {where} began to answer but did not finish within {self.timeout:g}s"
+                    ) from None
+                except aiohttp.ClientPayloadError as error:
+                    raise IncompleteAnswer(
+                        f"{METHOD}: {where}: the answer broke off mid-body ({type(error).__name__})"
+                    ) from error
         except TimeoutError:
             raise RequestTimeout(f"{METHOD}: no answer from {where} within {self.timeout:g}s") from None
         except aiohttp.ClientError as error:
@@ -125,11 +135,21 @@ class LeanTaskGetter:
         return message
 
     async def _read_json(self, response: aiohttp.ClientResponse) -> dict[str, Any] | None:
-        if (response.content_length or 0) > self.max_response_bytes:
-            raise InvalidResult(f"{METHOD}: the answer is larger than {self.max_response_bytes} bytes")
-        raw = await response.content.read(self.max_response_bytes + 1)
-        if len(raw) > self.max_response_bytes:
-            raise InvalidResult(f"{METHOD}: the answer is larger than {self.max_response_bytes} bytes")
+        too_large = InvalidResult(f"{METHOD}: the answer is larger than {self.max_response_bytes} bytes")
+        if response.content_length is not None:
+            if response.content_length > self.max_response_bytes:
+                raise too_large
+            raw = await response.read()  # the whole body: aiohttp reads exactly content-length bytes
+        else:
+            # No length given (chunked): read to the end, but never more than the cap.
+            # (StreamReader.read(n) would return whatever has arrived so far, not the whole body.)
+            chunks, received = [], 0
+            async for chunk in response.content.iter_chunked(READ_CHUNK):
+                received += len(chunk)
+                if received > self.max_response_bytes:
+                    raise too_large
+                chunks.append(chunk)
+            raw = b"".join(chunks)
         try:
             message = json.loads(raw) if raw else None
         except ValueError:

@@ -34,6 +34,14 @@ TASK_STATUSES: Final[frozenset[str]] = frozenset({"working", "input_required", "
 TERMINAL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "cancelled"})
 CORE_RESULT_TYPES: Final[frozenset[str]] = frozenset({"complete", "input_required"})
 
+# Longer than any sane peer sends, and what taskhub's columns hold: past these a task is malformed.
+MAX_TASK_ID_CHARS: Final = 500
+MAX_INPUT_KEY_CHARS: Final = 500
+MAX_METHOD_CHARS: Final = 100
+MAX_TIMESTAMP_CHARS: Final = 64
+# The most taskhub reads of one JSON answer (HTTP); a larger one is refused, unparsed.
+MAX_RESPONSE_BYTES: Final = 4 * 1024 * 1024
+
 # What every request of ours declares: form and URL elicitation, and the extension.
 CLIENT_CAPABILITIES: Final[dict[str, Any]] = {
     "elicitation": {"form": {}, "url": {}},
@@ -91,12 +99,13 @@ def parse_task_snapshot(raw: Any, *, source: str) -> TaskSnapshot:
     if not isinstance(raw, dict):
         raise InvalidResult(f"{source}: expected an object, got {type(raw).__name__}")
     status = raw.get("status")
-    if status not in TASK_STATUSES:
+    if not isinstance(status, str) or status not in TASK_STATUSES:
         raise InvalidResult(f"{source}: unknown task status {_short(status)}")
     try:
         snapshot = TaskSnapshot.model_validate(raw)
     except ValidationError as error:
         raise InvalidResult(f"{source}: malformed task: {first_error(error)}") from error
+    _check_identifiers(snapshot, source=source)
     if snapshot.status == "input_required" and snapshot.input_requests is None:
         raise InvalidResult(f"{source}: status input_required without inputRequests")
     if snapshot.status == "failed" and snapshot.error is None:
@@ -106,6 +115,35 @@ def parse_task_snapshot(raw: Any, *, source: str) -> TaskSnapshot:
             "message": snapshot.status_message or "Task failed (the server sent no error)",
         }
     return snapshot
+
+
+def _exact_text(value: str) -> bool:
+    """Whether `value` can be stored and sent back exactly: no NUL (Postgres refuses it), no lone surrogate."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
+
+
+def _check_identifiers(snapshot: TaskSnapshot, *, source: str) -> None:
+    """Identifiers taskhub must store and send back exactly: of bounded length and plain characters."""
+    problem = None
+    if len(snapshot.task_id) > MAX_TASK_ID_CHARS:
+        problem = f"taskId is longer than {MAX_TASK_ID_CHARS} characters"
+    if not _exact_text(snapshot.task_id) or not all(_exact_text(key) for key in snapshot.input_requests or {}):
+        problem = "a taskId or inputRequests key holds a NUL character or a lone surrogate"
+    for name, value in (("createdAt", snapshot.created_at), ("lastUpdatedAt", snapshot.last_updated_at)):
+        if value is not None and len(value) > MAX_TIMESTAMP_CHARS:
+            problem = f"{name} is longer than {MAX_TIMESTAMP_CHARS} characters"
+    for key, request in (snapshot.input_requests or {}).items():
+        if len(key) > MAX_INPUT_KEY_CHARS:
+            problem = f"an inputRequests key is longer than {MAX_INPUT_KEY_CHARS} characters"
+        method = request.get("method")
+        if method is not None and (not isinstance(method, str) or len(method) > MAX_METHOD_CHARS):
+            problem = f"inputRequests.{_short(key, 40)}.method is not a name of at most {MAX_METHOD_CHARS} characters"
+    if problem is not None:
+        raise InvalidResult(f"{source}: malformed task: {problem}")
 
 
 def parse_get_task_result(raw: Any) -> TaskSnapshot:
@@ -129,7 +167,7 @@ def _result_type(raw: Any, *, method: str) -> str:
     result_type = raw.get("resultType", "complete")
     if result_type == "task":
         raise InvalidResult(f"{method}: a task handle (resultType 'task') is valid only for tools/call")
-    if result_type not in CORE_RESULT_TYPES:
+    if not isinstance(result_type, str) or result_type not in CORE_RESULT_TYPES:
         raise InvalidResult(f"{method}: unknown resultType {_short(result_type)}")
     return result_type
 

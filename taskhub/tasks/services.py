@@ -4,6 +4,7 @@ Each service is one transaction that writes the state, its audit row(s) and the 
 together, and tells the live layer after commit. Rows are locked task first, then input requests.
 """
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -13,13 +14,14 @@ from django.db.models import Max
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
-from taskhub.audit.services import WORKER, record_event
+from taskhub.audit.services import WORKER, record_event, storable
 from taskhub.live import publish
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
 from taskhub.tasks import hooks
 from taskhub.tasks.answers import validate_response
+from taskhub.tasks.elicitation_forms import build_form
 from taskhub.tasks.errors import (
     AlreadyAnswered,
     InputNoLongerOpen,
@@ -43,6 +45,8 @@ from taskhub.tasks.models import (
 # read, so it is stored only along with a real change.
 SNAPSHOT_FIELDS = ("status", "status_message", "result", "error", "ttl_ms", "poll_interval_ms", "remote_created_at")
 TERMINAL_FIELDS = ("status", "result", "error")
+# What a protocol error note quotes of a stored or received value, at most (as JSON).
+QUOTE_MAX_CHARS = 500
 
 
 def cap_status_message(text: str | None) -> str:
@@ -92,21 +96,22 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome) -> Task:
         raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}, not launching; its outcome is known.")
     now = timezone.now()
     data: dict[str, Any]
+    problems: list[str] = []
     if isinstance(outcome, ToolCompleted):
         task.status = TaskStatus.COMPLETED
-        task.result = outcome.result
+        task.result = storable(outcome.result)
         task.finished_at = now
         task.mrtr_request_state = None
         data = {"outcome": "complete", "is_error": outcome.is_error}
     elif isinstance(outcome, ToolInputRequired):
         task.status = TaskStatus.INPUT_REQUIRED
         task.mrtr_request_state = outcome.request_state
-        data = {"outcome": "input_required", "keys": sorted(outcome.input_requests)}
+        data = {"outcome": "input_required", "keys": sorted(outcome.input_requests)[:100]}
     elif isinstance(outcome, TaskCreated):
         snapshot = outcome.task
         task.remote_task_id = snapshot.task_id
         task.mrtr_request_state = None
-        for field, value in _snapshot_values(snapshot, task).items():
+        for field, value in _snapshot_values(snapshot, task, problems=problems).items():
             setattr(task, field, value)
         task.remote_last_updated_at = snapshot.last_updated_at or ""
         if task.is_terminal:
@@ -120,11 +125,12 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome) -> Task:
     _supersede_open_requests(task, reason="the tool call moved on")
     if isinstance(outcome, ToolInputRequired):
         rounds_so_far = task.input_requests.aggregate(last=Max("mrtr_round"))["last"] or 0
-        _open_requests(task, outcome.input_requests, mrtr_round=rounds_so_far + 1)
+        _open_requests(task, outcome.input_requests, mrtr_round=rounds_so_far + 1, problems=problems)
     elif isinstance(outcome, TaskCreated):
-        _open_requests(task, outcome.task.input_requests or {}, mrtr_round=TASK_PHASE)
+        _open_requests(task, outcome.task.input_requests or {}, mrtr_round=TASK_PHASE, problems=problems)
         if task.status in LIVE_STATUSES:
             TaskPoll.objects.create(task=task, next_poll_at=now)
+    _record_problems(task, problems, source="tools/call")
     _publish_after_commit(task.id)
     return task
 
@@ -138,9 +144,9 @@ def mark_launch_unknown(*, task: Task, reason: str) -> bool:
     if task.status != TaskStatus.LAUNCHING:
         raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}; only a launching task can be unknown.")
     task.status = TaskStatus.LAUNCH_UNKNOWN
-    task.status_message = cap_status_message(reason)
+    task.status_message = cap_status_message(storable(reason))
     task.save(update_fields=["status", "status_message", "updated_at"])
-    record_event(action="task.launch_unknown", actor_label=WORKER, task=task, data={"reason": reason})
+    record_event(action="task.launch_unknown", actor_label=WORKER, task=task, data={"reason": task.status_message})
     _publish_after_commit(task.id)
     return True
 
@@ -149,18 +155,22 @@ def mark_launch_unknown(*, task: Task, reason: str) -> bool:
 
 
 @transaction.atomic
-def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll") -> bool:
-    """Store what the server says about the task; return whether anything changed. Idempotent."""
+def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", asked_at=None) -> bool:
+    """Store what the server says about the task; return whether anything changed. Idempotent.
+
+    `asked_at`: when the request that brought the snapshot was sent. Only an answer asked for after a key's
+    delivery can say that the server asks for that key again (an earlier one may predate the delivery)."""
     task = _locked(task)
     if task.remote_task_id is None:
         raise InvalidTransition(f"Task {task.id} has no remote task yet; nothing to apply a snapshot to.")
     if snapshot.task_id != task.remote_task_id:
         raise InvalidTransition(f"Snapshot of remote task {snapshot.task_id!r} given for task {task.id}.")
-    wanted = _snapshot_values(snapshot, task)
+    problems: list[str] = []
+    wanted = _snapshot_values(snapshot, task, problems=problems)
 
     if task.is_terminal:
         contradictions = {
-            field: {"stored": getattr(task, field), "received": wanted[field]}
+            field: {"stored": _quote(getattr(task, field)), "received": _quote(wanted[field])}
             for field in TERMINAL_FIELDS
             if getattr(task, field) != wanted[field]
         }
@@ -198,24 +208,53 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll") 
             TaskPoll.objects.filter(task=task).delete()
 
     outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
+    outstanding = storable(outstanding)
     superseded = _supersede_open_requests(task, keep=set(outstanding), reason=f"no longer asked for ({source})")
-    opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE)
+    opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE, problems=problems, asked_at=asked_at)
+    _record_problems(task, problems, source=source)
     anything = bool(changed or superseded or opened)
     if anything:
         _publish_after_commit(task.id)
     return anything
 
 
-def _snapshot_values(snapshot: TaskSnapshot, task: Task) -> dict[str, Any]:
+def _snapshot_values(snapshot: TaskSnapshot, task: Task, *, problems: list[str] | None = None) -> dict[str, Any]:
+    """The columns a snapshot sets. A result on a task that is not completed (or an error on one that is not
+    failed) is not stored: it would show as the outcome of a task that has none yet; it goes to `problems`."""
+    result, error = snapshot.tool_result, snapshot.error
+    if result is not None and snapshot.status != TaskStatus.COMPLETED:
+        result = None
+        if problems is not None:
+            problems.append(f"a {snapshot.status} task carries a result (not stored)")
+    if error is not None and snapshot.status != TaskStatus.FAILED:
+        error = None
+        if problems is not None:
+            problems.append(f"a {snapshot.status} task carries an error (not stored)")
     return {
         "status": snapshot.status,
-        "status_message": cap_status_message(snapshot.status_message),
-        "result": snapshot.tool_result,
-        "error": snapshot.error,
+        "status_message": cap_status_message(storable(snapshot.status_message)),
+        "result": storable(result),
+        "error": storable(error),
         "ttl_ms": snapshot.ttl_ms,
         "poll_interval_ms": snapshot.poll_interval_ms,
-        "remote_created_at": snapshot.created_at or task.remote_created_at,
+        "remote_created_at": storable(snapshot.created_at) or task.remote_created_at,
     }
+
+
+def _quote(value: Any) -> Any:
+    """`value` itself when short, else its beginning as text: a note on the timeline stays small."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) <= QUOTE_MAX_CHARS:
+        return value
+    return f"{text[: QUOTE_MAX_CHARS - 1]}… ({len(text)} characters of JSON)"
+
+
+def _record_problems(task: Task, problems: list[str], *, source: str) -> None:
+    if problems:
+        text = "; ".join(dict.fromkeys(problems))
+        if len(text) > 4 * QUOTE_MAX_CHARS:
+            text = text[: 4 * QUOTE_MAX_CHARS - 1] + "…"
+        _record_protocol_error_once(task, {"problem": text, "source": source})
 
 
 def _record_protocol_error_once(task: Task, data: dict[str, Any]) -> None:
@@ -226,19 +265,39 @@ def _record_protocol_error_once(task: Task, data: dict[str, Any]) -> None:
     record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
 
 
-def _open_requests(task: Task, requests: dict[str, dict[str, Any]], *, mrtr_round: int) -> list[InputRequest]:
-    known = set(InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", flat=True))
+def _open_requests(
+    task: Task, requests: dict[str, dict[str, Any]], *, mrtr_round: int, problems: list[str], asked_at=None
+) -> list[InputRequest]:
+    """Open the keys not seen before. A key already answered (or dropped) that the server asks for again is
+    never reopened; that, and params taskhub cannot show, go to `problems` (the request still opens, so an
+    approver can decline or cancel it and the task can move on)."""
+    rows = InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", "state", "delivered_at")
+    known = {key: (state, delivered_at) for key, state, delivered_at in rows}
     opened = []
-    for key, request in requests.items():
+    for key, request in storable(requests).items():
         if key in known:
+            state, delivered_at = known[key]
+            asked_after_delivery = asked_at is not None and delivered_at is not None and delivered_at < asked_at
+            if state == InputRequestState.SUPERSEDED or (state == InputRequestState.DELIVERED and asked_after_delivery):
+                was = "answered" if state == InputRequestState.DELIVERED else "no longer asked for"
+                problems.append(f"the server asks again for the key {_quote(key)!r}, which was {was}; not reopened")
             continue
         request = request if isinstance(request, dict) else {}
+        params = request.get("params")
+        method = str(request.get("method") or "")
+        if params is not None and not isinstance(params, dict):
+            problems.append(f"the params of input request {_quote(key)!r} are not an object")
+        params = params if isinstance(params, dict) else {}
+        if method == "elicitation/create" and (params.get("mode") or "form") == "form":
+            form = build_form(params.get("requestedSchema"))
+            if not form.renderable:
+                problems.append(f"the schema of input request {_quote(key)!r} is invalid: {form.problem}")
         input_request = InputRequest.objects.create(
             task=task,
             mrtr_round=mrtr_round,
             key=key,
-            method=str(request.get("method") or ""),
-            params=request.get("params") if isinstance(request.get("params"), dict) else {},
+            method=method,
+            params=params,
         )
         record_event(
             action="task.input_requested",

@@ -152,7 +152,7 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
             logger.warning("tools/call of task %s: no usable answer (%s)", task.id, error)
             await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
             return "outcome unknown"
-    logger.info("tools/call of task %s answered: %s", task.id, outcome)
+    logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
     await db(_record_outcome, task=task, outcome=outcome, answered_request_ids=call.answered_request_ids)
     return type(outcome).__name__
 

@@ -30,8 +30,9 @@ Failures:
   polled again with backoff, since a restarting server may answer again; after
   NOT_FOUND_GIVE_UP such answers in a row the tracker gives up and expires the task (the local
   status for "the server can no longer say anything"), so a vanished task is not polled forever.
-- Any other bad answer (InvalidResult, a JSON-RPC error) is recorded on the timeline (the same
-  problem once, not on every poll) and backed off; nothing a server sends can crash the tracker.
+- Any other bad answer (InvalidResult, a JSON-RPC error, an answer about another task, a body that
+  broke off or trickled past the timeout) is recorded on the timeline (the same problem once, not
+  on every poll) and backed off; nothing a server sends can crash the tracker.
 """
 
 from __future__ import annotations
@@ -56,12 +57,14 @@ from typing import Any
 import psycopg
 from django import db
 from django.db import transaction
+from pydantic_core import PydanticSerializationError
 
 from taskhub.audit.models import AuditEvent
-from taskhub.audit.services import WORKER, record_event
+from taskhub.audit.services import WORKER, record_event, storable
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import (
     AuthorizationFailed,
+    IncompleteAnswer,
     InvalidResult,
     McpClientError,
     MethodNotFound,
@@ -102,6 +105,8 @@ PROBLEM_TEXT_MAX_CHARS = 500
 # Log the tracker's counters (polls, statements, ...) this often, in seconds; 0 (the default) never.
 # bench/tracker.py reads them to report database statements per poll.
 STATS_LOG_SECONDS = float(os.environ.get("TASKHUB_TRACKER_STATS_SECONDS") or 0)
+# Jitter from a generator of its own: the global one belongs to whoever else runs in the process (e.g. tests).
+_jitter = random.Random()
 
 # A row is due when its time has come and nobody else holds a live lease on it; the rows this
 # worker holds are claimed again by the same statement when they fall due.
@@ -196,6 +201,11 @@ class Claimed:
         wanted = services._snapshot_values(snapshot, Task(remote_created_at=self.remote_created_at))
         return all(stored[name] == wanted[name] for name in services.SNAPSHOT_FIELDS)
 
+    def asks_beyond_open_requests(self, snapshot: TaskSnapshot) -> bool:
+        """The server lists input requests while none is open here: answers on their way, or keys reused
+        after their answer. Worth applying even when unchanged, so that a reused key is noted."""
+        return snapshot.status == TaskStatus.INPUT_REQUIRED and bool(snapshot.input_requests) and not self.open_requests
+
     def ttl_passed(self, now: datetime) -> bool:
         if self.ttl_ms is None or not self.remote_created_at:
             return False
@@ -281,13 +291,13 @@ def poll_delay_ms(
 ) -> float:
     """The server's latest hint, kept within the floor and cap, plus a little jitter (never earlier)."""
     interval = min(max(poll_interval_ms or DEFAULT_POLL_INTERVAL_MS, floor_ms), cap_ms)
-    return interval + random.uniform(0, min(interval * JITTER_FRACTION, MAX_JITTER_MS))
+    return interval + _jitter.uniform(0, min(interval * JITTER_FRACTION, MAX_JITTER_MS))
 
 
 def backoff_delay_ms(failures: int, *, base_seconds: float, cap_seconds: float) -> float:
     """Exponential in the number of failures in a row, capped, with jitter so a fleet does not retry in step."""
     delay = min(base_seconds * 2 ** max(failures - 1, 0), cap_seconds) * 1000
-    return delay * random.uniform(0.9, 1.1)
+    return delay * _jitter.uniform(0.9, 1.1)
 
 
 def snapshot_digest(snapshot: TaskSnapshot) -> bytes:
@@ -295,8 +305,11 @@ def snapshot_digest(snapshot: TaskSnapshot) -> bytes:
 
     pydantic's own JSON (fields in declaration order, extra keys in the order sent): a peer that reorders
     its extra keys costs one needless apply_snapshot, which finds nothing to change."""
-    encoded = snapshot.model_dump_json(by_alias=True, exclude_none=True, exclude={"last_updated_at"})
-    return hashlib.blake2b(encoded.encode(), digest_size=16).digest()
+    try:
+        encoded = snapshot.model_dump_json(by_alias=True, exclude_none=True, exclude={"last_updated_at"})
+    except PydanticSerializationError:  # a lone surrogate, which JSON can carry and UTF-8 cannot
+        encoded = repr(snapshot.model_dump(by_alias=True, exclude_none=True, exclude={"last_updated_at"}))
+    return hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _short(text: str) -> str:
@@ -324,8 +337,8 @@ def _load_target(server_id: int):
     return Server.objects.get(pk=server_id).to_target()
 
 
-def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot) -> bool:
-    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source="poll")
+def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot, asked_at: datetime | None = None) -> bool:
+    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source="poll", asked_at=asked_at)
 
 
 def _expire(task_id: uuid.UUID) -> bool:
@@ -345,7 +358,7 @@ def _record_poll_problem(task_id: uuid.UUID, data: dict[str, Any]) -> bool:
     with transaction.atomic():
         task = Task.objects.select_for_update().only("id", "server_id").get(pk=task_id)
         last = AuditEvent.objects.filter(task=task, action="task.protocol_error").order_by("-time", "-id").first()
-        if last is not None and last.data == data:
+        if last is not None and last.data == storable(data):  # compared as stored (NULs replaced, …)
             return False
         record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
         return True
@@ -597,7 +610,12 @@ class Tracker:
         try:
             link = await self._link(claimed.server_id)
             async with link.semaphore:
+                asked_at = datetime.now(UTC)
                 snapshot = await link.getter.get_task(claimed.remote_task_id)
+            if snapshot.task_id != claimed.remote_task_id:
+                raise InvalidResult(f"tasks/get answered about another task, {snapshot.task_id[:80]!r}")
+        except IncompleteAnswer as error:
+            await self._bad_answer(claimed, error)  # it answered: a broken answer, not an outage
         except (TransportError, RequestTimeout, AuthorizationFailed) as error:
             await self._server_trouble(claimed, error)
         except TaskNotFound as error:
@@ -610,11 +628,18 @@ class Tracker:
             self._back_off(claimed)
             self.stats.failures += 1
         else:
-            await self._answered(claimed, snapshot)
+            try:
+                await self._answered(claimed, snapshot, asked_at)
+            except Exception:
+                logger.exception(
+                    "tracker %s: handling the answer about task %s failed", self.worker_id, claimed.task_id
+                )
+                self._back_off(claimed)
+                self.stats.failures += 1
         finally:
             self.stats.polls += 1
 
-    async def _answered(self, claimed: Claimed, snapshot: TaskSnapshot) -> None:
+    async def _answered(self, claimed: Claimed, snapshot: TaskSnapshot, asked_at: datetime) -> None:
         await self._note_reachable(claimed.server_id)
         self._not_found.pop(claimed.task_id, None)
         digest = snapshot_digest(snapshot)
@@ -622,9 +647,9 @@ class Tracker:
         if known is None and claimed.stored_as(snapshot):
             # The first poll since the claim, and the row already says all of it: nothing to store.
             self._digests[claimed.task_id] = digest
-        elif known != digest:
+        elif known != digest or claimed.asks_beyond_open_requests(snapshot):
             try:
-                await self._in_thread(partial(_apply, claimed.task_id, snapshot))
+                await self._in_thread(partial(_apply, claimed.task_id, snapshot, asked_at))
             except Exception:
                 logger.exception("tracker %s: storing a snapshot of task %s failed", self.worker_id, claimed.task_id)
                 self._back_off(claimed)
@@ -678,6 +703,8 @@ class Tracker:
         self.stats.failures += 1
         await self._note_reachable(claimed.server_id)
         problem: dict[str, Any] = {"problem": "tasks/get answered something the protocol does not allow"}
+        if isinstance(error, IncompleteAnswer):
+            problem["problem"] = "the answer to tasks/get broke off or did not finish in time"
         if isinstance(error, ProtocolError):
             problem["error"] = {"code": error.code, "message": _short(error.message)}
         else:

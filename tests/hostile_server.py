@@ -1,0 +1,269 @@
+"""A hostile MCP server for tests: real HTTP/1.1 on loopback, answers scripted per task id and per tool.
+
+Raw asyncio (like bench/fake_tasks_server.py) rather than a framework, because the point is to answer
+in ways a framework would not let a server answer: bytes that are not JSON, a body that trickles one
+byte at a time, a connection reset halfway through the body. It answers `server/discover` and
+`tools/list` like `scripted_server` does, refuses `subscriptions/listen` (-32601, so the tracker polls),
+acknowledges `tasks/update` and `tasks/cancel` (and records them), and for
+
+- `tasks/get`: the script set for the task id with :meth:`HostileServer.script` (each poll takes the
+  next answer, the last one repeats; an unknown id gets -32602);
+- `tools/call`: the answer set for the tool name with :meth:`HostileServer.tool`.
+
+An answer is a JSON-RPC result (:class:`Result`), a JSON-RPC error (:class:`Error`), raw bytes
+(:class:`Raw`), a result sent slowly (:class:`Drip`), a result cut off by a reset (:class:`Reset`),
+or a function of the poll number giving one of those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scripted_server import DISCOVER_RESULT, TOOLS_RESULT
+
+
+@dataclass(frozen=True)
+class Result:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Error:
+    error: Any
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Exactly these bytes as the body (with this content type and HTTP status)."""
+
+    body: bytes
+    content_type: str = "application/json"
+    status: int = 200
+
+
+@dataclass(frozen=True)
+class Drip:
+    """A complete, valid answer, sent `bytes_per_tick` bytes every `tick` seconds."""
+
+    value: Any
+    tick: float = 0.2
+    bytes_per_tick: int = 1
+
+
+@dataclass(frozen=True)
+class Reset:
+    """Headers promising the whole answer, then `fraction` of its body, then a TCP reset."""
+
+    value: Any
+    fraction: float = 0.5
+
+
+Answer = Result | Error | Raw | Drip | Reset | Callable[[int], "Answer"]
+
+UNKNOWN_TASK = Error({"code": -32602, "message": "Task not found"})
+ACK = {"resultType": "complete"}
+
+
+def working(task_id: str, **fields: Any) -> dict[str, Any]:
+    """A valid `tasks/get` result for a working task (fields override or add)."""
+    return {"resultType": "complete", "taskId": task_id, "status": "working", "pollIntervalMs": 250, **fields}
+
+
+class HostileServer:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._scripts: dict[str, list[Answer]] = {}
+        self._tools: dict[str, Answer] = {}
+        self.polls: Counter[str] = Counter()
+        self.updates: list[tuple[str, dict[str, Any]]] = []
+        self.cancels: list[str] = []
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    # -- scripting (from the test's thread) -------------------------------------------------------
+
+    def script(self, task_id: str, *answers: Answer) -> None:
+        with self._lock:
+            self._scripts[task_id] = list(answers)
+
+    def tool(self, name: str, answer: Answer) -> None:
+        with self._lock:
+            self._tools[name] = answer
+
+    def forget(self, task_id: str) -> None:
+        with self._lock:
+            self._scripts.pop(task_id, None)
+
+    def _next_answer(self, task_id: str) -> Answer:
+        with self._lock:
+            self.polls[task_id] += 1
+            answers = self._scripts.get(task_id)
+            if not answers:
+                return UNKNOWN_TASK
+            answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            count = self.polls[task_id]
+        while callable(answer):
+            answer = answer(count)
+        return answer
+
+    # -- serving ----------------------------------------------------------------------------------
+
+    def start(self) -> HostileServer:
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        self.port = listening.getsockname()[1]
+        ready = threading.Event()
+
+        def main() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            server = self._loop.run_until_complete(asyncio.start_server(self._serve, sock=listening))
+            ready.set()
+            try:
+                self._loop.run_forever()
+            finally:
+                server.close()
+                for writer in list(self._connections):
+                    writer.transport.abort()
+                pending = asyncio.all_tasks(self._loop)
+                for task in pending:
+                    task.cancel()
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self._loop.close()
+
+        self._thread = threading.Thread(target=main, name=f"hostile-server-{self.port}", daemon=True)
+        self._thread.start()
+        ready.wait(5)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> HostileServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                request_line, *header_lines = head.decode("latin-1").split("\r\n")
+                headers = {
+                    name.strip().lower(): value.strip()
+                    for name, _, value in (line.partition(":") for line in header_lines if line)
+                }
+                body = await reader.readexactly(int(headers.get("content-length") or 0))
+                if not request_line.startswith("POST "):
+                    await _send(writer, 405, b"", "text/plain")
+                    continue
+                if not await self._answer(writer, json.loads(body)):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self._connections.discard(writer)
+            writer.close()
+
+    async def _answer(self, writer: asyncio.StreamWriter, message: dict[str, Any]) -> bool:
+        """Send the answer to one request; False when the connection is done for (reset or abandoned)."""
+        if "id" not in message:
+            await _send(writer, 202, b"", "application/json")
+            return True
+        request_id, method = message["id"], message.get("method")
+        params = message.get("params") or {}
+        answer: Answer
+        if method == "server/discover":
+            answer = Result(DISCOVER_RESULT)
+        elif method == "tools/list":
+            answer = Result(TOOLS_RESULT)
+        elif method == "tasks/get":
+            answer = self._next_answer(str(params.get("taskId")))
+        elif method == "tasks/update":
+            with self._lock:
+                self.updates.append((params.get("taskId"), params.get("inputResponses")))
+            answer = Result(ACK)
+        elif method == "tasks/cancel":
+            with self._lock:
+                self.cancels.append(params.get("taskId"))
+            answer = Result(ACK)
+        elif method == "tools/call":
+            with self._lock:
+                answer = self._tools.get(params.get("name"), Error({"code": -32602, "message": "Unknown tool"}))
+            while callable(answer):
+                answer = answer(0)
+        else:
+            answer = Error({"code": -32601, "message": "Method not found"})
+        return await self._send_answer(writer, request_id, answer)
+
+    async def _send_answer(self, writer: asyncio.StreamWriter, request_id: Any, answer: Answer) -> bool:
+        if isinstance(answer, Raw):
+            return await _send(writer, answer.status, answer.body, answer.content_type)
+        if isinstance(answer, Error):
+            return await _send(writer, 200, _encode({"jsonrpc": "2.0", "id": request_id, "error": answer.error}))
+        body = _encode({"jsonrpc": "2.0", "id": request_id, "result": answer.value})
+        if isinstance(answer, Result):
+            return await _send(writer, 200, body)
+        writer.write(_head(200, len(body), "application/json"))
+        if isinstance(answer, Reset):
+            writer.write(body[: int(len(body) * answer.fraction)])
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            _reset(writer)
+            return False
+        assert isinstance(answer, Drip)
+        try:
+            for start in range(0, len(body), answer.bytes_per_tick):
+                writer.write(body[start : start + answer.bytes_per_tick])
+                await writer.drain()
+                await asyncio.sleep(answer.tick)
+                if writer.is_closing() or writer.transport.get_extra_info("socket") is None:
+                    return False
+        except ConnectionError:
+            return False
+        return True
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode()
+
+
+def _head(status: int, length: int, content_type: str) -> bytes:
+    return f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {length}\r\n\r\n".encode("latin-1")
+
+
+async def _send(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str = "application/json") -> bool:
+    writer.write(_head(status, len(body), content_type) + body)
+    try:
+        await writer.drain()
+    except ConnectionError:
+        return False
+    return True
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST (SO_LINGER 0) rather than an orderly FIN."""
+    sock = writer.transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
