@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -58,6 +59,23 @@ class Workers:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.2):
+    """The first truthy value of `predicate()`, polled every `interval` seconds; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def demo_stats(demo: DemoServer) -> dict:
+    """The demo server's request counters (GET /demo/stats): polls, deliveries and cancels per task."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/demo/stats", timeout=5) as response:
+        return json.load(response)
 
 
 def worker_environment(**extra: str) -> dict[str, str]:

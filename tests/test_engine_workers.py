@@ -7,14 +7,12 @@ every answer delivered exactly once; the MCP server down for 30 s without a task
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 
 import pytest
 from demo_process import DemoServer
 from django.contrib.auth import get_user_model
-from stack_fixtures import workers  # noqa: F401 - fixture
+from stack_fixtures import demo_stats, wait_until, workers  # noqa: F401 - fixture
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
@@ -38,21 +36,6 @@ def approver():
 
 def register(demo: DemoServer, user):
     return create_server(name=f"demo-{demo.port}", transport="http", url=demo.url, user=user)
-
-
-def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-def demo_stats(demo: DemoServer) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/demo/stats", timeout=5) as response:
-        return json.load(response)
 
 
 def statuses(tasks) -> dict[str, int]:
