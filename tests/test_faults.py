@@ -1,0 +1,145 @@
+"""Faults across real processes (issue 7): Postgres restarted under running workers, Redis stopped under the
+web process and a worker, SIGTERM to a worker while it delivers an answer.
+
+Postgres and Redis here are the test's own (tests/own_services.py), on free ports, never the shared ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from account_fixtures import make_user
+from demo_process import DemoServer
+from django.core.management import call_command
+from django.db import connections
+from django.db.backends.postgresql.base import DatabaseWrapper
+from own_services import DATABASE_NAME, OwnPostgres, own_postgres
+from stack_fixtures import Workers, demo_stats, wait_until, worker_environment
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.audit.models import AuditEvent
+from taskhub.servers.discovery import discover_and_record
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
+
+pytestmark = pytest.mark.slow
+
+APPROVE = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
+
+
+@contextlib.contextmanager
+def orm_on(postgres: OwnPostgres, django_db_blocker) -> Iterator[None]:
+    """This process's ORM on `postgres` (migrated) instead of the test database, for one test."""
+    original = connections["default"]
+    settings = {
+        **original.settings_dict,
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": DATABASE_NAME,
+        "HOST": "127.0.0.1",
+        "PORT": postgres.port,
+        "USER": "postgres",
+        "PASSWORD": "",
+        "CONN_MAX_AGE": 0,
+    }
+    with django_db_blocker.unblock():
+        connections["default"] = DatabaseWrapper(settings, "default")
+        try:
+            call_command("migrate", verbosity=0)
+            yield
+        finally:
+            connections["default"].close()
+            connections["default"] = original
+
+
+@pytest.fixture
+def fault_postgres(tmp_path: Path, django_db_blocker) -> Iterator[OwnPostgres]:
+    with own_postgres(tmp_path) as postgres, orm_on(postgres, django_db_blocker):
+        yield postgres
+
+
+def statuses(tasks: list[Task]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def open_requests(tasks: list[Task]) -> list[InputRequest]:
+    return list(InputRequest.objects.filter(task__in=tasks, state=InputRequestState.OPEN))
+
+
+def assert_still_running(workers: Workers) -> None:
+    exited = {name: process.returncode for name, process in workers.processes.items() if process.poll() is not None}
+    assert not exited, f"worker(s) exited: {exited}"
+
+
+def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgres):
+    admin = make_user("ada", ADMINS)
+    operator = make_user("olga", OPERATORS)
+    approver = make_user("april", APPROVERS)
+    with DemoServer("--poll-interval-ms", "300") as demo:
+        server = create_server(name="demo", transport="http", url=demo.url, user=admin)
+        discover_and_record(server=server, user=admin)
+
+        def launch_batch(label: str) -> tuple[list[Task], list[Task]]:
+            progress = [
+                services.launch(server=server, tool="progress", arguments={"steps": 6, "step_ms": 1000}, user=operator)
+                for _ in range(4)
+            ]
+            approvals = [
+                services.launch(server=server, tool="approval", arguments={"action": f"{label} {n}"}, user=operator)
+                for n in range(3)
+            ]
+            return progress, approvals
+
+        before_progress, before_approvals = launch_batch("before")
+        workers = Workers(worker_environment())
+        try:
+            workers.start("pg-alpha")
+            workers.start("pg-beta")
+            wait_until(lambda: statuses(before_progress).get("working") == 4, timeout=60, what="4 working tasks")
+            wait_until(lambda: len(open_requests(before_approvals)) == 3, timeout=60, what="3 open requests")
+            # Answer one now, so that its delivery may be in flight when the database goes away.
+            services.answer_input(input_request=open_requests(before_approvals)[0], response=APPROVE, user=approver)
+
+            fault_postgres.stop()
+            time.sleep(3)  # the workers' polls, claims and jobs now fail against a database that is gone
+            fault_postgres.start()
+            connections["default"].close()  # this test's own connection died with the server too
+
+            assert_still_running(workers)
+            for request in open_requests(before_approvals):
+                services.answer_input(input_request=request, response=APPROVE, user=approver)
+            after_progress, after_approvals = launch_batch("after")
+            wait_until(lambda: len(open_requests(after_approvals)) == 3, timeout=60, what="3 requests after")
+            for request in open_requests(after_approvals):
+                services.answer_input(input_request=request, response=APPROVE, user=approver)
+
+            every_task = before_progress + before_approvals + after_progress + after_approvals
+            wait_until(
+                lambda: statuses(every_task).get("completed") == len(every_task),
+                timeout=120,
+                interval=0.5,
+                what=f"all {len(every_task)} tasks completed; now {statuses(every_task)}",
+            )
+            assert_still_running(workers)
+            stats = demo_stats(demo)
+        finally:
+            workers.stop_all()
+
+    assert Task.objects.count() == len(every_task) == 14
+    approvals = Task.objects.filter(pk__in=[t.pk for t in before_approvals + after_approvals])
+    assert sorted(stats["deliveries"].get(f"{t.remote_task_id}/approve", 0) for t in approvals) == [1] * 6
+    assert InputRequest.objects.filter(state=InputRequestState.DELIVERED).count() == 6
+    for task in every_task:
+        trail = list(AuditEvent.objects.filter(task_id=task.pk).order_by("id"))
+        actions = [event.action for event in trail]
+        assert actions.count("task.launched") == 1, actions
+        assert [e.data["to"] for e in trail if e.action == "task.status_changed"][-1] == "completed", actions
+        if task in before_approvals + after_approvals:
+            assert actions.count("input.answered") == actions.count("input.delivered") == 1, actions
