@@ -7,18 +7,19 @@ Postgres and Redis here are the test's own (tests/own_services.py), on free port
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from account_fixtures import make_user
-from demo_process import DemoServer
+from demo_process import PROJECT_ROOT, DemoServer
 from django.core.management import call_command
 from django.db import connections
 from django.db.backends.postgresql.base import DatabaseWrapper
 from own_services import DATABASE_NAME, OwnPostgres, own_postgres
-from stack_fixtures import Workers, demo_stats, wait_until, worker_environment
+from stack_fixtures import Workers, demo_stats, wait_until, worker_environment, workers  # noqa: F401 - fixture
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -143,3 +144,77 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
         assert [e.data["to"] for e in trail if e.action == "task.status_changed"][-1] == "completed", actions
         if task in before_approvals + after_approvals:
             assert actions.count("input.answered") == actions.count("input.delivered") == 1, actions
+
+
+# --- SIGTERM to a worker while it delivers an answer ---------------------------------------------------------
+
+
+def answer_in_flight(demo: DemoServer, workers: Workers, *worker_options: str, names=("courier",)) -> Task:
+    """An approval answered, and its tasks/update sent by one of the workers and now held by the (slow) server."""
+    approver = make_user("april", APPROVERS)
+    server = create_server(name="demo", transport="http", url=demo.url, user=make_user("ada", ADMINS))
+    task = services.launch(server=server, tool="approval", arguments={"action": "deploy"}, user=approver)
+    for name in names:
+        workers.start(name, *worker_options)
+    request = wait_until(lambda: open_requests([task]), timeout=60, what="the approval request")[0]
+    services.answer_input(input_request=request, response=APPROVE, user=approver)
+    wait_until(
+        lambda: InputRequest.objects.filter(pk=request.pk, delivery_attempted_at__isnull=False).exists(),
+        timeout=30,
+        what="the delivery to start",
+    )
+    time.sleep(0.5)  # the request has reached the server, which holds it for a few seconds
+    return task
+
+
+def delivering_worker(workers: Workers) -> str:
+    """The name of the worker that sent the answer (it says so in its log)."""
+    for name in workers.processes:
+        if "sending the answer" in (PROJECT_ROOT / "test-output" / f"worker-{name}.log").read_text():
+            return name
+    raise AssertionError("no worker says it is sending the answer")
+
+
+def assert_delivered_once(demo: DemoServer, task: Task) -> None:
+    wait_until(
+        lambda: not InputRequest.objects.filter(task=task, state=InputRequestState.ANSWERED).exists(),
+        timeout=120,
+        what="the delivery job to finish",
+    )
+    task.refresh_from_db()
+    assert task.status == "completed", task.status
+    assert demo_stats(demo)["deliveries"] == {f"{task.remote_task_id}/approve": 1}
+    request = InputRequest.objects.get(task=task)
+    assert request.state == InputRequestState.DELIVERED
+    actions = list(AuditEvent.objects.filter(task_id=task.pk).values_list("action", flat=True))
+    assert actions.count("input.answered") == actions.count("input.delivered") == 1, actions
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_mid_delivery_lets_the_worker_finish_it_before_it_exits(workers):
+    with DemoServer("--poll-interval-ms", "200", "--update-delay-ms", "3000") as demo:
+        task = answer_in_flight(demo, workers)
+        courier = workers.processes["courier"]
+        courier.send_signal(signal.SIGTERM)
+        assert courier.wait(timeout=40) == 0
+        # It recorded the server's acknowledgement on its way out.
+        assert InputRequest.objects.get(task=task).state == InputRequestState.DELIVERED
+        workers.start("successor")
+        wait_until(lambda: Task.objects.get(pk=task.pk).is_terminal, timeout=60, what="the task to end")
+        assert_delivered_once(demo, task)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stopped_before_its_delivery_ends_leaves_it_to_another_that_does_not_resend(workers):
+    # The server holds the answer longer than the worker may take to stop, and applies it all the same.
+    with DemoServer("--poll-interval-ms", "200", "--update-delay-ms", "6000") as demo:
+        task = answer_in_flight(demo, workers, "--shutdown-timeout", "0.5", names=("east", "west"))
+        doomed = workers.processes[delivering_worker(workers)]
+        doomed.send_signal(signal.SIGTERM)
+        assert doomed.wait(timeout=40) == 0
+        # Cut off before the acknowledgement: the job is retried by the other worker while the answer is held.
+        assert InputRequest.objects.get(task=task).state == InputRequestState.ANSWERED
+        wait_until(lambda: Task.objects.get(pk=task.pk).is_terminal, timeout=120, what="the task to end")
+        assert_delivered_once(demo, task)
+    delivered = AuditEvent.objects.get(task_id=task.pk, action="input.delivered")
+    assert delivered.data["confirmed_by"] == "tasks/get after an interrupted delivery"
