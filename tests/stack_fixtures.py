@@ -6,6 +6,7 @@ under a channel prefix of their own so that concurrent test runs on one Redis ne
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,7 +20,10 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http.cookiejar import CookieJar
+from urllib.parse import urlencode
 
+import aiohttp
 import pytest
 from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
@@ -116,6 +120,34 @@ def session_cookie_for(user) -> str:
     return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
+RUNNING_COUNT = 'aria-label="running tasks">'
+
+
+def running_counts(frames: list[str]) -> list[str]:
+    """The nav's count of running tasks in each frame of the live socket that carries it."""
+    return [frame.split(RUNNING_COUNT, 1)[1].split("<", 1)[0] for frame in frames if RUNNING_COUNT in frame]
+
+
+def went_up_and_down(frames: list[str]) -> bool:
+    counts = running_counts(frames)
+    return "1" in counts and counts[-1] == "0" and counts.index("1") < len(counts) - 1
+
+
+async def frames_until(url: str, cookie: str, done, *, timeout: float) -> list[str]:
+    """Frames of the live socket at `url` (as the signed-in user of `cookie`) until `done(frames)` or `timeout`."""
+    frames: list[str] = []
+    async with (
+        aiohttp.ClientSession(cookies={settings.SESSION_COOKIE_NAME: cookie}) as session,
+        session.ws_connect(url, origin=url.replace("ws://", "http://").removesuffix("/ws/live/")) as socket,
+    ):
+        async with asyncio.timeout(timeout):
+            async for message in socket:
+                frames.append(message.data)
+                if done(frames):
+                    return frames
+    return frames
+
+
 @dataclass
 class LiveStack:
     demo: DemoServer
@@ -148,6 +180,32 @@ def workers(django_db_setup) -> Iterator[Workers]:
     pool = Workers(worker_environment())
     yield pool
     pool.stop_all()
+
+
+class SignedIn:
+    """A person signed in through the sign-in form over plain HTTP: cookies and CSRF token, no browser."""
+
+    def __init__(self, base: str, username: str, password: str) -> None:
+        self.base = base
+        self.jar = CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+        self.opener.open(f"{base}/accounts/login/", timeout=15).read()
+        landed = self.post("/accounts/login/", {"username": username, "password": password})
+        assert landed.url.rstrip("/") == base, f"sign-in did not go through: {landed.url}"
+
+    def get(self, path: str) -> str:
+        """The page's text; an HTTP error status raises."""
+        with self.opener.open(f"{self.base}{path}", timeout=15) as response:
+            return response.read().decode()
+
+    def post(self, path: str, data: dict[str, str]):
+        """A form POST with the CSRF token, following the redirect; the final response (with .url and .status)."""
+        csrf = next(cookie.value for cookie in self.jar if cookie.name == "csrftoken")
+        form = urlencode({**data, "csrfmiddlewaretoken": csrf}).encode()
+        request = urllib.request.Request(f"{self.base}{path}", data=form, headers={"Referer": f"{self.base}{path}"})
+        with self.opener.open(request, timeout=15) as response:
+            response.read()
+            return response
 
 
 def api_request(method: str, url: str, token: str, body=None) -> tuple[int, dict]:
