@@ -66,11 +66,23 @@ def caches_from_env() -> dict:
     if url:
         prefix = os.environ.get("REDIS_CHANNEL_PREFIX", "").strip() or "taskhub"
         redis_cache = "django.core.cache.backends.redis.RedisCache"
-        return {"default": {"BACKEND": redis_cache, "LOCATION": url, "KEY_PREFIX": prefix}}
-    return {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": CACHE_TABLE}}
+        return {
+            # Bounded waits: an unreachable Redis must cost a request seconds at most, never hang it.
+            "default": {
+                "BACKEND": redis_cache,
+                "LOCATION": url,
+                "KEY_PREFIX": prefix,
+                "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+            },
+            # What the sign-in rate limit counts in while Redis cannot be reached (ratelimit.py).
+            FALLBACK_CACHE: DATABASE_CACHE,
+        }
+    return {"default": DATABASE_CACHE}
 
 
 CACHE_TABLE = "taskhub_cache"
+DATABASE_CACHE = {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": CACHE_TABLE}
+FALLBACK_CACHE = "database"
 
 DEBUG = env_bool("DEBUG")
 
