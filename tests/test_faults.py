@@ -6,6 +6,7 @@ Postgres and Redis here are the test's own (tests/own_services.py), on free port
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import time
@@ -13,13 +14,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from account_fixtures import make_user
+from account_fixtures import TEST_PASSWORD, make_user
+from browser_fixtures import running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
 from django.core.management import call_command
 from django.db import connections
 from django.db.backends.postgresql.base import DatabaseWrapper
-from own_services import DATABASE_NAME, OwnPostgres, own_postgres
-from stack_fixtures import Workers, demo_stats, wait_until, worker_environment, workers  # noqa: F401 - fixture
+from own_services import DATABASE_NAME, OwnPostgres, own_postgres, own_redis
+from stack_fixtures import (  # noqa: F401 - workers is a fixture
+    SignedIn,
+    Workers,
+    demo_stats,
+    frames_until,
+    register_and_discover,
+    running_counts,
+    session_cookie_for,
+    wait_until,
+    went_up_and_down,
+    worker_environment,
+    workers,
+)
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -218,3 +232,64 @@ def test_a_worker_stopped_before_its_delivery_ends_leaves_it_to_another_that_doe
         assert_delivered_once(demo, task)
     delivered = AuditEvent.objects.get(task_id=task.pk, action="input.delivered")
     assert delivered.data["confirmed_by"] == "tasks/get after an interrupted delivery"
+
+
+# --- Redis stopped under the web process and a worker --------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_after():
+    admin = make_user("ada", ADMINS)
+    olga = make_user("olga", OPERATORS, APPROVERS, password=TEST_PASSWORD)
+    with own_redis() as redis, DemoServer("--poll-interval-ms", "200") as demo:
+        env = {"REDIS_URL": redis.url, "REDIS_CHANNEL_PREFIX": "taskhub-faults"}
+        server = register_and_discover(demo, admin)
+        workers = Workers(worker_environment(**env))
+        try:
+            workers.start("unflustered")
+            with running_daphne(**env) as web:
+                redis.stop()
+
+                # Signing in counts failures in the cache: it must not need Redis.
+                olga_pages = SignedIn(web.url, "olga", TEST_PASSWORD)
+                launched = olga_pages.post(
+                    f"/launch/{server.pk}/approval/", {"mode": "json", "arguments_json": '{"action": "ship"}'}
+                )
+                assert launched.status == 200 and "/tasks/" in launched.url, launched.url
+                task = Task.objects.get()
+                request = wait_until(lambda: open_requests([task]), timeout=60, what="the approval request")[0]
+                # Served from the database alone (an error status would raise here).
+                assert "approval" in olga_pages.get("/tasks/")
+                assert "ship" in olga_pages.get(f"/tasks/{task.pk}/")
+                assert "Approve ship?" in olga_pages.get("/inbox/")
+                answered = olga_pages.post(f"/inbox/{request.pk}/answer", {"action": "decline"})
+                assert answered.status == 200
+                wait_until(lambda: Task.objects.get(pk=task.pk).is_terminal, timeout=60, what="the task to end")
+
+                task.refresh_from_db()
+                assert task.status == "completed" and task.result["content"][0]["text"].startswith("declined")
+                assert demo_stats(demo)["deliveries"] == {f"{task.remote_task_id}/approve": 1}
+                actions = list(AuditEvent.objects.filter(task_id=task.pk).values_list("action", flat=True))
+                for expected in ("task.launched", "task.input_requested", "input.answered", "input.delivered"):
+                    assert actions.count(expected) == 1, actions
+                assert_still_running(workers)
+                assert web.process.poll() is None
+                worker_log = (PROJECT_ROOT / "test-output" / "worker-unflustered.log").read_text()
+                assert f"live update for task {task.pk} dropped" in worker_log
+
+                redis.start()
+                socket_url = web.url.replace("http://", "ws://") + "/ws/live/"
+                cookie = session_cookie_for(olga)
+
+                async def watch_a_task_run() -> list[str]:
+                    listening = asyncio.create_task(frames_until(socket_url, cookie, went_up_and_down, timeout=30))
+                    await asyncio.sleep(1)  # connected and joined before the change
+                    await asyncio.to_thread(
+                        services.launch, server=server, tool="progress", arguments={"steps": 2}, user=olga
+                    )
+                    return await listening
+
+                frames = asyncio.run(watch_a_task_run())
+                assert went_up_and_down(frames), running_counts(frames)
+        finally:
+            workers.stop_all()
