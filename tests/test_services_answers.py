@@ -232,3 +232,18 @@ def test_two_concurrent_answers_on_one_key_one_wins_the_other_is_told_who(server
     form.refresh_from_db()
     assert (form.state, form.answered_by, form.answer) == ("answered", ada, {"action": "decline"})
     assert AuditEvent.objects.filter(action="input.answered").count() == 1
+
+
+def test_of_two_jobs_that_read_the_same_answer_only_one_may_send_it(form, approver):
+    services.answer_input(input_request=form, response={"action": "decline"}, user=approver)
+    first, second = InputRequest.objects.get(pk=form.pk), InputRequest.objects.get(pk=form.pk)
+    assert services.claim_delivery(input_request=first) is True
+    assert services.claim_delivery(input_request=second) is False
+    # A later attempt that read the first one's claim may send again (after asking the server); only one of them.
+    third, fourth = InputRequest.objects.get(pk=form.pk), InputRequest.objects.get(pk=form.pk)
+    assert third.delivery_attempted_at is not None
+    assert [services.claim_delivery(input_request=r) for r in (third, fourth)] == [True, False]
+
+
+def test_an_answer_that_is_not_waiting_for_delivery_cannot_be_claimed(form):
+    assert services.claim_delivery(input_request=form) is False  # open: not answered yet
