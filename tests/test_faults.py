@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -247,7 +249,20 @@ def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_a
         workers = Workers(worker_environment(**env))
         try:
             workers.start("unflustered")
-            with running_daphne(**env) as web:
+            with running_daphne(**env) as web, ThreadPoolExecutor(max_workers=1) as socket_thread:
+                socket_url = web.url.replace("http://", "ws://") + "/ws/live/"
+                cookie = session_cookie_for(olga)
+                # A page open through the outage: its socket must end (the page reconnects) or resume, never hang.
+                connected = threading.Event()
+
+                def connected_then_up_and_down(frames: list[str]) -> bool:
+                    connected.set()  # the consumer sends the nav counts once it has joined its groups
+                    return went_up_and_down(frames)
+
+                through = socket_thread.submit(
+                    asyncio.run, frames_until(socket_url, cookie, connected_then_up_and_down, timeout=150)
+                )
+                assert connected.wait(timeout=30), "the live socket did not connect"
                 redis.stop()
 
                 # Signing in counts failures in the cache: it must not need Redis.
@@ -278,8 +293,6 @@ def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_a
                 assert f"live update for task {task.pk} dropped" in worker_log
 
                 redis.start()
-                socket_url = web.url.replace("http://", "ws://") + "/ws/live/"
-                cookie = session_cookie_for(olga)
 
                 async def watch_a_task_run() -> list[str]:
                     listening = asyncio.create_task(frames_until(socket_url, cookie, went_up_and_down, timeout=30))
@@ -291,5 +304,6 @@ def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_a
 
                 frames = asyncio.run(watch_a_task_run())
                 assert went_up_and_down(frames), running_counts(frames)
+                through.result(timeout=30)  # closed during the outage (returned then), or saw the last run too
         finally:
             workers.stop_all()
