@@ -34,6 +34,7 @@ from django.test import Client
 from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
+from taskhub.tasks.models import Task
 
 LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -80,6 +81,14 @@ def demo_stats(demo: DemoServer) -> dict:
     """The demo server's request counters (GET /demo/stats): polls, deliveries and cancels per task."""
     with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/demo/stats", timeout=5) as response:
         return json.load(response)
+
+
+def statuses(tasks) -> dict[str, int]:
+    """How many of `tasks` are in each status now."""
+    counts: dict[str, int] = {}
+    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def worker_environment(**extra: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ import time
 import pytest
 from demo_process import DemoServer
 from django.contrib.auth import get_user_model
-from stack_fixtures import demo_stats, wait_until, workers  # noqa: F401 - fixture
+from stack_fixtures import demo_stats, statuses, wait_until, workers  # noqa: F401 - fixture
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
@@ -36,13 +36,6 @@ def approver():
 
 def register(demo: DemoServer, user):
     return create_server(name=f"demo-{demo.port}", transport="http", url=demo.url, user=user)
-
-
-def statuses(tasks) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
-        counts[status] = counts.get(status, 0) + 1
-    return counts
 
 
 def test_an_approval_end_to_end_through_a_worker(workers, operator, approver):

@@ -31,6 +31,7 @@ from stack_fixtures import (  # noqa: F401 - workers is a fixture
     register_and_discover,
     running_counts,
     session_cookie_for,
+    statuses,
     wait_until,
     went_up_and_down,
     worker_environment,
@@ -77,13 +78,6 @@ def orm_on(postgres: OwnPostgres, django_db_blocker) -> Iterator[None]:
 def fault_postgres(tmp_path: Path, django_db_blocker) -> Iterator[OwnPostgres]:
     with own_postgres(tmp_path) as postgres, orm_on(postgres, django_db_blocker):
         yield postgres
-
-
-def statuses(tasks: list[Task]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
-        counts[status] = counts.get(status, 0) + 1
-    return counts
 
 
 def open_requests(tasks: list[Task]) -> list[InputRequest]:
