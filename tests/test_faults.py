@@ -138,6 +138,13 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
                 interval=0.5,
                 what=f"all {len(every_task)} tasks completed; now {statuses(every_task)}",
             )
+            # An answer whose acknowledgement could not be recorded (the database was gone) is confirmed by
+            # tasks/get once its attempt has settled.
+            wait_until(
+                lambda: not InputRequest.objects.filter(state=InputRequestState.ANSWERED).exists(),
+                timeout=120,
+                what="every delivery recorded",
+            )
             assert_still_running(workers)
             stats = demo_stats(demo)
         finally:
