@@ -40,6 +40,14 @@ def database_from_env() -> dict:
     return {"ENGINE": "taskhub.embedded_pg", "NAME": "taskhub", "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True}
 
 
+def _redis_reconnect() -> dict:
+    """redis-py connection options: a pooled connection that Redis closed (it restarted) is reconnected once and
+    the command retried, instead of failing the first command after Redis comes back."""
+    import redis.exceptions
+
+    return {"retry_on_error": [redis.exceptions.ConnectionError]}
+
+
 def channel_layers_from_env() -> dict:
     url = os.environ.get("REDIS_URL", "").strip()
     if url:
@@ -51,7 +59,14 @@ def channel_layers_from_env() -> dict:
                 # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py's default 5 s socket timeout
                 # would end an idle consumer's wait with a TimeoutError (and close its WebSocket).
                 "CONFIG": {
-                    "hosts": [{"address": url, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                    "hosts": [
+                        {
+                            "address": url,
+                            "socket_timeout": 30,
+                            "socket_connect_timeout": 5,
+                            **_redis_reconnect(),
+                        }
+                    ],
                     "prefix": prefix,
                 },
             }
@@ -66,11 +81,23 @@ def caches_from_env() -> dict:
     if url:
         prefix = os.environ.get("REDIS_CHANNEL_PREFIX", "").strip() or "taskhub"
         redis_cache = "django.core.cache.backends.redis.RedisCache"
-        return {"default": {"BACKEND": redis_cache, "LOCATION": url, "KEY_PREFIX": prefix}}
-    return {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": CACHE_TABLE}}
+        return {
+            # Bounded waits: an unreachable Redis must cost a request seconds at most, never hang it.
+            "default": {
+                "BACKEND": redis_cache,
+                "LOCATION": url,
+                "KEY_PREFIX": prefix,
+                "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2, **_redis_reconnect()},
+            },
+            # What the sign-in rate limit counts in while Redis cannot be reached (ratelimit.py).
+            FALLBACK_CACHE: DATABASE_CACHE,
+        }
+    return {"default": DATABASE_CACHE}
 
 
 CACHE_TABLE = "taskhub_cache"
+DATABASE_CACHE = {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": CACHE_TABLE}
+FALLBACK_CACHE = "database"
 
 DEBUG = env_bool("DEBUG")
 

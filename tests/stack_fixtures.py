@@ -6,19 +6,24 @@ under a channel prefix of their own so that concurrent test runs on one Redis ne
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http.cookiejar import CookieJar
+from urllib.parse import urlencode
 
+import aiohttp
 import pytest
 from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
@@ -29,6 +34,7 @@ from django.test import Client
 from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
+from taskhub.tasks.models import Task
 
 LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -58,6 +64,31 @@ class Workers:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.2):
+    """The first truthy value of `predicate()`, polled every `interval` seconds; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def demo_stats(demo: DemoServer) -> dict:
+    """The demo server's request counters (GET /demo/stats): polls, deliveries and cancels per task."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/demo/stats", timeout=5) as response:
+        return json.load(response)
+
+
+def statuses(tasks) -> dict[str, int]:
+    """How many of `tasks` are in each status now."""
+    counts: dict[str, int] = {}
+    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def worker_environment(**extra: str) -> dict[str, str]:
@@ -98,6 +129,34 @@ def session_cookie_for(user) -> str:
     return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
+RUNNING_COUNT = 'aria-label="running tasks">'
+
+
+def running_counts(frames: list[str]) -> list[str]:
+    """The nav's count of running tasks in each frame of the live socket that carries it."""
+    return [frame.split(RUNNING_COUNT, 1)[1].split("<", 1)[0] for frame in frames if RUNNING_COUNT in frame]
+
+
+def went_up_and_down(frames: list[str]) -> bool:
+    counts = running_counts(frames)
+    return "1" in counts and counts[-1] == "0" and counts.index("1") < len(counts) - 1
+
+
+async def frames_until(url: str, cookie: str, done, *, timeout: float) -> list[str]:
+    """Frames of the live socket at `url` (as the signed-in user of `cookie`) until `done(frames)` or `timeout`."""
+    frames: list[str] = []
+    async with (
+        aiohttp.ClientSession(cookies={settings.SESSION_COOKIE_NAME: cookie}) as session,
+        session.ws_connect(url, origin=url.replace("ws://", "http://").removesuffix("/ws/live/")) as socket,
+    ):
+        async with asyncio.timeout(timeout):
+            async for message in socket:
+                frames.append(message.data)
+                if done(frames):
+                    return frames
+    return frames
+
+
 @dataclass
 class LiveStack:
     demo: DemoServer
@@ -130,6 +189,32 @@ def workers(django_db_setup) -> Iterator[Workers]:
     pool = Workers(worker_environment())
     yield pool
     pool.stop_all()
+
+
+class SignedIn:
+    """A person signed in through the sign-in form over plain HTTP: cookies and CSRF token, no browser."""
+
+    def __init__(self, base: str, username: str, password: str) -> None:
+        self.base = base
+        self.jar = CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+        self.opener.open(f"{base}/accounts/login/", timeout=15).read()
+        landed = self.post("/accounts/login/", {"username": username, "password": password})
+        assert landed.url.rstrip("/") == base, f"sign-in did not go through: {landed.url}"
+
+    def get(self, path: str) -> str:
+        """The page's text; an HTTP error status raises."""
+        with self.opener.open(f"{self.base}{path}", timeout=15) as response:
+            return response.read().decode()
+
+    def post(self, path: str, data: dict[str, str]):
+        """A form POST with the CSRF token, following the redirect; the final response (with .url and .status)."""
+        csrf = next(cookie.value for cookie in self.jar if cookie.name == "csrftoken")
+        form = urlencode({**data, "csrfmiddlewaretoken": csrf}).encode()
+        request = urllib.request.Request(f"{self.base}{path}", data=form, headers={"Referer": f"{self.base}{path}"})
+        with self.opener.open(request, timeout=15) as response:
+            response.read()
+            return response
 
 
 def api_request(method: str, url: str, token: str, body=None) -> tuple[int, dict]:

@@ -7,14 +7,12 @@ every answer delivered exactly once; the MCP server down for 30 s without a task
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 
 import pytest
 from demo_process import DemoServer
 from django.contrib.auth import get_user_model
-from stack_fixtures import workers  # noqa: F401 - fixture
+from stack_fixtures import demo_stats, statuses, wait_until, workers  # noqa: F401 - fixture
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
@@ -38,28 +36,6 @@ def approver():
 
 def register(demo: DemoServer, user):
     return create_server(name=f"demo-{demo.port}", transport="http", url=demo.url, user=user)
-
-
-def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-def demo_stats(demo: DemoServer) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/demo/stats", timeout=5) as response:
-        return json.load(response)
-
-
-def statuses(tasks) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for status in Task.objects.filter(pk__in=[t.pk for t in tasks]).values_list("status", flat=True):
-        counts[status] = counts.get(status, 0) + 1
-    return counts
 
 
 def test_an_approval_end_to_end_through_a_worker(workers, operator, approver):

@@ -13,14 +13,12 @@ import signal
 import subprocess
 import time
 import urllib.request
-from http.cookiejar import CookieJar
-from urllib.parse import urlencode
 
 import psutil
 import pytest
 from conftest import PROJECT_DIR, free_tcp_port
 from process_output import OutputLines
-from stack_fixtures import api_request
+from stack_fixtures import SignedIn, api_request
 
 pytestmark = pytest.mark.slow
 
@@ -40,20 +38,6 @@ def newcomer_env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in FOREIGN_VARIABLES}
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def sign_in(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
-    jar = CookieJar()
-    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    browser.open(f"{base}/accounts/login/", timeout=15).read()
-    csrf = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
-    form = urlencode({"username": username, "password": password, "csrfmiddlewaretoken": csrf}).encode()
-    request = urllib.request.Request(
-        f"{base}/accounts/login/", data=form, headers={"Referer": f"{base}/accounts/login/"}
-    )
-    landed = browser.open(request, timeout=15)
-    assert landed.url.rstrip("/") == base, f"sign-in did not go through: {landed.url}"
-    return browser
 
 
 def postgres_processes_under(directory) -> list[psutil.Process]:
@@ -98,7 +82,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
         passwords = dict(re.findall(r"User created: (\w+) / (\S+)", text))
         assert set(passwords) == {"admin", "operator", "approver"}, text
         assert "registered as server 'demo' with " in text, text
-        approver = sign_in(base, "approver", passwords["approver"])
+        approver = SignedIn(base, "approver", passwords["approver"])
 
         def token_for(username: str) -> str:
             made = subprocess.run(
@@ -118,7 +102,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            inbox = approver.open(f"{base}/inbox/", timeout=10).read().decode()
+            inbox = approver.get("/inbox/")
             if task["id"] in inbox:
                 break
             time.sleep(0.3)

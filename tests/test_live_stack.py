@@ -2,41 +2,14 @@
 
 import asyncio
 
-import aiohttp
 import pytest
 from account_fixtures import make_user
-from django.conf import settings
-from stack_fixtures import running_stack, session_cookie_for
+from stack_fixtures import frames_until, running_counts, running_stack, session_cookie_for, went_up_and_down
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.tasks import services
 
-RUNNING_COUNT = 'aria-label="running tasks">'
-
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-def running_counts(frames: list[str]) -> list[str]:
-    return [frame.split(RUNNING_COUNT, 1)[1].split("<", 1)[0] for frame in frames if RUNNING_COUNT in frame]
-
-
-def went_up_and_down(frames: list[str]) -> bool:
-    counts = running_counts(frames)
-    return "1" in counts and counts[-1] == "0" and counts.index("1") < len(counts) - 1
-
-
-async def frames_until(url: str, cookie: str, done, *, timeout: float) -> list[str]:
-    frames: list[str] = []
-    async with (
-        aiohttp.ClientSession(cookies={settings.SESSION_COOKIE_NAME: cookie}) as session,
-        session.ws_connect(url, origin=url.replace("ws://", "http://").removesuffix("/ws/live/")) as socket,
-    ):
-        async with asyncio.timeout(timeout):
-            async for message in socket:
-                frames.append(message.data)
-                if done(frames):
-                    return frames
-    return frames
 
 
 def test_the_workers_changes_reach_a_socket_on_the_web_process():

@@ -148,3 +148,30 @@ def test_failures_counted_by_another_process_lock_this_one(client):
     make_user("olga", OPERATORS, password=TEST_PASSWORD)
     assert sign_in(client, "olga", TEST_PASSWORD).status_code == 429
     assert sign_in(client, "olga", TEST_PASSWORD, address="10.0.0.2").status_code == 302
+
+
+def test_with_redis_unreachable_sign_in_works_and_stays_limited_counting_in_the_database(
+    client, settings, free_port, caplog
+):
+    from django.core.cache import caches
+
+    # Nothing listens on free_port: a Redis that is down. The fallback is the database cache, as configured.
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{free_port}/0",
+            "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+        },
+        settings.FALLBACK_CACHE: {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "taskhub_cache",
+        },
+    }
+    caches[settings.FALLBACK_CACHE].clear()
+    make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    for _ in range(5):
+        assert sign_in(client, "olga", "wrong").status_code == 200
+    assert sign_in(client, "olga", TEST_PASSWORD).status_code == 429
+    assert "counting in the 'database' cache meanwhile" in caplog.text
+    caches[settings.FALLBACK_CACHE].clear()
+    assert sign_in(client, "olga", TEST_PASSWORD).status_code == 302

@@ -253,3 +253,18 @@ def test_a_delivered_key_listed_again_is_noted_only_by_an_answer_asked_for_after
     (noted,) = AuditEvent.objects.filter(task=task, action="task.protocol_error")
     assert "asks again for the key 'form', which was answered" in noted.data["problem"]
     assert list(InputRequest.objects.filter(task=task, key="form").values_list("state", flat=True)) == ["delivered"]
+
+
+def test_of_two_jobs_that_read_the_same_answer_only_one_may_send_it(form, approver):
+    services.answer_input(input_request=form, response={"action": "decline"}, user=approver)
+    first, second = InputRequest.objects.get(pk=form.pk), InputRequest.objects.get(pk=form.pk)
+    assert services.claim_delivery(input_request=first) is True
+    assert services.claim_delivery(input_request=second) is False
+    # A later attempt that read the first one's claim may send again (after asking the server); only one of them.
+    third, fourth = InputRequest.objects.get(pk=form.pk), InputRequest.objects.get(pk=form.pk)
+    assert third.delivery_attempted_at is not None
+    assert [services.claim_delivery(input_request=r) for r in (third, fourth)] == [True, False]
+
+
+def test_an_answer_that_is_not_waiting_for_delivery_cannot_be_claimed(form):
+    assert services.claim_delivery(input_request=form) is False  # open: not answered yet

@@ -21,7 +21,7 @@ print(json.dumps({
     "STATICFILES_STORAGE": settings.STORAGES["staticfiles"]["BACKEND"],
     "SECURE_SSL_REDIRECT": settings.SECURE_SSL_REDIRECT,
     "SESSION_COOKIE_SECURE": settings.SESSION_COOKIE_SECURE,
-}))
+}, default=lambda value: f"{value.__module__}.{value.__qualname__}"))  # classes (e.g. exceptions) by name
 """
 CONFIG_VARIABLES = (
     "DATABASE_URL",
@@ -74,7 +74,15 @@ def test_redis_url_selects_the_redis_channel_layer():
     assert loaded["CHANNEL_LAYER"] == {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [{"address": "redis://127.0.0.1:6379/3", "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "hosts": [
+                {
+                    "address": "redis://127.0.0.1:6379/3",
+                    "socket_timeout": 30,
+                    "socket_connect_timeout": 5,
+                    # A connection closed by a restarted Redis is reconnected once, not failed (test_faults.py).
+                    "retry_on_error": ["redis.exceptions.ConnectionError"],
+                }
+            ],
             "prefix": "taskhub",
         },
     }

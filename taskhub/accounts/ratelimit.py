@@ -6,17 +6,24 @@ window refuses every attempt, right password or not, until its oldest failure le
 answer is given whether or not the username exists. A successful sign-in clears that username's bucket for
 that address, never the address bucket (one valid account must not reset the count for guessing others).
 
+While Redis cannot be reached, the counts go to the database cache table instead (logged): sign-in keeps
+working and stays limited, though failures counted in Redis before the outage are not seen meanwhile.
+
 Reads and writes are not atomic: two simultaneous failures may count once. That bounds guessing at roughly the
 limit times the number of concurrent requests per window, which is still a hard limit.
 """
 
 import hashlib
+import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import caches
+
+logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "signin-failures"
 
@@ -48,9 +55,24 @@ def _buckets(username: str, address: str) -> list[Bucket]:
     return [username_bucket(username, address), address_bucket(address)]
 
 
+def _cached(operation: str, *args: Any, **kwargs: Any) -> Any:
+    """`operation` on the default cache or, when that fails and there is one, on the fallback cache."""
+    try:
+        return getattr(caches["default"], operation)(*args, **kwargs)
+    except Exception as error:
+        if settings.FALLBACK_CACHE not in settings.CACHES:
+            raise
+        logger.warning(
+            "sign-in rate limit: the cache did not answer (%r); counting in the %r cache meanwhile",
+            error,
+            settings.FALLBACK_CACHE,
+        )
+        return getattr(caches[settings.FALLBACK_CACHE], operation)(*args, **kwargs)
+
+
 def _recent(bucket: Bucket, now: float) -> list[float]:
     window = settings.LOGIN_FAILURE_WINDOW_SECONDS
-    times = cache.get(bucket.key) or []
+    times = _cached("get", bucket.key) or []
     return [t for t in times if isinstance(t, (int, float)) and now - window < t <= now]
 
 
@@ -72,11 +94,11 @@ def record_failure(username: str, address: str) -> None:
     window = settings.LOGIN_FAILURE_WINDOW_SECONDS
     for bucket in _buckets(username, address):
         times = sorted(_recent(bucket, now))[-(bucket.limit - 1) :] if bucket.limit > 1 else []
-        cache.set(bucket.key, [*times, now], timeout=window)
+        _cached("set", bucket.key, [*times, now], timeout=window)
 
 
 def clear_username(username: str, address: str) -> None:
-    cache.delete(username_bucket(username, address).key)
+    _cached("delete", username_bucket(username, address).key)
 
 
 def lockout_message(seconds: int) -> str:

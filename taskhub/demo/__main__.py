@@ -45,6 +45,13 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
         metavar="MS",
         help="hold each tasks/get this long (makes overlap visible)",
     )
+    parser.add_argument(
+        "--update-delay-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="hold each tasks/update this long before applying it (a slow server, for delivery fault tests)",
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
@@ -59,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
         hostile=args.hostile,
         require_token=args.require_token,
         get_delay_ms=max(0, args.get_delay_ms),
+        update_delay_ms=max(0, args.update_delay_ms),
     )
 
 

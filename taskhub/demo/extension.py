@@ -97,12 +97,19 @@ class TasksExtension(Extension):
     identifier = TASKS_EXTENSION
 
     def __init__(
-        self, engine: TaskEngine, task_tools: Sequence[TaskTool], stats: DemoStats, *, get_delay_ms: int = 0
+        self,
+        engine: TaskEngine,
+        task_tools: Sequence[TaskTool],
+        stats: DemoStats,
+        *,
+        get_delay_ms: int = 0,
+        update_delay_ms: int = 0,
     ) -> None:
         self._engine = engine
         self._tools = {tool.name: tool for tool in task_tools}
         self._stats = stats
         self._get_delay = get_delay_ms / 1000
+        self._update_delay = update_delay_ms / 1000
 
     def methods(self) -> Sequence[MethodBinding]:
         versions = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -135,14 +142,18 @@ class TasksExtension(Extension):
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> dict[str, Any]:
         self._admit(ctx, params.task_id)
-        try:
-            outcome = self._engine.update(params.task_id, params.input_responses)
-        except (TaskNotFound, TaskExpired):
-            raise invalid_params("Task not found") from None
-        except ValueError as problem:
-            raise invalid_params(bounded(str(problem), 500)) from None
-        for key in outcome.issued:
-            self._stats.delivered(params.task_id, key)
+        # Held before the answers are applied, and shielded: like a server that finishes what it received, the
+        # answers land even when the client gives up on the request meanwhile.
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(self._update_delay)
+            try:
+                outcome = self._engine.update(params.task_id, params.input_responses)
+            except (TaskNotFound, TaskExpired):
+                raise invalid_params("Task not found") from None
+            except ValueError as problem:
+                raise invalid_params(bounded(str(problem), 500)) from None
+            for key in outcome.issued:
+                self._stats.delivered(params.task_id, key)
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class DemoConfig:
     hostile: bool = False
     require_token: str | None = None
     get_delay_ms: int = 0
+    update_delay_ms: int = 0
 
 
 @dataclass
@@ -68,7 +69,11 @@ def build_server(config: DemoConfig) -> DemoServer:
         version="0.1.0",
         instructions=INSTRUCTIONS,
         tools=plain_tools + [task_tool.tool for task_tool in task_tools],
-        extensions=[TasksExtension(engine, task_tools, stats, get_delay_ms=config.get_delay_ms)],
+        extensions=[
+            TasksExtension(
+                engine, task_tools, stats, get_delay_ms=config.get_delay_ms, update_delay_ms=config.update_delay_ms
+            )
+        ],
         middleware=[TaskListenMiddleware(engine)],
         log_level="WARNING",
     )

@@ -141,8 +141,9 @@ class InputRequest(models.Model):
     )
     answered_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
-    # Set, and committed, just before an answer is sent: a delivery that finds it set may have reached the server
-    # already (the worker died before recording the ack), so it asks the server before sending again.
+    # Set, and committed, just before each attempt to send an answer (services.claim_delivery): a delivery that
+    # finds it set may have reached the server already (the worker stopped before recording the ack), so it waits
+    # for that attempt to settle and asks the server before sending again.
     delivery_attempted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -372,11 +372,18 @@ def _name(user) -> str:
     return user.get_username() if user is not None else "a deleted user"
 
 
-def mark_delivery_attempted(*, input_request: InputRequest) -> None:
-    """Commit, before sending, that this answer may reach the server (see InputRequest.delivery_attempted_at)."""
-    InputRequest.objects.filter(pk=input_request.pk, delivery_attempted_at__isnull=True).update(
-        delivery_attempted_at=timezone.now()
-    )
+def claim_delivery(*, input_request: InputRequest) -> bool:
+    """Commit, before sending, that this answer may reach the server (see InputRequest.delivery_attempted_at).
+
+    A compare-and-set on the attempt time the caller read: of two jobs delivering one answer at once (a job
+    recovered as stalled while its worker still runs it), only one may send. False: another attempt won.
+    """
+    claimed = InputRequest.objects.filter(
+        pk=input_request.pk,
+        state=InputRequestState.ANSWERED,
+        delivery_attempted_at=input_request.delivery_attempted_at,
+    ).update(delivery_attempted_at=timezone.now())
+    return claimed == 1
 
 
 @transaction.atomic

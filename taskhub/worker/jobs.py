@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 # tools/call may legitimately run for a while before it answers (a synchronous tool).
 LAUNCH_TIMEOUT_SECONDS = 120.0
 DELIVERY_TIMEOUT_SECONDS = 30.0
+# An attempt cut off before its answer came (its worker stopped, its job was recovered as stalled) may still
+# be under way: the server may apply a request it holds after the client gave up. The next attempt waits this
+# long after it before asking the server whether the answer arrived, and sends it again only if it did not.
+DELIVERY_SETTLE_SECONDS = DELIVERY_TIMEOUT_SECONDS + 10
 
 
 class ServerUnreachable(Exception):
@@ -49,6 +53,14 @@ class ServerUnreachable(Exception):
 
 class LaunchPending(Exception):
     """The cancel waits for the launch to tell whether a remote task exists."""
+
+
+class NotBefore(Exception):
+    """Retry the job at `retry_at`, not on the backoff schedule."""
+
+    def __init__(self, message: str, *, retry_at: datetime.datetime) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +79,8 @@ class Backoff(BaseRetryStrategy):
     def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
         if self.is_last(job) or not isinstance(exception, self.retry_exceptions):
             return None
+        if isinstance(exception, NotBefore):
+            return RetryDecision(retry_at=exception.retry_at)
         wait = min(self.cap_seconds, self.first_seconds * 2**job.attempts) * random.uniform(0.8, 1.2)
         return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
 
@@ -80,7 +94,7 @@ UNREACHABLE = (TransportError, RequestTimeout, DatabaseError, *STOPPED)
 # About four minutes of attempts to reach the server before a launch is given up as never sent.
 LAUNCH_RETRY = Backoff(max_attempts=8, retry_exceptions=(ServerUnreachable, DatabaseError, *STOPPED))
 # About two hours (capped at 5 minutes apart): answers and cancels ride out a server outage.
-DELIVERY_RETRY = Backoff(max_attempts=28, retry_exceptions=UNREACHABLE)
+DELIVERY_RETRY = Backoff(max_attempts=28, retry_exceptions=(*UNREACHABLE, NotBefore))
 CANCEL_RETRY = Backoff(max_attempts=28, retry_exceptions=(*UNREACHABLE, LaunchPending))
 
 
@@ -196,13 +210,20 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
         return "round complete, retry scheduled" if scheduled else "waiting for the rest of the round"
     if task.remote_task_id is None:
         raise services.InvalidTransition(f"Task {task.id} has no remote task to deliver {input_request.key!r} to.")
+    if input_request.delivery_attempted_at is not None and not last_attempt:
+        settled_at = input_request.delivery_attempted_at + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
+        if timezone.now() < settled_at:
+            raise NotBefore(f"an earlier attempt to deliver {input_request.pk} may be under way", retry_at=settled_at)
 
     async with TasksClient(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
                 await db(_delivered, input_request=input_request, confirmed_by_poll=True)
                 return "already received"
-            await db(services.mark_delivery_attempted, input_request=input_request)
+            if not await db(services.claim_delivery, input_request=input_request):
+                retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
+                raise NotBefore(f"another job is delivering {input_request.pk}", retry_at=retry_at)
+            logger.info("tasks/update of task %s: sending the answer to input request %s", task.id, input_request.pk)
             await client.update_task(task.remote_task_id, {input_request.key: input_request.answer})
         except ProtocolError as error:
             # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.

@@ -7,6 +7,7 @@ tracker's leases. SIGTERM or SIGINT finishes in-flight work, releases the leases
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -69,12 +70,7 @@ async def run(
             loop.add_signal_handler(signum, stop.set)
     async with app.open_async():
         jobs = asyncio.create_task(
-            app.run_worker_async(
-                name=worker_id,
-                concurrency=concurrency,
-                install_signal_handlers=False,
-                shutdown_graceful_timeout=shutdown_timeout,
-            ),
+            run_jobs(worker_id=worker_id, concurrency=concurrency, shutdown_timeout=shutdown_timeout, stop=stop),
             name="jobs",
         )
         tracker = asyncio.create_task(
@@ -87,9 +83,48 @@ async def run(
             if finished.exception() is not None:
                 logger.error("%s stopped unexpectedly", finished.get_name(), exc_info=finished.exception())
         stop.set()
-        jobs.cancel()  # procrastinate treats this as a graceful stop: running jobs get shutdown_timeout
         results = await asyncio.gather(jobs, tracker, return_exceptions=True)
         stopping.cancel()
         for result in results:
             if isinstance(result, Exception):
                 logger.error("worker part failed: %r", result)
+
+
+# Between two starts of the job runner after it stopped on a database error: doubling, capped.
+RESTART_FIRST_SECONDS = 1.0
+RESTART_CAP_SECONDS = 30.0
+
+
+async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float, stop: asyncio.Event) -> None:
+    """procrastinate's job runner until `stop`, started again whenever it stops by itself.
+
+    It stops when its database connection fails (its job fetch raises, its LISTEN connection ends it), e.g.
+    on a Postgres restart; the process must not exit for that. Jobs it was running when it stopped are
+    finished or, if its heartbeat ended first, retried by `retry_stalled_jobs`.
+    """
+    delay = RESTART_FIRST_SECONDS
+    while not stop.is_set():
+        runner = asyncio.create_task(
+            app.run_worker_async(
+                name=worker_id,
+                concurrency=concurrency,
+                install_signal_handlers=False,
+                shutdown_graceful_timeout=shutdown_timeout,
+            ),
+            name="job runner",
+        )
+        stopping = asyncio.create_task(stop.wait())
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait({runner, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            runner.cancel()  # procrastinate treats this as a graceful stop: running jobs get shutdown_timeout
+            await asyncio.gather(runner, return_exceptions=True)
+            return
+        stopping.cancel()
+        error = runner.exception()
+        if asyncio.get_running_loop().time() - started > RESTART_CAP_SECONDS:
+            delay = RESTART_FIRST_SECONDS
+        logger.error("job runner of %s stopped (%r); starting it again in %g s", worker_id, error, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        delay = min(delay * 2, RESTART_CAP_SECONDS)
