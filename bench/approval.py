@@ -42,6 +42,7 @@ from livestack import (
     load,
     ms,
     prepare,
+    profiled,
     register,
     results_header,
     seed,
@@ -140,7 +141,49 @@ def browser_samples(context, base_url: str, control: ControlServer, requests: li
             time.sleep(0.01)
     arrived = control.updates()
     latencies = [arrived[remote] * 1000 - submitted[remote] for remote in submitted if remote in arrived]
-    return latencies, missing
+    return latencies, missing, submitted, arrived
+
+
+STAGES = (
+    ("submit → answer stored (browser, the view)", "submitted", "answered"),
+    ("answer stored → job started (commit, NOTIFY, the worker's fetch)", "answered", "started"),
+    ("job started → delivery attempted (job's first lookups)", "started", "attempted"),
+    ("delivery attempted → tasks/update arrives (new client: connect, discover, send)", "attempted", "arrived"),
+)
+
+
+def stages(submitted: dict[str, float], arrived: dict[str, float]) -> dict[str, list[float]]:
+    """Where the time went, per approval, from the rows the path leaves: the request's answered_at (the view's
+    transaction) and delivery_attempted_at (the job, just before it sends), procrastinate's `started` event."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT task.remote_task_id, EXTRACT(EPOCH FROM request.answered_at),
+                   EXTRACT(EPOCH FROM request.delivery_attempted_at), EXTRACT(EPOCH FROM event.at)
+            FROM tasks_inputrequest AS request
+            JOIN tasks_task AS task ON task.id = request.task_id
+            JOIN procrastinate_jobs AS job ON job.task_name = 'taskhub.deliver_answer'
+                 AND (job.args ->> 'input_request_id')::int = request.id
+            JOIN procrastinate_events AS event ON event.job_id = job.id AND event.type = 'started'
+            """
+        )
+        rows = cursor.fetchall()
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+    for remote, answered, attempted, started in rows:
+        if remote not in submitted or remote not in arrived or attempted is None:
+            continue
+        times = {
+            "submitted": submitted[remote] / 1000,
+            "answered": float(answered),
+            "started": float(started),
+            "attempted": float(attempted),
+            "arrived": arrived[remote],
+        }
+        for name, start, end in STAGES:
+            spans[name].append(ms(times[end] - times[start]))
+    return spans
 
 
 def main() -> None:
@@ -148,6 +191,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=40, help="approvals (and bare-client updates of each kind)")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_APPROVAL_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--profile", default="", help="py-spy daphne and the worker during the approvals: PREFIX-*.txt")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
@@ -173,13 +217,15 @@ def main() -> None:
         user = bench_user()
         server = register(control, user, "bench-approval")
         seed(server, user, "approval", control.create("approval", args.samples))
-        with web_and_worker(env, f"bench-approval-{os.getpid()}") as (web, _):
+        with web_and_worker(env, f"bench-approval-{os.getpid()}") as (web, worker):
             say(f"daphne on {web.url}, worker running; waiting for the {args.samples} questions")
             requests = open_requests(args.samples)
             with signed_in_browser(web.url, user) as context:
                 say(f"taskhub: {len(requests)} approvals in the inbox")
-                latencies, missing = browser_samples(context, web.url, control, requests)
+                with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
+                    latencies, missing, submitted, arrived = browser_samples(context, web.url, control, requests)
             results["taskhub: browser submit → tasks/update"] = {"latency": latencies, "missing": missing}
+            spans = stages(submitted, arrived)
             say(f"taskhub: p50 {spread(latencies)['p50']:.0f} ms, missing {missing}")
     finally:
         control.stop()
@@ -209,6 +255,15 @@ def main() -> None:
             f"| {name} | {figures['n']} | {figures['p50']:.1f} | {figures['p95']:.1f} | {figures['max']:.1f} | "
             f"{result.get('missing', 0)} | {figures['p50'] / floor:.1f}x | {goal} |"
         )
+    lines += [
+        "",
+        "where taskhub's time goes (from the rows the path leaves; database and Python clocks agree on one machine):",
+        "",
+    ]
+    lines += ["| stage | p50 ms | p95 ms |", "|---|---:|---:|"]
+    for name, values in spans.items():
+        figures = spread(values)
+        lines.append(f"| {name} | {figures['p50']:.1f} | {figures['p95']:.1f} |")
     lines.append("")
     text = "\n".join(lines)
     print(text)

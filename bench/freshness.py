@@ -41,6 +41,7 @@ from livestack import (
     load,
     ms,
     prepare,
+    profiled,
     register,
     results_header,
     seed,
@@ -111,12 +112,12 @@ async def floor_notified(control: ControlServer, samples: int) -> list[float]:
 
 def browser_samples(context, base_url: str, control: ControlServer, server_id: int, seeded: dict, pause_s: float):
     """Per task: open its detail page, complete it on the server, stamp when the detail header and the list row show
-    it. Returns (detail latencies, list latencies, missing count)."""
+    it. Returns (detail latencies, list latencies, missing count, {task id: (change, detail seen, list seen) in s})."""
     listing = context.new_page()
     listing.goto(f"{base_url}/tasks/?server={server_id}")
     wait_live(listing)
     detail = context.new_page()
-    detail_ms, list_ms, missing = [], [], 0
+    detail_ms, list_ms, missing, moments = [], [], 0, {}
     for remote_id, task_id in seeded.items():
         detail.goto(f"{base_url}/tasks/{task_id}/")
         wait_live(detail, messages=2)  # the nav counts on connect, then the watched task's sections
@@ -132,9 +133,38 @@ def browser_samples(context, base_url: str, control: ControlServer, server_id: i
             print(f"  task {task_id}: not seen within 10 s ({type(error).__name__})", flush=True)
             missing += 1
             continue
-        detail_ms.append(detail.evaluate(f"window.__benchSeen['{header}']") - changed * 1000)
-        list_ms.append(listing.evaluate(f"window.__benchSeen['{row}']") - changed * 1000)
-    return detail_ms, list_ms, missing
+        detail_seen = detail.evaluate(f"window.__benchSeen['{header}']") / 1000
+        frame = detail.evaluate(f"window.__benchFrameBefore({detail_seen * 1000})") / 1000
+        list_seen = listing.evaluate(f"window.__benchSeen['{row}']") / 1000
+        detail_ms.append(ms(detail_seen - changed))
+        list_ms.append(ms(list_seen - changed))
+        moments[task_id] = (changed, frame, detail_seen, list_seen)
+    return detail_ms, list_ms, missing, moments
+
+
+def stages(moments: dict) -> dict[str, list[float]]:
+    """Where the time went: the change stored by the worker (the task's finished_at, set by apply_snapshot in its
+    transaction), then the pages showing it (publish, channel layer, daphne rendering, socket, htmx swap)."""
+    from taskhub.tasks.models import Task
+
+    stored = dict(Task.objects.filter(pk__in=list(moments)).values_list("pk", "finished_at"))
+    spans: dict[str, list[float]] = {
+        "change → stored": [],
+        "stored → detail page's socket frame (publish, Redis, daphne renders, sends)": [],
+        "detail page's socket frame → DOM (htmx swaps)": [],
+        "stored → detail page": [],
+        "stored → list page (signal, 300 ms debounce, table re-fetch)": [],
+    }
+    names = list(spans)
+    for task_id, (changed, frame, detail_seen, list_seen) in moments.items():
+        if stored.get(task_id) is None:
+            continue
+        at = stored[task_id].timestamp()
+        for name, value in zip(
+            names, (at - changed, frame - at, detail_seen - frame, detail_seen - at, list_seen - at), strict=False
+        ):
+            spans[name].append(ms(value))
+    return spans
 
 
 def wait_until(check, what: str, timeout: float = 60.0) -> None:
@@ -151,6 +181,9 @@ def main() -> None:
     parser.add_argument("--poll-interval-ms", type=int, default=1000, help="the servers' pollIntervalMs")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_FRESHNESS_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--profile", default="", help="py-spy daphne and the worker during the notifications phase: PREFIX-*.txt"
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
@@ -180,7 +213,9 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        with web_and_worker(env, f"bench-fresh-{os.getpid()}") as (web, _):
+        moments: dict[str, dict] = {}
+        profiles: list[str] = []
+        with web_and_worker(env, f"bench-fresh-{os.getpid()}") as (web, worker):
             say(f"daphne on {web.url}, worker running; waiting for the worker to subscribe to the pushed tasks")
             pushed_tasks = modes["notifications"][2]
             wait_until(lambda: all(pushed.watched(remote) for remote in pushed_tasks), "the worker's subscriptions")
@@ -188,13 +223,19 @@ def main() -> None:
                 for mode, (control, server_id, seeded) in modes.items():
                     say(f"taskhub, {mode}: {len(seeded)} changes")
                     pause = interval / 1000 if mode == "polling" else 0.2
-                    detail_ms, list_ms, missing = browser_samples(context, web.url, control, server_id, seeded, pause)
+                    spied = {"daphne": web.process.pid, "worker": worker.pid} if mode == "notifications" else {}
+                    with profiled(spied, args.profile if spied else "") as files:
+                        detail_ms, list_ms, missing, moments[mode] = browser_samples(
+                            context, web.url, control, server_id, seeded, pause
+                        )
+                    profiles += files
                     results[f"taskhub {mode}, detail page"] = {"latency": detail_ms, "missing": missing}
                     results[f"taskhub {mode}, list page"] = {"latency": list_ms, "missing": missing}
                     say(
                         f"taskhub {mode}: detail p50 {spread(detail_ms)['p50']:.0f} ms, list p50 "
                         f"{spread(list_ms)['p50']:.0f} ms, missing {missing}"
                     )
+        breakdown = {mode: stages(values) for mode, values in moments.items()}
     finally:
         polled.stop()
         pushed.stop()
@@ -235,6 +276,16 @@ def main() -> None:
             f"| {name} | {figures['n']} | {figures['p50']:.0f} | {figures['p95']:.0f} | {figures['max']:.0f} | "
             f"{result.get('missing', 0)} | {ratio} | {goal} |"
         )
+    lines += [
+        "",
+        "where taskhub's time goes (stored = the task's finished_at, written by the worker's apply_snapshot):",
+        "",
+    ]
+    lines += ["| mode | stage | p50 ms | p95 ms |", "|---|---|---:|---:|"]
+    for mode, spans in breakdown.items():
+        for name, values in spans.items():
+            figures = spread(values)
+            lines.append(f"| {mode} | {name} | {figures['p50']:.0f} | {figures['p95']:.0f} |")
     lines.append("")
     text = "\n".join(lines)
     print(text)

@@ -40,6 +40,7 @@ OBSERVER_JS = """
   window.__benchSeen = {};
   window.__benchSubmits = [];
   window.__benchWsMessages = 0;
+  window.__benchFrames = [];
   const check = () => {
     for (let i = pending.length - 1; i >= 0; i--) {
       const [id, cls] = pending[i];
@@ -56,7 +57,10 @@ OBSERVER_JS = """
   document.addEventListener("submit", (event) => {
     window.__benchSubmits.push([event.target.getAttribute("action"), now()]);
   }, true);
+  document.addEventListener("htmx:wsBeforeMessage", () => { window.__benchFrames.push(now()); });
   document.addEventListener("htmx:wsAfterMessage", () => { window.__benchWsMessages += 1; });
+  // The last socket frame received at or before `time`: when what a stamped change came in arrived.
+  window.__benchFrameBefore = (time) => Math.max(0, ...window.__benchFrames.filter((t) => t <= time));
 })();
 """
 
@@ -219,7 +223,7 @@ def signed_in_browser(base_url: str, user) -> Iterator[object]:
             browser.close()
 
 
-def wait_live(page, messages: int = 1, timeout: float = 10.0) -> None:
+def wait_live(page, messages: int = 1, timeout: float = 30.0) -> None:
     """Until the page's live socket is open and has had `messages` frames (on connect: the nav counts; after a
     watch: the watched task's sections)."""
     live = "document.getElementById('live-indicator')?.dataset.state === 'live'"
@@ -227,6 +231,36 @@ def wait_live(page, messages: int = 1, timeout: float = 10.0) -> None:
         f"{live} && window.__benchWsMessages >= {messages}",
         timeout=timeout * 1000,
     )
+
+
+@contextlib.contextmanager
+def profiled(processes: dict[str, int], prefix: str) -> Iterator[list[str]]:
+    """py-spy (raw collapsed stacks, 500 Hz, idle excluded) on each named process while inside; yields the files
+    (summarise with bench/profile_summary.py). Without a prefix, or without py-spy, nothing."""
+    import signal
+
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not prefix or not Path(py_spy).exists():
+        if prefix:
+            print("(no py-spy: `uv pip install py-spy` for a profile)", flush=True)
+        yield []
+        return
+    spies, files = [], []
+    for name, pid in processes.items():
+        out = f"{prefix}-{name}.txt"
+        command = [py_spy, "record", "-p", str(pid), "-r", "500", "-f", "raw", "-o", out, "--nonblocking"]
+        spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        files.append(out)
+    try:
+        yield files
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for spy in spies:
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
 
 
 def results_header(title: str, command: str, load_start: str) -> list[str]:
