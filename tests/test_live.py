@@ -14,11 +14,12 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
-from django.db import connections
+from django.db import connection, connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from taskhub.live import publish
-from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
+from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN, LiveConsumer
 from taskhub.live.fragments import FragmentKind, register_task_fragment, unregister_task_fragment
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
@@ -235,6 +236,22 @@ async def test_watching_a_visible_task_sends_it_now_and_on_every_change(
     await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
     assert f'<header id="task-{live_task.pk}">halfway</header>' in await communicator.receive_from(timeout=5)
     await communicator.disconnect()
+
+
+def test_one_change_reads_the_users_roles_once(operator, live_task):
+    # The page fragments ask for roles again and again (sees_all_tasks, may_see_task, may_cancel, ...); each asking
+    # was a query, eight per change for a watched task (bench/freshness.py). Read once per message, still fresh.
+    consumer = LiveConsumer()
+    consumer.user_id = operator.pk
+    with CaptureQueriesContext(connection) as queries:
+        allowed, html = consumer._render_change(str(live_task.pk), {str(live_task.pk)})
+    assert allowed and f'id="task-{live_task.pk}-header"' in html
+    role_reads = [query["sql"] for query in queries if '"auth_user_groups"' in query["sql"]]
+    assert len(role_reads) == 1, role_reads
+
+    operator.groups.clear()
+    allowed, html = consumer._render_change(str(live_task.pk), {str(live_task.pk)})
+    assert allowed and html.count("task-") == 0  # no longer an operator: nothing of the task is sent
 
 
 async def test_a_page_fragment_that_fails_costs_only_itself(socket_for, operator, live_task, task_fragments):

@@ -44,9 +44,22 @@ def roles_of(user) -> Roles:
     """All three roles in one query (pages ask for several: the context processor exposes this as `roles`)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return NO_ROLES
+    known = getattr(user, "taskhub_roles", None)
+    if known is not None:
+        return known
     names = set(user.groups.filter(name__in=ROLE_GROUPS).values_list("name", flat=True))
     admin = user.is_superuser or ADMINS in names
     return Roles(admin=admin, operator=admin or OPERATORS in names, approver=APPROVERS in names)
+
+
+def with_roles_read_once(user):
+    """Read `user`'s roles now and keep them on this object, which then answers every role question without a query.
+
+    Only for a user object fetched for one short piece of work, such as the live socket's rendering of one change
+    (which asks up to eight times: bench/freshness.py). Never for an object that outlives a membership change: a
+    socket keeps its user's id, not its user, so that a change is seen at once."""
+    user.taskhub_roles = roles_of(user)
+    return user
 
 
 def is_admin(user) -> bool:

@@ -15,6 +15,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.contrib.auth import get_user_model
 
+from taskhub.accounts import permissions
 from taskhub.live import publish
 from taskhub.live.access import NO_ACCESS, LiveAccess, access_for
 from taskhub.live.fragments import FragmentKind, render_task_fragments, render_user_fragments
@@ -115,7 +116,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     def _current_user_and_access(self) -> tuple[object | None, LiveAccess]:
         user = get_user_model().objects.filter(pk=self.user_id, is_active=True).first()
-        return user, (access_for(user) if user is not None else NO_ACCESS)
+        if user is None:
+            return None, NO_ACCESS
+        # A fresh user object per message: its roles are read once here, not by every fragment again.
+        return permissions.with_roles_read_once(user), access_for(user)
 
     def _render_user_fragments(self) -> str:
         user, _ = self._current_user_and_access()
