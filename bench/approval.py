@@ -45,6 +45,7 @@ from livestack import (
     profiled,
     register,
     results_header,
+    say,
     seed,
     signed_in_browser,
     spread,
@@ -56,11 +57,6 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_approva
 GOAL_P50_MS = 50.0
 GOAL_P95_MS = 150.0
 APPROVE = {"approve": {"action": "accept", "content": {"approved": True}}}
-T0 = time.monotonic()
-
-
-def say(text: str) -> None:
-    print(f"[{time.monotonic() - T0:5.0f} s] {text}", flush=True)
 
 
 async def asking(control: ControlServer, count: int) -> list[str]:

@@ -44,6 +44,7 @@ from livestack import (
     profiled,
     register,
     results_header,
+    say,
     seed,
     signed_in_browser,
     spread,
@@ -53,11 +54,6 @@ from livestack import (
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_freshness"
 GOAL_NOTIFIED_P50_MS = 100.0
-T0 = time.monotonic()
-
-
-def say(text: str) -> None:
-    print(f"[{time.monotonic() - T0:5.0f} s] {text}", flush=True)
 
 
 # --- the floor: a bare SDK client on the same server ----------------------------------------------------------

@@ -29,6 +29,7 @@ from benchlib import machine, percentile, set_database
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SECRET_KEY = "taskhub-bench-only-not-secret"
+STARTED = time.monotonic()
 
 # Runs in every page before its own scripts: a MutationObserver that stamps (performance.timeOrigin + now(), the
 # wall clock in ms, comparable with the server's time.time()) the moment an element with a given id first has a
@@ -63,6 +64,11 @@ OBSERVER_JS = """
   window.__benchFrameBefore = (time) => Math.max(0, ...window.__benchFrames.filter((t) => t <= time));
 })();
 """
+
+
+def say(text: str) -> None:
+    """A progress line, with the seconds since the benchmark started."""
+    print(f"[{time.monotonic() - STARTED:5.0f} s] {text}", flush=True)
 
 
 def load() -> str:
