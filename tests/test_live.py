@@ -14,10 +14,12 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
-from django.db import connections
+from django.db import connection, connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from taskhub.live import consumer, publish
+from taskhub.live.access import current_access
 from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
 from taskhub.mcp.client import TaskCreated
@@ -279,6 +281,22 @@ async def test_watching_a_visible_task_sends_it_now_and_on_every_change(
     await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
     assert f'<header id="task-{live_task.pk}">halfway</header>' in await communicator.receive_from(timeout=5)
     await communicator.disconnect()
+
+
+def test_a_change_rendered_for_a_socket_asks_no_roles_again(operator, live_task):
+    # The page fragments ask for roles again and again (sees_all_tasks, may_see_task, may_cancel, ...); each asking
+    # was a query, eight per change for a watched task (bench/freshness.py). The socket's user carries the roles
+    # read with its access, and is read again with it.
+    user, access = current_access(operator.pk)
+    task = consumer._task_or_none(live_task.pk)
+    with CaptureQueriesContext(connection) as queries:
+        html = consumer._render_change(task, (FragmentKind.TASK,), user, access, Sharing.USER)
+    assert f'id="task-{live_task.pk}-header"' in html
+    assert [query["sql"] for query in queries.captured_queries if '"auth_user_groups"' in query["sql"]] == []
+
+    operator.groups.clear()
+    user, access = current_access(operator.pk)
+    assert not access.may_see_task(task) and not user.taskhub_roles.operator
 
 
 async def test_a_page_fragment_that_fails_costs_only_itself(socket_for, operator, live_task, task_fragments):

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 
 import pytest
 from demo_process import DemoServer, stdio_target
 from wire_recorder import WireRecorder
 
-from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolCompleted, ToolInputRequired
+from taskhub.mcp.client import (
+    HttpTarget,
+    TaskCreated,
+    TasksClient,
+    ToolCompleted,
+    ToolInputRequired,
+    http_client,
+    tls_context,
+)
 from taskhub.mcp.errors import AuthorizationFailed, TaskNotFound, TransportError
 from taskhub.mcp.wire import EXTENSION_ID, TaskSnapshot
 
@@ -216,6 +225,21 @@ async def test_a_server_stopped_mid_poll_is_a_transport_error_and_a_restarted_on
             assert final.status == "completed"
     finally:
         server.stop()
+
+
+async def test_http_clients_share_one_verifying_tls_context():
+    # Building a verifying context loads the CA bundle (~60 ms of CPU, bench/approval.py): once per process, not
+    # once per client (every delivery job opens one).
+    first = http_client(HttpTarget(url="https://example.invalid/mcp"), timeout=5)
+    second = http_client(HttpTarget(url="https://example.invalid/mcp", bearer_token="t"), timeout=45)
+    async with first, second:
+        assert first._transport._pool._ssl_context is tls_context()
+        assert second._transport._pool._ssl_context is tls_context()
+        assert tls_context().verify_mode == ssl.CERT_REQUIRED and tls_context().check_hostname
+        assert second.headers["Authorization"] == "Bearer t" and "Authorization" not in first.headers
+        assert (first.timeout.connect, first.timeout.read) == (5, 300)
+        assert (second.timeout.connect, second.timeout.read) == (10, 300)
+        assert not first.follow_redirects
 
 
 async def test_a_bearer_token_is_sent_and_a_refusal_says_so():

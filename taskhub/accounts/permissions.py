@@ -50,6 +50,9 @@ def roles_of(user) -> Roles:
     """All three roles in one query (pages ask for several: the context processor exposes this as `roles`)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return NO_ROLES
+    pinned = getattr(user, "taskhub_roles", None)
+    if pinned is not None:
+        return pinned
     known = roles_this_request.get()
     if known is not None and user.pk in known:
         return known[user.pk]
@@ -59,6 +62,16 @@ def roles_of(user) -> Roles:
     if known is not None:
         known[user.pk] = roles
     return roles
+
+
+def with_roles_read_once(user):
+    """Read `user`'s roles now and keep them on this object, which then answers every role question without a query.
+
+    Only for a user object whose holder reads it again when the roles may have changed: the live socket, which
+    replaces its user on `access.changed` (taskhub.live.access) and renders each change with it (the fragments
+    ask up to eight times per change: bench/freshness.py)."""
+    user.taskhub_roles = roles_of(user)
+    return user
 
 
 def is_admin(user) -> bool:

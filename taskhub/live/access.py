@@ -70,7 +70,15 @@ def access_in_force(user) -> LiveAccess:
 def current_access(user_id: int) -> tuple[object | None, LiveAccess]:
     """The user, read again (None once deleted or deactivated), and their access now."""
     user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
-    return user, (access_for(user) if user is not None else NO_ACCESS)
+    if user is None:
+        return None, NO_ACCESS
+    user = permissions.with_roles_read_once(user)
+    return user, access_for(user)
+
+
+def connected_access(user) -> LiveAccess:
+    """The access of a socket's user at connect; its roles are kept on the user object, as current_access does."""
+    return access_for(permissions.with_roles_read_once(user))
 
 
 # --- telling sockets their access may have changed ----------------------------------------------------

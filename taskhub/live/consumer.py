@@ -23,7 +23,7 @@ from taskhub.live.access import (
     ACCESS_MAX_AGE_SECONDS,
     NO_ACCESS,
     LiveAccess,
-    access_for,
+    connected_access,
     current_access,
     rendering_for,
 )
@@ -69,7 +69,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # Joined before the access is read, so a change of it committed meanwhile is not missed.
         await self._join(user_group(self.user_id))
         await self._join(ACCESS_GROUP)
-        await self._adopt(await database_sync_to_async(access_for)(user), read_at=started)
+        await self._adopt(await database_sync_to_async(connected_access)(user), read_at=started)
         await self.accept()
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
         # Sockets of one audience connecting together share a rendering begun after they joined their groups.

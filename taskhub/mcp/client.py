@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -26,7 +28,6 @@ import mcp_types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
@@ -65,6 +66,32 @@ def _client_version() -> str:
 
 
 CLIENT_INFO: dict[str, Any] = {"name": "taskhub", "version": _client_version()}
+
+
+IDLE_CONNECTION_SECONDS = 1.0
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """httpx2's default verifying TLS context, built once per process and shared by every client.
+
+    Building it loads the CA bundle: about 60 ms of CPU (bench/approval.py's profile), which each new
+    TasksClient paid before its first request (every delivery job, cancel and discovery), on the caller's
+    event loop. A context is safe to share; SSL_CERT_FILE / SSL_CERT_DIR are read on first use."""
+    return httpx2.create_ssl_context()
+
+
+def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
+    """The SDK's `create_mcp_http_client` (timeouts and headers, no redirects followed), on the shared TLS context."""
+    return httpx2.AsyncClient(
+        headers=target.all_headers(),
+        timeout=httpx2.Timeout(min(timeout, 10.0), read=max(timeout, 300.0)),
+        verify=tls_context(),
+        # An idle connection is dropped long before servers close theirs (uvicorn and Node: 5 s). A request sent just
+        # as the server closes an idle connection fails with no way to know whether it was read: for tools/call
+        # (sent after the launch marker is written, which can take seconds under load) the outcome becomes unknown.
+        limits=httpx2.Limits(keepalive_expiry=IDLE_CONNECTION_SECONDS),
+    )
 
 
 # --- targets --------------------------------------------------------------------------------------
@@ -316,13 +343,10 @@ class TasksClient:
     def _make_sdk_client(self, stack: contextlib.AsyncExitStack) -> Client:
         target = self.target
         if isinstance(target, HttpTarget):
-            http_client = create_mcp_http_client(
-                headers=target.all_headers(),
-                timeout=httpx2.Timeout(min(self.timeout, 10.0), read=max(self.timeout, 300.0)),
-            )
-            http_client.event_hooks["response"].extend([self._note_http_status, _cap_json_body])
-            stack.push_async_callback(http_client.aclose)
-            transport: Any = streamable_http_client(target.url, http_client=http_client)
+            client = http_client(target, timeout=self.timeout)
+            client.event_hooks["response"].extend([self._note_http_status, _cap_json_body])
+            stack.push_async_callback(client.aclose)
+            transport: Any = streamable_http_client(target.url, http_client=client)
         else:
             transport = stdio_client(
                 StdioServerParameters(

@@ -1,0 +1,271 @@
+"""Approval latency: from an approver's submit in the browser until the MCP server receives `tasks/update` (issue 6
+item 3), against a bare SDK client sending the same `tasks/update` in the same run.
+
+The whole product in real processes (bench/livestack.py): daphne, one `manage.py worker`, Postgres (a database of
+the benchmark's own), the Redis channel layer (prefix benchapproval<pid>), Debian's chromium through Playwright
+signed in as an approver. The MCP server is bench/demo_control_server.py (the bundled demo server plus a control
+surface): N tasks of the demo's `approval` tool are launched (through the product's services), and the worker
+follows them until each asks its form question (`input_required`, one open request per task in the inbox). Then
+one at a time, on the inbox page: tick "Approve?" and click Accept (htmx posts the form). Start: the form's
+`submit` event, stamped in the page (performance.timeOrigin + now()); end: the server's time.time() when the
+HTTP request carrying `tasks/update` for that task reached it. Same machine, same clock. The path between: the
+answer view (`services.answer_input`, which defers the `deliver_answer` job), procrastinate's LISTEN/NOTIFY wake-up
+in the worker, the job (a `TasksClient` of its own, `mark_delivery_attempted`, `tasks/update`).
+Baselines in the same run, on the same server, on tasks of the same tool: the floor, one long-lived SDK
+`TasksClient` sending `tasks/update` (time.time() before the call → arrival); and a new `TasksClient` per answer,
+as the delivery job opens one. Goal of issue 6: p50 ≤ 50 ms, p95 ≤ 150 ms.
+
+    uv run python bench/approval.py                              # 40 approvals (~3 min)
+    uv run python bench/approval.py --samples 5 --no-record      # a quick look
+
+Postgres: --database-url (default $BENCH_APPROVAL_DATABASE_URL or
+postgres://postgres@127.0.0.1:5432/taskhub_bench_approval), dropped and created by the benchmark.
+Redis: --redis-url (default redis://127.0.0.1:6379/0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from livestack import (
+    ROOT,
+    ControlServer,
+    append_results,
+    bench_user,
+    drop,
+    load,
+    ms,
+    prepare,
+    profiled,
+    register,
+    results_header,
+    say,
+    seed,
+    signed_in_browser,
+    spread,
+    wait_live,
+    web_and_worker,
+)
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_approval"
+GOAL_P50_MS = 50.0
+GOAL_P95_MS = 150.0
+APPROVE = {"approve": {"action": "accept", "content": {"approved": True}}}
+
+
+async def asking(control: ControlServer, count: int) -> list[str]:
+    """`count` approval tasks, once each asks its question."""
+    from taskhub.mcp.client import HttpTarget, TasksClient
+
+    task_ids = [wire["taskId"] for wire in control.create("approval", count)]
+    async with TasksClient(HttpTarget(url=control.url)) as client:
+        for task_id in task_ids:
+            while (await client.get_task(task_id)).status != "input_required":
+                await asyncio.sleep(0.1)
+    return task_ids
+
+
+async def bare_client(control: ControlServer, samples: int, *, fresh: bool) -> list[float]:
+    """tasks/update from a bare SDK client: time.time() before the call → the server's arrival stamp."""
+    from taskhub.mcp.client import HttpTarget, TasksClient
+
+    target = HttpTarget(url=control.url)
+    task_ids = await asking(control, samples)
+    sent = {}
+    shared = TasksClient(target)
+    async with shared:
+        await shared.discover()  # connected before the first sample, as a long-lived client is
+        for task_id in task_ids:
+            await asyncio.sleep(random.uniform(0.05, 0.2))
+            sent[task_id] = time.time()
+            if fresh:
+                async with TasksClient(target) as client:
+                    await client.update_task(task_id, APPROVE)
+            else:
+                await shared.update_task(task_id, APPROVE)
+    arrived = await asyncio.to_thread(control.updates)
+    return [ms(arrived[task_id] - sent[task_id]) for task_id in task_ids]
+
+
+def open_requests(count: int) -> list[tuple[int, str]]:
+    """Wait until the worker has opened `count` input requests; (request id, remote task id), oldest first."""
+    from django.db import connections
+
+    from taskhub.tasks.models import InputRequest, InputRequestState
+
+    deadline = time.monotonic() + 120
+    while True:
+        rows = list(
+            InputRequest.objects.filter(state=InputRequestState.OPEN)
+            .order_by("pk")
+            .values_list("pk", "task__remote_task_id")
+        )
+        if len(rows) >= count:
+            connections.close_all()
+            return rows
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(rows)} of {count} input requests opened within 120 s")
+        time.sleep(0.3)
+
+
+def browser_samples(context, base_url: str, control: ControlServer, requests: list[tuple[int, str]]):
+    """Accept each request on the inbox page; submit (in the page) → the server's arrival stamp."""
+    page = context.new_page()
+    page.goto(f"{base_url}/inbox/")
+    wait_live(page)
+    submitted, missing = {}, 0
+    for request_id, remote_id in requests:
+        card = page.locator(f"#ir-{request_id}")
+        card.get_by_label("Approve?").check()
+        time.sleep(random.uniform(0.05, 0.2))
+        before = page.evaluate("window.__benchSubmits.length")
+        card.get_by_role("button", name="Accept").click()
+        page.wait_for_function(f"window.__benchSubmits.length > {before}")
+        submitted[remote_id] = page.evaluate("window.__benchSubmits[window.__benchSubmits.length - 1][1]")
+        deadline = time.monotonic() + 10
+        while remote_id not in control.updates():
+            if time.monotonic() > deadline:
+                print(f"  request {request_id}: tasks/update not received within 10 s", flush=True)
+                missing += 1
+                break
+            time.sleep(0.01)
+    arrived = control.updates()
+    latencies = [arrived[remote] * 1000 - submitted[remote] for remote in submitted if remote in arrived]
+    return latencies, missing, submitted, arrived
+
+
+STAGES = (
+    ("submit → answer stored (browser, the view)", "submitted", "answered"),
+    ("answer stored → job started (commit, NOTIFY, the worker's fetch)", "answered", "started"),
+    ("job started → delivery attempted (job's first lookups)", "started", "attempted"),
+    ("delivery attempted → tasks/update arrives (new client: connect, discover, send)", "attempted", "arrived"),
+)
+
+
+def stages(submitted: dict[str, float], arrived: dict[str, float]) -> dict[str, list[float]]:
+    """Where the time went, per approval, from the rows the path leaves: the request's answered_at (the view's
+    transaction) and delivery_attempted_at (the job, just before it sends), procrastinate's `started` event."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT task.remote_task_id, EXTRACT(EPOCH FROM request.answered_at),
+                   EXTRACT(EPOCH FROM request.delivery_attempted_at), EXTRACT(EPOCH FROM event.at)
+            FROM tasks_inputrequest AS request
+            JOIN tasks_task AS task ON task.id = request.task_id
+            JOIN procrastinate_jobs AS job ON job.task_name = 'taskhub.deliver_answer'
+                 AND (job.args ->> 'input_request_id')::int = request.id
+            JOIN procrastinate_events AS event ON event.job_id = job.id AND event.type = 'started'
+            """
+        )
+        rows = cursor.fetchall()
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+    for remote, answered, attempted, started in rows:
+        if remote not in submitted or remote not in arrived or attempted is None:
+            continue
+        times = {
+            "submitted": submitted[remote] / 1000,
+            "answered": float(answered),
+            "started": float(started),
+            "attempted": float(attempted),
+            "arrived": arrived[remote],
+        }
+        for name, start, end in STAGES:
+            spans[name].append(ms(times[end] - times[start]))
+    return spans
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=40, help="approvals (and bare-client updates of each kind)")
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_APPROVAL_DATABASE_URL", DEFAULT_DATABASE_URL))
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--profile", default="", help="py-spy daphne and the worker during the approvals: PREFIX-*.txt")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    args = parser.parse_args()
+
+    command = "uv run python bench/approval.py " + " ".join(sys.argv[1:])
+    load_start = load()
+    say(f"approval latency: {args.samples} approvals; machine shared (load {load_start})")
+    prefix = f"benchapproval{os.getpid()}"
+    env = prepare(args.database_url, args.redis_url, prefix)
+    control = ControlServer()
+    results: dict[str, dict] = {}
+    try:
+        say("baselines: a bare SDK client, long-lived, then new per answer")
+        results["bare SDK client, long-lived (floor)"] = {
+            "latency": asyncio.run(bare_client(control, args.samples, fresh=False))
+        }
+        results["bare SDK client, new per answer"] = {
+            "latency": asyncio.run(bare_client(control, args.samples, fresh=True))
+        }
+        for name, result in results.items():
+            say(f"{name}: p50 {spread(result['latency'])['p50']:.1f} ms")
+
+        user = bench_user()
+        server = register(control, user, "bench-approval")
+        seed(server, user, "approval", control.create("approval", args.samples))
+        with web_and_worker(env, f"bench-approval-{os.getpid()}") as (web, worker):
+            say(f"daphne on {web.url}, worker running; waiting for the {args.samples} questions")
+            requests = open_requests(args.samples)
+            with signed_in_browser(web.url, user) as context:
+                say(f"taskhub: {len(requests)} approvals in the inbox")
+                with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
+                    latencies, missing, submitted, arrived = browser_samples(context, web.url, control, requests)
+            results["taskhub: browser submit → tasks/update"] = {"latency": latencies, "missing": missing}
+            spans = stages(submitted, arrived)
+            say(f"taskhub: p50 {spread(latencies)['p50']:.0f} ms, missing {missing}")
+    finally:
+        control.stop()
+        drop(args.database_url)
+
+    floor = spread(results["bare SDK client, long-lived (floor)"]["latency"])["p50"]
+    lines = [
+        *results_header("Approval latency", command, load_start),
+        "- stack: daphne + one `manage.py worker` + Postgres (own database) + Redis channel layer "
+        f"(prefix `{prefix}`), DEBUG on; Debian's chromium (Playwright) signed in as an approver on the inbox; server: "
+        "bench/demo_control_server.py (the demo server), tool `approval`",
+        "- latency = the server's time.time() when the HTTP request with `tasks/update` reached it - the form's "
+        f"`submit` event in the page (performance.timeOrigin + now()); {args.samples} approvals one at a time",
+        "- floor: a long-lived SDK `TasksClient` sending `tasks/update` (time.time() before the call); also a new "
+        "`TasksClient` per answer, as the delivery job opens one",
+        "",
+        "| path | samples | p50 ms | p95 ms | max ms | missing | p50 / floor p50 | goal p50 ≤ 50, p95 ≤ 150 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, result in results.items():
+        figures = spread(result["latency"])
+        goal = ""
+        if name.startswith("taskhub"):
+            met = figures["p50"] <= GOAL_P50_MS and figures["p95"] <= GOAL_P95_MS and not result.get("missing")
+            goal = "yes" if met else "**no**"
+        lines.append(
+            f"| {name} | {figures['n']} | {figures['p50']:.1f} | {figures['p95']:.1f} | {figures['max']:.1f} | "
+            f"{result.get('missing', 0)} | {figures['p50'] / floor:.1f}x | {goal} |"
+        )
+    lines += [
+        "",
+        "where taskhub's time goes (from the rows the path leaves; database and Python clocks agree on one machine):",
+        "",
+    ]
+    lines += ["| stage | p50 ms | p95 ms |", "|---|---:|---:|"]
+    for name, values in spans.items():
+        figures = spread(values)
+        lines.append(f"| {name} | {figures['p50']:.1f} | {figures['p95']:.1f} |")
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_record:
+        append_results(args.results, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""Freshness: time from a task's status change on the MCP server until a browser's DOM shows it (issue 6 item 2),
+with polling and with `notifications/tasks`, against a bare SDK client on the same server in the same run.
+
+The whole product in real processes (bench/livestack.py): daphne, one `manage.py worker`, Postgres (a database
+of the benchmark's own), the Redis channel layer (prefix benchfresh<pid>), Debian's chromium through Playwright
+(signed in as an operator). Two bench/demo_control_server.py processes (the bundled demo server plus a control
+surface): one answers `subscriptions/listen` with -32601, so the worker polls its tasks (`tasks/get` every
+pollIntervalMs); the other pushes `notifications/tasks` to the worker's subscription. Per mode, N held tasks are
+launched (through the product's services) and followed by the worker; then one at a time: the browser opens the
+task's detail page (live socket open, task watched), the server is told to complete the task (its `time.time()`
+just before the change is the start), and a MutationObserver in the page stamps (performance.timeOrigin + now(),
+the same wall clock) when the detail header's status becomes completed, and when the task list page (open in a
+second tab, filtered to that server) shows the row completed. Same machine, same clock: no offset to correct.
+Baselines (the floor), same run, same servers: one long-lived SDK `TasksClient` (taskhub.mcp.client) polling
+`tasks/get` every pollIntervalMs, and one listening with `subscriptions/listen`; time from the change to the
+client having it. Goals of issue 6: p50 ≤ 100 ms with notifications; p50 ≤ pollIntervalMs / 2 + 100 ms polling.
+
+    uv run python bench/freshness.py                                  # 30 samples per mode, 1,000 ms (~4 min)
+    uv run python bench/freshness.py --samples 5 --no-record          # a quick look
+
+Postgres: --database-url (default $BENCH_FRESHNESS_DATABASE_URL or
+postgres://postgres@127.0.0.1:5432/taskhub_bench_freshness), dropped and created by the benchmark.
+Redis: --redis-url (default redis://127.0.0.1:6379/0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from livestack import (
+    ROOT,
+    ControlServer,
+    bench_user,
+    drop,
+    load,
+    ms,
+    prepare,
+    profiled,
+    register,
+    results_header,
+    say,
+    seed,
+    signed_in_browser,
+    spread,
+    wait_live,
+    web_and_worker,
+)
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_freshness"
+GOAL_NOTIFIED_P50_MS = 100.0
+
+
+# --- the floor: a bare SDK client on the same server ----------------------------------------------------------
+
+
+async def floor_polling(control: ControlServer, samples: int, interval_ms: int) -> list[float]:
+    """One TasksClient polling a held task every interval from a random phase; change → the poll that saw it."""
+    from taskhub.mcp.client import HttpTarget, TasksClient
+
+    latencies = []
+    async with TasksClient(HttpTarget(url=control.url)) as client:
+        for wire in control.create("bench_hold", samples):
+            task_id = wire["taskId"]
+            seen = asyncio.get_running_loop().create_future()
+
+            async def poll(task_id=task_id, seen=seen) -> None:
+                while True:
+                    snapshot = await client.get_task(task_id)
+                    if snapshot.status == "completed":
+                        seen.set_result(time.time())
+                        return
+                    await asyncio.sleep(interval_ms / 1000)
+
+            poller = asyncio.create_task(poll())
+            await asyncio.sleep(random.uniform(0.2, 0.2 + interval_ms / 1000))
+            changed = await asyncio.to_thread(control.finish, task_id)
+            latencies.append(ms(await asyncio.wait_for(seen, 10) - changed))
+            await poller
+    return latencies
+
+
+async def floor_notified(control: ControlServer, samples: int) -> list[float]:
+    """One TasksClient listening to a held task; change → its `notifications/tasks` received."""
+    from taskhub.mcp.client import HttpTarget, TasksClient
+
+    latencies = []
+    async with TasksClient(HttpTarget(url=control.url)) as client:
+        for wire in control.create("bench_hold", samples):
+            async with client.listen([wire["taskId"]]) as subscription:
+                notes = aiter(subscription)
+                await anext(notes)  # the current state, sent first
+                await asyncio.sleep(random.uniform(0.05, 0.2))
+                changed = await asyncio.to_thread(control.finish, wire["taskId"])
+                while (await asyncio.wait_for(anext(notes), 10)).status != "completed":
+                    pass
+                latencies.append(ms(time.time() - changed))
+    return latencies
+
+
+# --- taskhub: the browser ----------------------------------------------------------------------------------
+
+
+def browser_samples(context, base_url: str, control: ControlServer, server_id: int, seeded: dict, pause_s: tuple):
+    """Per task: open its detail page, complete it on the server, stamp when the detail header and the list row show
+    it. Returns (detail latencies, list latencies, missing count, {task id: (change, detail seen, list seen) in s})."""
+    listing = context.new_page()
+    listing.goto(f"{base_url}/tasks/?server={server_id}")
+    wait_live(listing)
+    detail = context.new_page()
+    detail_ms, list_ms, missing, moments = [], [], 0, {}
+    for remote_id, task_id in seeded.items():
+        detail.goto(f"{base_url}/tasks/{task_id}/")
+        wait_live(detail, messages=2)  # the nav counts on connect, then the watched task's sections
+        header, row = f"task-{task_id}-header", f"task-row-{task_id}"
+        detail.evaluate(f"window.__benchExpect('{header}', 'status-edge-completed')")
+        listing.evaluate(f"window.__benchExpect('{row}', 'row-completed')")
+        time.sleep(random.uniform(*pause_s))
+        changed = control.finish(remote_id)
+        try:
+            detail.wait_for_function(f"window.__benchSeen['{header}'] !== undefined", timeout=10_000)
+            listing.wait_for_function(f"window.__benchSeen['{row}'] !== undefined", timeout=10_000)
+        except Exception as error:  # a sample that never shows is counted, not fatal
+            print(f"  task {task_id}: not seen within 10 s ({type(error).__name__})", flush=True)
+            missing += 1
+            continue
+        detail_seen = detail.evaluate(f"window.__benchSeen['{header}']") / 1000
+        frame = detail.evaluate(f"window.__benchFrameBefore({detail_seen * 1000})") / 1000
+        list_seen = listing.evaluate(f"window.__benchSeen['{row}']") / 1000
+        detail_ms.append(ms(detail_seen - changed))
+        list_ms.append(ms(list_seen - changed))
+        moments[task_id] = (changed, frame, detail_seen, list_seen)
+    return detail_ms, list_ms, missing, moments
+
+
+def stages(moments: dict) -> dict[str, list[float]]:
+    """Where the time went: the change stored by the worker (the task's finished_at, set by apply_snapshot in its
+    transaction), then the pages showing it (publish, channel layer, daphne rendering, socket, htmx swap)."""
+    from taskhub.tasks.models import Task
+
+    stored = dict(Task.objects.filter(pk__in=list(moments)).values_list("pk", "finished_at"))
+    spans: dict[str, list[float]] = {
+        "change → stored": [],
+        "stored → detail page's socket frame (publish, Redis, daphne renders, sends)": [],
+        "detail page's socket frame → DOM (htmx swaps)": [],
+        "stored → detail page": [],
+        "stored → list page (signal, 300 ms debounce, table re-fetch)": [],
+    }
+    names = list(spans)
+    for task_id, (changed, frame, detail_seen, list_seen) in moments.items():
+        if stored.get(task_id) is None:
+            continue
+        at = stored[task_id].timestamp()
+        for name, value in zip(
+            names, (at - changed, frame - at, detail_seen - frame, detail_seen - at, list_seen - at), strict=False
+        ):
+            spans[name].append(ms(value))
+    return spans
+
+
+def wait_until(check, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=30, help="changes per mode (and per baseline)")
+    parser.add_argument("--poll-interval-ms", type=int, default=1000, help="the servers' pollIntervalMs")
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_FRESHNESS_DATABASE_URL", DEFAULT_DATABASE_URL))
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--profile", default="", help="py-spy daphne and the worker during the notifications phase: PREFIX-*.txt"
+    )
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    args = parser.parse_args()
+
+    command = "uv run python bench/freshness.py " + " ".join(sys.argv[1:])
+    load_start = load()
+    interval = args.poll_interval_ms
+    say(f"freshness: {args.samples} changes per mode, pollIntervalMs {interval}; machine shared (load {load_start})")
+    prefix = f"benchfresh{os.getpid()}"
+    env = prepare(args.database_url, args.redis_url, prefix)
+    polled = ControlServer("--poll-interval-ms", str(interval), "--no-listen")
+    pushed = ControlServer("--poll-interval-ms", str(interval))
+    results: dict[str, dict] = {}
+    try:
+        say("baselines: a bare SDK client polling, then listening")
+        results["SDK client polling (floor)"] = {"latency": asyncio.run(floor_polling(polled, args.samples, interval))}
+        results["SDK client listening (floor)"] = {"latency": asyncio.run(floor_notified(pushed, args.samples))}
+        for name, result in results.items():
+            say(f"{name}: p50 {spread(result['latency'])['p50']:.1f} ms")
+
+        user = bench_user()
+        modes = {}
+        for mode, control in (("polling", polled), ("notifications", pushed)):
+            server = register(control, user, f"bench-{mode}")
+            held = control.create("bench_hold", args.samples)
+            modes[mode] = (control, server.pk, seed(server, user, "bench_hold", held))
+        from django.db import connections
+
+        connections.close_all()
+        moments: dict[str, dict] = {}
+        profiles: list[str] = []
+        with web_and_worker(env, f"bench-fresh-{os.getpid()}") as (web, worker):
+            say(f"daphne on {web.url}, worker running; waiting for the worker to subscribe to the pushed tasks")
+            pushed_tasks = modes["notifications"][2]
+            wait_until(lambda: all(pushed.watched(remote) for remote in pushed_tasks), "the worker's subscriptions")
+            with signed_in_browser(web.url, user) as context:
+                for mode, (control, server_id, seeded) in modes.items():
+                    say(f"taskhub, {mode}: {len(seeded)} changes")
+                    # After the page is live, the change comes at a random moment: over one poll interval when
+                    # polled; 0.5-1 s on when pushed, so that the page's own loading is over (not what is measured).
+                    pause = (0.05, interval / 1000) if mode == "polling" else (0.5, 1.0)
+                    spied = {"daphne": web.process.pid, "worker": worker.pid} if mode == "notifications" else {}
+                    with profiled(spied, args.profile if spied else "") as files:
+                        detail_ms, list_ms, missing, moments[mode] = browser_samples(
+                            context, web.url, control, server_id, seeded, pause
+                        )
+                    profiles += files
+                    results[f"taskhub {mode}, detail page"] = {"latency": detail_ms, "missing": missing}
+                    results[f"taskhub {mode}, list page"] = {"latency": list_ms, "missing": missing}
+                    say(
+                        f"taskhub {mode}: detail p50 {spread(detail_ms)['p50']:.0f} ms, list p50 "
+                        f"{spread(list_ms)['p50']:.0f} ms, missing {missing}"
+                    )
+        breakdown = {mode: stages(values) for mode, values in moments.items()}
+    finally:
+        polled.stop()
+        pushed.stop()
+        drop(args.database_url)
+
+    goals = {
+        "polling": interval / 2 + 100,
+        "notifications": GOAL_NOTIFIED_P50_MS,
+    }
+    floors = {
+        "polling": spread(results["SDK client polling (floor)"]["latency"])["p50"],
+        "notifications": spread(results["SDK client listening (floor)"]["latency"])["p50"],
+    }
+    lines = [
+        *results_header("Freshness", command, load_start),
+        "- stack: daphne + one `manage.py worker` + Postgres (own database) + Redis channel layer "
+        f"(prefix `{prefix}`), DEBUG on; Debian's chromium (Playwright) signed in as an operator; servers: two "
+        f"bench/demo_control_server.py (the demo server, pollIntervalMs {interval}), one answering "
+        "`subscriptions/listen` with -32601 (the worker polls), one pushing `notifications/tasks`",
+        f"- latency = the DOM shows `completed` (MutationObserver, performance.timeOrigin + now()) - the server's "
+        f"time.time() just before the change; {args.samples} changes per mode, one at a time, each on a freshly "
+        "opened detail page (socket open, task watched; the change 0.05 s to one poll interval later when polled, "
+        "0.5-1 s later when pushed), and on a list page filtered to the server in a second tab",
+        "- floor: a long-lived SDK `TasksClient` polling `tasks/get` every pollIntervalMs from a random phase, and one "
+        "listening with `subscriptions/listen`: change → the client has it",
+        "",
+        "| path | samples | p50 ms | p95 ms | max ms | missing | p50 / floor p50 | goal (p50) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, result in results.items():
+        figures = spread(result["latency"])
+        mode = "polling" if "polling" in name else "notifications"
+        ratio = "1.0" if "floor" in name else f"{figures['p50'] / floors[mode]:.1f}x"
+        goal = ""
+        if "taskhub" in name:
+            met = figures["p50"] <= goals[mode] and not result.get("missing")
+            goal = f"≤ {goals[mode]:.0f} ms: {'yes' if met else '**no**'}"
+        lines.append(
+            f"| {name} | {figures['n']} | {figures['p50']:.0f} | {figures['p95']:.0f} | {figures['max']:.0f} | "
+            f"{result.get('missing', 0)} | {ratio} | {goal} |"
+        )
+    lines += [
+        "",
+        "where taskhub's time goes (stored = the task's finished_at, written by the worker's apply_snapshot):",
+        "",
+    ]
+    lines += ["| mode | stage | p50 ms | p95 ms |", "|---|---|---:|---:|"]
+    for mode, spans in breakdown.items():
+        for name, values in spans.items():
+            figures = spread(values)
+            lines.append(f"| {mode} | {name} | {figures['p50']:.0f} | {figures['p95']:.0f} |")
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_record:
+        from livestack import append_results
+
+        append_results(args.results, text)
+
+
+if __name__ == "__main__":
+    main()
