@@ -25,13 +25,13 @@ from procrastinate.jobs import Job
 from wire_recorder import WireRecorder
 
 from taskhub.audit.models import AuditEvent
-from taskhub.mcp.client import TaskCreated, TasksClient, ToolInputRequired
-from taskhub.mcp.errors import TransportError
+from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolInputRequired
+from taskhub.mcp.errors import ProtocolError, TransportError
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
-from taskhub.worker import jobs, sweeps
+from taskhub.worker import clients, jobs, sweeps
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -339,6 +339,66 @@ def test_an_answer_is_delivered_once_per_key_even_when_the_job_runs_twice(server
     assert TaskPoll.objects.get(task=task).next_poll_at <= timezone.now()  # the tracker polls it at once
     task = follow(task, lambda t: t.is_terminal)
     assert task.result["content"][0]["text"] == "approved: ship (reason: looks good)"
+
+
+def test_deliveries_in_one_worker_share_one_connected_client(server, operator, approver, demo, recorder):
+    tasks = [approval_waiting(server, operator) for _ in range(3)]
+    requests = [InputRequest.objects.get(task=task, key="approve") for task in tasks]
+    for input_request in requests:
+        services.answer_input(input_request=input_request, response={"action": "decline"}, user=approver)
+    discovered = len(recorder.requests("server/discover"))
+
+    async def deliver_in_a_worker() -> list[str]:
+        async with clients.shared_clients():
+            first = await jobs.deliver(requests[0].pk)
+            return [first, *await asyncio.gather(*(jobs.deliver(ir.pk) for ir in requests[1:]))]
+
+    assert run(deliver_in_a_worker)() == ["delivered"] * 3
+    # One connection (one discovery) for all three, the two concurrent ones included; a job of its own each before.
+    assert len(recorder.requests("server/discover")) - discovered == 1
+    stats = demo_stats(demo)["deliveries"]
+    assert [stats[f"{task.remote_task_id}/approve"] for task in tasks] == [1, 1, 1]
+
+
+def test_a_kept_client_is_per_credentials_and_connects_again_after_a_server_restart():
+    async def scenario(demo: DemoServer) -> None:
+        async with clients.shared_clients() as pool:
+            async with pool.client(demo.target, timeout=5) as first:
+                await first.request(lambda tasks: tasks.discover())
+            async with pool.client(demo.target, timeout=5) as again:
+                assert again.client is first.client and again.reused
+            other_token = HttpTarget(url=demo.url, bearer_token="changed")
+            async with pool.client(other_token, timeout=5) as other:
+                assert other.client is not first.client and not other.reused
+            demo.stop()
+            async with pool.client(demo.target, timeout=5) as down:
+                with pytest.raises(TransportError):
+                    await down.request(lambda tasks: tasks.discover())
+            await asyncio.to_thread(demo.start)
+            async with pool.client(demo.target, timeout=5) as back:
+                assert back.client is first.client
+                assert (await back.request(lambda tasks: tasks.discover())).supports_tasks
+
+    with DemoServer() as demo:
+        run(scenario)(demo)
+
+
+def test_a_refusal_on_a_kept_client_is_asked_once_more_on_a_new_connection(recorder):
+    target = HttpTarget(url=recorder.url)
+
+    async def scenario() -> None:
+        async with clients.shared_clients() as pool:
+            async with pool.client(target, timeout=5) as first:
+                await first.request(lambda tasks: tasks.discover())
+            sent = len(recorder.requests("tasks/get"))
+            async with pool.client(target, timeout=5) as kept:
+                with pytest.raises(ProtocolError):
+                    await kept.request(lambda tasks: tasks.get_task(f"ghost-{uuid.uuid4()}"))
+            assert len(recorder.requests("tasks/get")) - sent == 2
+            async with pool.client(target, timeout=5) as after:
+                assert after.client is not first.client  # the refused one is no longer handed out
+
+    run(scenario)()
 
 
 def test_delivery_to_a_task_the_server_does_not_know_is_recorded_and_not_retried(server, operator, approver):

@@ -1,8 +1,9 @@
 """Background jobs on procrastinate: launch a tool call, deliver an answer, deliver a cancel.
 
-Every job is async (procrastinate runs them concurrently), opens its own TasksClient on its own loop
-and closes it, reaches the database through `sync_to_async`, and changes state only through
-`taskhub.tasks.services`. The sweeps (expiry, retention, stalled jobs) are in `sweeps.py`.
+Every job is async (procrastinate runs them concurrently); the launch opens its own TasksClient and
+closes it, deliveries and cancels use the worker's connected one for their server (`clients.py`). Each
+reaches the database through `sync_to_async` and changes state only through `taskhub.tasks.services`.
+The sweeps (expiry, retention, stalled jobs) are in `sweeps.py`.
 
 Crash safety of the launch: a tool call is not idempotent, so each round of tools/call is sent at
 most once. Before sending, `services.mark_launch_sent` commits an (immutable) `task.launch_sent`
@@ -35,6 +36,7 @@ from taskhub.mcp.client import CallOutcome, TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
 from taskhub.tasks import services
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.worker.clients import JobClient, job_client
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +217,7 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
         if timezone.now() < settled_at:
             raise NotBefore(f"an earlier attempt to deliver {input_request.pk} may be under way", retry_at=settled_at)
 
-    async with TasksClient(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
+    async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
                 await db(_delivered, input_request=input_request, confirmed_by_poll=True)
@@ -224,7 +226,8 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
                 retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
                 raise NotBefore(f"another job is delivering {input_request.pk}", retry_at=retry_at)
             logger.info("tasks/update of task %s: sending the answer to input request %s", task.id, input_request.pk)
-            await client.update_task(task.remote_task_id, {input_request.key: input_request.answer})
+            answer = {input_request.key: input_request.answer}
+            await client.request(lambda tasks: tasks.update_task(task.remote_task_id, answer))
         except ProtocolError as error:
             # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.
             await db(_delivery_failed, input_request=input_request, error=error.to_error_object())
@@ -238,13 +241,13 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     return "delivered"
 
 
-async def _already_received(client: TasksClient, input_request: InputRequest) -> bool:
+async def _already_received(client: JobClient, input_request: InputRequest) -> bool:
     """Did an earlier, interrupted attempt reach the server? Then the key is no longer outstanding there.
 
     Servers must not reuse keys and drop answered ones from `inputRequests` (the conformance suite checks
     that on the next tasks/get), so a key that is gone was received; resending it would deliver it twice.
     """
-    snapshot = await client.get_task(input_request.task.remote_task_id)
+    snapshot = await client.request(lambda tasks: tasks.get_task(input_request.task.remote_task_id))
     return input_request.key not in (snapshot.input_requests or {})
 
 
@@ -287,9 +290,9 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         await db(services.record_cancel_failure, task=task, error=error)
         return "no remote task"
 
-    async with TasksClient(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
+    async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
-            await client.cancel_task(task.remote_task_id)
+            await client.request(lambda tasks: tasks.cancel_task(task.remote_task_id))
         except ProtocolError as error:
             await db(_cancel_failed, task=task, error=error.to_error_object())
             return "refused"

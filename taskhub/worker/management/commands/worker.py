@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 from procrastinate.contrib.django import app
 
+from taskhub.worker.clients import shared_clients
 from taskhub.worker.tracker import Tracker
 
 logger = logging.getLogger("taskhub.worker")
@@ -68,7 +69,7 @@ async def run(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-    async with app.open_async():
+    async with app.open_async(), shared_clients():
         jobs = asyncio.create_task(
             run_jobs(worker_id=worker_id, concurrency=concurrency, shutdown_timeout=shutdown_timeout, stop=stop),
             name="jobs",
