@@ -193,16 +193,25 @@ async def deliver_answer(context, input_request_id: int) -> str:
     return await deliver(input_request_id, last_attempt=DELIVERY_RETRY.is_last(context.job))
 
 
-def _answer_to_deliver(input_request_id: int) -> InputRequest | None:
+def _answer_to_deliver(input_request_id: int) -> tuple[InputRequest | None, bool]:
+    """The answer to deliver, and whether it is claimed already.
+
+    A first attempt to send a task-phase answer has nothing to ask the server before its claim, so it claims in
+    the same trip to the database (one thread hop and connection check less before the answer goes out)."""
     input_request = InputRequest.objects.select_related("task__server").filter(pk=input_request_id).first()
     if input_request is None or input_request.state != InputRequestState.ANSWERED:
-        return None  # delivered already (the job ran twice), or nothing to deliver
-    return input_request
+        return None, False  # delivered already (the job ran twice), or nothing to deliver
+    first_send = (
+        input_request.mrtr_round == TASK_PHASE
+        and input_request.task.remote_task_id is not None
+        and input_request.delivery_attempted_at is None
+    )
+    return input_request, first_send and services.claim_delivery(input_request=input_request)
 
 
 async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     """Send one answer: tasks/update with that key alone, or (MRTR) resend tools/call once the round is complete."""
-    input_request = await db(_answer_to_deliver, input_request_id=input_request_id)
+    input_request, claimed = await db(_answer_to_deliver, input_request_id=input_request_id)
     if input_request is None:
         return "nothing to deliver"
     task = input_request.task
@@ -222,7 +231,7 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
                 await db(_delivered, input_request=input_request, confirmed_by_poll=True)
                 return "already received"
-            if not await db(services.claim_delivery, input_request=input_request):
+            if not claimed and not await db(services.claim_delivery, input_request=input_request):
                 retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
                 raise NotBefore(f"another job is delivering {input_request.pk}", retry_at=retry_at)
             logger.info("tasks/update of task %s: sending the answer to input request %s", task.id, input_request.pk)
