@@ -5,7 +5,9 @@ import re
 import pytest
 from account_fixtures import make_user
 from django.contrib.auth.models import Group
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 from inbox_fixtures import request_of, snapshot, task_asking
@@ -309,6 +311,18 @@ def test_htmx_answer_returns_the_card_answered_by_you(form_request, ada):
     form_request.refresh_from_db()
     fragment = inbox_fragment(form_request.task, ada)
     assert "delivered ✓" in fragment and 'hx-swap-oob="true"' in fragment
+
+
+def test_the_answered_card_is_shown_without_reading_anything_again(form_request, ada):
+    # The answer view holds daphne's one sync thread, which also renders every live change: after the commit it
+    # shows the card from the rows it locked instead of reading the request, its answerer, task and server again.
+    client = client_for(ada)
+    with CaptureQueriesContext(connection) as queries:
+        response = accept(client, form_request, htmx=True, name="Luca", count="2")
+    assert response.status_code == 200 and "answered by you" in response.content.decode()
+    statements = [query["sql"] for query in queries.captured_queries]
+    [deferred] = [i for i, sql in enumerate(statements) if "procrastinate_defer_jobs" in sql]
+    assert [sql.split()[0] for sql in statements[deferred + 1 :]] == ["RELEASE"]
 
 
 def test_two_approvers_one_wins_the_other_is_told_who(form_request, ada, dana):

@@ -337,7 +337,7 @@ def _supersede_open_requests(task: Task, *, reason: str, keep: set[str] | frozen
 def answer_input(*, input_request: InputRequest, response: dict[str, Any], user) -> InputRequest:
     """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first."""
     # Lock order task → input request, as apply_snapshot does; the second of two answers waits here.
-    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=input_request.task_id)
     input_request = (
         InputRequest.objects.select_for_update(of=("self",)).select_related("answered_by").get(pk=input_request.pk)
     )
@@ -365,6 +365,7 @@ def answer_input(*, input_request: InputRequest, response: dict[str, Any], user)
     )
     hooks.enqueue_answer_delivery(input_request.pk)
     _publish_after_commit(task.id)
+    input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     return input_request
 
 

@@ -58,7 +58,7 @@ def answer(request, request_id):
     card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
     try:
         response = response_from_post(card, request.POST)
-        services.answer_input(input_request=input_request, response=response, user=request.user)
+        answered = services.answer_input(input_request=input_request, response=response, user=request.user)
     except AnswerRejected as refused:
         problem = (
             str(refused)
@@ -84,14 +84,11 @@ def answer(request, request_id):
         notice = f"{gone} Nothing more to do here."
         return _refused(request, card_for(input_request, request.user, may_answer=True, notice=notice), status=409)
 
-    input_request.refresh_from_db()
     if request.htmx:
-        return render(request, CARD_TEMPLATE, {"card": card_for(input_request, request.user, may_answer=True)})
-    action = (input_request.answer or {}).get("action", "answer")
+        return render(request, CARD_TEMPLATE, {"card": card_for(answered, request.user, may_answer=True)})
+    action = (answered.answer or {}).get("action", "answer")
     words = {"accept": "Accepted", "decline": "Declined", "cancel": "Cancelled"}.get(action, "Answered")
-    messages.success(
-        request, f"{words}: the answer to {input_request.task.server.name} is recorded and being delivered."
-    )
+    messages.success(request, f"{words}: the answer to {answered.task.server.name} is recorded and being delivered.")
     return redirect(next_url or reverse("tasks:inbox"))
 
 
