@@ -175,9 +175,9 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
             if getattr(task, field) != wanted[field]
         }
         if contradictions:
-            _record_protocol_error_once(
-                task,
-                {
+            record_protocol_error_once(
+                task=task,
+                data={
                     "problem": f"the task is {task.status}, which is final, but the server now says otherwise",
                     "source": source,
                     "contradictions": contradictions,
@@ -254,15 +254,17 @@ def _record_problems(task: Task, problems: list[str], *, source: str) -> None:
         text = "; ".join(dict.fromkeys(problems))
         if len(text) > 4 * QUOTE_MAX_CHARS:
             text = text[: 4 * QUOTE_MAX_CHARS - 1] + "…"
-        _record_protocol_error_once(task, {"problem": text, "source": source})
+        record_protocol_error_once(task=task, data={"problem": text, "source": source})
 
 
-def _record_protocol_error_once(task: Task, data: dict[str, Any]) -> None:
-    # A peer that repeats the same contradiction is recorded once, so a repeated snapshot still writes nothing.
+def record_protocol_error_once(*, task: Task, data: dict[str, Any]) -> bool:
+    """Put a server's bad answer on the task's timeline unless it repeats the last one there: a peer that repeats
+    the same problem is recorded once, so a repeated snapshot still writes nothing. True: recorded."""
     last = AuditEvent.objects.filter(task=task, action="task.protocol_error").order_by("-time", "-id").first()
-    if last is not None and last.data == data:
-        return
+    if last is not None and last.data == storable(data):  # compared as stored (NULs replaced, …)
+        return False
     record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
+    return True
 
 
 def _open_requests(

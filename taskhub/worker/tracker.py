@@ -59,8 +59,6 @@ from django import db
 from django.db import transaction
 from pydantic_core import PydanticSerializationError
 
-from taskhub.audit.models import AuditEvent
-from taskhub.audit.services import WORKER, record_event, storable
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import (
     AuthorizationFailed,
@@ -357,11 +355,7 @@ def _record_poll_problem(task_id: uuid.UUID, data: dict[str, Any]) -> bool:
     """Put a bad answer on the task's timeline, once per distinct problem in a row."""
     with transaction.atomic():
         task = Task.objects.select_for_update().only("id", "server_id").get(pk=task_id)
-        last = AuditEvent.objects.filter(task=task, action="task.protocol_error").order_by("-time", "-id").first()
-        if last is not None and last.data == storable(data):  # compared as stored (NULs replaced, …)
-            return False
-        record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
-        return True
+        return services.record_protocol_error_once(task=task, data=data)
 
 
 def _close_connections(wrappers: set) -> None:
