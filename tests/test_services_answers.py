@@ -268,3 +268,43 @@ def test_of_two_jobs_that_read_the_same_answer_only_one_may_send_it(form, approv
 
 def test_an_answer_that_is_not_waiting_for_delivery_cannot_be_claimed(form):
     assert services.claim_delivery(input_request=form) is False  # open: not answered yet
+
+
+def test_an_answer_sent_and_no_longer_asked_for_is_delivered_even_when_its_sender_never_recorded_it(form, approver):
+    # A worker claimed the answer and sent it, then died before it recorded the server's acknowledgement.
+    services.answer_input(input_request=form, response={"action": "decline"}, user=approver)
+    assert services.claim_delivery(input_request=InputRequest.objects.get(pk=form.pk)) is True
+    form.refresh_from_db()
+    task = form.task
+    still_asking = TaskSnapshot.model_validate(
+        {"taskId": task.remote_task_id, "status": "input_required", "inputRequests": {"form": FORM}, "ttlMs": None}
+    )
+    moved_on = TaskSnapshot.model_validate({"taskId": task.remote_task_id, "status": "working", "ttlMs": None})
+    after = form.delivery_attempted_at + datetime.timedelta(milliseconds=5)
+
+    # Listed still: not received yet. Gone, but asked for before the attempt: that answer says nothing of it.
+    services.apply_snapshot(task=task, snapshot=still_asking, asked_at=after)
+    services.apply_snapshot(task=task, snapshot=moved_on, asked_at=form.delivery_attempted_at)
+    services.apply_snapshot(task=task, snapshot=moved_on)  # a notification: when it was "asked" is unknown
+    assert InputRequest.objects.get(pk=form.pk).state == InputRequestState.ANSWERED
+
+    assert services.apply_snapshot(task=task, snapshot=moved_on, asked_at=after) is True  # the answer changed
+    form.refresh_from_db()
+    assert form.state == InputRequestState.DELIVERED
+    (delivered,) = AuditEvent.objects.filter(task=task, action="input.delivered")
+    assert delivered.data == {
+        "key": "form",
+        "mrtr_round": 0,
+        "confirmed_by": "tasks/get: the server no longer asks for the key",
+    }
+
+
+def test_an_answer_never_sent_is_not_confirmed_by_its_key_being_gone(form, approver):
+    services.answer_input(input_request=form, response={"action": "decline"}, user=approver)
+    task = form.task
+    cancelled = TaskSnapshot.model_validate({"taskId": task.remote_task_id, "status": "cancelled", "ttlMs": None})
+    services.apply_snapshot(
+        task=task, snapshot=cancelled, asked_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=1)
+    )
+    assert InputRequest.objects.get(pk=form.pk).state == InputRequestState.ANSWERED
+    assert not AuditEvent.objects.filter(task=task, action="input.delivered").exists()

@@ -210,9 +210,10 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
     outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
     outstanding = storable(outstanding)
     superseded = _supersede_open_requests(task, keep=set(outstanding), reason=f"no longer asked for ({source})")
+    confirmed = _confirm_interrupted_deliveries(task, keep=set(outstanding), asked_at=asked_at)
     opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE, problems=problems, asked_at=asked_at)
     _record_problems(task, problems, source=source)
-    anything = bool(changed or superseded or opened)
+    anything = bool(changed or superseded or confirmed or opened)
     if anything:
         _publish_after_commit(task.id)
     return anything
@@ -332,6 +333,27 @@ def _supersede_open_requests(task: Task, *, reason: str, keep: set[str] | frozen
     return count
 
 
+def _confirm_interrupted_deliveries(task: Task, *, keep: set[str], asked_at) -> int:
+    """Answers whose delivery was attempted before this snapshot was asked for, and whose key the server no
+    longer lists, were received: servers drop answered keys and never reuse them. This is the test the delivery
+    job's own retry makes (after a wait) when an attempt was cut off, e.g. its worker died between sending and
+    recording; the tracker sees it on its next poll, so the answer does not show as undelivered meanwhile."""
+    if asked_at is None:
+        return 0
+    received = (
+        InputRequest.objects.filter(
+            task=task,
+            mrtr_round=TASK_PHASE,
+            state=InputRequestState.ANSWERED,
+            delivery_attempted_at__lt=asked_at,
+        )
+        .exclude(key__in=keep)
+        .only("pk", "task_id")
+    )
+    confirmed_by = "tasks/get: the server no longer asks for the key"
+    return sum(mark_delivered(input_request=request, confirmed_by=confirmed_by) for request in received)
+
+
 # --- answers ----------------------------------------------------------------------------------------
 
 
@@ -390,10 +412,11 @@ def claim_delivery(*, input_request: InputRequest) -> bool:
 
 
 @transaction.atomic
-def mark_delivered(*, input_request: InputRequest, confirmed_by_poll: bool = False) -> bool:
+def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
     """The server acknowledged the answer. Idempotent: a repeated delivery changes nothing.
 
-    `confirmed_by_poll`: an interrupted delivery was found already received (the key is no longer outstanding).
+    `confirmed_by`: no acknowledgement came, but this shows the answer was received (the key is no longer
+    outstanding); it goes on the timeline.
     """
     task = Task.objects.select_for_update().get(pk=input_request.task_id)
     input_request = InputRequest.objects.select_for_update().get(pk=input_request.pk)
@@ -413,7 +436,7 @@ def mark_delivered(*, input_request: InputRequest, confirmed_by_poll: bool = Fal
         data={
             "key": input_request.key,
             "mrtr_round": input_request.mrtr_round,
-            **({"confirmed_by": "tasks/get after an interrupted delivery"} if confirmed_by_poll else {}),
+            **({"confirmed_by": confirmed_by} if confirmed_by else {}),
         },
     )
     _publish_after_commit(task.id)

@@ -47,6 +47,7 @@ DELIVERY_TIMEOUT_SECONDS = 30.0
 # be under way: the server may apply a request it holds after the client gave up. The next attempt waits this
 # long after it before asking the server whether the answer arrived, and sends it again only if it did not.
 DELIVERY_SETTLE_SECONDS = DELIVERY_TIMEOUT_SECONDS + 10
+CONFIRMED_AFTER_INTERRUPTION = "tasks/get after an interrupted delivery"
 
 
 class ServerUnreachable(Exception):
@@ -229,7 +230,7 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
-                await db(_delivered, input_request=input_request, confirmed_by_poll=True)
+                await db(_delivered, input_request=input_request, confirmed_by=CONFIRMED_AFTER_INTERRUPTION)
                 return "already received"
             if not claimed and not await db(services.claim_delivery, input_request=input_request):
                 retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
@@ -265,8 +266,8 @@ def _gave_up(error: McpClientError) -> dict[str, Any]:
 
 
 @transaction.atomic
-def _delivered(*, input_request: InputRequest, confirmed_by_poll: bool = False) -> None:
-    services.mark_delivered(input_request=input_request, confirmed_by_poll=confirmed_by_poll)
+def _delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> None:
+    services.mark_delivered(input_request=input_request, confirmed_by=confirmed_by)
     services.poll_soon(task_id=input_request.task_id)
 
 
