@@ -114,7 +114,8 @@ class DaphneServer:
         return self.url
 
 
-def wait_until_serving(server: DaphneServer, timeout: float = 30) -> None:
+# Generous: on a loaded 2-core machine, importing Django, Channels and Twisted alone has taken over 30 s.
+def wait_until_serving(server: DaphneServer, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:

@@ -1,4 +1,4 @@
-// Small page behaviours with no inline script: copy buttons.
+// Small page behaviours with no inline script: copy buttons; the Inbox link for a user who became an approver.
 (function () {
   "use strict";
 
@@ -10,5 +10,15 @@
       button.textContent = "copied";
       setTimeout(function () { button.textContent = label; }, 1200);
     });
+  });
+
+  // The socket pushes the nav's open-request count to every page; the Inbox item of someone who was not an
+  // approver when the page loaded is there but hidden, and shows once the count says they now are one.
+  document.addEventListener("htmx:oobAfterSwap", function (event) {
+    var badge = document.getElementById("nav-inbox-count");
+    if (badge && badge.dataset.approver === "yes") {
+      var item = badge.closest("li");
+      if (item) item.hidden = false;
+    }
   });
 })();

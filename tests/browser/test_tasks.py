@@ -18,9 +18,10 @@ import pytest
 from account_fixtures import TEST_PASSWORD, make_user
 from browser_fixtures import screenshot, sign_in
 from channels_redis.core import RedisChannelLayer
+from django.contrib.auth.models import Group
 from playwright.sync_api import expect
 
-from taskhub.accounts.groups import OPERATORS
+from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.live import publish
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
@@ -49,6 +50,7 @@ def png(width: int = 240, height: int = 80) -> str:
 
 CREATED = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
+ASK = {"method": "elicitation/create", "params": {"message": "Ship it?", "requestedSchema": {"type": "object"}}}
 
 
 def snapshot(remote_id: str, status: str = "working", **fields) -> TaskSnapshot:
@@ -232,3 +234,26 @@ def test_the_detail_cancels_then_finishes_anyway_without_a_reload(live_site, new
     dark.goto(f"{live_site.url}/tasks/{task.pk}/")
     expect(dark.locator(f"#task-{task.pk}-header")).to_contain_text("Finished anyway")
     screenshot(dark, "task-detail-completed-dark")
+
+
+def test_someone_made_an_approver_while_a_page_is_open_gets_the_inbox_link_and_its_count(
+    live_site, new_page, console_errors
+):
+    olga = make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    task = durable(alpha, olga, "deploy", "r-1")
+
+    page = console_errors(new_page())
+    sign_in(page, live_site.url, "olga", TEST_PASSWORD)
+    page.goto(f"{live_site.url}/tasks/")
+    wait_until_live(page)
+    inbox = page.get_by_role("navigation", name="Main").get_by_role("link", name=re.compile("^Inbox"))
+    expect(inbox).to_have_count(0)  # not an approver: the item is there for the socket, hidden
+
+    alpha_approvers = Group.objects.create(name="alpha-approvers")
+    alpha.approver_groups.set([alpha_approvers])
+    olga.groups.add(Group.objects.get_or_create(name=APPROVERS)[0], alpha_approvers)
+    services.apply_snapshot(task=task, snapshot=snapshot("r-1", "input_required", inputRequests={"ok": ASK}))
+    expect(inbox).to_be_visible()
+    expect(page.locator("#nav-inbox-count")).to_have_text("1")
+    assert console_errors.errors == []  # before, htmx reported the pushed count's missing target
