@@ -103,8 +103,23 @@ def test_tokens_are_stored_hashed_and_their_creation_audited(people):
     assert event.data["prefix"] == token.prefix and secret not in json.dumps(event.data)
 
 
+def test_the_api_documentation_is_for_signed_in_users_and_token_holders_only(people):
+    for path in ("/api/docs", "/api/openapi.json"):
+        anonymous = Client().get(path)
+        assert anonymous.status_code == 302 and anonymous["Location"] == f"/accounts/login/?next={path}", path
+        forged = Client(headers={"Authorization": "Bearer thk_not-a-real-token"}).get(path)
+        assert forged.status_code == 302, path
+        signed_in = Client()
+        signed_in.force_login(people["nobody"])  # any role, or none
+        assert signed_in.get(path).status_code == 200, path
+        assert api_client(people["nobody"]).get(path).status_code == 200, path
+    token, secret = create_token(user=people["operator"], name="revoked")
+    revoke_token(token=token)
+    assert Client(headers={"Authorization": f"Bearer {secret}"}).get("/api/openapi.json").status_code == 302
+
+
 def test_the_openapi_document_lists_every_endpoint(people):
-    document = Client().get("/api/openapi.json").json()
+    document = api_client(people["nobody"]).get("/api/openapi.json").json()
     paths = set(document["paths"])
     assert {"/api/tasks", "/api/tasks/{task_id}", "/api/tasks/{task_id}/cancel", "/api/inbox"} <= paths
     assert "/api/input-requests/{request_id}/answer" in paths

@@ -6,8 +6,8 @@ be added unguarded. Roles:
 
 - anonymous: not signed in (pages send to sign-in, 302; the API answers 401);
 - approver: approves for the server `alpha` (in `approvers` and alpha's approver group);
-- other_approver: an approver, but of `beta` only: alpha's task is hidden from them (404, as if it did not
-  exist); answering alpha's request is 403 on the page (which names the server) but 404 in the API;
+- other_approver: an approver, but of `beta` only: alpha's task and its requests are hidden from them (404, as
+  if they did not exist), on the pages and in the API alike;
 - operator: launches and cancels, is no approver (the inbox is 403);
 - admin: in `admins` (an operator too), not an approver.
 
@@ -56,7 +56,7 @@ MATRIX = {
     ("GET", "tasks:launch_tool"):             (LOGIN, 403, 403, 200, 200),
     ("POST", "tasks:launch_tool"):            (LOGIN, 403, 403, 400, 400),
     ("GET", "tasks:inbox"):                   (LOGIN, 200, 200, 403, 403),
-    ("POST", "tasks:answer"):                 (LOGIN, 302, 403, 403, 403),
+    ("POST", "tasks:answer"):                 (LOGIN, 302, 404, 403, 403),
     ("GET", "servers:list"):                  (LOGIN, 403, 403, 403, 200),
     ("GET", "servers:add"):                   (LOGIN, 403, 403, 403, 200),
     ("POST", "servers:add"):                  (LOGIN, 403, 403, 403, 200),  # empty POST: the blank form again
@@ -68,14 +68,14 @@ MATRIX = {
     ("GET", "audit:export"):                  (LOGIN, 403, 403, 403, 200),
     # The API: a bearer token of the role's user; anonymous sends none.
     ("GET", "api:api-root"):                  (404,   404, 404, 404, 404),
-    ("GET", "api:openapi-json"):              (200,   200, 200, 200, 200),
-    ("GET", "api:openapi-view"):              (200,   200, 200, 200, 200),
+    ("GET", "api:openapi-json"):              (LOGIN, 200, 200, 200, 200),  # a token or a session (any role)
+    ("GET", "api:openapi-view"):              (LOGIN, 200, 200, 200, 200),
     ("GET", "api:list_tasks"):                (401,   200, 200, 200, 200),
     ("POST", "api:launch_task"):              (401,   403, 403, 400, 400),
     ("GET", "api:get_task"):                  (401,   200, 404, 200, 200),
     ("POST", "api:cancel_task"):              (401,   403, 404, 202, 202),
     ("GET", "api:inbox"):                     (401,   200, 200, 403, 403),
-    ("POST", "api:answer"):                   (401,   200, 404, 403, 403),  # the API hides it (the page: 403)
+    ("POST", "api:answer"):                   (401,   200, 404, 403, 403),
     # Django's admin site: staff only (none of these roles is staff), its own sign-in page.
     ("GET", "admin:index"):                   (302,   302, 302, 302, 302),
 }

@@ -633,3 +633,27 @@ def test_hostile_tool_entries_do_not_break_the_launch_pages(client, operator):
     assert client.post(launch_url(server, "plain"), {"arguments_json": "{}"}).status_code == 400
     huge = page(client.get(launch_url(server, "huge")))
     assert "more than 500 values" in huge
+
+
+def test_a_disabled_server_and_its_live_tasks_say_that_polling_is_paused(client, admin):
+    from taskhub.mcp.client import TaskCreated
+    from taskhub.mcp.wire import TaskSnapshot
+    from taskhub.servers.services import update_server
+    from taskhub.tasks import services
+
+    server = discovered_server()
+    task = services.launch(server=server, tool="approval", arguments={"action": "ship"}, user=admin)
+    working = TaskSnapshot.model_validate({"taskId": "remote-1", "status": "working", "ttlMs": 60_000})
+    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=working))
+    server_page, task_page = reverse("servers:detail", args=[server.pk]), reverse("tasks:detail", args=[task.pk])
+    assert "Polling paused" not in page(client.get(task_page))
+    assert "taskhub does not poll it" not in page(client.get(server_page))
+
+    update_server(server=server, user=admin, enabled=False)
+    html = page(client.get(server_page))
+    assert "taskhub does not poll it" in html and "its 1 live task is paused" in html
+    html = page(client.get(task_page))
+    assert "Polling paused" in html and "the server demo is disabled" in html
+
+    update_server(server=server, user=admin, enabled=True)
+    assert "Polling paused" not in page(client.get(task_page))

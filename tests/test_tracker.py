@@ -21,7 +21,7 @@ from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated, TasksClient
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
-from taskhub.servers.services import create_server
+from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
 from taskhub.worker.tracker import (
@@ -214,6 +214,32 @@ def test_an_unreachable_server_backs_off_without_failing_tasks_and_recovers(tmp_
     assert server.unreachable_since is None and "tasks/get" in server.last_error
     server_events = AuditEvent.objects.filter(server_id=server.pk, task=None).values_list("action", flat=True)
     assert list(server_events.order_by("id"))[-2:] == ["server.unreachable", "server.reachable"]
+
+
+def test_a_disabled_servers_tasks_are_not_polled_and_are_followed_again_once_it_is_enabled(demo):
+    server = register(demo.url)
+    [task, other] = launch_live(server, "progress", {"steps": 12, "step_ms": 500}, count=2)
+    elsewhere = register(demo.url + "?elsewhere")
+    [control] = launch_live(elsewhere, "long", {"seconds": 60})
+
+    def polls(task: Task) -> int:
+        return stats(demo)["polls"].get(task.remote_task_id, 0)
+
+    with RunningTracker(worker_id="w1", listen=False) as running:
+        wait_until(lambda: polls(task) >= 2 and polls(other) >= 2, what="first polls")
+        update_server(server=server, user=None, enabled=False)
+        time.sleep(1.0)  # a poll claimed just before may still be under way
+        polled = (polls(task), polls(other))
+        control_polled = polls(control)
+        time.sleep(2.0)  # at the task's 300 ms interval, some six polls each if it were still followed
+        assert (polls(task), polls(other)) == polled
+        assert polls(control) > control_polled  # the enabled server's task is followed all along
+        assert statuses([task, other]) == {TaskStatus.WORKING}
+        assert running.error is None
+
+        update_server(server=server, user=None, enabled=True)
+        wait_until(lambda: all_completed([task, other]), what="both tasks followed to completion")
+    assert polls(task) > polled[0]
 
 
 def _task_with_remote_id(server: Server, remote_task_id: str, **fields) -> Task:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import socket
 import time
 import uuid
 
@@ -28,7 +29,7 @@ from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolInputRequired
 from taskhub.mcp.errors import ProtocolError, TransportError
 from taskhub.mcp.wire import TaskSnapshot
-from taskhub.servers.services import create_server
+from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.worker import clients, jobs, sweeps
@@ -244,6 +245,45 @@ def test_a_launch_against_a_stopped_server_is_retried_then_fails_as_never_sent(o
     assert failed.data["sent"] is False
 
 
+def test_a_launch_job_stopped_on_its_last_attempt_ends_the_task_instead_of_leaving_it_launching(operator):
+    # The server takes the connection and never answers: the job is still waiting for it when its worker stops.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        mute = create_server(name="mute", transport="http", url=f"http://127.0.0.1:{port}/mcp", user=None)
+        task = launched(mute, operator, "quick", {"text": "never answered"})
+
+        async def stopped_mid_attempt(attempts: int) -> None:
+            job = Job(id=1, queue="default", lock=None, queueing_lock=None, task_name="t", attempts=attempts)
+            running = asyncio.ensure_future(jobs.launch_task.func(_JobContext(job), task_id=str(task.id)))
+            await asyncio.sleep(0.5)
+            running.cancel()  # what a worker stopping past its grace time does to its jobs
+            with pytest.raises(asyncio.CancelledError):
+                await running
+
+        run(stopped_mid_attempt)(0)  # procrastinate retries it
+        assert reload(task).status == TaskStatus.LAUNCHING
+        assert audit(task) == ["task.launched"]
+
+        run(stopped_mid_attempt)(jobs.LAUNCH_RETRY.max_attempts)  # nothing retries it
+    task = reload(task)
+    assert task.status == TaskStatus.FAILED and task.finished_at
+    assert task.error["message"].startswith(f"Gave up after {jobs.LAUNCH_RETRY.max_attempts + 1} attempts")
+    assert "not sent" in task.error["message"]
+    assert audit(task) == ["task.launched", "task.launch_failed"]
+    assert AuditEvent.objects.get(task_id=task.id, action="task.launch_failed").data["sent"] is False
+
+
+def test_a_launch_job_sends_nothing_to_a_server_disabled_since_it_was_queued(server, operator, recorder):
+    task = launched(server, operator, "quick", {"text": "disabled meanwhile"})
+    update_server(server=server, user=None, enabled=False)
+
+    assert run(jobs.launch)(task.id) == "server disabled"
+    task = reload(task)
+    assert task.status == TaskStatus.FAILED and "disabled" in task.error["message"]
+    assert tool_calls(recorder, "quick", "disabled meanwhile") == []
+    assert AuditEvent.objects.get(task_id=task.id, action="task.launch_failed").data["sent"] is False
+
+
 def test_a_crash_between_send_and_answer_leaves_the_launch_unknown_and_never_resends(server, operator, recorder):
     task = launched(server, operator, "quick", {"text": "crashed"})
     assert services.mark_launch_sent(task=task) is not None  # the worker got this far, sent, and died
@@ -292,6 +332,11 @@ def test_a_stalled_launch_job_is_recovered_and_reports_unknown_instead_of_resend
 class _Context:
     def __init__(self, app):
         self.app = app
+
+
+class _JobContext:
+    def __init__(self, job: Job):
+        self.job = job
 
 
 def test_a_protocol_error_answer_fails_the_task_with_that_error(server, operator, approver):

@@ -1,3 +1,6 @@
+from functools import wraps
+
+from django.contrib.auth.views import redirect_to_login
 from ninja.security import HttpBearer
 
 from taskhub.api.tokens import user_for_token
@@ -11,3 +14,16 @@ class ApiTokenAuth(HttpBearer):
         if user is not None:
             request.user = user
         return user
+
+
+def signed_in_or_token(view):
+    """The API's documentation (`/api/docs`, `/api/openapi.json`): for anyone signed in, whatever their role, or
+    holding an API token; anybody else is sent to the sign-in page."""
+
+    @wraps(view)
+    def guarded(request, *args, **kwargs):
+        if not request.user.is_authenticated and ApiTokenAuth()(request) is None:
+            return redirect_to_login(request.get_full_path())
+        return view(request, *args, **kwargs)
+
+    return guarded

@@ -15,7 +15,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.responses import Status
 
 from taskhub.accounts import permissions
-from taskhub.api.auth import ApiTokenAuth
+from taskhub.api.auth import ApiTokenAuth, signed_in_or_token
 from taskhub.api.schemas import AnswerIn, InputRequestOut, LaunchIn, Problem, TaskDetailOut, TaskOut, TaskPage
 from taskhub.servers.catalogue import find_tool
 from taskhub.servers.models import Server
@@ -35,6 +35,7 @@ api = NinjaAPI(
     auth=ApiTokenAuth(),
     urls_namespace="api",
     docs_url="/docs",
+    docs_decorator=signed_in_or_token,
 )
 
 

@@ -93,6 +93,7 @@ def server_detail(request, server_id):
             "header_names": sorted(server.headers or {}),
             "env_names": sorted(server.env or {}),
             "has_token": bool(server.bearer_token),
+            "paused_tasks": 0 if server.enabled else server.tasks.filter(poll__isnull=False).count(),
         },
     )
 

@@ -123,7 +123,33 @@ def error_object(error: Exception) -> dict[str, Any]:
 
 @app.task(name="taskhub.launch_task", pass_context=True, retry=LAUNCH_RETRY)
 async def launch_task(context, task_id: str) -> str:
-    return await launch(uuid.UUID(task_id), last_attempt=LAUNCH_RETRY.is_last(context.job))
+    last_attempt = LAUNCH_RETRY.is_last(context.job)
+    try:
+        return await launch(uuid.UUID(task_id), last_attempt=last_attempt)
+    except (Exception, asyncio.CancelledError) as error:
+        if not last_attempt and isinstance(error, LAUNCH_RETRY.retry_exceptions):
+            raise  # procrastinate runs it again
+        # Nothing will run this job again: end the task, or it would say "launching" forever. Shielded, so
+        # that a worker stopping (the CancelledError) cannot cut the record short.
+        attempts = context.job.attempts + 1
+        try:
+            await asyncio.shield(db(_give_up_launch, task_id=uuid.UUID(task_id), attempts=attempts, error=error))
+        except Exception:
+            logger.exception("launch of task %s: recording that it was given up failed", task_id)
+        raise
+
+
+@transaction.atomic
+def _give_up_launch(*, task_id: uuid.UUID, attempts: int, error: BaseException) -> None:
+    task = Task.objects.filter(pk=task_id, status=TaskStatus.LAUNCHING).first()
+    if task is None:
+        return  # its outcome is recorded already
+    gave_up = f"Gave up after {attempts} attempt{'' if attempts == 1 else 's'} ({str(error) or type(error).__name__})"
+    if services.launch_was_sent(task=task):
+        services.mark_launch_unknown(task=task, reason=f"{gave_up}: tools/call was sent, but no answer was recorded.")
+        return
+    message = f"{gave_up}: the tool call was not sent."
+    services.record_launch_failure(task=task, error={"message": message, "kind": type(error).__name__}, sent=False)
 
 
 def _launching(task_id: uuid.UUID) -> tuple[Task | None, bool]:
@@ -141,6 +167,10 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
     if already_sent:
         await db(services.mark_launch_sent, task=task)  # finds its marker and makes the outcome unknown
         return "outcome unknown"
+    if not task.server.enabled:  # disabled after the launch was queued, or before an MRTR retry
+        error = {"message": f"The tool call was not sent: the server {task.server.name!r} is disabled."}
+        await db(services.record_launch_failure, task=task, error=error, sent=False)
+        return "server disabled"
     async with TasksClient(task.server.to_target(), timeout=LAUNCH_TIMEOUT_SECONDS) as client:
         try:
             # Reach the server before the marker is written: a failure here cannot have sent anything.

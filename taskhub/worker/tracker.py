@@ -107,7 +107,8 @@ STATS_LOG_SECONDS = float(os.environ.get("TASKHUB_TRACKER_STATS_SECONDS") or 0)
 _jitter = random.Random()
 
 # A row is due when its time has come and nobody else holds a live lease on it; the rows this
-# worker holds are claimed again by the same statement when they fall due.
+# worker holds are claimed again by the same statement when they fall due. Rows of a disabled server
+# are left where they are (their time passed, so they are claimed at once when it is enabled again).
 CLAIM_SQL = """
 UPDATE tasks_taskpoll AS poll
 SET lease_owner = %(owner)s,
@@ -118,6 +119,8 @@ FROM (
     FROM tasks_taskpoll
     WHERE next_poll_at <= now() + %(ahead)s
       AND (lease_owner = '' OR lease_owner = %(owner)s OR lease_expires_at IS NULL OR lease_expires_at < now())
+      AND EXISTS (SELECT 1 FROM tasks_task AS task JOIN servers_server AS server ON server.id = task.server_id
+                  WHERE task.id = tasks_taskpoll.task_id AND server.enabled)
     ORDER BY next_poll_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -6,12 +6,13 @@ Refusals re-show the card with the user's input and the reasons, and record noth
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from taskhub.accounts.permissions import approver_required, may_answer
+from taskhub.accounts.permissions import approver_required, may_answer, may_see_task
 from taskhub.tasks import services
 from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
 from taskhub.tasks.input_cards import card_for, open_requests_for, requests_user_may_see, response_from_post
@@ -53,6 +54,10 @@ def _ids(text: str) -> list[int]:
 def answer(request, request_id):
     input_request = get_object_or_404(InputRequest.objects.select_related("task__server"), pk=request_id)
     if not may_answer(request.user, input_request):
+        # As in the API: a request whose task the user may not see does not exist for them (a 403 would say it
+        # does). Asked only on refusal, so an answer costs no extra query.
+        if not may_see_task(request.user, input_request.task):
+            raise Http404("No such input request.")
         raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
     next_url = _safe_next(request)
     card = card_for(input_request, request.user, may_answer=True, next_url=next_url)

@@ -20,7 +20,7 @@ from taskhub.live.nav import RUNNING_STATUSES, nav_counts
 from taskhub.tasks import presenters, services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.input_cards import card_for
-from taskhub.tasks.models import InputRequestState, Task, TaskStatus
+from taskhub.tasks.models import LIVE_STATUSES, InputRequestState, Task, TaskStatus
 from taskhub.tasks.queries import TAB_STATUSES, TABS, TaskFilterForm, filtered_tasks
 
 PAGE_SIZE = 50
@@ -142,6 +142,10 @@ def detail_context(task: Task, user) -> dict:
             and task.status != TaskStatus.LAUNCH_UNKNOWN
         ),
         "cancel_state": presenters.cancel_state(task),
+        # The tracker claims no task of a disabled server (taskhub/worker/tracker.py, CLAIM_SQL).
+        "polling_paused": (
+            task.remote_task_id is not None and task.status in LIVE_STATUSES and not task.server.enabled
+        ),
         "open_requests": open_requests,
         "request_cards": [card_for(ir, user, next_url=here) for ir in shown],
         "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
