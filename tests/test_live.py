@@ -22,6 +22,7 @@ from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
 from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
+from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
@@ -91,6 +92,7 @@ async def fresh_layer():
     await layer.flush()
     # The sync_to_async thread's connection would keep the test database from being dropped.
     await database_sync_to_async(connections.close_all)()
+    await sync_to_async(close_live_connections)()  # and the live pool's threads'
 
 
 @pytest.fixture
