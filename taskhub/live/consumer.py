@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections import deque
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from taskhub.live import publish
@@ -82,6 +83,16 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if has_user_fragments(Sharing.USER):
             user_html = await on_live_thread(_render_user_fragments)(self.user, self.access, Sharing.USER)
         await self._send_html(audience_html + user_html)
+
+    async def dispatch(self, message):
+        # channels' own dispatch first closes old database connections on its one process-wide sync thread: a
+        # trip through that thread (behind whatever runs there) for every message of every socket, 500 per change
+        # at fan-out. This consumer's database work runs on the live threads, whose every call checks their own
+        # connections (on_live_thread), so it dispatches straight to the handler.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code):
         for group in list(getattr(self, "groups_joined", ())):
