@@ -114,7 +114,7 @@ class DaphneServer:
         return self.url
 
 
-def wait_until_serving(server: DaphneServer, timeout: float = 30) -> None:
+def wait_until_serving(server: DaphneServer, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
