@@ -149,7 +149,7 @@ def stages(moments: dict) -> dict[str, list[float]]:
         "stored → detail page's socket frame (publish, Redis, daphne renders, sends)": [],
         "detail page's socket frame → DOM (htmx swaps)": [],
         "stored → detail page": [],
-        "stored → list page (signal, 300 ms debounce, table re-fetch)": [],
+        "stored → list page (the signal with the row; before a1bc4db: signal, table re-fetch)": [],
     }
     names = list(spans)
     for task_id, (changed, frame, detail_seen, list_seen) in moments.items():

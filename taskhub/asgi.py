@@ -14,10 +14,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
+from taskhub.web.request_threads import KeptRequestThreads  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_http_app,
+        "http": KeptRequestThreads(django_http_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

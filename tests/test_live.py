@@ -5,6 +5,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
 from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
+from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
@@ -91,6 +93,7 @@ async def fresh_layer():
     await layer.flush()
     # The sync_to_async thread's connection would keep the test database from being dropped.
     await database_sync_to_async(connections.close_all)()
+    await sync_to_async(close_live_connections)()  # and the live pool's threads'
 
 
 @pytest.fixture
@@ -229,6 +232,30 @@ async def test_operator_hears_a_real_task_change_as_fragments(socket_for, operat
     # one change, heard once, although it was sent to several groups
     assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
     await communicator.disconnect()
+
+
+async def test_a_change_reaches_a_socket_while_the_process_sync_thread_is_busy(socket_for, operator, live_task):
+    """Renderings do not queue behind other work on channels' one process-wide sync thread (where they ran
+    before: the next socket message waited for whatever ran there)."""
+    communicator = await socket_for(operator)
+    await connected(communicator)
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait)(10))  # thread-sensitive: occupies that thread
+    try:
+        await asyncio.to_thread(apply_in_own_thread, task=live_task, snapshot=snapshot("completed"))
+        html = await communicator.receive_from(timeout=5)
+        assert f'id="task-row-{live_task.pk}"' in html and not busy.done()
+    finally:
+        release.set()
+        await busy
+    await communicator.disconnect()
+
+
+def apply_in_own_thread(**kwargs):
+    try:
+        return services.apply_snapshot(**kwargs)
+    finally:
+        connections.close_all()
 
 
 async def test_approver_hears_input_requests_of_their_server_only(

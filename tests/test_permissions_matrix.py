@@ -32,6 +32,7 @@ from django.utils import timezone
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
 from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
+from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
@@ -248,6 +249,7 @@ async def fresh_layer():
     yield
     await layer.flush()
     await database_sync_to_async(connections.close_all)()
+    await sync_to_async(close_live_connections)()  # and the live pool's threads'
 
 
 @pytest.mark.django_db(transaction=True)

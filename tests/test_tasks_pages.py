@@ -15,6 +15,7 @@ from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from taskhub.live.access import access_for
+from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated, ToolCompleted
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
@@ -504,13 +505,16 @@ def test_odd_results_and_errors_do_not_break_the_page(client, alpha, olga):
 # --- live fragments ----------------------------------------------------------------------------------
 
 
-def test_the_list_signal_targets_body_with_no_swap(alpha, olga):
+def test_the_list_signal_targets_body_with_no_swap_and_carries_the_row(alpha, olga):
     task = durable(alpha, olga)
     html = tasks_live.list_signal(task, olga)
-    assert html == (
+    assert html.startswith(
         f'<template id="tasks-live-signal" hx-swap-oob="none:body" data-task="{task.pk}" data-status="working">'
-        "</template>"
     )
+    assert html.endswith("</template>")
+    # the row as the list renders it, for tasks.js to show before the re-fetch
+    assert html.count("<tr ") == 1 and f'<tr id="task-row-{task.pk}" class="task-row row-working"' in html
+    assert "hx-swap-oob" not in html.split(">", 1)[1]
     # an operator hears it through TASKS already; an approver through INBOX
     assert tasks_live.list_signal_for_approver(task, olga) == ""
     assert tasks_live.list_signal_for_approver(task, make_user("amy", APPROVERS)) == html
@@ -572,3 +576,4 @@ async def test_the_real_socket_carries_the_list_signal_and_the_detail_sections(a
     finally:
         await layer.flush()
         await database_sync_to_async(connections.close_all)()
+        await sync_to_async(close_live_connections)()  # and the live pool's threads'

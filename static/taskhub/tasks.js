@@ -1,5 +1,5 @@
-// The task pages: the live list (re-fetch on a signal, highlight what changed, announce politely),
-// clickable rows, and the detail page's re-sync after a reconnect. Loaded only by templates/tasks/*.
+// The task pages: the live list (on a signal the changed row at once, then a re-fetch; highlight what changed,
+// announce politely), clickable rows, and the detail page's re-sync after a reconnect. Loaded only by templates/tasks/*.
 (function () {
   "use strict";
 
@@ -93,9 +93,25 @@
     if (timer === null) timer = setTimeout(refresh, Math.max(0, lastRefresh + REFRESH_DELAY_MS - Date.now()));
   }
 
+  function showChangedRow(signal) {
+    // The signal carries the changed task's row: where this page shows that task, the row is replaced at once.
+    // The re-fetch that follows still decides what the page lists (filters, tabs, order, paging, counts).
+    var row = signal.content && signal.content.querySelector("tr[id^='task-row-']");
+    var shown = row && document.getElementById(row.id);
+    if (!shown || !results().contains(shown)) return;
+    // An ISO timestamp in one zone: a change heard late is not shown over a newer one.
+    if ((shown.dataset.version || "") > (row.dataset.version || "")) return;
+    var fresh = document.importNode(row, true);
+    fresh.classList.add(FRESH_CLASS);
+    shown.replaceWith(fresh);
+  }
+
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var fragment = event.detail && event.detail.fragment;
-    if (fragment && fragment.id === "tasks-live-signal" && results()) schedule();
+    if (fragment && fragment.id === "tasks-live-signal" && results()) {
+      showChangedRow(fragment);
+      schedule();
+    }
   });
 
   document.addEventListener("htmx:afterSettle", function (event) {

@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections import deque
 
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from taskhub.live import publish
@@ -37,6 +37,7 @@ from taskhub.live.fragments import (
 )
 from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
 from taskhub.live.sharing import shared
+from taskhub.live.threads import on_live_thread
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +70,29 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # Joined before the access is read, so a change of it committed meanwhile is not missed.
         await self._join(user_group(self.user_id))
         await self._join(ACCESS_GROUP)
-        await self._adopt(await database_sync_to_async(connected_access)(user), read_at=started)
+        await self._adopt(await on_live_thread(connected_access)(user), read_at=started)
         await self.accept()
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
         # Sockets of one audience connecting together share a rendering begun after they joined their groups.
         audience_html = await shared(
             ("connect", self.access),
-            lambda: database_sync_to_async(_render_user_fragments)(self.user, self.access, Sharing.AUDIENCE),
+            lambda: on_live_thread(_render_user_fragments)(self.user, self.access, Sharing.AUDIENCE),
             started_after=loop.time(),
         )
         user_html = ""
         if has_user_fragments(Sharing.USER):
-            user_html = await database_sync_to_async(_render_user_fragments)(self.user, self.access, Sharing.USER)
+            user_html = await on_live_thread(_render_user_fragments)(self.user, self.access, Sharing.USER)
         await self._send_html(audience_html + user_html)
+
+    async def dispatch(self, message):
+        # channels' own dispatch first closes old database connections on its one process-wide sync thread: a
+        # trip through that thread (behind whatever runs there) for every message of every socket, 500 per change
+        # at fan-out. This consumer's database work runs on the live threads, whose every call checks their own
+        # connections (on_live_thread), so it dispatches straight to the handler.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code):
         for group in list(getattr(self, "groups_joined", ())):
@@ -116,7 +127,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         before = self.access
         if await self._read_access(since=asyncio.get_running_loop().time()) and self.access != before:
             # What the nav counts count changed with it (rare: not worth sharing).
-            await self._send_html(await database_sync_to_async(_render_user_fragments)(self.user, self.access, None))
+            await self._send_html(await on_live_thread(_render_user_fragments)(self.user, self.access, None))
 
     # --- access -------------------------------------------------------------------------------------------
 
@@ -125,7 +136,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         `since`) and follow it; False when the socket was closed because the user may no longer use it."""
         user, access = await shared(
             ("access", self.user_id),
-            lambda: database_sync_to_async(current_access)(self.user_id),
+            lambda: on_live_thread(current_access)(self.user_id),
             started_after=since,
             keep=ACCESS_MAX_AGE_SECONDS,
         )
@@ -155,7 +166,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     async def _change_html(self, task_id: str, message_id: str | None) -> str:
         message_id = message_id or uuid.uuid4().hex  # without an id (not from publish.py): nothing to share
-        task = await shared(("task", message_id), lambda: database_sync_to_async(_task_or_none)(task_id))
+        task = await shared(("task", message_id), lambda: on_live_thread(_task_or_none)(task_id))
         access = self.access
         kinds = []
         if task is not None:
@@ -171,12 +182,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         user = self.user
         html = await shared(
             ("audience", message_id, access, kinds),
-            lambda: database_sync_to_async(_render_change)(task, kinds, user, access, Sharing.AUDIENCE),
+            lambda: on_live_thread(_render_change)(task, kinds, user, access, Sharing.AUDIENCE),
         )
         if has_task_fragments(kinds, Sharing.USER) or has_user_fragments(Sharing.USER):
             html += await shared(
                 ("user", message_id, self.user_id, access, kinds),
-                lambda: database_sync_to_async(_render_change)(task, kinds, user, access, Sharing.USER),
+                lambda: on_live_thread(_render_change)(task, kinds, user, access, Sharing.USER),
             )
         return html
 
@@ -186,7 +197,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         task_id = _as_uuid(value)
         if task_id is None or len(self.watched_tasks) >= MAX_WATCHED_TASKS:
             return
-        server_id, html = await database_sync_to_async(self._render_watched_task)(task_id)
+        server_id, html = await on_live_thread(self._render_watched_task)(task_id)
         if server_id is None:
             logger.info("user %s may not watch task %s; refused", self.user_id, task_id)
             return
@@ -219,13 +230,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
         return task.server_id, "".join(render_task_fragments([FragmentKind.TASK], task, user))
 
 
-# --- rendering (sync, in the database thread) -----------------------------------------------------------
+# --- rendering (sync, on a live thread) -----------------------------------------------------------
 
 
 def _task_or_none(task_id):
     from taskhub.tasks.models import Task
 
-    return Task.objects.select_related("server").filter(pk=task_id).first()
+    return Task.objects.select_related("server", "launched_by").filter(pk=task_id).first()
 
 
 def _render_user_fragments(user, access: LiveAccess, sharing: Sharing | None) -> str:

@@ -1,11 +1,13 @@
 """What the task pages receive over the live socket (registered in TasksConfig.ready()).
 
 - The list (FragmentKind.TASKS, for those who see every task; and FragmentKind.INBOX, so an approver's list of
-  their servers' tasks follows too): a small signal, `<template id="tasks-live-signal" hx-swap-oob="none:body">`.
-  Its target, body, exists on every page, so htmx never reports a missing oob target wherever the user is, and
-  the swap style `none` changes nothing. static/taskhub/tasks.js on the list page hears it (htmx:oobBeforeSwap)
-  and re-fetches the table and the tab counts with the page's own filters and page number, then highlights the
-  rows whose version changed. Sending rows themselves could not respect the filters, the tabs or the paging.
+  their servers' tasks follows too): a signal, `<template id="tasks-live-signal" hx-swap-oob="none:body">`
+  holding the task's row (inert: a template's content is not part of the page). Its target, body, exists on
+  every page, so htmx never reports a missing oob target wherever the user is, and the swap style `none` changes
+  nothing. static/taskhub/tasks.js on the list page hears it (htmx:oobBeforeSwap), puts the row in place of the
+  one the page shows (if it shows it: the change is on screen without waiting for a request), and re-fetches the
+  table and the tab counts with the page's own filters and page number, then highlights the rows whose version
+  changed. Rows alone could not respect the filters, the tabs or the paging: the re-fetch settles those.
 - The detail page (FragmentKind.TASK, only for a connection watching that task, which the consumer grants only
   to who may see it): every live section of the page, out of band, from the page's own template.
 """
@@ -38,7 +40,7 @@ def detail_sections(task, user) -> str:
 
 
 def register() -> None:
-    # The signal names nothing of the user: one rendering per change serves a whole audience.
+    # The signal and its row name nothing of the user: one rendering per change serves a whole audience.
     register_task_fragment(FragmentKind.TASKS, list_signal, sharing=Sharing.AUDIENCE)
     register_task_fragment(FragmentKind.INBOX, list_signal_for_approver, sharing=Sharing.AUDIENCE)
     register_task_fragment(FragmentKind.TASK, detail_sections)

@@ -180,6 +180,37 @@ def test_the_list_follows_changes_and_new_tasks_without_a_reload(live_site, new_
     screenshot(dark, "tasks-list-dark")
 
 
+def test_the_list_shows_a_changed_row_without_waiting_for_its_re_fetch(live_site, new_page):
+    olga = make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    task = durable(alpha, olga, "deploy", "r-1", statusMessage="copying files (1/3)")
+    page = new_page()
+    sign_in(page, live_site.url, "olga", TEST_PASSWORD)
+    page.goto(f"{live_site.url}/tasks/")
+    wait_until_live(page)
+    refused = []
+
+    def refuse_re_fetches(route):
+        if route.request.headers.get("hx-request"):
+            refused.append(route.request.url)
+            route.abort()
+        else:
+            route.continue_()
+
+    page.route(re.compile(r"/tasks/(\?.*)?$"), refuse_re_fetches)
+    services.apply_snapshot(
+        task=task, snapshot=snapshot("r-1", "completed", statusMessage=f"all copied {HOSTILE}", result={"content": []})
+    )
+    # the row came with the live signal: shown although every re-fetch of the table is refused here
+    row = page.locator(f"#task-row-{task.pk}")
+    expect(row).to_have_class(re.compile(r"\brow-completed\b"))
+    expect(row).to_have_class(re.compile(r"\bis-fresh\b"))
+    expect(row).to_contain_text(f"all copied {HOSTILE}")
+    page.wait_for_timeout(500)
+    assert refused, "the list still asks for the table after the row"
+    assert page.evaluate("window.__xss") is None
+
+
 def test_the_detail_cancels_then_finishes_anyway_without_a_reload(live_site, new_page, console_errors):
     olga = make_user("olga", OPERATORS, password=TEST_PASSWORD)
     alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)

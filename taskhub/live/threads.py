@@ -1,0 +1,39 @@
+"""The live sockets' database work (access reads, renderings) runs on threads of its own.
+
+channels' `database_sync_to_async` is thread-sensitive by default: under daphne every call runs on the process's
+one sync thread, which also runs every view. A change reaching the sockets queued its renderings there, and the
+next request (an approver's Accept, the list's re-fetch) waited behind them (bench/RESULTS.md, approval). The live
+work only reads and renders, and needs no thread affinity, so it runs on a small pool instead. Each pool thread
+has its own database connection (Django's connections are per thread), opened and recycled by
+`close_old_connections` before and after each call, as on the sync thread.
+"""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from channels.db import DatabaseSyncToAsync
+from django.db import connections
+
+# Renderings are mostly Python under the GIL: more threads would not render faster, only hold more connections.
+# Two let one socket's database round trip overlap another's rendering.
+LIVE_THREADS = 2
+
+_executor = ThreadPoolExecutor(max_workers=LIVE_THREADS, thread_name_prefix="taskhub-live")
+
+
+def on_live_thread(function):
+    """`database_sync_to_async(function)`, run on the live pool rather than on the thread that serves views."""
+    return DatabaseSyncToAsync(function, thread_sensitive=False, executor=_executor)
+
+
+def close_live_connections(timeout: float = 10) -> None:
+    """Close every pool thread's database connection (tests: an open one keeps the test database from being
+    dropped). One call per thread: each waits at a barrier until all threads have one, so none takes two."""
+    barrier = threading.Barrier(LIVE_THREADS)
+
+    def close_this_threads() -> None:
+        connections.close_all()
+        barrier.wait(timeout)
+
+    for future in [_executor.submit(close_this_threads) for _ in range(LIVE_THREADS)]:
+        future.result(timeout + 1)

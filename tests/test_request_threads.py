@@ -1,0 +1,94 @@
+"""taskhub.web.request_threads: HTTP requests under ASGI reuse a few threads (and their database connections)
+instead of a new thread and a new Postgres connection per request, without ever sharing a thread between two
+requests at once."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import HttpCommunicator
+from django.core.asgi import get_asgi_application
+from django.core.signals import request_finished
+from django.db import connection
+
+from taskhub.web.request_threads import KeptRequestThreads
+
+
+async def get(app, path: str = "/healthz") -> int:
+    """The status, once the request has ended (Django closes the response, and sends request_finished, after the
+    body is sent)."""
+    communicator = HttpCommunicator(app, "GET", path, headers=[(b"host", b"testserver")])
+    response = await communicator.get_response(timeout=10)
+    await communicator.wait(timeout=10)
+    await asyncio.sleep(0.05)  # its thread is given back once it has nothing left to run
+    return response["status"]
+
+
+def sync_app(handle):
+    """A minimal ASGI app whose work is sync code run thread-sensitively, as Django's handler runs views."""
+
+    async def app(scope, receive, send):
+        await receive()
+        await sync_to_async(handle)()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_requests_one_after_another_use_one_thread_and_one_database_connection():
+    app = KeptRequestThreads(get_asgi_application())
+    seen = []
+
+    def record(**kwargs):
+        backend = connection.connection.info.backend_pid if connection.connection is not None else None
+        seen.append((threading.get_ident(), backend))
+
+    request_finished.connect(record, dispatch_uid="test-request-threads")
+    try:
+        assert [await get(app) for _ in range(4)] == [200] * 4
+    finally:
+        request_finished.disconnect(dispatch_uid="test-request-threads")
+        await asyncio.to_thread(app.close_connections)
+    assert len(seen) == 4 and seen[0][1] is not None
+    assert set(seen) == {seen[0]}, seen
+
+
+async def test_concurrent_requests_run_on_threads_of_their_own():
+    both_inside = threading.Barrier(2, timeout=5)  # broken (BrokenBarrierError) unless both run at once
+    threads = []
+
+    def handle():
+        threads.append(threading.get_ident())
+        both_inside.wait()
+
+    app = KeptRequestThreads(sync_app(handle))
+    assert await asyncio.gather(get(app, "/a"), get(app, "/b")) == [200, 200]
+    assert len(set(threads)) == 2
+
+
+async def test_a_thread_still_running_a_cancelled_request_is_not_given_to_the_next():
+    release = threading.Event()
+    threads = []
+
+    def handle():
+        threads.append(threading.get_ident())
+        if len(threads) == 1:
+            release.wait(10)  # the first request's view goes on after its client left
+
+    app = KeptRequestThreads(sync_app(handle))
+    first = asyncio.create_task(get(app, "/slow"))
+    while not threads:
+        await asyncio.sleep(0.01)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    started = time.monotonic()
+    try:
+        assert await get(app, "/next") == 200
+        assert time.monotonic() - started < 5
+        assert threads[1] != threads[0]
+    finally:
+        release.set()
