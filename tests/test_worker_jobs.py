@@ -441,9 +441,12 @@ def test_delivery_rides_out_an_unreachable_server_then_gives_up_with_a_record(op
 
     with pytest.raises(TransportError):
         run(jobs.deliver)(ok.pk, last_attempt=False)  # procrastinate retries it with backoff
+    [job] = jobs_of("taskhub.deliver_answer")
+    assert job.priority == hooks.DELIVERY_PRIORITY
     run(run_worker_until_idle)()
     [job] = jobs_of("taskhub.deliver_answer")
     assert (job.status, job.attempts) == ("todo", 1) and job.scheduled_at > timezone.now()
+    assert job.priority == hooks.LAUNCH_PRIORITY  # the retry of an answer to a server in trouble waits its turn
 
     assert run(jobs.deliver)(ok.pk, last_attempt=True) == "gave up"
     assert AuditEvent.objects.filter(task_id=task.id, action="input.delivery_failed").exists()

@@ -6,9 +6,9 @@ where procrastinate's app runs on a connector of its own: the defers here never 
 
 Answers and cancels run before launches: a worker takes the waiting job of highest priority first (then the
 oldest), so an approver's answer no longer waits behind every launch deferred before it (under load, 1,000
-launches held answers ~75 s in the queue). Launches are never starved for good: a delivery or cancel is one
-job per human action (its lock keeps it single), and its retries are scheduled later (backoff), so launches
-wait only while such jobs are due. Priority picks the next job; it never interrupts one that is running.
+launches held answers ~75 s in the queue). Launches are not starved: a delivery or cancel is one job per human
+action (its lock keeps it single), and its retries queue at launch priority (`jobs.DELIVERY_RETRY`), so launches
+wait only for first attempts. Priority picks the next job; it never interrupts one that is running.
 """
 
 import functools
