@@ -30,7 +30,7 @@ from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolInputRe
 from taskhub.mcp.errors import ProtocolError, TransportError
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server, update_server
-from taskhub.tasks import services
+from taskhub.tasks import hooks, services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.worker import clients, jobs, sweeps
 
@@ -105,7 +105,7 @@ def due_jobs() -> int:
     return todo.filter(Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now)).count()
 
 
-async def run_worker_until_idle(timeout: float = 30) -> None:
+async def run_worker_until_idle(timeout: float = 30, concurrency: int = 4) -> None:
     """A real procrastinate worker, on its own connector as in production, until no job is due.
 
     With wait=False a worker stops at the first empty fetch, even while a running job defers the next
@@ -116,7 +116,7 @@ async def run_worker_until_idle(timeout: float = 30) -> None:
             async with worker_app.open_async():
                 while True:
                     await worker_app.run_worker_async(
-                        wait=False, concurrency=4, install_signal_handlers=False, listen_notify=False
+                        wait=False, concurrency=concurrency, install_signal_handlers=False, listen_notify=False
                     )
                     if not await sync_to_async(due_jobs)():
                         return
@@ -205,6 +205,8 @@ def test_mrtr_round_is_answered_then_the_call_is_retried_and_becomes_a_task(serv
     task = reload(task)
     assert task.status in (TaskStatus.WORKING, TaskStatus.COMPLETED) and task.remote_task_id
     assert InputRequest.objects.get(pk=name.pk).state == InputRequestState.DELIVERED
+    # The retry carries the round's answers: it is a delivery and runs before plain launches.
+    assert [job.priority for job in jobs_of("taskhub.launch_task")] == [hooks.LAUNCH_PRIORITY, hooks.DELIVERY_PRIORITY]
     first, retry = tool_calls(recorder, "mrtr")[-2:]
     assert "inputResponses" not in first.body["params"]
     assert retry.body["params"]["inputResponses"] == {"name": grace}
@@ -484,9 +486,12 @@ def test_delivery_rides_out_an_unreachable_server_then_gives_up_with_a_record(op
 
     with pytest.raises(TransportError):
         run(jobs.deliver)(ok.pk, last_attempt=False)  # procrastinate retries it with backoff
+    [job] = jobs_of("taskhub.deliver_answer")
+    assert job.priority == hooks.DELIVERY_PRIORITY
     run(run_worker_until_idle)()
     [job] = jobs_of("taskhub.deliver_answer")
     assert (job.status, job.attempts) == ("todo", 1) and job.scheduled_at > timezone.now()
+    assert job.priority == hooks.LAUNCH_PRIORITY  # the retry of an answer to a server in trouble waits its turn
 
     assert run(jobs.deliver)(ok.pk, last_attempt=True) == "gave up"
     assert AuditEvent.objects.filter(task_id=task.id, action="input.delivery_failed").exists()
@@ -534,6 +539,33 @@ def test_a_cancel_during_mrtr_rounds_ends_the_call_here(server, operator, approv
     task = reload(task)
     assert task.status == TaskStatus.CANCELLED and task.finished_at
     assert InputRequest.objects.get(task=task).state == InputRequestState.SUPERSEDED
+
+
+# --- precedence: answers and cancels before launches -----------------------------------------------
+
+
+def test_an_answer_and_a_cancel_run_before_the_launches_queued_ahead_of_them(server, operator, approver, demo):
+    waiting = approval_waiting(server, operator)
+    running = launched(server, operator, "long", {"seconds": 30})
+    run(jobs.launch)(running.id)
+    running = reload(running)
+    queued = [launched(server, operator, "quick", {"text": f"queued-{n}"}) for n in range(12)]
+    approve = InputRequest.objects.get(task=waiting, key="approve")
+    services.answer_input(input_request=approve, response={"action": "decline"}, user=approver)
+    services.request_cancel(task=running, user=operator)
+
+    concurrency = 2
+    run(run_worker_until_idle)(timeout=60, concurrency=concurrency)
+
+    assert [reload(task).status for task in queued] == [TaskStatus.COMPLETED] * len(queued)
+    assert demo_stats(demo)["deliveries"][f"{waiting.remote_task_id}/approve"] == 1
+    assert demo_stats(demo)["cancels"][running.remote_task_id] == 1
+    trail = AuditEvent.objects.order_by("id")
+    delivered = trail.get(task_id=waiting.id, action="input.delivered").id
+    cancelled = trail.get(task_id=running.id, action="task.cancel_delivered").id
+    sent = trail.filter(task_id__in=[task.id for task in queued], action="task.launch_sent")
+    # Both were taken first; only launches started while one of them was on the wire can precede it.
+    assert sent.filter(id__lt=max(delivered, cancelled)).count() < concurrency, list(sent.values_list("id", flat=True))
 
 
 # --- sweeps -----------------------------------------------------------------------------------------

@@ -597,7 +597,7 @@ def schedule_mrtr_retry(*, task: Task, mrtr_round: int) -> bool:
     task.status = TaskStatus.LAUNCHING
     task.save(update_fields=["status", "updated_at"])
     record_event(action="task.launch_retry_scheduled", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
-    hooks.enqueue_launch(task.id)
+    hooks.enqueue_launch(task.id, carries_answers=True)
     _publish_after_commit(task.id)
     return True
 

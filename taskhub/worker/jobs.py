@@ -34,7 +34,7 @@ from procrastinate.retry import BaseRetryStrategy
 
 from taskhub.mcp.client import CallOutcome, TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
-from taskhub.tasks import services
+from taskhub.tasks import hooks, services
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker.clients import JobClient, job_client
 
@@ -78,14 +78,15 @@ class Backoff(BaseRetryStrategy):
     retry_exceptions: tuple[type[BaseException], ...]
     first_seconds: float = 1.0
     cap_seconds: float = 300.0
+    retry_priority: int | None = None  # None keeps the job's own
 
     def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
         if self.is_last(job) or not isinstance(exception, self.retry_exceptions):
             return None
         if isinstance(exception, NotBefore):
-            return RetryDecision(retry_at=exception.retry_at)
+            return RetryDecision(retry_at=exception.retry_at, priority=self.retry_priority)
         wait = min(self.cap_seconds, self.first_seconds * 2**job.attempts) * random.uniform(0.8, 1.2)
-        return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
+        return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait), priority=self.retry_priority)
 
     def is_last(self, job: Job) -> bool:
         return job.attempts >= self.max_attempts
@@ -96,9 +97,15 @@ STOPPED = (asyncio.CancelledError,)
 UNREACHABLE = (TransportError, RequestTimeout, DatabaseError, *STOPPED)
 # About four minutes of attempts to reach the server before a launch is given up as never sent.
 LAUNCH_RETRY = Backoff(max_attempts=8, retry_exceptions=(ServerUnreachable, DatabaseError, *STOPPED))
-# About two hours (capped at 5 minutes apart): answers and cancels ride out a server outage.
-DELIVERY_RETRY = Backoff(max_attempts=28, retry_exceptions=(*UNREACHABLE, NotBefore))
-CANCEL_RETRY = Backoff(max_attempts=28, retry_exceptions=(*UNREACHABLE, LaunchPending))
+# About two hours (capped at 5 minutes apart): answers and cancels ride out a server outage. Their first attempt
+# goes ahead of launches (hooks.DELIVERY_PRIORITY); a retry, for a server in trouble, queues with them instead,
+# so many answers to a dead server cannot hold every launch back for those two hours.
+DELIVERY_RETRY = Backoff(
+    max_attempts=28, retry_exceptions=(*UNREACHABLE, NotBefore), retry_priority=hooks.LAUNCH_PRIORITY
+)
+CANCEL_RETRY = Backoff(
+    max_attempts=28, retry_exceptions=(*UNREACHABLE, LaunchPending), retry_priority=hooks.LAUNCH_PRIORITY
+)
 
 
 async def db[R](function: Callable[..., R], /, **kwargs: Any) -> R:
