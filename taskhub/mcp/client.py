@@ -198,10 +198,13 @@ class _Connection:
         # Set (and replaced) when the server writes something that is not a JSON-RPC message: the requests
         # waiting at that moment fail at once instead of timing out (see taskhub.mcp.stdio).
         self.garbled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.bad_lines = 0
 
     async def on_message(self, message: Any) -> None:
         if isinstance(message, BadLine):
-            logger.warning("%s: %s", self._owner.target.describe(), message)
+            self.bad_lines += 1
+            if self.bad_lines <= 10 or self.bad_lines % 1000 == 0:  # a server spewing garbage must not flood the log
+                logger.warning("%s: %s (bad line %d)", self._owner.target.describe(), message, self.bad_lines)
             garbled, self.garbled = self.garbled, asyncio.get_running_loop().create_future()
             garbled.set_result(str(message))
         await asyncio.sleep(0)
