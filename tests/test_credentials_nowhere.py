@@ -62,7 +62,7 @@ def every_text_logged(records: list[logging.LogRecord]) -> str:
     return "\n".join(texts)
 
 
-def test_no_credential_in_logs_pages_audit_or_errors(caplog):
+def test_no_credential_in_logs_pages_audit_or_errors(caplog, capfd):
     caplog.set_level(logging.DEBUG)
     admin = make_user("alex", ADMINS)
     operator = make_user("olga", OPERATORS, password=PASSWORD)
@@ -127,7 +127,9 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
 
     stored_errors = f"{server.last_error} {local.last_error} {task.error} {task.status_message}"
     audit = " ".join(repr(event.data) for event in AuditEvent.objects.all())
-    logged = every_text_logged(caplog.records)
+    captured = capfd.readouterr()
+    # And what this process wrote to its own stdout and stderr.
+    logged = every_text_logged(caplog.records) + captured.out + captured.err
     # A target written into a log line or a traceback (repr) shows where, never with what.
     targets = " ".join(f"{server.to_target()!r} {server.to_target()}" for server in Server.objects.all())
     with connection.cursor() as cursor:
