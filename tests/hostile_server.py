@@ -3,8 +3,8 @@
 Raw asyncio (like bench/fake_tasks_server.py) rather than a framework, because the point is to answer
 in ways a framework would not let a server answer: bytes that are not JSON, a body that trickles one
 byte at a time, a connection reset halfway through the body. It answers `server/discover` and
-`tools/list` like `scripted_server` does, refuses `subscriptions/listen` (-32601, so the tracker polls),
-acknowledges `tasks/update` and `tasks/cancel` (and records them), and for
+`tools/list` like `scripted_server` does, refuses `subscriptions/listen` (-32601, so the tracker polls)
+unless `listening` is set, acknowledges `tasks/update` and `tasks/cancel` (and records them), and for
 
 - `tasks/get`: the script set for the task id with :meth:`HostileServer.script` (each poll takes the
   next answer, the last one repeats; an unknown id gets -32602);
@@ -13,6 +13,12 @@ acknowledges `tasks/update` and `tasks/cancel` (and records them), and for
 An answer is a JSON-RPC result (:class:`Result`), a JSON-RPC error (:class:`Error`), raw bytes
 (:class:`Raw`), a result sent slowly (:class:`Drip`), a result cut off by a reset (:class:`Reset`),
 or a function of the poll number giving one of those.
+
+With `listening` set, `subscriptions/listen` answers with an event stream: the acknowledgement (every task id
+asked for, or those `refuse_subscriptions` leaves), then whatever :meth:`HostileServer.notify` sends to every
+open subscription, until the server stops: `notifications/tasks` params (the subscription id is added to
+`_meta` unless they carry a `_meta`), a whole JSON-RPC message (:class:`Message`), or raw event bytes
+(:class:`RawEvent`).
 """
 
 from __future__ import annotations
@@ -69,6 +75,23 @@ class Reset:
 
 Answer = Result | Error | Raw | Drip | Reset | Callable[[int], "Answer"]
 
+
+@dataclass(frozen=True)
+class Message:
+    """A whole JSON-RPC message (any JSON value, in fact) as one event's data."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    """Exactly these bytes on the event stream (the blank line that ends an event included, or not)."""
+
+    data: bytes
+
+
+Notification = dict[str, Any] | Message | RawEvent
+
 UNKNOWN_TASK = Error({"code": -32602, "message": "Task not found"})
 ACK = {"resultType": "complete"}
 
@@ -79,7 +102,10 @@ def working(task_id: str, **fields: Any) -> dict[str, Any]:
 
 
 class HostileServer:
-    def __init__(self) -> None:
+    def __init__(self, *, listening: bool = False) -> None:
+        self.listening = listening
+        self.subscribed: list[list[str]] = []
+        self._streams: list[tuple[Any, asyncio.Queue[Notification | None]]] = []
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Answer]] = {}
         self._tools: dict[str, Answer] = {}
@@ -104,6 +130,28 @@ class HostileServer:
     def tool(self, name: str, answer: Answer) -> None:
         with self._lock:
             self._tools[name] = answer
+
+    def notify(self, *notifications: Notification) -> int:
+        """Send these to every open subscription; returns how many subscriptions there were."""
+        assert self._loop is not None
+        done = threading.Event()
+        count = 0
+
+        def send() -> None:
+            nonlocal count
+            count = len(self._streams)
+            for _, queue in self._streams:
+                for notification in notifications:
+                    queue.put_nowait(notification)
+            done.set()
+
+        self._loop.call_soon_threadsafe(send)
+        done.wait(5)
+        return count
+
+    def subscribed_to(self, task_id: str) -> bool:
+        with self._lock:
+            return any(task_id in ids for ids in self.subscribed)
 
     def forget(self, task_id: str) -> None:
         with self._lock:
@@ -180,6 +228,8 @@ class HostileServer:
                     return
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            pass  # stopped with a subscription's stream open: asyncio would log the cancellation as an error
         finally:
             self._connections.discard(writer)
             writer.close()
@@ -206,6 +256,8 @@ class HostileServer:
             with self._lock:
                 self.cancels.append(params.get("taskId"))
             answer = Result(ACK)
+        elif method == "subscriptions/listen" and self.listening:
+            return await self._stream(writer, request_id, params)
         elif method == "tools/call":
             with self._lock:
                 answer = self._tools.get(params.get("name"), Error({"code": -32602, "message": "Unknown tool"}))
@@ -214,6 +266,45 @@ class HostileServer:
         else:
             answer = Error({"code": -32601, "message": "Method not found"})
         return await self._send_answer(writer, request_id, answer)
+
+    async def _stream(self, writer: asyncio.StreamWriter, request_id: Any, params: dict[str, Any]) -> bool:
+        task_ids = [t for t in (params.get("notifications") or {}).get("taskIds") or [] if isinstance(t, str)]
+        meta = {"io.modelcontextprotocol/subscriptionId": request_id}
+        queue: asyncio.Queue[Notification | None] = asyncio.Queue()
+        writer.write(
+            b"HTTP/1.1 200 X\r\ncontent-type: text/event-stream\r\ncache-control: no-store\r\nconnection: close\r\n\r\n"
+        )
+        writer.write(
+            _event(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/subscriptions/acknowledged",
+                    "params": {"_meta": meta, "notifications": {"taskIds": task_ids}},
+                }
+            )
+        )
+        entry = (writer, queue)
+        with self._lock:
+            self.subscribed.append(task_ids)
+        self._streams.append(entry)
+        try:
+            await writer.drain()
+            while (notification := await queue.get()) is not None:
+                if isinstance(notification, RawEvent):
+                    writer.write(notification.data)
+                elif isinstance(notification, Message):
+                    writer.write(_event(notification.value))
+                else:
+                    params = notification if "_meta" in notification else {**notification, "_meta": meta}
+                    writer.write(_event({"jsonrpc": "2.0", "method": "notifications/tasks", "params": params}))
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            self._streams.remove(entry)
+            with self._lock:
+                self.subscribed.remove(task_ids)
+        return False
 
     async def _send_answer(self, writer: asyncio.StreamWriter, request_id: Any, answer: Answer) -> bool:
         if isinstance(answer, Raw):
@@ -245,6 +336,10 @@ class HostileServer:
 
 def _encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode()
+
+
+def _event(value: Any) -> bytes:
+    return b"event: message\ndata: " + json.dumps(value).encode() + b"\n\n"
 
 
 def _head(status: int, length: int, content_type: str) -> bytes:

@@ -3,9 +3,9 @@
 A whole life of servers with credentials, all of it logged at DEBUG: an admin registers them through the
 page, discovery fails against a real HTTP server that answers 401 (and, as a careless one would, echoes the
 Authorization header and the API key back in its body), a task is launched through the real launch job and
-fails the same way, a stdio server with a secret in its environment exits at once, and people sign in
-with a password. Then every log record, every page shown, every
-audit row and every error stored on the server and the task is searched for each secret.
+fails the same way, a stdio server with a secret in its environment prints that environment and exits at once,
+and people sign in with a password. Then every log record, every page shown, every audit row and every error
+stored on the server and the task is searched for each secret.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def every_text_logged(records: list[logging.LogRecord]) -> str:
     return "\n".join(texts)
 
 
-def test_no_credential_in_logs_pages_audit_or_errors(caplog):
+def test_no_credential_in_logs_pages_audit_or_errors(caplog, capfd):
     caplog.set_level(logging.DEBUG)
     admin = make_user("alex", ADMINS)
     operator = make_user("olga", OPERATORS, password=PASSWORD)
@@ -100,7 +100,8 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
             "name": "local",
             "transport": "stdio",
             "command": sys.executable,
-            "args": "-c\nraise SystemExit(3)",
+            # A careless server's debug output: its whole environment on stderr, then it exits.
+            "args": "-c\nimport os, sys; print(dict(os.environ), file=sys.stderr); raise SystemExit(3)",
             "env": f"TOKEN={ENV_SECRET}",
         },
     )
@@ -126,7 +127,9 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
 
     stored_errors = f"{server.last_error} {local.last_error} {task.error} {task.status_message}"
     audit = " ".join(repr(event.data) for event in AuditEvent.objects.all())
-    logged = every_text_logged(caplog.records)
+    captured = capfd.readouterr()
+    # And what this process wrote to its own stdout and stderr.
+    logged = every_text_logged(caplog.records) + captured.out + captured.err
     # A target written into a log line or a traceback (repr) shows where, never with what.
     targets = " ".join(f"{server.to_target()!r} {server.to_target()}" for server in Server.objects.all())
     with connection.cursor() as cursor:
@@ -149,3 +152,4 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog):
         for secret in secrets:
             assert secret not in text, f"{secret} in {where}"
     assert "401 Unauthorized" in logged, "the refused discovery was logged (so the search above saw the run)"
+    assert "'TOKEN': '[redacted]'" in logged, "the stdio server's stderr was logged (redacted)"

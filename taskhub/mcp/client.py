@@ -18,7 +18,7 @@ import functools
 import itertools
 import logging
 import ssl
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -26,7 +26,6 @@ from typing import Any
 import httpx2
 import mcp_types
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
@@ -50,6 +49,7 @@ from taskhub.mcp.extension import (
     UpdateTaskRequest,
     decline_elicitation,
 )
+from taskhub.mcp.stdio import BadLine, stdio_transport
 from taskhub.mcp.wire import CreateTaskResult, TaskSnapshot
 
 logger = logging.getLogger(__name__)
@@ -195,12 +195,25 @@ class _Connection:
         self.dead: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(), name=f"mcp-connection {owner.target.describe()}")
         self.client: Client | None = None
+        # Set (and replaced) when the server writes something that is not a JSON-RPC message: the requests
+        # waiting at that moment fail at once instead of timing out (see taskhub.mcp.stdio).
+        self.garbled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.bad_lines = 0
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, BadLine):
+            self.bad_lines += 1
+            if self.bad_lines <= 10 or self.bad_lines % 1000 == 0:  # a server spewing garbage must not flood the log
+                logger.warning("%s: %s (bad line %d)", self._owner.target.describe(), message, self.bad_lines)
+            garbled, self.garbled = self.garbled, asyncio.get_running_loop().create_future()
+            garbled.set_result(str(message))
+        await asyncio.sleep(0)
 
     async def _hold(self) -> None:
         failure: BaseException | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = self._owner._make_sdk_client(stack)
+                client = self._owner._make_sdk_client(stack, self)
                 self.client = await stack.enter_async_context(client)
                 self._ready.set_result(self.client)
                 await self._closing.wait()
@@ -340,7 +353,7 @@ class TasksClient:
 
     # -- connection management ----------------------------------------------------------------
 
-    def _make_sdk_client(self, stack: contextlib.AsyncExitStack) -> Client:
+    def _make_sdk_client(self, stack: contextlib.AsyncExitStack, connection: _Connection) -> Client:
         target = self.target
         if isinstance(target, HttpTarget):
             client = http_client(target, timeout=self.timeout)
@@ -348,14 +361,7 @@ class TasksClient:
             stack.push_async_callback(client.aclose)
             transport: Any = streamable_http_client(target.url, http_client=client)
         else:
-            transport = stdio_client(
-                StdioServerParameters(
-                    command=target.command,
-                    args=list(target.args),
-                    env=dict(target.env) if target.env is not None else None,
-                    cwd=target.cwd,
-                )
-            )
+            transport = stdio_transport(command=target.command, args=list(target.args), env=target.env, cwd=target.cwd)
         # After the first successful negotiation, reconnects adopt the cached result instead of probing.
         mode = self._discover_result and wire.PROTOCOL_VERSION in self._discover_result.supported_versions
         return Client(
@@ -363,6 +369,7 @@ class TasksClient:
             read_timeout_seconds=self.timeout,
             client_info=mcp_types.Implementation.model_validate(self.client_info),
             elicitation_callback=decline_elicitation,
+            message_handler=connection.on_message,
             extensions=[self._extension],
             mode=wire.PROTOCOL_VERSION if mode else "auto",
             prior_discover=self._discover_result if mode else None,
@@ -417,14 +424,21 @@ class TasksClient:
     async def _request(self, method: str, send: Any) -> Any:
         """Run `send(client)` on a live connection; map every failure to a typed error."""
         connection, client = await self._client()
+        garbled = connection.garbled
         call = asyncio.ensure_future(send(client))
         try:
             done, _ = await asyncio.wait(
-                {call, connection.dead}, timeout=self.timeout + 1, return_when="FIRST_COMPLETED"
+                {call, connection.dead, garbled}, timeout=self.timeout + 1, return_when="FIRST_COMPLETED"
             )
         except asyncio.CancelledError:
             call.cancel()
             raise
+        if call not in done and garbled in done:
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await call
+            if not connection.dead.done():
+                raise InvalidResult(f"{method}: while waiting for the answer, {garbled.result()}")
         if call not in done:
             call.cancel()
             with contextlib.suppress(BaseException):
@@ -648,48 +662,75 @@ async def _end_when_dead(connection: _Connection, subscription: TaskSubscription
 
 
 _END = object()
+# Snapshots waiting to be read are kept per task (the latest only), for this many tasks at most.
+MAX_PENDING_TASKS = 10_000
 
 
 class TaskSubscription:
     """An open task subscription: `async for snapshot in subscription` yields each `notifications/tasks`.
 
     The loop ends when the server closes the stream gracefully; it raises a typed error when the
-    stream is lost.
+    stream is lost. A reader slower than the server gets, per task, the latest snapshot only: a flood
+    costs memory per task, not per notification, and the last word is never dropped. A notification
+    that is not a valid task is not yielded: `on_problem(task_id, problem)` hears of it (task_id is
+    whatever the notification said, or None).
     """
 
     def __init__(self, *, request_id: str) -> None:
         self.request_id = request_id
         self.accepted_task_ids: list[str] = []
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=10_000)
+        self.on_problem: Callable[[Any, str], None] = self._log_problem
+        self._pending: dict[str, TaskSnapshot] = {}
+        self._ready: asyncio.Queue[Any] = asyncio.Queue()
         self._error: McpClientError | None = None
         self._ended = False
+        self._dropped = 0
 
     def _deliver(self, snapshot: TaskSnapshot) -> None:
         if self._ended:
             return
-        try:
-            self._queue.put_nowait(snapshot)
-        except asyncio.QueueFull:
-            logger.warning("task subscription %s backlog full; dropping a notification", self.request_id)
+        task_id = snapshot.task_id
+        waiting = self._pending.get(task_id)
+        if waiting is not None and waiting.is_terminal:
+            return  # a task's last word stays its last word
+        if waiting is None:
+            if len(self._pending) >= MAX_PENDING_TASKS:
+                self._dropped += 1
+                if self._dropped == 1:
+                    logger.warning(
+                        "task subscription %s: too many tasks waiting; dropping notifications", self.request_id
+                    )
+                return
+            self._ready.put_nowait(task_id)
+        self._pending[task_id] = snapshot
+
+    def _problem(self, task_id: Any, problem: str) -> None:
+        if not self._ended:
+            self.on_problem(task_id, problem)
+
+    def _log_problem(self, task_id: Any, problem: str) -> None:
+        logger.info(
+            "task subscription %s: ignored a malformed notification (%.80r): %s", self.request_id, task_id, problem
+        )
 
     def _end(self, error: McpClientError | None) -> None:
         if self._ended:
             return
         self._ended = True
         self._error = error
-        self._queue.put_nowait(_END)
+        self._ready.put_nowait(_END)
 
     def __aiter__(self) -> TaskSubscription:
         return self
 
     async def __anext__(self) -> TaskSnapshot:
-        item = await self._queue.get()
+        item = await self._ready.get()
         if item is _END:
-            self._queue.put_nowait(_END)
+            self._ready.put_nowait(_END)
             if self._error is not None:
                 raise self._error
             raise StopAsyncIteration
-        return item
+        return self._pending.pop(item)
 
 
 def parse_call_tool_result(raw: dict[str, Any]) -> CallOutcome:

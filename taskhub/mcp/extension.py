@@ -9,6 +9,7 @@ also gets the usual behaviour from `Client.call_tool`: the claim's resolver poll
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,6 +25,8 @@ from taskhub.mcp.wire import CreateTaskResult
 
 if TYPE_CHECKING:
     from taskhub.mcp.client import TaskSubscription
+
+logger = logging.getLogger(__name__)
 
 _RAW = TypeAdapter(dict[str, Any])
 
@@ -113,11 +116,14 @@ class TasksClientExtension(ClientExtension):
         subscription_id = (params.meta or {}).get(wire.SUBSCRIPTION_ID_META_KEY)
         subscription = self.routes.get(subscription_id) if isinstance(subscription_id, str) else None
         if subscription is None:
+            logger.info("ignored a notifications/tasks for no open subscription (%.80r)", subscription_id)
             return
         raw = dict(params.model_extra or {})
         try:
             snapshot = wire.parse_task_snapshot(raw, source="notifications/tasks")
-        except (McpClientError, ValidationError):
-            # A malformed notification is dropped; polling remains the source of truth.
+        except (McpClientError, ValidationError) as error:
+            # Not stored; polling remains the source of truth. The subscriber hears of it when it names a task.
+            problem = wire.first_error(error) if isinstance(error, ValidationError) else str(error)
+            subscription._problem(raw.get("taskId"), problem)
             return
         subscription._deliver(snapshot)

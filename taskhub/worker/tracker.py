@@ -338,8 +338,8 @@ def _load_target(server_id: int):
     return Server.objects.get(pk=server_id).to_target()
 
 
-def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot, asked_at: datetime | None = None) -> bool:
-    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source="poll", asked_at=asked_at)
+def _apply(task_id: uuid.UUID, snapshot: TaskSnapshot, asked_at: datetime | None = None, source: str = "poll") -> bool:
+    return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source=source, asked_at=asked_at)
 
 
 def _expire(task_id: uuid.UUID) -> bool:
@@ -426,6 +426,8 @@ class Tracker:
         self._server_lock = asyncio.Lock()
         self._digests: dict[uuid.UUID, bytes] = {}
         self._not_found: dict[uuid.UUID, int] = {}
+        self._notification_problems: dict[uuid.UUID, str] = {}  # the last one recorded, per task
+        self._background: set[asyncio.Task] = set()
         self._in_flight: dict[uuid.UUID, asyncio.Task] = {}
         self._pending: list[Reschedule] = []
         self._pending_ready = asyncio.Event()
@@ -454,6 +456,8 @@ class Tracker:
         self._stopping = True
         if self._in_flight:
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         flushing.set()
         self._pending_ready.set()
         for helper in helpers:
@@ -717,6 +721,7 @@ class Tracker:
 
     def _forget(self, task_id: uuid.UUID, server_id: int, remote_task_id: str) -> None:
         self._digests.pop(task_id, None)
+        self._notification_problems.pop(task_id, None)
         self._not_found.pop(task_id, None)
         link = self._servers.get(server_id)
         if link is not None and link.watch is not None:
@@ -778,14 +783,25 @@ class Tracker:
 
     async def _subscribe(self, server_id: int, watch: ServerWatch, task_ids: list[str]) -> None:
         accepted: set[str] = set()
+        not_ours = 0
         try:
             async with watch.client.listen(task_ids) as subscription:
+                subscription.on_problem = partial(self._notification_problem, watch, server_id)
                 watch.supported = True
                 accepted = set(subscription.accepted_task_ids) & set(task_ids)
                 watch.covered |= accepted
                 watch.refused |= set(task_ids) - accepted
                 async for snapshot in subscription:
-                    await self._notified(watch, snapshot)
+                    if not await self._notified(watch, snapshot):
+                        not_ours += 1
+                        if not_ours == 1:
+                            logger.info(
+                                "tracker %s: ignored a task notification from server %s about %.80r, "
+                                "a task it does not follow (further ones counted when the subscription ends)",
+                                self.worker_id,
+                                server_id,
+                                snapshot.task_id,
+                            )
         except (MethodNotFound, MissingCapability) as error:
             watch.supported = False
             logger.info("tracker %s: server %s cannot listen for tasks (%s); polling", self.worker_id, server_id, error)
@@ -797,6 +813,13 @@ class Tracker:
         finally:
             watch.covered -= accepted
             watch.asked.difference_update(task_ids)
+            if not_ours > 1:
+                logger.info(
+                    "tracker %s: ignored %d task notifications from server %s about tasks it does not follow",
+                    self.worker_id,
+                    not_ours,
+                    server_id,
+                )
         # Ended without being stopped: its live tasks must not wait for the safety-net poll.
         still_live = [watch.wanted[remote] for remote in accepted if remote in watch.wanted]
         try:
@@ -804,21 +827,48 @@ class Tracker:
         except Exception:
             logger.exception("tracker %s: rescheduling tasks after a subscription ended failed", self.worker_id)
 
-    async def _notified(self, watch: ServerWatch, snapshot: TaskSnapshot) -> None:
+    def _notification_problem(self, watch: ServerWatch, server_id: int, remote_task_id: Any, problem: str) -> None:
+        task_id = watch.wanted.get(remote_task_id) if isinstance(remote_task_id, str) else None
+        if task_id is None:
+            logger.info(
+                "tracker %s: ignored a malformed task notification from server %s about no task it follows (%.80r): %s",
+                self.worker_id,
+                server_id,
+                remote_task_id,
+                _short(problem),
+            )
+            return
+        data = {"problem": "a task notification was not one the protocol allows", "detail": _short(problem)}
+        data["source"] = "notification"
+        if self._notification_problems.get(task_id) == data["detail"]:
+            return  # a flood of the same problem costs no database work
+        self._notification_problems[task_id] = data["detail"]
+        recording = asyncio.create_task(
+            self._service(partial(_record_poll_problem, task_id, data), "recording a protocol error")
+        )
+        self._background.add(recording)
+        recording.add_done_callback(self._background.discard)
+
+    async def _notified(self, watch: ServerWatch, snapshot: TaskSnapshot) -> bool:
+        """Store a notified snapshot of a task this worker follows; False when it follows no such task."""
         task_id = watch.wanted.get(snapshot.task_id)
         if task_id is None:
-            return
+            return False
+        self._notification_problems.pop(task_id, None)
         self.stats.notifications += 1
         digest = snapshot_digest(snapshot)
         if self._digests.get(task_id) != digest:
-            applied = await self._service(partial(_apply, task_id, snapshot), "storing a notified snapshot")
+            applied = await self._service(
+                partial(_apply, task_id, snapshot, source="notification"), "storing a notified snapshot"
+            )
             if applied is None:
-                return  # polling will bring it again
+                return True  # polling will bring it again
             self._digests[task_id] = digest
             self.stats.changes += 1
         if snapshot.is_terminal:
             self._digests.pop(task_id, None)
             watch.wanted.pop(snapshot.task_id, None)
+        return True
 
     async def _stop_watch(self, watch: ServerWatch) -> None:
         tasks = [task for task in (watch.runner, *watch.subscriptions) if task is not None]
