@@ -450,7 +450,7 @@ class Bench:
         )
         poller = Poller(process)
         poller.start_draining()
-        if not poller.ready.wait(60):
+        if not poller.ready.wait(180):  # minutes on a machine busy with test suites
             poller.stop()
             raise RuntimeError(f"{system} did not start:\n{''.join(poller.lines)}")
         return poller
