@@ -132,11 +132,11 @@ def test_the_inbox_lists_open_requests_of_the_users_servers_oldest_first(servers
     assert "server says:" in page and "Fill in &lt;b&gt;this&lt;/b&gt;" in page
 
     # the nav badge counts the same requests: the open ones of the user's servers
-    assert 'aria-label="open requests">2</span>' in page
+    assert 'aria-label="open requests" data-approver="yes">2</span>' in page
 
     bobs = client_for(bob).get(reverse("tasks:inbox")).content.decode()
     assert "beta_tool" in bobs and "first_tool" not in bobs
-    assert 'aria-label="open requests">1</span>' in bobs
+    assert 'aria-label="open requests" data-approver="yes">1</span>' in bobs
 
 
 def test_an_input_request_carries_its_tasks_server(servers):
