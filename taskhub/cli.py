@@ -16,8 +16,8 @@ from pathlib import Path
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_SERVER_READY_PREFIX = "taskhub-demo listening on "
-# Set for the second test pass: conftest.py then keeps only the tests that use the database.
-ONLY_DATABASE_TESTS_ENV = "TASKHUB_ONLY_DATABASE_TESTS"
+# Set for the second test pass: tests/conftest.py then keeps only the tests marked `embedded`.
+EMBEDDED_PASS_ENV = "TASKHUB_EMBEDDED_PASS"
 PYTEST_OK, PYTEST_TESTS_FAILED, PYTEST_NO_TESTS_COLLECTED = 0, 1, 5
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser(
         "test",
-        help="run the tests (with DATABASE_URL set, database tests run again on embedded Postgres)",
+        help="run the tests (with DATABASE_URL set, the tests marked `embedded` run again on embedded Postgres)",
         description="Extra arguments go to pytest, e.g. `taskhub test -x -k healthz`.",
     )
 
@@ -350,12 +350,12 @@ def run_tests(pytest_args: list[str]) -> int:
     if first not in (PYTEST_OK, PYTEST_TESTS_FAILED):
         return first  # interrupted, usage error or nothing collected: a second pass would tell nothing new
 
-    say("\ntaskhub test: pass 2 of 2, the tests that use the database again, on embedded Postgres.")
+    say("\ntaskhub test: pass 2 of 2, the tests marked `embedded` again, on embedded Postgres.")
     embedded_env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
-    embedded_env[ONLY_DATABASE_TESTS_ENV] = "1"
+    embedded_env[EMBEDDED_PASS_ENV] = "1"
     second = subprocess.run(pytest, cwd=PROJECT_DIR, env=embedded_env).returncode
     if second == PYTEST_NO_TESTS_COLLECTED:
-        say("taskhub test: pass 2 had nothing to do: no selected test uses the database.")
+        say("taskhub test: pass 2 had nothing to do: no selected test is marked `embedded`.")
         return first
     second = check_pytest_exit(second, "pass 2 (embedded Postgres)")
     if first == second == PYTEST_OK:

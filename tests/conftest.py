@@ -9,13 +9,9 @@ import pytest
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-# `taskhub test` sets this for its second pass, which repeats only the tests that use the database.
-ONLY_DATABASE_TESTS_ENV = "TASKHUB_ONLY_DATABASE_TESTS"
-DATABASE_FIXTURES = {"django_db_setup", "live_server"}
-
-
-def uses_database(item: pytest.Item) -> bool:
-    return item.get_closest_marker("django_db") is not None or bool(DATABASE_FIXTURES & set(item.fixturenames))
+# `taskhub test` sets this for its second pass, on embedded Postgres, which repeats only the tests marked
+# `embedded`: those whose outcome can differ there (raw SQL, triggers, the job queue, indexes, one whole flow).
+EMBEDDED_PASS_ENV = "TASKHUB_EMBEDDED_PASS"
 
 
 def pytest_report_header(config):
@@ -23,15 +19,15 @@ def pytest_report_header(config):
 
     engine = settings.DATABASES["default"]["ENGINE"]
     where = "embedded Postgres (DATABASE_URL unset)" if engine == "taskhub.embedded_pg" else "DATABASE_URL"
-    scope = "; only tests that use the database" if os.environ.get(ONLY_DATABASE_TESTS_ENV) else ""
+    scope = "; only the tests marked `embedded`" if os.environ.get(EMBEDDED_PASS_ENV) else ""
     return f"taskhub database: {where}{scope}"
 
 
 def pytest_collection_modifyitems(config, items):
-    if not os.environ.get(ONLY_DATABASE_TESTS_ENV):
+    if not os.environ.get(EMBEDDED_PASS_ENV):
         return
-    kept = [item for item in items if uses_database(item)]
-    deselected = [item for item in items if not uses_database(item)]
+    kept = [item for item in items if item.get_closest_marker("embedded") is not None]
+    deselected = [item for item in items if item.get_closest_marker("embedded") is None]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
