@@ -151,6 +151,7 @@ INSTALLED_APPS = [
     "taskhub.accounts",
     "taskhub.servers",
     "taskhub.tasks",
+    "taskhub.live",
     "taskhub.audit",
     "taskhub.worker",
     "taskhub.api",

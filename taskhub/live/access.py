@@ -29,7 +29,7 @@ class LiveAccess:
     roles: permissions.Roles = permissions.NO_ROLES
 
     def may_see_task(self, task) -> bool:
-        # The rule of permissions.may_see_task / tasks_visible_to, from what was read once.
+        # The rule of permissions.may_see_task / tasks.queries.tasks_visible_to, from what was read once.
         return self.sees_all_tasks or task.server_id in self.approvable_server_ids
 
 

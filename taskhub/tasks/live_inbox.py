@@ -12,14 +12,12 @@ import uuid
 from django.template.loader import render_to_string
 from django.utils.html import format_html
 
-from taskhub.live.fragments import FragmentKind, register_task_fragment
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequestState
 
 CARD_TEMPLATE = "tasks/input_request_card.html"
 
 
-@register_task_fragment(FragmentKind.INBOX)
 def inbox_fragment(task, user) -> str:
     requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
     parts = []

@@ -206,7 +206,7 @@ class Claimed:
             "remote_created_at": self.remote_created_at,
         }
         # The very comparison apply_snapshot makes (tests/test_tracker.py checks that the two agree).
-        wanted = services._snapshot_values(snapshot, Task(remote_created_at=self.remote_created_at))
+        wanted = services.snapshot_values(snapshot, Task(remote_created_at=self.remote_created_at))
         return all(stored[name] == wanted[name] for name in services.SNAPSHOT_FIELDS)
 
     def asks_beyond_open_requests(self, snapshot: TaskSnapshot) -> bool:
