@@ -118,7 +118,7 @@ def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None
 
 
 def connect_access_signals() -> None:
-    """From AccountsConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
+    """From LiveConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
     from django.contrib.auth.models import Group
 
     from taskhub.servers.models import Server
