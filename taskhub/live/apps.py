@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from taskhub.live import publish
+
 
 class LiveConfig(AppConfig):
     name = "taskhub.live"
@@ -19,6 +21,4 @@ class LiveConfig(AppConfig):
 
 
 def publish_task_changed(sender, *, task_id, **kwargs) -> None:
-    from taskhub.live import publish
-
     publish.publish_task_changed(task_id)
