@@ -128,9 +128,7 @@ async def test_absorb_tool_listing_drops_invalid_header_annotations_and_mirrors_
 
 async def test_a_listen_route_hears_the_acknowledgement_and_is_settled_and_unregistered(demo_server):
     async with sdk_session(demo_server.url) as session:
-        call = mcp_types.CallToolRequest(
-            params=mcp_types.CallToolRequestParams(name="long", arguments={"seconds": 1})
-        )
+        call = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name="long", arguments={"seconds": 1}))
         task_id = wire.CreateTaskResult.model_validate(await send(session, call)).task_id
         request_id = f"sdk-private-listen-{next(_listen_ids)}"
         listen = mcp_types.SubscriptionsListenRequest(
