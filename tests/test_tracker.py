@@ -24,14 +24,9 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
-from taskhub.worker.tracker import (
-    CLAIM_SQL,
-    Claimed,
-    _database_params,
-    backoff_delay_ms,
-    poll_delay_ms,
-    snapshot_digest,
-)
+from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed
+from taskhub.worker.tracker.orm import database_params
+from taskhub.worker.tracker.polling import backoff_delay_ms, poll_delay_ms, snapshot_digest
 from tests.demo_process import DemoServer
 from tests.tracker_fixtures import RunningTracker, wait_until
 from tests.wire_recorder import WireRecorder
@@ -279,7 +274,7 @@ STORED["pollIntervalMs"] = 300
 
 def _claim_one() -> Claimed:
     """Claim the due rows exactly as the tracker does (its SQL, on a connection like its own)."""
-    with psycopg.connect(autocommit=True, **_database_params()) as connection:
+    with psycopg.connect(autocommit=True, **database_params()) as connection:
         params = {"owner": "w1", "lease": timedelta(seconds=30), "limit": 10, "ahead": timedelta(seconds=1)}
         rows = connection.execute(CLAIM_SQL, params).fetchall()
     assert len(rows) == 1, rows

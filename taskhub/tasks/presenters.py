@@ -363,7 +363,7 @@ def detail_context(task: Task, user) -> dict:
             and task.status != TaskStatus.LAUNCH_UNKNOWN
         ),
         "cancel_state": cancel_state(task),
-        # The tracker claims no task of a disabled server (taskhub/worker/tracker.py, CLAIM_SQL).
+        # The tracker claims no task of a disabled server (taskhub/worker/tracker/leases.py, CLAIM_SQL).
         "polling_paused": (
             task.remote_task_id is not None and task.status in LIVE_STATUSES and not task.server.enabled
         ),
