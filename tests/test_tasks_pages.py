@@ -199,6 +199,7 @@ def test_the_list_counts_each_status_and_groups_local_states_as_other(client, ol
     assert tab_counts(response)["all"] == 3 and 'aria-label="running tasks">3</span>' in response.content.decode()
 
 
+@pytest.mark.embedded
 def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, olga, alpha, mixed):
     client = signed_in(client, olga)
     response = client.get(reverse("tasks:list"), {"status": "other"})
@@ -221,6 +222,7 @@ def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, ol
     assert 'value="COP"' in response.content.decode()
 
 
+@pytest.mark.embedded
 def test_the_status_message_search_has_a_trigram_index_where_postgres_has_pg_trgm():
     # The embedded Postgres has no pg_trgm: there the search above works without the index (a sequential scan).
     with connection.cursor() as cursor:

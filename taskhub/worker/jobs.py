@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 from procrastinate import RetryDecision
@@ -42,11 +43,11 @@ logger = logging.getLogger(__name__)
 
 # tools/call may legitimately run for a while before it answers (a synchronous tool).
 LAUNCH_TIMEOUT_SECONDS = 120.0
-DELIVERY_TIMEOUT_SECONDS = 30.0
+DELIVERY_TIMEOUT_SECONDS = settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS
 # An attempt cut off before its answer came (its worker stopped, its job was recovered as stalled) may still
 # be under way: the server may apply a request it holds after the client gave up. The next attempt waits this
 # long after it before asking the server whether the answer arrived, and sends it again only if it did not.
-DELIVERY_SETTLE_SECONDS = DELIVERY_TIMEOUT_SECONDS + 10
+DELIVERY_SETTLE_SECONDS = settings.TASKHUB_DELIVERY_SETTLE_SECONDS
 CONFIRMED_AFTER_INTERRUPTION = "tasks/get after an interrupted delivery"
 
 

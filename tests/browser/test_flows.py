@@ -79,6 +79,7 @@ def card_for(page: Page, task_id: str):
     return page.locator(f"article.ir-card:has(a[href*='{task_id}'])")
 
 
+@pytest.mark.embedded
 def test_an_approval_from_launch_to_result_without_a_reload(new_page, stack, people):
     watcher = signed_in(new_page, stack, "olga")
     watcher.goto(f"{stack.url}/tasks/")
