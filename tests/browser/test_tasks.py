@@ -47,6 +47,12 @@ def png(width: int = 240, height: int = 80) -> str:
 
 CREATED = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
 HOSTILE = '<img src=x onerror="window.__xss = 1">'
+COUNT_INBOX_PUSHES = """() => {
+  window.__inboxPushes = 0;
+  document.addEventListener("htmx:wsAfterMessage", (event) => {
+    if (String(event.detail.message).includes("inbox-live-signal")) window.__inboxPushes += 1;
+  });
+}"""
 ASK = {"method": "elicitation/create", "params": {"message": "Ship it?", "requestedSchema": {"type": "object"}}}
 
 
@@ -258,4 +264,23 @@ def test_someone_made_an_approver_while_a_page_is_open_gets_the_inbox_link_and_i
     expect(inbox).to_be_visible()
     expect(page.locator("#nav-inbox-count")).to_have_text("1")
     # Every push found its target on the task list: the nav's count, the inbox's signal (htmx reports a missing one).
+    assert not console_errors.seen, console_errors.report()
+
+    # On the task's page a colleague's answer replaces the card in place (the inbox's signal, placed by live.js).
+    page.goto(f"{live_site.url}/tasks/{task.pk}/")
+    wait_until_live(page)
+    request = task.input_requests.get()
+    card = page.locator(f"#ir-{request.pk}")
+    expect(card.get_by_role("button", name="Accept")).to_be_visible()
+    colleague = make_user("ada", APPROVERS, "alpha-approvers")
+    services.answer_input(input_request=request, response={"action": "accept", "content": {}}, user=colleague)
+    expect(card).to_contain_text("answered by ada")
+    expect(page.locator(".ir-card")).to_have_count(1)
+
+    # On a page that shows no card, the closed card's push changes nothing and logs no error.
+    page.goto(f"{live_site.url}/")
+    wait_until_live(page)
+    page.evaluate(COUNT_INBOX_PUSHES)
+    services.mark_delivered(input_request=request)
+    page.wait_for_function("() => window.__inboxPushes > 0")
     assert not console_errors.seen, console_errors.report()
