@@ -168,7 +168,7 @@ def run_taskhub_test(*pytest_args: str, database_url: str | None) -> subprocess.
     if database_url:
         env["DATABASE_URL"] = database_url
     return subprocess.run(
-        [TASKHUB, "test", "-p", "no:cacheprovider", *pytest_args],
+        [TASKHUB, "test", "-n", "0", "-p", "no:cacheprovider", *pytest_args],
         env=env,
         cwd=PROJECT_DIR,
         capture_output=True,
