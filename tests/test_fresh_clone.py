@@ -16,7 +16,8 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import PROJECT_DIR, free_tcp_port
+from conftest import PROJECT_DIR
+from helpers import free_port
 from process_output import OutputLines
 from stack_fixtures import SignedIn, api_request
 
@@ -56,7 +57,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
     assert "uv run taskhub demo" in readme
     uv = shutil.which("uv")
     assert uv, "the README's command needs uv on PATH"
-    port = free_tcp_port()
+    port = free_port()
     data_dir = tmp_path / "data"
     env = newcomer_env()
     started = time.monotonic()

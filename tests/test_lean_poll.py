@@ -23,7 +23,8 @@ from taskhub.mcp.errors import (
     TransportError,
 )
 from taskhub.mcp.lean import LeanTaskGetter, task_getter
-from tests.demo_process import DemoServer, free_port, stdio_target
+from tests.demo_process import DemoServer, stdio_target
+from tests.helpers import free_port
 from tests.wire_recorder import WireRecorder
 
 HEADERS_THAT_MATTER = ("mcp-protocol-version", "mcp-method", "mcp-name", "content-type", "accept")

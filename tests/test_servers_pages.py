@@ -5,9 +5,10 @@ import uuid
 
 import pytest
 from account_fixtures import make_user
-from demo_process import DemoServer, free_port
+from demo_process import DemoServer
 from django.contrib.auth.models import Group
 from django.urls import reverse
+from helpers import free_port
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent

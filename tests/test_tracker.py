@@ -33,7 +33,8 @@ from taskhub.worker.tracker import (
     snapshot_digest,
 )
 from tests.demo_process import DemoServer
-from tests.tracker_fixtures import RunningTracker, wait_until
+from tests.helpers import wait_until
+from tests.tracker_fixtures import RunningTracker
 from tests.wire_recorder import WireRecorder
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

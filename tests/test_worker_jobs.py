@@ -16,10 +16,11 @@ import uuid
 import httpx2
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from demo_process import DemoServer, free_port
+from demo_process import DemoServer
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from helpers import free_port
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
 from procrastinate.jobs import Job
