@@ -7,6 +7,7 @@ import itertools
 import ssl
 
 import pytest
+import pytest_asyncio
 from demo_process import DemoServer, stdio_target
 from wire_recorder import WireRecorder
 
@@ -22,7 +23,8 @@ from taskhub.mcp.client import (
 from taskhub.mcp.errors import AuthorizationFailed, TaskNotFound, TransportError
 from taskhub.mcp.wire import EXTENSION_ID, TaskSnapshot
 
-pytestmark = pytest.mark.slow
+# One event loop for the module, so that one stdio session (one demo server process) serves its tests.
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 FAST = ("--poll-interval-ms", "100")
 
@@ -33,10 +35,18 @@ def demo_server():
         yield server
 
 
-@pytest.fixture(params=["http", "stdio"])
-async def client(request, demo_server):
-    target = demo_server.target if request.param == "http" else stdio_target(*FAST)
-    async with TasksClient(target, timeout=15) as client:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stdio_client():
+    async with TasksClient(stdio_target(*FAST), timeout=15) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(params=["http", "stdio"], loop_scope="module")
+async def client(request, demo_server, stdio_client):
+    if request.param == "stdio":
+        yield stdio_client
+        return
+    async with TasksClient(demo_server.target, timeout=15) as client:
         yield client
 
 
