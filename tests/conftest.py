@@ -14,6 +14,7 @@ DATABASE_FIXTURES = {"django_db_setup", "live_server"}
 
 # Fixtures shared by several test modules: loaded here, so that no test module imports a fixture by name.
 pytest_plugins = [
+    "demo_process",
     "stack_fixtures",
 ]
 

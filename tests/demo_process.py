@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from helpers import free_port  # noqa: F401 - imported from here by tests/browser
 from process_output import OutputLines
 
@@ -91,3 +93,21 @@ class DemoServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+# Loaded as a plugin by conftest.py. Test modules that need only *a* demo server share one per session: each test
+# uses tasks of its own (the server's task ids are unique, its stats are counted per task), and none stops it.
+
+
+@pytest.fixture(scope="session")
+def shared_demo_server() -> Iterator[DemoServer]:
+    """The demo server with fast polls (every 100 ms)."""
+    with DemoServer("--poll-interval-ms", "100") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def shared_demo_server_requiring_token() -> Iterator[DemoServer]:
+    """The demo server that refuses every request without the bearer token "s3cret"."""
+    with DemoServer("--require-token", "s3cret") as server:
+        yield server

@@ -5,7 +5,6 @@ import json
 
 import pytest
 from account_fixtures import make_user
-from demo_process import DemoServer
 from django.core.management import CommandError, call_command
 from django.test import Client
 from helpers import free_port
@@ -25,9 +24,8 @@ def run(*args, **options) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo():
-    with DemoServer() as server:
-        yield server
+def demo(shared_demo_server):
+    return shared_demo_server
 
 
 def test_add_discover_list_launch_and_list_tasks(demo, monkeypatch):

@@ -514,16 +514,14 @@ def test_ttl_none_is_null_and_expired_tasks_are_invalid_params():
         short.stop()
 
 
-def test_require_token_refuses_requests_without_the_bearer_token():
-    demo = DemoServer("--require-token", "s3cret").start()
-    try:
-        client = HttpClient(demo.url)
-        assert client.request("server/discover").status == 401
-        assert client.http.get(demo.url.removesuffix("/mcp") + "/demo/stats").status_code == 401
-        client.http.headers["Authorization"] = "Bearer s3cret"
-        assert client.call("server/discover")["capabilities"]["extensions"][TASKS] == {}
-    finally:
-        demo.stop()
+def test_require_token_refuses_requests_without_the_bearer_token(shared_demo_server_requiring_token):
+    demo = shared_demo_server_requiring_token
+    client = HttpClient(demo.url)
+    assert client.request("server/discover").status == 401
+    assert client.http.get(demo.url.removesuffix("/mcp") + "/demo/stats").status_code == 401
+    client.http.headers["Authorization"] = "Bearer s3cret"
+    assert client.call("server/discover")["capabilities"]["extensions"][TASKS] == {}
+    client.close()
 
 
 def test_conformance_flag_adds_the_fixture_tools():

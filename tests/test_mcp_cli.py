@@ -11,11 +11,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from demo_process import DemoServer, demo_command, demo_env
+from demo_process import demo_command, demo_env
 from helpers import free_port
 
 from taskhub.mcp.cli import clean_text, main
@@ -28,9 +27,8 @@ CONTRACT_TOOLS = {"quick", "progress", "approval", "two_questions", "url_consent
 
 
 @pytest.fixture(scope="module")
-def demo_url() -> Iterator[str]:
-    with DemoServer(*DEMO_OPTIONS) as demo:
-        yield demo.url
+def demo_url(shared_demo_server) -> str:
+    return shared_demo_server.url
 
 
 def run_cli(*arguments: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -162,13 +160,12 @@ def test_timeout_gives_up_and_names_the_task(demo_url: str) -> None:
     assert f"task {events[0]['taskId']} keeps running" in completed.stderr
 
 
-def test_bearer_token_and_headers() -> None:
-    with DemoServer("--require-token", "s3cret") as demo:
-        url = demo.url
-        quick = ["call", "--url", url, "quick", "--args", '{"text": "in"}', "--timeout", "30"]
-        refused = run_cli(*quick)
-        by_bearer = run_cli(*quick, "--bearer", "s3cret")
-        by_header = run_cli(*quick, "--header", "Authorization: Bearer s3cret")
+def test_bearer_token_and_headers(shared_demo_server_requiring_token) -> None:
+    url = shared_demo_server_requiring_token.url
+    quick = ["call", "--url", url, "quick", "--args", '{"text": "in"}', "--timeout", "30"]
+    refused = run_cli(*quick)
+    by_bearer = run_cli(*quick, "--bearer", "s3cret")
+    by_header = run_cli(*quick, "--header", "Authorization: Bearer s3cret")
     assert refused.returncode == 4
     assert (by_bearer.returncode, by_bearer.stdout) == (0, "echo: in\n")
     assert (by_header.returncode, by_header.stdout) == (0, "echo: in\n")

@@ -30,9 +30,8 @@ FAST = ("--poll-interval-ms", "100")
 
 
 @pytest.fixture(scope="module")
-def demo_server():
-    with DemoServer(*FAST) as server:
-        yield server
+def demo_server(shared_demo_server):
+    return shared_demo_server
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -252,12 +251,12 @@ async def test_http_clients_share_one_verifying_tls_context():
         assert not first.follow_redirects
 
 
-async def test_a_bearer_token_is_sent_and_a_refusal_says_so():
-    with DemoServer("--require-token", "s3cret") as server:
-        async with TasksClient(HttpTarget(url=server.url, bearer_token="s3cret"), timeout=5) as client:
-            assert isinstance(await client.call_tool("quick", {"text": "a"}), ToolCompleted)
-        async with TasksClient(HttpTarget(url=server.url, headers={"Authorization": "Bearer s3cret"})) as client:
-            assert isinstance(await client.call_tool("quick", {"text": "b"}), ToolCompleted)
-        async with TasksClient(HttpTarget(url=server.url, bearer_token="wrong"), timeout=5) as client:
-            with pytest.raises(AuthorizationFailed, match="HTTP 401"):
-                await client.call_tool("quick", {"text": "c"})
+async def test_a_bearer_token_is_sent_and_a_refusal_says_so(shared_demo_server_requiring_token):
+    server = shared_demo_server_requiring_token
+    async with TasksClient(HttpTarget(url=server.url, bearer_token="s3cret"), timeout=5) as client:
+        assert isinstance(await client.call_tool("quick", {"text": "a"}), ToolCompleted)
+    async with TasksClient(HttpTarget(url=server.url, headers={"Authorization": "Bearer s3cret"})) as client:
+        assert isinstance(await client.call_tool("quick", {"text": "b"}), ToolCompleted)
+    async with TasksClient(HttpTarget(url=server.url, bearer_token="wrong"), timeout=5) as client:
+        with pytest.raises(AuthorizationFailed, match="HTTP 401"):
+            await client.call_tool("quick", {"text": "c"})

@@ -41,9 +41,8 @@ run = async_to_sync
 
 
 @pytest.fixture(scope="module")
-def demo():
-    with DemoServer("--poll-interval-ms", "100") as server:
-        yield server
+def demo(shared_demo_server):
+    return shared_demo_server
 
 
 @pytest.fixture(scope="module")
