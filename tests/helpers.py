@@ -1,6 +1,6 @@
 """Small helpers shared by the tests: a free port, waiting for an event, a task snapshot as a server sends it.
 
-Plain functions, imported by name. Fixtures live in the *_fixtures modules, which conftest.py loads as plugins.
+Plain functions, imported by name. Shared fixtures are not imported: conftest.py loads their modules as plugins.
 """
 
 from __future__ import annotations
