@@ -1,21 +1,20 @@
 """A realistic audit history made through the real services (servers, launches, snapshots) plus a few
 hand-written events with hostile data, for the audit page tests and screenshots."""
 
+from functools import partial
+
+import helpers
 from django.db import transaction
 
 from taskhub.audit.services import WORKER, record_event
 from taskhub.mcp.client import TaskCreated
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 
 SCRIPT = "<script>document.title='pwned'</script>"
 
 
-def snapshot(status="working", remote="remote-1", **fields) -> TaskSnapshot:
-    base = {"taskId": remote, "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
-    base["lastUpdatedAt"] = fields.pop("lastUpdatedAt", "2026-07-28T10:00:01Z")
-    return TaskSnapshot.model_validate({**base, **fields})
+snapshot = partial(helpers.snapshot, last_updated_at="2026-07-28T10:00:01Z")
 
 
 def make_audit_history(admin, operator) -> dict:
@@ -24,23 +23,23 @@ def make_audit_history(admin, operator) -> dict:
     reports = create_server(name="reports", transport="stdio", command="reports-mcp", user=admin)
 
     slow = services.launch(server=demo, tool="slow_compute", arguments={"seconds": 5}, user=operator)
-    slow = services.record_launch_outcome(task=slow, outcome=TaskCreated(task=snapshot(remote="slow-1")))
+    slow = services.record_launch_outcome(task=slow, outcome=TaskCreated(task=snapshot(task_id="slow-1")))
     services.apply_snapshot(
         task=slow,
-        snapshot=snapshot("completed", remote="slow-1", statusMessage="done", lastUpdatedAt="2026-07-28T10:00:09Z"),
+        snapshot=snapshot("completed", task_id="slow-1", statusMessage="done", lastUpdatedAt="2026-07-28T10:00:09Z"),
     )
 
     approval = services.launch(server=demo, tool="needs_approval", arguments={"amount": 120}, user=operator)
-    approval = services.record_launch_outcome(task=approval, outcome=TaskCreated(task=snapshot(remote="appr-1")))
+    approval = services.record_launch_outcome(task=approval, outcome=TaskCreated(task=snapshot(task_id="appr-1")))
     services.apply_snapshot(
         task=approval,
         snapshot=snapshot(
-            "failed", remote="appr-1", statusMessage="Budget service down", lastUpdatedAt="2026-07-28T10:00:05Z"
+            "failed", task_id="appr-1", statusMessage="Budget service down", lastUpdatedAt="2026-07-28T10:00:05Z"
         ),
     )
 
     report = services.launch(server=reports, tool="build_report", arguments={"quarter": "Q3"}, user=admin)
-    report = services.record_launch_outcome(task=report, outcome=TaskCreated(task=snapshot(remote="rep-1")))
+    report = services.record_launch_outcome(task=report, outcome=TaskCreated(task=snapshot(task_id="rep-1")))
 
     with transaction.atomic():
         record_event(

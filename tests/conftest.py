@@ -1,7 +1,6 @@
 """Shared fixtures. The database is whatever the settings say: DATABASE_URL, or embedded Postgres when unset."""
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -12,6 +11,12 @@ VENV_BIN = Path(sys.executable).parent
 # `taskhub test` sets this for its second pass, on embedded Postgres, which repeats only the tests marked
 # `embedded`: those whose outcome can differ there (raw SQL, triggers, the job queue, indexes, one whole flow).
 EMBEDDED_PASS_ENV = "TASKHUB_EMBEDDED_PASS"
+
+# Fixtures shared by several test modules: loaded here, so that no test module imports a fixture by name.
+pytest_plugins = [
+    "demo_process",
+    "stack_fixtures",
+]
 
 
 def pytest_report_header(config):
@@ -33,12 +38,17 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
-def free_tcp_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
-def free_port() -> int:
-    return free_tcp_port()
+def production_password_hashers(settings):
+    """Passwords hashed as taskhub.settings hashes them (tests/settings.py uses a fast hasher): for a test whose
+    user signs in to a web process it started, which runs taskhub.settings and accepts only those hashers."""
+    from django.conf import global_settings
+
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+
+
+@pytest.fixture(autouse=True)
+def browser_tests_hash_passwords_as_in_production(request):
+    # Every browser test signs in to a daphne that runs taskhub.settings.
+    if request.node.get_closest_marker("browser"):
+        request.getfixturevalue("production_password_hashers")

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from account_fixtures import TEST_PASSWORD, make_user
 from django.utils import timezone
+from helpers import snapshot
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.mcp.client import TaskCreated, ToolCompleted
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
@@ -80,11 +80,6 @@ class World:
         ]
 
 
-def _snapshot(remote_id: str, status: str, **fields) -> TaskSnapshot:
-    data = {"taskId": remote_id, "status": status, "ttlMs": 3_600_000}
-    return TaskSnapshot.model_validate({**data, **fields})
-
-
 def build_world(password: str | None = TEST_PASSWORD) -> World:
     admin = make_user("alex", ADMINS, APPROVERS, OPERATORS, password=password, is_staff=True, is_superuser=True)
     server = create_server(name="demo", transport="http", url="http://127.0.0.1:9/mcp", user=admin)
@@ -105,9 +100,12 @@ def build_world(password: str | None = TEST_PASSWORD) -> World:
     )
 
     asking = services.launch(server=server, tool="deploy", arguments={"target": "prod"}, user=admin)
-    asking = services.record_launch_outcome(task=asking, outcome=TaskCreated(task=_snapshot("r-ask", "working")))
+    asking = services.record_launch_outcome(
+        task=asking, outcome=TaskCreated(task=snapshot(task_id="r-ask", ttl_ms=3_600_000))
+    )
     services.apply_snapshot(
-        task=asking, snapshot=_snapshot("r-ask", "input_required", inputRequests={"approve": QUESTION})
+        task=asking,
+        snapshot=snapshot("input_required", task_id="r-ask", ttl_ms=3_600_000, inputRequests={"approve": QUESTION}),
     )
     input_request = InputRequest.objects.get(task=asking, key="approve")
     return World(admin, server, image_task, asking, input_request)

@@ -1,4 +1,4 @@
-"""Raw JSON-RPC access to the demo server (taskhub/demo) as a subprocess, over HTTP and stdio.
+"""Raw JSON-RPC access to the demo server (taskhub/demo), over HTTP (to a demo_process.DemoServer) and stdio.
 
 These helpers speak the wire directly (httpx2 and pipes), not through an MCP client, so the server tests
 check exactly what the server sends. Results are validated against the vendored extension schema.
@@ -10,7 +10,6 @@ import itertools
 import json
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+from demo_process import PROJECT_ROOT, demo_command
 from jsonschema import Draft202012Validator
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((Path(__file__).parent / "spec" / "schema.json").read_text())
 TASKS = "io.modelcontextprotocol/tasks"
 PROTOCOL_VERSION = "2026-07-28"
@@ -168,62 +167,13 @@ class HttpClient(RawClient):
         self.http.close()
 
 
-def demo_command(transport: str, *options: str) -> list[str]:
-    return [sys.executable, "-m", "taskhub.demo", f"--{transport}", *options]
-
-
-class DemoHttpServer:
-    """`python -m taskhub.demo --http --port 0 ...`; the URL is read from the line it prints when ready."""
-
-    def __init__(self, *options: str) -> None:
-        self.options = options
-        self.process: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self) -> DemoHttpServer:
-        self.process = subprocess.Popen(
-            demo_command("http", "--port", "0", *self.options),
-            cwd=PROJECT_DIR,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()), daemon=True).start()
-        try:
-            announce = lines.get(timeout=20)
-        except queue.Empty:
-            self.kill()
-            raise AssertionError("the demo server did not announce its URL") from None
-        assert "listening on http://" in announce, announce + self.process.stderr.read()
-        self.url = announce.split()[-1]
-        return self
-
-    def client(self) -> HttpClient:
-        return HttpClient(self.url)
-
-    def kill(self) -> None:
-        """Stop abruptly (SIGKILL), like a crash."""
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
 class StdioClient(RawClient):
     """The demo server over stdio: one JSON message per line, replies matched by id, notifications kept."""
 
     def __init__(self, *options: str) -> None:
         self.process = subprocess.Popen(
             demo_command("stdio", *options),
-            cwd=PROJECT_DIR,
+            cwd=PROJECT_ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from helpers import free_port  # noqa: F401 - imported from here by tests/browser
+from process_output import OutputLines
 
 from taskhub.mcp.client import HttpTarget, StdioTarget
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def demo_env() -> dict[str, str]:
@@ -29,28 +25,27 @@ def demo_env() -> dict[str, str]:
     return env
 
 
+def demo_command(transport: str, *options: str) -> list[str]:
+    """`python -m taskhub.demo --http|--stdio ...`: the one way the tests start the demo server."""
+    return [sys.executable, "-m", "taskhub.demo", f"--{transport}", *options]
+
+
 def stdio_target(*options: str) -> StdioTarget:
-    return StdioTarget(
-        command=sys.executable,
-        args=["-m", "taskhub.demo", "--stdio", *options],
-        env={"PYTHONPATH": str(PROJECT_ROOT)},
-        cwd=str(PROJECT_ROOT),
-    )
+    """What taskhub's own client starts for a stdio server: the demo server over stdio."""
+    command, *args = demo_command("stdio", *options)
+    return StdioTarget(command=command, args=args, env={"PYTHONPATH": str(PROJECT_ROOT)}, cwd=str(PROJECT_ROOT))
 
 
 class DemoServer:
-    """`python -m taskhub.demo --http` on a fixed port, so that it can be stopped and started again."""
+    """`python -m taskhub.demo --http` as a subprocess. The port is the one it first listened on (any free one
+    unless given), so that it can be stopped and started again at the same URL. Its output (stderr merged) is
+    read all along, so a chatty server never blocks on a full pipe, and is shown when it fails to start."""
 
     def __init__(self, *options: str, port: int | None = None) -> None:
         self.options = options
-        self.port = port or free_port()
+        self.port = port or 0
         self.process: subprocess.Popen[str] | None = None
-        self.output: list[str] = []
-
-    def _drain(self, stream) -> None:
-        for line in stream:
-            self.output.append(line)
-            del self.output[:-200]
+        self.output: OutputLines | None = None
 
     @property
     def url(self) -> str:
@@ -60,24 +55,19 @@ class DemoServer:
     def target(self) -> HttpTarget:
         return HttpTarget(url=self.url)
 
-    def start(self, timeout: float = 20) -> DemoServer:
-        command = [sys.executable, "-m", "taskhub.demo", "--http", "--port", str(self.port), *self.options]
+    def start(self, timeout: float = 30) -> DemoServer:
+        command = demo_command("http", "--port", str(self.port), *self.options)
         self.process = subprocess.Popen(
             command, cwd=PROJECT_ROOT, env=demo_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        deadline = time.monotonic() + timeout
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                raise RuntimeError(f"demo server exited with {self.process.wait()} before it listened")
-            self.output.append(line)
-            if "listening on" in line:
-                # Keep draining, or a chatty server would block on a full pipe.
-                threading.Thread(target=self._drain, args=(self.process.stdout,), daemon=True).start()
-                return self
-        self.stop()
-        raise RuntimeError("demo server did not say it was listening")
+        self.output = OutputLines(self.process)
+        try:
+            announce = self.output.wait_for("listening on http://", timeout)
+        except AssertionError:
+            self.kill()
+            raise
+        self.port = int(announce.split()[-1].removesuffix("/mcp").rsplit(":", 1)[1])
+        return self
 
     def stop(self) -> None:
         if self.process is None:
@@ -103,3 +93,21 @@ class DemoServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+# Loaded as a plugin by conftest.py. Test modules that need only *a* demo server share one per session: each test
+# uses tasks of its own (the server's task ids are unique, its stats are counted per task), and none stops it.
+
+
+@pytest.fixture(scope="session")
+def shared_demo_server() -> Iterator[DemoServer]:
+    """The demo server with fast polls (every 100 ms)."""
+    with DemoServer("--poll-interval-ms", "100") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def shared_demo_server_requiring_token() -> Iterator[DemoServer]:
+    """The demo server that refuses every request without the bearer token "s3cret"."""
+    with DemoServer("--require-token", "s3cret") as server:
+        yield server

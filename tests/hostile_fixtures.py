@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import uuid
 
+from helpers import wait_until
 from hostile_server import HostileServer, Result, working
-from tracker_fixtures import wait_until
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated

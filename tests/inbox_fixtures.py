@@ -1,23 +1,23 @@
 """Tasks that ask for input, made through the services as a server's answers would make them."""
 
+from helpers import snapshot
+
 from taskhub.mcp.client import TaskCreated
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest
 
 
-def snapshot(task, status, requests=None) -> TaskSnapshot:
-    data = {"taskId": f"r-{task.id}", "status": status, "ttlMs": None}
-    if requests is not None:
-        data["inputRequests"] = requests
-    return TaskSnapshot.model_validate(data)
+def remote_id(task) -> str:
+    return f"r-{task.id}"
 
 
 def task_asking(server, requests, tool="deploy"):
     """A task launched through services that the server then follows with an input_required snapshot."""
     task = services.launch(server=server, tool=tool, arguments={}, user=None)
-    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task, "working")))
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", requests))
+    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id=remote_id(task))))
+    services.apply_snapshot(
+        task=task, snapshot=snapshot("input_required", task_id=remote_id(task), inputRequests=requests)
+    )
     return task
 
 

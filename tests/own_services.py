@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import psycopg
-from demo_process import free_port
+from helpers import free_port
 
 DATABASE_NAME = "taskhub_faults"
 

@@ -23,3 +23,7 @@ from taskhub.settings import *  # noqa: E402, F403
 
 # The manifest storage needs `collectstatic`; tests render templates without running it.
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+
+# Hashing a password the production way takes ~0.3 s, and many tests sign in. A test whose user signs in to a web
+# process it started (which runs taskhub.settings) hashes as production does: see conftest.py.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

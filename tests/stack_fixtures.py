@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -64,17 +63,6 @@ class Workers:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.2):
-    """The first truthy value of `predicate()`, polled every `interval` seconds; fails after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def demo_stats(demo: DemoServer) -> dict:

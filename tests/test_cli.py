@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 import psutil
 import pytest
 import test_audit
-from conftest import PROJECT_DIR, VENV_BIN, free_tcp_port
+from conftest import PROJECT_DIR, VENV_BIN
+from helpers import free_port
 from process_output import OutputLines
 
 from taskhub import embedded_pg
@@ -81,7 +82,7 @@ def postgres_processes_on(pgdata) -> list[psutil.Process]:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_demo_serves_the_home_page_and_stops_its_postgres(embedded_env, signum):
     pgdata = embedded_env["TASKHUB_PGDATA"]
-    demo = DemoRun(free_tcp_port(), embedded_env)
+    demo = DemoRun(free_port(), embedded_env)
     try:
         demo.wait_for_line(READY_LINE)
         assert "Starting embedded Postgres" in demo.output
@@ -106,7 +107,7 @@ def test_demo_serves_the_home_page_and_stops_its_postgres(embedded_env, signum):
 
 @pytest.mark.skipif(importlib.util.find_spec("taskhub.demo.__main__") is None, reason="no taskhub.demo yet")
 def test_demo_starts_and_stops_the_demo_mcp_server(embedded_env):
-    demo = DemoRun(free_tcp_port(), embedded_env, "--demo-server-port", str(free_tcp_port()))
+    demo = DemoRun(free_port(), embedded_env, "--demo-server-port", str(free_port()))
     try:
         demo.wait_for_line(READY_LINE)
         children = psutil.Process(demo.process.pid).children()
@@ -129,7 +130,7 @@ def test_demo_starts_and_stops_the_demo_mcp_server(embedded_env):
 def test_demo_creates_its_users_once(embedded_env):
     outputs = []
     for _ in range(2):
-        demo = DemoRun(free_tcp_port(), embedded_env)
+        demo = DemoRun(free_port(), embedded_env)
         try:
             demo.wait_for_line(READY_LINE)
             demo.stop(signal.SIGINT)

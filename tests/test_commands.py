@@ -5,9 +5,9 @@ import json
 
 import pytest
 from account_fixtures import make_user
-from demo_process import DemoServer
 from django.core.management import CommandError, call_command
 from django.test import Client
+from helpers import free_port
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -24,9 +24,8 @@ def run(*args, **options) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo():
-    with DemoServer() as server:
-        yield server
+def demo(shared_demo_server):
+    return shared_demo_server
 
 
 def test_add_discover_list_launch_and_list_tasks(demo, monkeypatch):
@@ -77,8 +76,8 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(demo, args, words):
     assert list(Server.objects.values_list("name", flat=True)) == ["demo"]
 
 
-def test_discovery_of_a_server_that_does_not_answer_fails_clearly(free_port):
-    run("server", "add", "gone", "--url", f"http://127.0.0.1:{free_port}/mcp")
+def test_discovery_of_a_server_that_does_not_answer_fails_clearly():
+    run("server", "add", "gone", "--url", f"http://127.0.0.1:{free_port()}/mcp")
     with pytest.raises(CommandError, match="Discovery of gone failed"):
         run("server", "discover", "gone")
     assert Server.objects.get(name="gone").unreachable_since is not None

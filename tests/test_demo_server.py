@@ -17,12 +17,12 @@ import pytest
 from tests.demo_fixtures import (
     SUBSCRIPTION_ID,
     TASKS,
-    DemoHttpServer,
     HttpClient,
     StdioClient,
     assert_valid,
     meta,
 )
+from tests.demo_process import DemoServer
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +40,14 @@ VARIANT = {
 
 @pytest.fixture(scope="module")
 def server():
-    demo = DemoHttpServer("--poll-interval-ms", "250").start()
+    demo = DemoServer("--poll-interval-ms", "250").start()
     yield demo
     demo.stop()
 
 
 @pytest.fixture
 def client(server) -> HttpClient:
-    http = server.client()
+    http = HttpClient(server.url)
     yield http
     http.close()
 
@@ -243,7 +243,7 @@ def test_two_concurrent_answers_to_one_key_exactly_one_wins(server, client):
 
     def answer(reason: str) -> dict[str, Any]:
         response = {"action": "accept", "content": {"approved": True, "reason": reason}}
-        return server.client().call("tasks/update", {"taskId": task_id, "inputResponses": {"approve": response}})
+        return HttpClient(server.url).call("tasks/update", {"taskId": task_id, "inputResponses": {"approve": response}})
 
     with ThreadPoolExecutor(2) as pool:
         acks = list(pool.map(answer, ["first", "second"]))
@@ -430,7 +430,7 @@ def test_listen_acks_first_then_pushes_every_change_until_the_task_ends(client):
 def test_listen_reports_input_requests_and_their_answers(server, client):
     task_id = client.call_tool("two_questions")["taskId"]
     listening: dict[str, Any] = {}
-    listener = threading.Thread(target=lambda: listening.update(reply=server.client().listen([task_id])))
+    listener = threading.Thread(target=lambda: listening.update(reply=HttpClient(server.url).listen([task_id])))
     listener.start()
     client.wait_for_status(task_id, "input_required")
     for key, content in [("name", {"name": "Kim"}), ("color", {"color": "red"})]:
@@ -480,12 +480,12 @@ def test_stats_count_polls_deliveries_and_cancels(client):
 
 
 def test_stats_see_overlapping_polls_of_one_task():
-    demo = DemoHttpServer("--get-delay-ms", "300").start()
+    demo = DemoServer("--get-delay-ms", "300").start()
     try:
-        client = demo.client()
+        client = HttpClient(demo.url)
         task_id = client.call_tool("long", {"seconds": 30})["taskId"]
         with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda _: demo.client().get(task_id), range(3)))
+            list(pool.map(lambda _: HttpClient(demo.url).get(task_id), range(3)))
         assert client.stats()["max_concurrent_polls"][task_id] >= 2
     finally:
         demo.stop()
@@ -495,15 +495,15 @@ def test_stats_see_overlapping_polls_of_one_task():
 
 
 def test_ttl_none_is_null_and_expired_tasks_are_invalid_params():
-    unlimited = DemoHttpServer("--ttl-ms", "none").start()
-    short = DemoHttpServer("--ttl-ms", "1500").start()
+    unlimited = DemoServer("--ttl-ms", "none").start()
+    short = DemoServer("--ttl-ms", "1500").start()
     try:
-        created = unlimited.client().call_tool("progress", {"steps": 1, "step_ms": 10})
+        created = HttpClient(unlimited.url).call_tool("progress", {"steps": 1, "step_ms": 10})
         assert_create_task_result(created)
         assert created["ttlMs"] is None
-        assert_detailed_task(unlimited.client().wait_for_status(created["taskId"], "completed"))
+        assert_detailed_task(HttpClient(unlimited.url).wait_for_status(created["taskId"], "completed"))
 
-        client = short.client()
+        client = HttpClient(short.url)
         task_id = client.call_tool("long", {"seconds": 30})["taskId"]
         assert client.get(task_id)["ttlMs"] == 1500
         time.sleep(1.7)
@@ -514,22 +514,20 @@ def test_ttl_none_is_null_and_expired_tasks_are_invalid_params():
         short.stop()
 
 
-def test_require_token_refuses_requests_without_the_bearer_token():
-    demo = DemoHttpServer("--require-token", "s3cret").start()
-    try:
-        client = demo.client()
-        assert client.request("server/discover").status == 401
-        assert client.http.get(demo.url.removesuffix("/mcp") + "/demo/stats").status_code == 401
-        client.http.headers["Authorization"] = "Bearer s3cret"
-        assert client.call("server/discover")["capabilities"]["extensions"][TASKS] == {}
-    finally:
-        demo.stop()
+def test_require_token_refuses_requests_without_the_bearer_token(shared_demo_server_requiring_token):
+    demo = shared_demo_server_requiring_token
+    client = HttpClient(demo.url)
+    assert client.request("server/discover").status == 401
+    assert client.http.get(demo.url.removesuffix("/mcp") + "/demo/stats").status_code == 401
+    client.http.headers["Authorization"] = "Bearer s3cret"
+    assert client.call("server/discover")["capabilities"]["extensions"][TASKS] == {}
+    client.close()
 
 
 def test_conformance_flag_adds_the_fixture_tools():
-    demo = DemoHttpServer("--conformance").start()
+    demo = DemoServer("--conformance").start()
     try:
-        names = {tool["name"] for tool in demo.client().call("tools/list")["tools"]}
+        names = {tool["name"] for tool in HttpClient(demo.url).call("tools/list")["tools"]}
         fixtures = {"greet", "slow_compute", "failing_job", "protocol_error_job", "confirm_delete", "multi_input"}
         assert fixtures | {"test_tool_with_task", "quick", "progress"} <= names
     finally:
@@ -541,17 +539,17 @@ def test_conformance_flag_adds_the_fixture_tools():
 
 def test_tasks_survive_a_restart_and_carry_on(tmp_path):
     state = str(tmp_path / "tasks.sqlite3")
-    first = DemoHttpServer("--state", state).start()
-    client = first.client()
+    first = DemoServer("--state", state).start()
+    client = HttpClient(first.url)
     short_id = client.call_tool("long", {"seconds": 2})["taskId"]
     long_id = client.call_tool("long", {"seconds": 60})["taskId"]
     approval_id = client.call_tool("approval", {"action": "restart"})["taskId"]
     client.wait_for_status(approval_id, "input_required")
     first.kill()
 
-    second = DemoHttpServer("--state", state).start()
+    second = DemoServer("--state", state).start()
     try:
-        client = second.client()
+        client = HttpClient(second.url)
         for task_id in (short_id, long_id):
             assert_detailed_task(client.get(task_id))
         assert client.get(long_id)["status"] == "working"

@@ -4,11 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 from conftest import PROJECT_DIR
+from helpers import wait_until
 
 from taskhub import embedded_pg
 
@@ -46,13 +46,8 @@ def end(process: subprocess.Popen, signum: int) -> None:
     process.wait(timeout=30)
 
 
-def wait_until_gone(pid: int, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid):
-            return True
-        time.sleep(0.1)
-    return False
+def wait_until_gone(pid: int) -> None:
+    wait_until(lambda: not psutil.pid_exists(pid), timeout=15, what=f"process {pid} to exit")
 
 
 def test_two_processes_share_one_server_and_the_last_one_stops_it(pgdata):
@@ -64,14 +59,14 @@ def test_two_processes_share_one_server_and_the_last_one_stops_it(pgdata):
     assert psutil.pid_exists(server_pid), "the server stopped while another process still used it"
 
     end(second, signal.SIGTERM)
-    assert wait_until_gone(server_pid)
+    wait_until_gone(server_pid)
     assert embedded_pg.running_server(pgdata) is None
 
 
 def test_sigint_stops_the_server(pgdata):
     user, server_pid = start_user(pgdata)
     end(user, signal.SIGINT)
-    assert wait_until_gone(server_pid)
+    wait_until_gone(server_pid)
 
 
 def test_a_killed_user_leaves_the_server_running_and_the_next_user_cleans_up(pgdata):
@@ -84,14 +79,14 @@ def test_a_killed_user_leaves_the_server_running_and_the_next_user_cleans_up(pgd
     assert killed.pid not in embedded_pg.handle_pids(pgdata)
 
     end(successor, signal.SIGTERM)
-    assert wait_until_gone(server_pid)
+    wait_until_gone(server_pid)
 
 
 def test_stop_server_stops_it_whoever_uses_it(pgdata):
     user, server_pid = start_user(pgdata)
     try:
         assert embedded_pg.stop_server(pgdata) is True
-        assert wait_until_gone(server_pid)
+        wait_until_gone(server_pid)
         assert embedded_pg.stop_server(pgdata) is False
     finally:
         end(user, signal.SIGTERM)

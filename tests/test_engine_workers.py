@@ -12,7 +12,8 @@ import time
 import pytest
 from demo_process import DemoServer
 from django.contrib.auth import get_user_model
-from stack_fixtures import demo_stats, statuses, wait_until, workers  # noqa: F401 - fixture
+from helpers import wait_until
+from stack_fixtures import demo_stats, statuses
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.models import Server

@@ -22,8 +22,9 @@ from demo_process import PROJECT_ROOT, DemoServer
 from django.core.management import call_command
 from django.db import connections
 from django.db.backends.postgresql.base import DatabaseWrapper
+from helpers import wait_until
 from own_services import DATABASE_NAME, OwnPostgres, own_postgres, own_redis
-from stack_fixtures import (  # noqa: F401 - workers is a fixture
+from stack_fixtures import (
     SignedIn,
     Workers,
     demo_stats,
@@ -32,10 +33,8 @@ from stack_fixtures import (  # noqa: F401 - workers is a fixture
     running_counts,
     session_cookie_for,
     statuses,
-    wait_until,
     went_up_and_down,
     worker_environment,
-    workers,
 )
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
@@ -245,7 +244,7 @@ def test_a_worker_stopped_before_its_delivery_ends_leaves_it_to_another_that_doe
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_after():
+def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_after(production_password_hashers):
     admin = make_user("ada", ADMINS)
     olga = make_user("olga", OPERATORS, APPROVERS, password=TEST_PASSWORD)
     with own_redis() as redis, DemoServer("--poll-interval-ms", "200") as demo:

@@ -16,7 +16,8 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import PROJECT_DIR, free_tcp_port
+from conftest import PROJECT_DIR
+from helpers import free_port, wait_until
 from process_output import OutputLines
 from stack_fixtures import SignedIn, api_request
 
@@ -56,7 +57,7 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
     assert "uv run taskhub demo" in readme
     uv = shutil.which("uv")
     assert uv, "the README's command needs uv on PATH"
-    port = free_tcp_port()
+    port = free_port()
     data_dir = tmp_path / "data"
     env = newcomer_env()
     started = time.monotonic()
@@ -100,13 +101,12 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
         status, task = api_request("POST", f"{base}/api/tasks", operator_token, {"server": "demo", "tool": "approval"})
         assert status == 201, task
 
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def inbox_with_the_question() -> str | None:
             inbox = approver.get("/inbox/")
-            if task["id"] in inbox:
-                break
-            time.sleep(0.3)
-        assert task["id"] in inbox and "Approve deploy?" in inbox
+            return inbox if task["id"] in inbox else None
+
+        inbox = wait_until(inbox_with_the_question, timeout=30, what="the question in the inbox", interval=0.3)
+        assert "Approve deploy?" in inbox
         request_id = int(re.search(r'id="ir-(\d+)"', inbox).group(1))
         status, body = api_request(
             "POST",
@@ -115,11 +115,12 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
             {"action": "accept", "content": {"approved": True, "reason": "first day"}},
         )
         assert status == 200, body
-        while time.monotonic() < deadline + 30:
-            status, detail = api_request("GET", f"{base}/api/tasks/{task['id']}", operator_token)
-            if detail.get("status") == "completed":
-                break
-            time.sleep(0.3)
+
+        def completed_task() -> dict | None:
+            _, detail = api_request("GET", f"{base}/api/tasks/{task['id']}", operator_token)
+            return detail if detail.get("status") == "completed" else None
+
+        detail = wait_until(completed_task, timeout=60, what="the task completed", interval=0.3)
         assert detail["result"]["content"][0]["text"] == "approved: deploy (reason: first day)"
         assert postgres_processes_under(data_dir), "no embedded Postgres ran under the data directory"
     finally:

@@ -16,9 +16,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from helpers import wait_until
 from hostile_fixtures import followed, new_remote_id, protocol_errors, register
 from hostile_server import HostileServer, Message, RawEvent, Result, working
-from tracker_fixtures import RunningTracker, wait_until
+from tracker_fixtures import RunningTracker
 
 from taskhub.tasks.models import Task, TaskStatus
 
@@ -72,7 +73,7 @@ class NotifiedControl:
 
 def wait_briefly(condition, seconds: float = 1.0) -> bool:
     try:
-        wait_until(condition, timeout=seconds)
+        wait_until(condition, timeout=seconds, what="a brief condition")
     except AssertionError:
         return False
     return True

@@ -17,11 +17,12 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
+from helpers import wait_until
 from hostile_fixtures import Control, followed, protocol_errors, register
 from hostile_server import HostileServer, Raw, Reset, Result, working
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tracker_fixtures import RunningTracker, wait_until
+from tracker_fixtures import RunningTracker
 
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import storable

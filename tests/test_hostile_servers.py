@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
+from helpers import wait_until
 from hostile_fixtures import Control, followed, new_remote_id, protocol_errors, register
 from hostile_server import Drip, Error, HostileServer, Raw, Reset, Result, working
-from tracker_fixtures import RunningTracker, wait_until
+from tracker_fixtures import RunningTracker
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.lean import MAX_RESPONSE_BYTES

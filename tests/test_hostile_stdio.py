@@ -17,8 +17,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 from hostile_fixtures import followed, new_remote_id, protocol_errors, step_of
-from tracker_fixtures import RunningTracker, wait_until
+from tracker_fixtures import RunningTracker
 
 from taskhub.mcp.stdio import STDERR_LOG_MAX_BYTES
 from taskhub.servers.models import Server

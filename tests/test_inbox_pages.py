@@ -10,7 +10,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
-from inbox_fixtures import request_of, snapshot, task_asking
+from helpers import snapshot
+from inbox_fixtures import remote_id, request_of, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -342,7 +343,9 @@ def test_two_approvers_one_wins_the_other_is_told_who(form_request, ada, dana):
 
 def test_a_withdrawn_request_says_so(form_request, ada):
     task = form_request.task
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", {"other": URL}))
+    services.apply_snapshot(
+        task=task, snapshot=snapshot("input_required", task_id=remote_id(task), inputRequests={"other": URL})
+    )
     response = client_for(ada).post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline"})
     assert response.status_code == 409
     page = response.content.decode()
@@ -351,7 +354,7 @@ def test_a_withdrawn_request_says_so(form_request, ada):
 
 def test_a_request_of_an_ended_task_says_so(form_request, ada):
     task = form_request.task
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "completed"))
+    services.apply_snapshot(task=task, snapshot=snapshot("completed", task_id=remote_id(task)))
     response = client_for(ada).post(reverse("tasks:answer", args=[form_request.pk]), {"action": "decline"})
     assert response.status_code == 409
     assert "The task ended (completed) before this was answered" in response.content.decode()
@@ -557,10 +560,12 @@ def test_the_live_fragment_replaces_changed_cards_and_asks_for_new_ones(servers,
     assert "answered by dana" in fragment and "(accepted)" in fragment
     assert "answered by you" in inbox_fragment(task, dana)
 
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", {"second": FORM}))
+    services.apply_snapshot(
+        task=task, snapshot=snapshot("input_required", task_id=remote_id(task), inputRequests={"second": FORM})
+    )
     fragment = inbox_fragment(task, ada)
     assert fragment.startswith(f"{SIGNAL} data-open-requests>") and f'id="ir-{first.pk}"' in fragment
-    services.apply_snapshot(task=task, snapshot=snapshot(task, "cancelled"))
+    services.apply_snapshot(task=task, snapshot=snapshot("cancelled", task_id=remote_id(task)))
     second = request_of(task, "second")
     fragment = inbox_fragment(Task.objects.select_related("server").get(pk=task.pk), ada)
     assert f'id="ir-{second.pk}" data-state="ended"' in fragment and "The task ended (cancelled)" in fragment

@@ -23,16 +23,16 @@ from taskhub.mcp.errors import (
     TransportError,
 )
 from taskhub.mcp.lean import LeanTaskGetter, task_getter
-from tests.demo_process import DemoServer, free_port, stdio_target
+from tests.demo_process import stdio_target
+from tests.helpers import free_port
 from tests.wire_recorder import WireRecorder
 
 HEADERS_THAT_MATTER = ("mcp-protocol-version", "mcp-method", "mcp-name", "content-type", "accept")
 
 
 @pytest.fixture(scope="module")
-def demo():
-    with DemoServer("--require-token", "s3cret") as server:
-        yield server
+def demo(shared_demo_server_requiring_token):
+    return shared_demo_server_requiring_token
 
 
 @pytest.fixture

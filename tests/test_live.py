@@ -18,6 +18,7 @@ from django.contrib.auth.models import Group
 from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from helpers import free_port, snapshot
 
 from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
@@ -25,10 +26,9 @@ from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
-from tests.conftest import PROJECT_DIR, free_tcp_port
+from tests.conftest import PROJECT_DIR
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,11 +39,6 @@ APPROVAL_REQUEST = {
     "method": "elicitation/create",
     "params": {"message": "Deploy <b>now</b>?", "requestedSchema": {"type": "object", "properties": {}}},
 }
-
-
-def snapshot(status="working", **fields) -> TaskSnapshot:
-    base = {"taskId": "remote-1", "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
-    return TaskSnapshot.model_validate({**base, **fields})
 
 
 def session_cookie(user) -> str:
@@ -449,7 +444,7 @@ async def test_a_role_lost_without_a_message_stops_changes_once_the_access_is_re
 
 
 def closed_port_redis_layer() -> RedisChannelLayer:
-    return RedisChannelLayer(hosts=[f"redis://127.0.0.1:{free_tcp_port()}/0"])
+    return RedisChannelLayer(hosts=[f"redis://127.0.0.1:{free_port()}/0"])
 
 
 def test_publish_with_redis_down_does_not_raise(live_task, monkeypatch, caplog):
@@ -483,7 +478,7 @@ def test_publish_with_redis_url_at_a_closed_port_in_a_fresh_process():
     )
     environment = {
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "REDIS_URL": f"redis://127.0.0.1:{free_tcp_port()}/0",
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
         "PATH": "/usr/bin:/bin",
     }
     result = subprocess.run(
@@ -509,7 +504,7 @@ async def test_a_change_published_through_one_redis_layer_reaches_a_socket_on_an
     if not redis_is_up(LOCAL_REDIS_URL):
         # Outside CI a developer may have no Redis; in CI (.ci/run starts one) a missing Redis is a failure.
         (pytest.fail if os.environ.get("CI") else pytest.skip)("no Redis on 127.0.0.1:6379")
-    prefix = f"taskhub-test-{free_tcp_port()}"
+    prefix = f"taskhub-test-{free_port()}"
     config = {"hosts": [LOCAL_REDIS_URL], "prefix": prefix}
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": config}}
     other_process_layer = RedisChannelLayer(**config)  # what a worker process would hold

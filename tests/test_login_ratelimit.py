@@ -7,6 +7,7 @@ import time
 import pytest
 from account_fixtures import TEST_PASSWORD, make_user
 from django.core.cache import cache
+from helpers import free_port
 
 from taskhub.accounts.groups import OPERATORS
 
@@ -150,16 +151,15 @@ def test_failures_counted_by_another_process_lock_this_one(client):
     assert sign_in(client, "olga", TEST_PASSWORD, address="10.0.0.2").status_code == 302
 
 
-def test_with_redis_unreachable_sign_in_works_and_stays_limited_counting_in_the_database(
-    client, settings, free_port, caplog
-):
+def test_with_redis_unreachable_sign_in_works_and_stays_limited_counting_in_the_database(client, settings, caplog):
     from django.core.cache import caches
 
-    # Nothing listens on free_port: a Redis that is down. The fallback is the database cache, as configured.
+    port = free_port()
+    # Nothing listens on that port: a Redis that is down. The fallback is the database cache, as configured.
     settings.CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": f"redis://127.0.0.1:{free_port}/0",
+            "LOCATION": f"redis://127.0.0.1:{port}/0",
             "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
         },
         settings.FALLBACK_CACHE: {

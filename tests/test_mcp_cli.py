@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pty
 import select
+import shlex
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from demo_process import demo_command, demo_env
+from helpers import free_port
 
 from taskhub.mcp.cli import clean_text, main
 
@@ -25,58 +26,16 @@ APPROVE = json.dumps({"action": "accept", "content": {"approved": True, "reason"
 CONTRACT_TOOLS = {"quick", "progress", "approval", "two_questions", "url_consent", "fail", "tool_error", "long", "mrtr"}
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(PROJECT_DIR) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-@contextlib.contextmanager
-def demo_server(*options: str) -> Iterator[str]:
-    """`python -m taskhub.demo --http --port 0`; yields the URL it says it listens on."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "taskhub.demo", "--http", "--port", "0", *options],
-        cwd=PROJECT_DIR,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        yield read_listening_url(process)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
-def demo_url() -> Iterator[str]:
-    with demo_server(*DEMO_OPTIONS) as url:
-        yield url
-
-
-def read_listening_url(process: subprocess.Popen[str]) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"demo server exited with {process.wait()} before listening")
-        if line.startswith("taskhub-demo listening on "):
-            return line.removeprefix("taskhub-demo listening on ").strip()
-    raise RuntimeError("demo server did not say it was listening")
+def demo_url(shared_demo_server) -> str:
+    return shared_demo_server.url
 
 
 def run_cli(*arguments: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "taskhub.mcp", *arguments],
         cwd=PROJECT_DIR,
-        env=child_env(),
+        env=demo_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -145,8 +104,8 @@ def test_cancel_after_exits_three(demo_url: str) -> None:
     assert demo_stats(demo_url)["cancels"][events[0]["taskId"]] == 1
 
 
-def test_unreachable_server_exits_four(free_port: int) -> None:
-    completed = run_cli("call", "--url", f"http://127.0.0.1:{free_port}/mcp", "progress")
+def test_unreachable_server_exits_four() -> None:
+    completed = run_cli("call", "--url", f"http://127.0.0.1:{free_port()}/mcp", "progress")
     assert completed.returncode == 4
     assert completed.stdout == ""
     (message,) = completed.stderr.splitlines()
@@ -201,12 +160,12 @@ def test_timeout_gives_up_and_names_the_task(demo_url: str) -> None:
     assert f"task {events[0]['taskId']} keeps running" in completed.stderr
 
 
-def test_bearer_token_and_headers() -> None:
-    with demo_server("--require-token", "s3cret") as url:
-        quick = ["call", "--url", url, "quick", "--args", '{"text": "in"}', "--timeout", "30"]
-        refused = run_cli(*quick)
-        by_bearer = run_cli(*quick, "--bearer", "s3cret")
-        by_header = run_cli(*quick, "--header", "Authorization: Bearer s3cret")
+def test_bearer_token_and_headers(shared_demo_server_requiring_token) -> None:
+    url = shared_demo_server_requiring_token.url
+    quick = ["call", "--url", url, "quick", "--args", '{"text": "in"}', "--timeout", "30"]
+    refused = run_cli(*quick)
+    by_bearer = run_cli(*quick, "--bearer", "s3cret")
+    by_header = run_cli(*quick, "--header", "Authorization: Bearer s3cret")
     assert refused.returncode == 4
     assert (by_bearer.returncode, by_bearer.stdout) == (0, "echo: in\n")
     assert (by_header.returncode, by_header.stdout) == (0, "echo: in\n")
@@ -281,7 +240,7 @@ def test_answer_typed_on_a_terminal(demo_url: str) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "taskhub.mcp", "call", "--url", demo_url, "approval", "--timeout", "45"],
         cwd=PROJECT_DIR,
-        env=child_env(),
+        env=demo_env(),
         stdin=terminal,
         stdout=subprocess.PIPE,
         stderr=terminal,
@@ -356,7 +315,7 @@ def test_polling_honours_the_poll_interval(demo_url: str) -> None:
 
 
 def test_stdio_server() -> None:
-    server = f"{sys.executable} -m taskhub.demo --stdio {' '.join(DEMO_OPTIONS)}"
+    server = shlex.join(demo_command("stdio", *DEMO_OPTIONS))
     completed = run_cli("call", "--stdio", server, "progress", "--args", FAST_PROGRESS, "--timeout", "45")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.rstrip().endswith("finished 3 steps")

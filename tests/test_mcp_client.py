@@ -7,6 +7,7 @@ import itertools
 import ssl
 
 import pytest
+import pytest_asyncio
 from demo_process import DemoServer, stdio_target
 from wire_recorder import WireRecorder
 
@@ -22,21 +23,29 @@ from taskhub.mcp.client import (
 from taskhub.mcp.errors import AuthorizationFailed, TaskNotFound, TransportError
 from taskhub.mcp.wire import EXTENSION_ID, TaskSnapshot
 
-pytestmark = pytest.mark.slow
+# One event loop for the module, so that one stdio session (one demo server process) serves its tests.
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 FAST = ("--poll-interval-ms", "100")
 
 
 @pytest.fixture(scope="module")
-def demo_server():
-    with DemoServer(*FAST) as server:
-        yield server
+def demo_server(shared_demo_server):
+    return shared_demo_server
 
 
-@pytest.fixture(params=["http", "stdio"])
-async def client(request, demo_server):
-    target = demo_server.target if request.param == "http" else stdio_target(*FAST)
-    async with TasksClient(target, timeout=15) as client:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stdio_client():
+    async with TasksClient(stdio_target(*FAST), timeout=15) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(params=["http", "stdio"], loop_scope="module")
+async def client(request, demo_server, stdio_client):
+    if request.param == "stdio":
+        yield stdio_client
+        return
+    async with TasksClient(demo_server.target, timeout=15) as client:
         yield client
 
 
@@ -242,12 +251,12 @@ async def test_http_clients_share_one_verifying_tls_context():
         assert not first.follow_redirects
 
 
-async def test_a_bearer_token_is_sent_and_a_refusal_says_so():
-    with DemoServer("--require-token", "s3cret") as server:
-        async with TasksClient(HttpTarget(url=server.url, bearer_token="s3cret"), timeout=5) as client:
-            assert isinstance(await client.call_tool("quick", {"text": "a"}), ToolCompleted)
-        async with TasksClient(HttpTarget(url=server.url, headers={"Authorization": "Bearer s3cret"})) as client:
-            assert isinstance(await client.call_tool("quick", {"text": "b"}), ToolCompleted)
-        async with TasksClient(HttpTarget(url=server.url, bearer_token="wrong"), timeout=5) as client:
-            with pytest.raises(AuthorizationFailed, match="HTTP 401"):
-                await client.call_tool("quick", {"text": "c"})
+async def test_a_bearer_token_is_sent_and_a_refusal_says_so(shared_demo_server_requiring_token):
+    server = shared_demo_server_requiring_token
+    async with TasksClient(HttpTarget(url=server.url, bearer_token="s3cret"), timeout=5) as client:
+        assert isinstance(await client.call_tool("quick", {"text": "a"}), ToolCompleted)
+    async with TasksClient(HttpTarget(url=server.url, headers={"Authorization": "Bearer s3cret"})) as client:
+        assert isinstance(await client.call_tool("quick", {"text": "b"}), ToolCompleted)
+    async with TasksClient(HttpTarget(url=server.url, bearer_token="wrong"), timeout=5) as client:
+        with pytest.raises(AuthorizationFailed, match="HTTP 401"):
+            await client.call_tool("quick", {"text": "c"})

@@ -28,13 +28,13 @@ from django.db import connections
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
+from helpers import snapshot
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
 from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
@@ -112,10 +112,6 @@ def test_the_matrix_lists_every_route():
     assert not missing, f"routes without a row in MATRIX (add the expected status per role): {sorted(missing)}"
     gone = listed - route_names() - {"admin:index"}
     assert not gone, f"MATRIX rows for routes that no longer exist: {sorted(gone)}"
-
-
-def snapshot(status: str, **fields) -> TaskSnapshot:
-    return TaskSnapshot.model_validate({"taskId": "remote-1", "status": status, "ttlMs": 60_000, **fields})
 
 
 def make_user(name: str, *groups: str):

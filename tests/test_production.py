@@ -13,6 +13,7 @@ import pytest
 from account_fixtures import make_user
 from browser_fixtures import running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
+from helpers import wait_until
 from stack_fixtures import (
     LOCAL_REDIS_URL,
     Workers,
@@ -78,7 +79,9 @@ def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(produ
                     "POST", f"{web_b.url}/api/tasks", operator_token, {"server": server.name, "tool": "approval"}
                 )
                 assert status == 201, task
-                request = wait_for(lambda: InputRequest.objects.filter(task_id=task["id"]).first(), "the question")
+                request = wait_until(
+                    lambda: InputRequest.objects.filter(task_id=task["id"]).first(), what="the question"
+                )
 
                 cookie = session_cookie_for(approver)
                 socket_url = web_a.url.replace("http://", "ws://") + "/ws/live/"
@@ -107,21 +110,9 @@ def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(produ
                 frames = asyncio.run(listen_on_a_then_answer_on_b())
                 card = next(frame for frame in frames if f'id="ir-{request.pk}"' in frame)
                 assert "answered by" in card or "delivered" in card
-                wait_for(lambda: Task.objects.get(pk=task["id"]).status == "completed", "completion")
+                wait_until(lambda: Task.objects.get(pk=task["id"]).status == "completed", what="completion")
         finally:
             workers.stop_all()
     request.refresh_from_db()
     assert request.state == InputRequestState.DELIVERED
     assert Task.objects.get(pk=task["id"]).result["content"][0]["text"] == "approved: deploy (reason: ship it)"
-
-
-def wait_for(predicate, what: str, timeout: float = 30):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -5,9 +5,10 @@ import uuid
 
 import pytest
 from account_fixtures import make_user
-from demo_process import DemoServer, free_port
+from demo_process import DemoServer
 from django.contrib.auth.models import Group
 from django.urls import reverse
+from helpers import free_port
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -354,11 +355,18 @@ def test_unknown_server_is_404(client, admin):
 # --- discover ---------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def demo():
+    """One demo server for the discovery tests. It asks for TOKEN, so that one server serves both the test that
+    sends it and the one that sends a wrong one."""
+    with DemoServer("--require-token", TOKEN) as server:
+        yield server
+
+
 @pytest.mark.slow
-def test_discover_now_reads_the_demo_servers_tools(client, admin):
-    with DemoServer() as demo:
-        server = make_server(url=demo.url)
-        response = client.post(reverse("servers:discover", args=[server.pk]), follow=True)
+def test_discover_now_reads_the_demo_servers_tools(client, admin, demo):
+    server = make_server(url=demo.url, bearer_token=TOKEN)
+    response = client.post(reverse("servers:discover", args=[server.pk]), follow=True)
     html = page(response)
     server.refresh_from_db()
     assert "Discovered demo: 9 tools" in html
@@ -371,12 +379,11 @@ def test_discover_now_reads_the_demo_servers_tools(client, admin):
 
 
 @pytest.mark.slow
-def test_discover_with_a_bearer_token_the_server_requires(client, admin):
-    with DemoServer("--require-token", TOKEN) as demo:
-        wrong = make_server(name="wrong", url=demo.url, bearer_token="not-it")
-        right = make_server(name="right", url=demo.url, bearer_token=TOKEN)
-        refused = page(client.post(reverse("servers:discover", args=[wrong.pk]), follow=True))
-        accepted = page(client.post(reverse("servers:discover", args=[right.pk]), follow=True))
+def test_discover_with_a_bearer_token_the_server_requires(client, admin, demo):
+    wrong = make_server(name="wrong", url=demo.url, bearer_token="not-it")
+    right = make_server(name="right", url=demo.url, bearer_token=TOKEN)
+    refused = page(client.post(reverse("servers:discover", args=[wrong.pk]), follow=True))
+    accepted = page(client.post(reverse("servers:discover", args=[right.pk]), follow=True))
     assert "Discovery of wrong failed" in refused and "401" in refused
     assert "Discovered right" in accepted
     assert TOKEN not in refused + accepted

@@ -1,11 +1,13 @@
 """Task services: launch, launch outcomes, snapshots (idempotent, terminal is final), input requests, cancel, expiry."""
 
+from functools import partial
+
+import helpers
 import pytest
 from django.db import DataError
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated, ToolCompleted, ToolInputRequired
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition, TaskAlreadyFinished
@@ -32,10 +34,7 @@ NAME_REQUEST = {
 CONFIRM_REQUEST = {"method": "elicitation/create", "params": {"message": "Go on?", "requestedSchema": {}}}
 
 
-def snapshot(status="working", **fields) -> TaskSnapshot:
-    base = {"taskId": "remote-1", "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
-    base["lastUpdatedAt"] = fields.pop("lastUpdatedAt", "2026-07-28T10:00:01Z")
-    return TaskSnapshot.model_validate({**base, **fields})
+snapshot = partial(helpers.snapshot, last_updated_at="2026-07-28T10:00:01Z")
 
 
 def audit(task) -> list[str]:

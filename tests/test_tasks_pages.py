@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import AnonymousUser, Group
 from django.db import connection
 from django.urls import reverse
+from helpers import snapshot
 
 from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
@@ -18,7 +19,6 @@ from taskhub.live import task_fragments
 from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated, ToolCompleted
-from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.tasks import presenters, queries, services
 from taskhub.tasks.models import Task
@@ -34,11 +34,6 @@ PNG_1PX = base64.b64encode(
 ).decode()
 SVG = base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"></svg>').decode()
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
-
-
-def snapshot(status="working", task_id="remote-1", **fields) -> TaskSnapshot:
-    base = {"taskId": task_id, "status": status, "createdAt": "2026-07-28T10:00:00Z", "ttlMs": 60000}
-    return TaskSnapshot.model_validate({**base, **fields})
 
 
 _remote_ids = iter(range(1, 10_000))

@@ -26,9 +26,9 @@ from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
 from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed
 from taskhub.worker.tracker.orm import database_params
-from taskhub.worker.tracker.polling import backoff_delay_ms, poll_delay_ms, snapshot_digest
 from tests.demo_process import DemoServer
-from tests.tracker_fixtures import RunningTracker, wait_until
+from tests.helpers import wait_until
+from tests.tracker_fixtures import RunningTracker
 from tests.wire_recorder import WireRecorder
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -69,8 +69,9 @@ def actions(task: Task) -> list[str]:
     return list(AuditEvent.objects.filter(task_id=task.pk).order_by("id").values_list("action", flat=True))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def demo():
+    """One demo server for the module: each test follows tasks of its own (the server's task ids are unique)."""
     with DemoServer("--poll-interval-ms", "300") as server:
         yield server
 
@@ -333,27 +334,3 @@ def test_rows_are_claimed_ahead_and_polled_at_their_time_not_before(demo):
     finally:
         recorder.stop()
     assert first.at >= due_at - 0.01, f"polled {due_at - first.at:.3f}s before its time"
-
-
-# --- pure helpers -----------------------------------------------------------------------------------------
-
-
-def test_poll_delay_keeps_the_hint_within_floor_and_cap_and_only_adds_jitter():
-    assert 300 <= poll_delay_ms(300) <= 315
-    assert 250 <= poll_delay_ms(10) <= 263
-    assert 60_000 <= poll_delay_ms(10**9) <= 60_500
-    assert 1000 <= poll_delay_ms(None) <= 1050
-
-
-def test_backoff_doubles_and_is_capped():
-    assert 900 <= backoff_delay_ms(1, base_seconds=1, cap_seconds=30) <= 1100
-    assert 3600 <= backoff_delay_ms(3, base_seconds=1, cap_seconds=30) <= 4400
-    assert 27_000 <= backoff_delay_ms(12, base_seconds=1, cap_seconds=30) <= 33_000
-
-
-def test_a_snapshot_is_news_unless_only_last_updated_at_moved():
-    base = {"taskId": "t", "status": "working", "lastUpdatedAt": "1", "statusMessage": "m", "extra": 1}
-    same = snapshot_digest(TaskSnapshot.model_validate(base))
-    assert snapshot_digest(TaskSnapshot.model_validate({**base, "lastUpdatedAt": "2"})) == same
-    for change in ({"statusMessage": "n"}, {"extra": 2}, {"pollIntervalMs": 500}, {"status": "completed"}):
-        assert snapshot_digest(TaskSnapshot.model_validate({**base, **change})) != same, change

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from demo_process import DemoServer
 from wire_recorder import WireRecorder
 
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolInputRequired
@@ -34,14 +33,13 @@ def validate(instance, definition: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def recorded_wire():
+def recorded_wire(shared_demo_server):
     """One run of the whole lifecycle, recorded."""
-    with DemoServer("--poll-interval-ms", "100") as server:
-        recorder = WireRecorder(server.url).start()
-        try:
-            asyncio.run(drive_lifecycle(recorder.url))
-        finally:
-            recorder.stop()
+    recorder = WireRecorder(shared_demo_server.url).start()
+    try:
+        asyncio.run(drive_lifecycle(recorder.url))
+    finally:
+        recorder.stop()
     return recorder
 
 

@@ -16,10 +16,11 @@ import uuid
 import httpx2
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from demo_process import DemoServer, free_port
+from demo_process import DemoServer
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from helpers import free_port
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
 from procrastinate.jobs import Job
@@ -40,9 +41,8 @@ run = async_to_sync
 
 
 @pytest.fixture(scope="module")
-def demo():
-    with DemoServer("--poll-interval-ms", "100") as server:
-        yield server
+def demo(shared_demo_server):
+    return shared_demo_server
 
 
 @pytest.fixture(scope="module")
@@ -634,24 +634,3 @@ def test_retention_deletes_old_finished_tasks_and_keeps_their_audit(server, oper
 
     settings.TASKHUB_RETENTION_DAYS = 0
     assert run(sweeps.purge_old_tasks.__wrapped__)(_Context(app), timestamp=0) == 0
-
-
-# --- retry strategy ---------------------------------------------------------------------------------
-
-
-@pytest.mark.django_db(transaction=False)
-def test_backoff_doubles_up_to_a_cap_for_the_listed_errors_only():
-    def job(attempts: int) -> Job:
-        return Job(id=1, queue="default", lock=None, queueing_lock=None, task_name="t", attempts=attempts)
-
-    def wait(exception: BaseException, attempts: int) -> float | None:
-        decision = jobs.DELIVERY_RETRY.get_retry_decision(exception=exception, job=job(attempts))
-        return None if decision is None else (decision.retry_at - timezone.now()).total_seconds()
-
-    unreachable = TransportError("connection refused")
-    assert 0.7 < wait(unreachable, 0) <= 1.2
-    assert 6 < wait(unreachable, 3) <= 9.6
-    assert 230 < wait(unreachable, 20) <= 360  # capped at five minutes, with jitter
-    assert wait(unreachable, jobs.DELIVERY_RETRY.max_attempts) is None  # the last attempt records why it gave up
-    assert wait(asyncio.CancelledError(), 0) is not None  # a worker stopped mid-job: safe to run again
-    assert wait(ValueError("a bug"), 0) is None

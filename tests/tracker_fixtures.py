@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 
 from taskhub.worker.tracker import Tracker
 
@@ -49,13 +47,3 @@ class RunningTracker:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 30, what: str = "the condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
