@@ -1,5 +1,7 @@
 """Tasks that ask for input, made through the services as a server's answers would make them."""
 
+from catalogue_fixtures import with_tools
+
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.tasks import services
@@ -15,7 +17,7 @@ def snapshot(task, status, requests=None) -> TaskSnapshot:
 
 def task_asking(server, requests, tool="deploy"):
     """A task launched through services that the server then follows with an input_required snapshot."""
-    task = services.launch(server=server, tool=tool, arguments={}, user=None)
+    task = services.launch(server=with_tools(server, tool), tool=tool, arguments={}, user=None)
     task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task, "working")))
     services.apply_snapshot(task=task, snapshot=snapshot(task, "input_required", requests))
     return task

@@ -1,6 +1,7 @@
 """Task services: launch, launch outcomes, snapshots (idempotent, terminal is final), input requests, cancel, expiry."""
 
 import pytest
+from catalogue_fixtures import with_tools
 from django.db import DataError
 
 from taskhub.audit.models import AuditEvent
@@ -58,6 +59,7 @@ def server():
 
 @pytest.fixture
 def launched(server, operator):
+    with_tools(server, "slow_compute", "t")
     return services.launch(server=server, tool="slow_compute", arguments={"seconds": 5}, user=operator)
 
 
@@ -79,7 +81,7 @@ def test_launch_writes_the_task_before_anything_is_sent(launched, operator, djan
 
 def test_launch_publishes_after_commit(server, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks() as callbacks:
-        services.launch(server=server, tool="t", arguments={}, user=None)
+        services.launch(server=with_tools(server, "t"), tool="t", arguments={}, user=None)
     assert len(callbacks) == 1
 
 
