@@ -171,6 +171,14 @@ def test_bad_arguments_exit_five(demo_url: str) -> None:
     assert "--args is not valid JSON" in completed.stderr
 
 
+def test_arguments_that_do_not_fit_the_listed_schema_exit_five_before_the_call(demo_url: str) -> None:
+    """`--args` are checked against the tool's inputSchema (as tools/list gives it) in the web forms' words."""
+    completed = call(demo_url, "progress", "--args", json.dumps({"steps": 0, "step_ms": "fast"}), "--json")
+    assert completed.returncode == 5
+    assert [event["status"] for event in json_events(completed)] == ["error"]  # no task was created
+    assert "step_ms: must be a whole number; steps: must be at least 1" in completed.stderr
+
+
 @pytest.mark.parametrize("options", BAD_OPTIONS)
 def test_bad_arguments_are_refused_before_connecting(options: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     # In-process, to spare an interpreter start per case. The port is closed: connecting would exit 4, not 5.

@@ -269,6 +269,7 @@ def test_defaults_prefill_each_kind_of_field():
             "t": {"type": "string", "format": "date-time", "default": "2026-03-01T10:00:00+02:00"},
             "t2": {"type": "string", "format": "date-time", "default": "not a time"},
             "bad": {"type": "integer", "default": {"not": "a number"}},
+            "text3": {"type": "integer", "default": "3"},
             "off": {"type": "boolean"},
         }
     )
@@ -281,7 +282,7 @@ def test_defaults_prefill_each_kind_of_field():
     assert field(form, "l").value == "x\ny"
     assert field(form, "t").value == "2026-03-01T08:00:00"
     assert field(form, "t2").value == ""
-    assert field(form, "bad").value == ""
+    assert field(form, "bad").value == field(form, "text3").value == ""
     assert not any(c.selected for c in field(form, "off").choices)
     assert defaults_of(schema)["s"] == "hello"
 

@@ -206,6 +206,8 @@ class SchemaField:
                 self.value = "\n".join(str(item) for item in value if _is_scalar(item) and item is not None)
         elif value is None or isinstance(value, dict | list | bool):
             self.value = ""
+        elif self.input_type == "number" and not isinstance(value, int | float):
+            self.value = ""  # a default of the wrong type is not shown
         elif self.input_type == "datetime-local" and isinstance(value, str):
             self.value = _datetime_local(value)
         elif isinstance(value, float) and value.is_integer():
