@@ -341,13 +341,10 @@ def _build(schema: Any, use: Use) -> FieldSet:
         except _Unrenderable as why:
             if is_required or not use.lone_unsupported_ok:
                 problems.append(str(why))
-            label = _text(prop.get("title")) if isinstance(prop, dict) else ""
-            fields.append(
-                SchemaField(
-                    name=str(name), index=index, widget="unsupported", use=use, label=label or str(name),
-                    required=is_required, problem=str(why),
-                )
-            )  # fmt: skip
+            label = (_text(prop.get("title")) if isinstance(prop, dict) else "") or str(name)
+            unsupported = SchemaField(name=str(name), index=index, widget="unsupported", use=use, label=label)
+            unsupported.required, unsupported.problem = is_required, str(why)
+            fields.append(unsupported)
     if problems:
         return FieldSet(fields=[], renderable=False, problem=" ".join(problems), defaults=defaults_of(schema))
     field_set = FieldSet(fields=fields, renderable=True, defaults=defaults_of(schema))
