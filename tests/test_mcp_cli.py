@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from taskhub.mcp.cli import clean_text, main
+from taskhub.mcp.cli import TerminalPrompter, clean_text, main
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_OPTIONS = ["--poll-interval-ms", "100"]
@@ -311,6 +314,34 @@ def test_answer_typed_on_a_terminal(demo_url: str) -> None:
             process.kill()
     assert process.returncode == 0
     assert stdout.rstrip().endswith("approved: deploy (reason: typed)")
+
+
+def prompted(monkeypatch: pytest.MonkeyPatch, request: dict, typed: str) -> tuple[dict, str]:
+    """TerminalPrompter in-process: `typed` is what the person types; returns the response and what was said."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    said = io.StringIO()
+    response = asyncio.run(TerminalPrompter(server="demo", err=said).ask("k", request))
+    return response, said.getvalue()
+
+
+def test_a_typed_value_that_does_not_fit_is_asked_again_in_the_web_forms_words(monkeypatch) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 5}}, "required": ["n"]}
+    request = {"method": "elicitation/create", "params": {"message": "How many?", "requestedSchema": schema}}
+    response, said = prompted(monkeypatch, request, "a\n2.5\n9\n\n4.0\n")
+    assert response == {"action": "accept", "content": {"n": 4}}
+    assert re.findall(r"must be [^\n]*|this field is required", said) == [
+        "must be a whole number",
+        "must be at most 5",
+        "this field is required",
+    ]
+
+
+def test_a_form_the_terminal_cannot_show_may_only_be_declined_or_cancelled(monkeypatch) -> None:
+    schema = {"type": "object", "properties": {"where": {"type": "object"}}, "required": ["where"]}
+    request = {"method": "elicitation/create", "params": {"message": "Where?", "requestedSchema": schema}}
+    response, said = prompted(monkeypatch, request, "a\n\nd\n")
+    assert response == {"action": "decline"}
+    assert "cannot be filled in" in said and "type object" in said
 
 
 def read_until(fd: int, marker: str, timeout: float = 20) -> str:

@@ -235,24 +235,31 @@ class TerminalPrompter:
         url = request_url(request)
         if url is not None:
             self._say(f"  URL (not opened; open it yourself if you consent): {clean_text(url, cap=None)}")
+        if url is not None:
+            return {"action": await self._ask_action()}
+        fields = schema_fields.build_fields(params.get("requestedSchema", {}), schema_fields.ELICITATION)
+        if not fields.renderable:
+            self._say(f"  this form cannot be filled in ({clean_text(fields.problem)}); decline or cancel it")
+            return {"action": await self._ask_action(may_accept=False)}
         action = await self._ask_action()
-        if action != "accept" or url is not None:
+        if action != "accept":
             return {"action": action}
-        schema = params.get("requestedSchema") if isinstance(params.get("requestedSchema"), dict) else {}
-        return {"action": "accept", "content": await self._ask_fields(schema)}
+        return {"action": "accept", "content": await self._ask_fields(fields)}
 
-    async def _ask_action(self) -> str:
-        choices = {"": "accept", "a": "accept", "accept": "accept", "d": "decline", "decline": "decline"}
+    async def _ask_action(self, *, may_accept: bool = True) -> str:
+        if may_accept:
+            choices = {"": "accept", "a": "accept", "accept": "accept", "d": "decline", "decline": "decline"}
+            prompt = "  respond? [a]ccept / [d]ecline / [c]ancel (default accept): "
+        else:
+            choices = {"d": "decline", "decline": "decline"}
+            prompt = "  respond? [d]ecline / [c]ancel: "
         choices |= {"c": "cancel", "cancel": "cancel"}
         while True:
-            reply = (await self._read("  respond? [a]ccept / [d]ecline / [c]ancel (default accept): ")).lower()
+            reply = (await self._read(prompt)).lower()
             if reply in choices:
                 return choices[reply]
 
-    async def _ask_fields(self, schema: Mapping[str, Any]) -> dict[str, Any]:
-        fields = schema_fields.build_fields(dict(schema), schema_fields.ELICITATION)
-        if not fields.renderable:
-            raise UsageError(f"the form cannot be filled in on a terminal: {clean_text(fields.problem)}")
+    async def _ask_fields(self, fields: schema_fields.FieldSet) -> dict[str, Any]:
         content: dict[str, Any] = {}
         for form_field in fields.answerable_fields:
             value = await self._ask_field(form_field)
