@@ -4,6 +4,7 @@ hand-written events with hostile data, for the audit page tests and screenshots.
 from functools import partial
 
 import helpers
+from catalogue_fixtures import with_tools
 from django.db import transaction
 
 from taskhub.audit.services import WORKER, record_event
@@ -21,6 +22,8 @@ def make_audit_history(admin, operator) -> dict:
     """Two servers, three tasks in different states, and events a hostile server could have caused."""
     demo = create_server(name="demo", transport="http", url="http://127.0.0.1:8765/mcp", user=admin)
     reports = create_server(name="reports", transport="stdio", command="reports-mcp", user=admin)
+    with_tools(demo, "slow_compute", "needs_approval")
+    with_tools(reports, "build_report")
 
     slow = services.launch(server=demo, tool="slow_compute", arguments={"seconds": 5}, user=operator)
     slow = services.record_launch_outcome(task=slow, outcome=TaskCreated(task=snapshot(task_id="slow-1")))

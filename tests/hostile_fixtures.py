@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 
+from catalogue_fixtures import with_tools
 from helpers import wait_until
 from hostile_server import HostileServer, Result, working
 
@@ -30,7 +31,7 @@ def new_remote_id(what: str) -> str:
 
 def followed(server: Server, remote_task_id: str, **fields) -> Task:
     """A task whose launch answered with a working task handle, so the tracker follows it."""
-    task = services.launch(server=server, tool="work", arguments={}, user=None)
+    task = services.launch(server=with_tools(server, "work"), tool="work", arguments={}, user=None)
     wire = {"taskId": remote_task_id, "status": "working", **fields}
     return services.record_launch_outcome(task=task, outcome=TaskCreated(task=TaskSnapshot.model_validate(wire)))
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from account_fixtures import make_user
+from catalogue_fixtures import with_tools
 from django.contrib.auth.models import Group
 from django.test import Client
 
@@ -185,7 +186,7 @@ def test_only_operators_launch(server, people):
 def test_list_filters_like_the_page_and_pages(server, people):
     for n in range(3):
         services.launch(server=server, tool="approval", arguments={"action": str(n)}, user=people["operator"])
-    services.launch(server=server, tool="other", arguments={}, user=people["admin"])
+    services.launch(server=with_tools(server, "other"), tool="other", arguments={}, user=people["admin"])
     client = api_client(people["operator"])
     assert client.get("/api/tasks").json()["count"] == 4
     assert client.get("/api/tasks", {"launched_by": "ada"}).json()["count"] == 1
@@ -202,7 +203,7 @@ def test_an_approver_sees_only_the_tasks_of_servers_they_approve(server, people)
     task = waiting_task(server, people["operator"])
     other = create_server(name="other", transport="http", url="http://127.0.0.1:2/mcp", user=None)
     other.approver_groups.set([Group.objects.create(name="others")])
-    hidden = services.launch(server=other, tool="x", arguments={}, user=people["operator"])
+    hidden = services.launch(server=with_tools(other, "x"), tool="x", arguments={}, user=people["operator"])
     client = api_client(people["approver"])
     assert [row["id"] for row in client.get("/api/tasks").json()["results"]] == [str(task.pk)]
     assert client.get(f"/api/tasks/{hidden.pk}").status_code == 404

@@ -1,6 +1,7 @@
 """The audit trail is append-only at the database level, and only registered event types can be recorded."""
 
 import pytest
+from catalogue_fixtures import with_tools
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def server():
-    return create_server(name="audited", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    return with_tools(create_server(name="audited", transport="http", url="http://127.0.0.1:9/mcp", user=None), "echo")
 
 
 @pytest.mark.embedded

@@ -16,6 +16,7 @@ import sys
 import pytest
 from account_fixtures import make_user
 from asgiref.sync import async_to_sync
+from catalogue_fixtures import with_tools
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -89,7 +90,7 @@ def test_no_credential_in_logs_pages_audit_or_errors(caplog, capfd):
         pages.append(discovered.content.decode())
         assert "401" in pages[-1]
 
-        task = services.launch(server=server, tool="work", arguments={"x": 1}, user=operator)
+        task = services.launch(server=with_tools(server, "work"), tool="work", arguments={"x": 1}, user=operator)
         async_to_sync(jobs.launch)(task.id)
     finally:
         refusing.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from catalogue_fixtures import with_tools
 from demo_process import DemoServer
 from django.contrib.auth import get_user_model
 from helpers import wait_until
@@ -37,7 +38,8 @@ def approver():
 
 
 def register(demo: DemoServer, user):
-    return create_server(name=f"demo-{demo.port}", transport="http", url=demo.url, user=user)
+    server = create_server(name=f"demo-{demo.port}", transport="http", url=demo.url, user=user)
+    return with_tools(server, "approval", "progress")
 
 
 def test_an_approval_end_to_end_through_a_worker(workers, operator, approver):

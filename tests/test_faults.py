@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from account_fixtures import TEST_PASSWORD, make_user
 from browser_fixtures import running_daphne
+from catalogue_fixtures import with_tools
 from demo_process import PROJECT_ROOT, DemoServer
 from django.core.management import call_command
 from django.db import connections
@@ -169,7 +170,9 @@ def answer_in_flight(demo: DemoServer, workers: Workers, *worker_options: str, n
     """An approval answered, and its tasks/update sent by one of the workers and now held by the (slow) server."""
     approver = make_user("april", APPROVERS)
     server = create_server(name="demo", transport="http", url=demo.url, user=make_user("ada", ADMINS))
-    task = services.launch(server=server, tool="approval", arguments={"action": "deploy"}, user=approver)
+    task = services.launch(
+        server=with_tools(server, "approval"), tool="approval", arguments={"action": "deploy"}, user=approver
+    )
     for name in names:
         workers.start(name, *worker_options)
     request = wait_until(lambda: open_requests([task]), timeout=60, what="the approval request")[0]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from asgiref.sync import async_to_sync
+from catalogue_fixtures import with_tools
 from django.db import connection
 from helpers import wait_until
 from hostile_fixtures import Control, followed, new_remote_id, protocol_errors, register
@@ -296,7 +297,7 @@ def test_a_bad_launch_answer_leaves_the_outcome_unknown_and_never_resends(hostil
     tool = f"bad-{uuid.uuid4().hex[:6]}"
     answer, expected = BAD_LAUNCH_ANSWERS[case]
     hostile.tool(tool, answer)
-    task = services.launch(server=server, tool=tool, arguments={}, user=None)
+    task = services.launch(server=with_tools(server, tool), tool=tool, arguments={}, user=None)
     assert async_to_sync(jobs.launch)(task.pk) == "outcome unknown"
     stored = Task.objects.get(pk=task.pk)
     assert stored.status == TaskStatus.LAUNCH_UNKNOWN

@@ -15,9 +15,10 @@ from inbox_fixtures import remote_id, request_of, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
+from taskhub.mcp.schema_fields import ELICITATION
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
-from taskhub.tasks.elicitation_forms import FIELD_PREFIX
+from taskhub.tasks.input_cards import url_target
 from taskhub.tasks.live_inbox import inbox_fragment
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 
@@ -92,7 +93,7 @@ def form_request(servers):
 def accept(client, input_request, htmx=False, **fields):
     data = {"action": "accept"}
     for name, value in fields.items():
-        data[FIELD_PREFIX + name] = value
+        data[ELICITATION.html_prefix + name] = value
     headers = {"HX-Request": "true"} if htmx else {}
     return client.post(reverse("tasks:answer", args=[input_request.pk]), data, headers=headers)
 
@@ -588,3 +589,34 @@ def test_the_inbox_shows_the_oldest_cards_and_says_how_many_more_wait(servers, a
     assert f'id="ir-{request_of(tasks[0], "q0").pk}"' in html  # the oldest first
     assert f'id="ir-{request_of(tasks[2], "q2").pk}"' not in html
     assert "1 more waiting after these" in html
+
+
+# --- URL-mode requests: which links may be opened ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "clickable", "host"),
+    [
+        ("https://example.com/authorize?x=1", True, "example.com"),
+        ("HTTPS://Example.COM/", True, "example.com"),
+        ("https://google.com@evil.example/", True, "evil.example"),
+        ("http://127.0.0.1:8000/cb", True, "127.0.0.1"),
+        ("http://localhost/cb", True, "localhost"),
+        ("http://[::1]/cb", True, "::1"),
+        ("http://example.com/", False, "example.com"),
+        ("javascript:alert(1)", False, ""),
+        ("data:text/html,<script>alert(1)</script>", False, ""),
+        ("ftp://example.com/file", False, "example.com"),
+        ("https:///nohost", False, ""),
+        ("https://exa mple.com/", False, "exa mple.com"),
+        ("https://example.com:notaport/", False, ""),
+        ("", False, ""),
+        (None, False, ""),
+        (["https://example.com"], False, ""),
+    ],
+)
+def test_only_https_or_loopback_http_urls_are_clickable(url, clickable, host):
+    target = url_target(url)
+    assert (target.clickable, target.host) == (clickable, host)
+    if not clickable:
+        assert target.problem

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from asgiref.sync import sync_to_async
+from catalogue_fixtures import with_tools
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -129,7 +130,7 @@ def task_fragments():
 
 
 def launched_on(server, user):
-    task = services.launch(server=server, tool="deploy", arguments={}, user=user)
+    task = services.launch(server=with_tools(server, "deploy"), tool="deploy", arguments={}, user=user)
     return services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot()))
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import pty
+import re
 import select
 import shlex
 import subprocess
@@ -17,7 +20,7 @@ import pytest
 from demo_process import demo_command, demo_env
 from helpers import free_port
 
-from taskhub.mcp.cli import clean_text, main
+from taskhub.mcp.cli import TerminalPrompter, clean_text, main
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_OPTIONS = ["--poll-interval-ms", "100"]
@@ -128,6 +131,14 @@ def test_bad_arguments_exit_five(demo_url: str) -> None:
     completed = call(demo_url, "progress", "--args", "{not json")
     assert (completed.returncode, completed.stdout) == (5, "")
     assert "--args is not valid JSON" in completed.stderr
+
+
+def test_arguments_that_do_not_fit_the_listed_schema_exit_five_before_the_call(demo_url: str) -> None:
+    """`--args` are checked against the tool's inputSchema (as tools/list gives it) in the web forms' words."""
+    completed = call(demo_url, "progress", "--args", json.dumps({"steps": 0, "step_ms": "fast"}), "--json")
+    assert completed.returncode == 5
+    assert [event["status"] for event in json_events(completed)] == ["error"]  # no task was created
+    assert "step_ms: must be a whole number; steps: must be at least 1" in completed.stderr
 
 
 @pytest.mark.parametrize("options", BAD_OPTIONS)
@@ -262,6 +273,34 @@ def test_answer_typed_on_a_terminal(demo_url: str) -> None:
             process.kill()
     assert process.returncode == 0
     assert stdout.rstrip().endswith("approved: deploy (reason: typed)")
+
+
+def prompted(monkeypatch: pytest.MonkeyPatch, request: dict, typed: str) -> tuple[dict, str]:
+    """TerminalPrompter in-process: `typed` is what the person types; returns the response and what was said."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
+    said = io.StringIO()
+    response = asyncio.run(TerminalPrompter(server="demo", err=said).ask("k", request))
+    return response, said.getvalue()
+
+
+def test_a_typed_value_that_does_not_fit_is_asked_again_in_the_web_forms_words(monkeypatch) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 5}}, "required": ["n"]}
+    request = {"method": "elicitation/create", "params": {"message": "How many?", "requestedSchema": schema}}
+    response, said = prompted(monkeypatch, request, "a\n2.5\n9\n\n4.0\n")
+    assert response == {"action": "accept", "content": {"n": 4}}
+    assert re.findall(r"must be [^\n]*|this field is required", said) == [
+        "must be a whole number",
+        "must be at most 5",
+        "this field is required",
+    ]
+
+
+def test_a_form_the_terminal_cannot_show_may_only_be_declined_or_cancelled(monkeypatch) -> None:
+    schema = {"type": "object", "properties": {"where": {"type": "object"}}, "required": ["where"]}
+    request = {"method": "elicitation/create", "params": {"message": "Where?", "requestedSchema": schema}}
+    response, said = prompted(monkeypatch, request, "a\n\nd\n")
+    assert response == {"action": "decline"}
+    assert "cannot be filled in" in said and "type object" in said
 
 
 def read_until(fd: int, marker: str, timeout: float = 20) -> str:

@@ -20,6 +20,7 @@ import importlib
 
 import pytest
 from asgiref.sync import sync_to_async
+from catalogue_fixtures import with_tools
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -264,6 +265,7 @@ async def test_only_the_servers_approvers_hear_its_inbox(application, fresh_laye
     amy = await sync_to_async(make_user)("amy", APPROVERS, "alpha-approvers")
     ben = await sync_to_async(make_user)("ben", APPROVERS, "beta-approvers")
     launch = sync_to_async(services.launch)
+    await sync_to_async(with_tools)(alpha, "deploy")
     task = await launch(server=alpha, tool="deploy", arguments={}, user=None)
     task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
 

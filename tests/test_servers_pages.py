@@ -543,13 +543,13 @@ def test_bad_arguments_are_shown_next_to_their_fields_and_nothing_is_launched(cl
     response = client.post(launch_url(server, "rich"), {"mode": "form", "arg.email": "nope", "arg.count": "11"})
     html = page(response)
     assert response.status_code == 400
-    assert re.search(r'name="arg.email" value="nope".*?Must be an email address', html, re.S)
-    assert re.search(r'name="arg.count" value="11".*?Must be at most 10', html, re.S)
+    assert re.search(r'name="arg.email" value="nope".*?must be an email address', html, re.S)
+    assert re.search(r'name="arg.count" value="11".*?must be at most 10', html, re.S)
     assert "Some arguments need a fix" in html
 
     response = client.post(launch_url(server, "rich"), {"mode": "form", "arg.email": "", "arg.count": "two"})
     html = page(response)
-    assert "This field is required." in html and "Enter a whole number." in html
+    assert "this field is required" in html and "must be a whole number" in html
     assert not Task.objects.exists()
 
 
@@ -562,8 +562,8 @@ def test_json_mode_launches_validates_and_explains(client, operator):
     for text, message in [
         ("{not json", "This is not valid JSON"),
         ("[1, 2]", "The arguments must be a JSON object"),
-        ('{"action": 5}', "action: Must be string."),
-        ('{"action": "' + "x" * 201 + '"}', "action: At most 200 characters."),
+        ('{"action": 5}', "action: must be text"),
+        ('{"action": "' + "x" * 201 + '"}', "action: must be at most 200 characters long"),
     ]:
         response = client.post(url, {"mode": "json", "arguments_json": text})
         assert response.status_code == 400
@@ -601,7 +601,7 @@ def test_a_schema_the_form_cannot_show_falls_back_to_json_with_its_defaults(clie
     assert "cannot show" in html and '<textarea id="arguments-json"' in html
     assert "&quot;host&quot;: &quot;h&quot;" in html and "Back to the form" not in html
     response = client.post(url, {"mode": "form", "arguments_json": '{"target": {"host": 5}}'})
-    assert response.status_code == 400 and "target: Must be string." in page(response)
+    assert response.status_code == 400 and "target: host: must be text" in page(response)
     response = client.post(url, {"arguments_json": '{"target": {"host": "db1"}}'})
     assert response.status_code == 302
     assert Task.objects.get().arguments == {"target": {"host": "db1"}}

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from catalogue_fixtures import with_tools
 from django.db import connection, transaction
 
 from taskhub.audit.models import AuditEvent
@@ -43,7 +44,7 @@ VALID = {"name": "Luca", "count": 3}
 
 
 def make_task(server, requests):
-    task = services.launch(server=server, tool="t", arguments={}, user=None)
+    task = services.launch(server=with_tools(server, "t"), tool="t", arguments={}, user=None)
     snapshot = TaskSnapshot.model_validate(
         {"taskId": f"r-{task.id}", "status": "input_required", "inputRequests": requests, "ttlMs": None}
     )

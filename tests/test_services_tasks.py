@@ -4,13 +4,14 @@ from functools import partial
 
 import helpers
 import pytest
+from catalogue_fixtures import with_tools
 from django.db import DataError
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
-from taskhub.tasks.errors import InvalidTransition, TaskAlreadyFinished
+from taskhub.tasks.errors import InvalidTransition, LaunchRefused, TaskAlreadyFinished, UnknownTool
 from taskhub.tasks.models import (
     STATUS_MESSAGE_MAX_CHARS,
     TRUNCATION_NOTE,
@@ -57,6 +58,7 @@ def server():
 
 @pytest.fixture
 def launched(server, operator):
+    with_tools(server, "slow_compute", "t")
     return services.launch(server=server, tool="slow_compute", arguments={"seconds": 5}, user=operator)
 
 
@@ -78,7 +80,7 @@ def test_launch_writes_the_task_before_anything_is_sent(launched, operator, djan
 
 def test_launch_publishes_after_commit(server, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks() as callbacks:
-        services.launch(server=server, tool="t", arguments={}, user=None)
+        services.launch(server=with_tools(server, "t"), tool="t", arguments={}, user=None)
     assert len(callbacks) == 1
 
 
@@ -87,6 +89,36 @@ def test_launch_refuses_a_disabled_server(server):
     with pytest.raises(InvalidTransition, match="'demo' is disabled"):
         services.launch(server=server, tool="t", arguments={}, user=None)
     assert not Task.objects.exists()
+
+
+def test_launch_refuses_a_tool_the_catalogue_does_not_list(server):
+    with pytest.raises(UnknownTool, match="has no tool 'ghost' in its catalogue"):
+        services.launch(server=server, tool="ghost", arguments={}, user=None)
+    assert not Task.objects.exists() and not AuditEvent.objects.filter(action="task.launched").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field_errors"),
+    [
+        ({"seconds": "five"}, {"seconds": "must be a whole number"}),
+        ({}, {"seconds": "this field is required"}),
+        ({"seconds": 0, "extra": 1}, {"seconds": "must be at least 1", "extra": "this field was not asked for"}),
+        ([5], {"": "the values must be a JSON object of named fields"}),
+    ],
+)
+def test_launch_refuses_arguments_that_do_not_fit_the_tools_schema(server, arguments, field_errors):
+    schema = {
+        "type": "object",
+        "properties": {"seconds": {"type": "integer", "minimum": 1}},
+        "required": ["seconds"],
+        "additionalProperties": False,
+    }
+    with_tools(server, {"name": "strict", "inputSchema": schema})
+    with pytest.raises(LaunchRefused) as refused:
+        services.launch(server=server, tool="strict", arguments=arguments, user=None)
+    assert refused.value.field_errors == field_errors
+    assert str(refused.value).startswith("The arguments do not fit the tool's input schema:")
+    assert not Task.objects.exists() and not AuditEvent.objects.filter(action="task.launched").exists()
 
 
 def test_a_synchronous_result_is_a_completed_task(launched):

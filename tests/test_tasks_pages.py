@@ -7,6 +7,7 @@ import re
 import pytest
 from account_fixtures import make_user
 from asgiref.sync import sync_to_async
+from catalogue_fixtures import with_tools
 from django.contrib.auth.models import AnonymousUser, Group
 from django.db import connection
 from django.urls import reverse
@@ -41,7 +42,7 @@ _remote_ids = iter(range(1, 10_000))
 
 def durable(server, user, tool="deploy", status="working", **fields) -> Task:
     """A task launched and made durable through the services, then moved to `status` by a snapshot."""
-    task = services.launch(server=server, tool=tool, arguments={"target": "prod"}, user=user)
+    task = services.launch(server=with_tools(server, tool), tool=tool, arguments={"target": "prod"}, user=user)
     remote = f"remote-{next(_remote_ids)}"
     task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id=remote)))
     if status != "working" or fields:
@@ -51,7 +52,7 @@ def durable(server, user, tool="deploy", status="working", **fields) -> Task:
 
 
 def completed_with(server, user, result: dict) -> Task:
-    task = services.launch(server=server, tool="render", arguments={}, user=user)
+    task = services.launch(server=with_tools(server, "render"), tool="render", arguments={}, user=user)
     return services.record_launch_outcome(task=task, outcome=ToolCompleted(result=result))
 
 
@@ -169,7 +170,7 @@ def mixed(alpha, beta, olga):
         "done": durable(alpha, wendy, tool="backup", status="completed", statusMessage="all copied"),
         "failed": durable(beta, olga, tool="deploy", status="failed", statusMessage="disk full"),
         "cancelled": durable(beta, wendy, tool="report", status="cancelled"),
-        "launching": services.launch(server=alpha, tool="deploy", arguments={}, user=olga),
+        "launching": services.launch(server=with_tools(alpha, "deploy"), tool="deploy", arguments={}, user=olga),
         "asking": durable(beta, olga, tool="deploy", status="input_required", statusMessage="waiting for Dana"),
     }
 
@@ -241,6 +242,7 @@ def test_a_filter_value_that_does_not_fit_is_reported_and_left_out(client, olga,
 
 
 def test_the_list_is_paginated_and_the_pages_keep_the_filters(client, alpha, olga):
+    with_tools(alpha, "bulk")
     tasks = [services.launch(server=alpha, tool="bulk", arguments={}, user=olga) for _ in range(PAGE_SIZE + 3)]
     client = signed_in(client, olga)
     first = client.get(reverse("tasks:list"), {"tool": "bulk"})
@@ -396,7 +398,7 @@ def test_cancel_of_a_finished_task_says_why_and_changes_nothing(client, alpha, o
 
 
 def test_cancel_of_a_launch_with_unknown_outcome_is_refused_with_the_reason(client, alpha, olga):
-    task = services.launch(server=alpha, tool="deploy", arguments={}, user=olga)
+    task = services.launch(server=with_tools(alpha, "deploy"), tool="deploy", arguments={}, user=olga)
     services.mark_launch_unknown(task=task, reason="worker died")
     client = signed_in(client, olga)
     assert "Cancel task" not in client.get(reverse("tasks:detail", args=[task.pk])).content.decode()

@@ -15,6 +15,7 @@ from itertools import pairwise
 import httpx2
 import psycopg
 import pytest
+from catalogue_fixtures import with_tools
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
@@ -47,6 +48,7 @@ async def _call_tools(server: Server, tool: str, arguments: dict, count: int) ->
 
 def launch_live(server: Server, tool: str, arguments: dict, count: int = 1) -> list[Task]:
     """Launch through the services and record the demo server's real task handles."""
+    with_tools(server, tool)
     tasks = [services.launch(server=server, tool=tool, arguments=arguments, user=None) for _ in range(count)]
     outcomes = asyncio.run(_call_tools(server, tool, arguments, count))
     assert all(isinstance(outcome, TaskCreated) for outcome in outcomes), outcomes
@@ -243,7 +245,7 @@ def test_a_disabled_servers_tasks_are_not_polled_and_are_followed_again_once_it_
 
 
 def _task_with_remote_id(server: Server, remote_task_id: str, **fields) -> Task:
-    task = services.launch(server=server, tool="progress", arguments={}, user=None)
+    task = services.launch(server=with_tools(server, "progress"), tool="progress", arguments={}, user=None)
     wire = {"taskId": remote_task_id, "status": "working", "ttlMs": None, **fields}
     return services.record_launch_outcome(task=task, outcome=TaskCreated(task=TaskSnapshot.model_validate(wire)))
 

@@ -16,6 +16,7 @@ import uuid
 import httpx2
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from catalogue_fixtures import with_tools
 from demo_process import DemoServer
 from django.db import connection, transaction
 from django.db.models import Q
@@ -75,7 +76,7 @@ def approver(django_user_model):
 
 
 def launched(server, operator, tool: str, arguments: dict | None = None) -> Task:
-    return services.launch(server=server, tool=tool, arguments=arguments or {}, user=operator)
+    return services.launch(server=with_tools(server, tool), tool=tool, arguments=arguments or {}, user=operator)
 
 
 def reload(task: Task) -> Task:

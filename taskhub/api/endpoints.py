@@ -17,10 +17,17 @@ from ninja.responses import Status
 from taskhub.accounts import permissions
 from taskhub.api.auth import ApiTokenAuth, signed_in_or_token
 from taskhub.api.schemas import AnswerIn, InputRequestOut, LaunchIn, Problem, TaskDetailOut, TaskOut, TaskPage
-from taskhub.servers.catalogue import find_tool
 from taskhub.servers.models import Server
-from taskhub.tasks import input_forms, services
-from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen, InvalidTransition, TaskError
+from taskhub.tasks import services
+from taskhub.tasks.errors import (
+    AlreadyAnswered,
+    AnswerRejected,
+    InputNoLongerOpen,
+    InvalidTransition,
+    LaunchRefused,
+    TaskError,
+    UnknownTool,
+)
 from taskhub.tasks.input_cards import card_for, open_requests_for
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.tasks.queries import TAB_STATUSES, TaskFilterForm, filtered_tasks
@@ -206,16 +213,12 @@ def launch_task(request, payload: LaunchIn):
     server = _server_named(request.user, payload.server)
     if not permissions.may_launch(request.user, server):
         raise ApiProblem(409, f"The server {server.name} is disabled: tools cannot be launched on it.")
-    entry = find_tool(server, payload.tool)
-    if entry is None:
-        raise ApiProblem(
-            404, f"The server {server.name} has no tool {payload.tool!r} (discover it again if it is new).", {}
-        )
-    errors = input_forms.validate_arguments(entry.input_schema, payload.arguments)
-    if errors:
-        raise ApiProblem(400, "The arguments do not fit the tool's input schema.", errors)
     try:
-        task = services.launch(server=server, tool=entry.name, arguments=payload.arguments, user=request.user)
+        task = services.launch(server=server, tool=payload.tool, arguments=payload.arguments, user=request.user)
+    except UnknownTool as unknown:
+        raise ApiProblem(404, str(unknown)) from unknown
+    except LaunchRefused as refused:
+        raise ApiProblem(400, str(refused), refused.field_errors) from refused
     except TaskError as error:
         raise ApiProblem(409, str(error)) from error
     return Status(201, _task_detail_out(_visible_task(request.user, task.id)))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from taskhub.mcp import schema_fields
 from taskhub.mcp.client import (
     HttpTarget,
     ServerTarget,
@@ -234,50 +235,50 @@ class TerminalPrompter:
         url = request_url(request)
         if url is not None:
             self._say(f"  URL (not opened; open it yourself if you consent): {clean_text(url, cap=None)}")
+        if url is not None:
+            return {"action": await self._ask_action()}
+        fields = schema_fields.build_fields(params.get("requestedSchema", {}), schema_fields.ELICITATION)
+        if not fields.renderable:
+            self._say(f"  this form cannot be filled in ({clean_text(fields.problem)}); decline or cancel it")
+            return {"action": await self._ask_action(may_accept=False)}
         action = await self._ask_action()
-        if action != "accept" or url is not None:
+        if action != "accept":
             return {"action": action}
-        schema = params.get("requestedSchema") if isinstance(params.get("requestedSchema"), dict) else {}
-        return {"action": "accept", "content": await self._ask_fields(schema)}
+        return {"action": "accept", "content": await self._ask_fields(fields)}
 
-    async def _ask_action(self) -> str:
-        choices = {"": "accept", "a": "accept", "accept": "accept", "d": "decline", "decline": "decline"}
+    async def _ask_action(self, *, may_accept: bool = True) -> str:
+        if may_accept:
+            choices = {"": "accept", "a": "accept", "accept": "accept", "d": "decline", "decline": "decline"}
+            prompt = "  respond? [a]ccept / [d]ecline / [c]ancel (default accept): "
+        else:
+            choices = {"d": "decline", "decline": "decline"}
+            prompt = "  respond? [d]ecline / [c]ancel: "
         choices |= {"c": "cancel", "cancel": "cancel"}
         while True:
-            reply = (await self._read("  respond? [a]ccept / [d]ecline / [c]ancel (default accept): ")).lower()
+            reply = (await self._read(prompt)).lower()
             if reply in choices:
                 return choices[reply]
 
-    async def _ask_fields(self, schema: Mapping[str, Any]) -> dict[str, Any]:
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        required = set(schema.get("required") or [])
+    async def _ask_fields(self, fields: schema_fields.FieldSet) -> dict[str, Any]:
         content: dict[str, Any] = {}
-        for name, spec in properties.items():
-            spec = spec if isinstance(spec, dict) else {}
-            value = await self._ask_field(name, spec, required=name in required)
-            if value is not None:
-                content[name] = value
+        for form_field in fields.answerable_fields:
+            value = await self._ask_field(form_field)
+            if value is not schema_fields.OMIT:
+                content[form_field.name] = value
         return content
 
-    async def _ask_field(self, name: str, spec: Mapping[str, Any], *, required: bool) -> Any:
-        options = field_options(spec)
-        label = clean_text(spec.get("title") or name, cap=120)
-        if spec.get("description"):
-            label += f" ({clean_text(spec['description'], cap=200)})"
-        if options:
-            for index, (_value, title) in enumerate(options, 1):
-                self._say(f"    {index}. {clean_text(title, cap=120)}")
-        hint = field_hint(spec, required=required)
+    async def _ask_field(self, form_field: schema_fields.SchemaField) -> Any:
+        label = clean_text(form_field.label, cap=120)
+        if form_field.help:
+            label += f" ({clean_text(form_field.help, cap=200)})"
+        for index, choice in enumerate(form_field.choices, 1):
+            self._say(f"    {index}. {clean_text(choice.label, cap=120)}")
+        hint = field_hint(form_field)
         while True:
-            reply = await self._read(f"  {label} {hint}: ")
-            if reply == "" and "default" in spec:
-                return spec["default"]
-            if reply == "" and not required:
-                return None
             try:
-                return convert_field(reply, spec, options)
+                return answer_from_reply(form_field, await self._read(f"  {label} {hint}: "))
             except ValueError as error:
-                self._say(f"  {error}")
+                self._say(f"  {clean_text(str(error))}")
 
     def _say(self, line: str) -> None:
         self._err.write(line + "\n")
@@ -292,69 +293,44 @@ class TerminalPrompter:
         return line.strip()
 
 
-def field_options(spec: Mapping[str, Any]) -> list[tuple[Any, str]]:
-    """The (value, title) choices of an enum field, single- or multi-select."""
-    source = spec.get("items") if spec.get("type") == "array" and isinstance(spec.get("items"), dict) else spec
-    for variants in (source.get("oneOf"), source.get("anyOf")):
-        if isinstance(variants, list):
-            return [(v.get("const"), str(v.get("title", v.get("const")))) for v in variants if isinstance(v, dict)]
-    if isinstance(source.get("enum"), list):
-        names = source.get("enumNames") if isinstance(source.get("enumNames"), list) else []
-        return [(value, str(names[i]) if i < len(names) else str(value)) for i, value in enumerate(source["enum"])]
-    return []
-
-
-def field_hint(spec: Mapping[str, Any], *, required: bool) -> str:
-    kind = spec.get("type", "string")
-    parts = ["yes/no" if kind == "boolean" else str(kind)]
-    if kind == "array":
+def field_hint(form_field: schema_fields.SchemaField) -> str:
+    if form_field.widget in ("checkbox", "tristate"):
+        parts = ["yes/no"]
+    elif form_field.widget == "checkboxes":
         parts = ["numbers or values, comma separated"]
-    elif field_options(spec):
+    elif form_field.widget == "select":
         parts = ["number or value"]
-    if spec.get("format"):
-        parts.append(f"format {spec['format']}")
-    if "default" in spec:
-        parts.append(f"default {spec['default']!r}")
-    elif not required:
+    else:
+        parts = [str(form_field.kind)]
+    if form_field.schema.get("format"):
+        parts.append(f"format {form_field.schema['format']}")
+    if form_field.has_default:
+        parts.append(f"default {form_field.default!r}")
+    elif not form_field.required:
         parts.append("optional, empty to skip")
     return clean_text("[" + ", ".join(parts) + "]", cap=200)
 
 
-def convert_field(reply: str, spec: Mapping[str, Any], options: list[tuple[Any, str]]) -> Any:
-    kind = spec.get("type", "string")
-    if kind == "array":
-        return [choose_option(part.strip(), options) for part in reply.split(",") if part.strip()]
-    if options:
-        return choose_option(reply, options)
-    if kind == "boolean":
-        lowered = reply.lower()
-        if lowered in ("y", "yes", "true", "1"):
-            return True
-        if lowered in ("n", "no", "false", "0"):
-            return False
-        raise ValueError("please answer yes or no")
-    if kind == "integer":
-        try:
-            return int(reply)
-        except ValueError:
-            raise ValueError("please enter a whole number") from None
-    if kind == "number":
-        try:
-            return float(reply)
-        except ValueError:
-            raise ValueError("please enter a number") from None
-    if reply == "":
-        raise ValueError("a value is required")
-    return reply
+def answer_from_reply(form_field: schema_fields.SchemaField, reply: str) -> Any:
+    """One field's value from what was typed, checked against its schema (ValueError says what is wrong, in the
+    words of the web forms); OMIT when an optional field is skipped."""
+    value = schema_fields.value_from_text(form_field, reply)
+    if value is schema_fields.OMIT:
+        if form_field.required:
+            raise schema_fields.FieldInputError(schema_fields.REQUIRED)
+        return value
+    problem = schema_fields.field_error(form_field, value)
+    if problem:
+        raise schema_fields.FieldInputError(problem)
+    return value
 
 
-def choose_option(reply: str, options: list[tuple[Any, str]]) -> Any:
-    if reply.isdigit() and 1 <= int(reply) <= len(options):
-        return options[int(reply) - 1][0]
-    for value, title in options:
-        if reply in (str(value), title):
-            return value
-    raise ValueError("please pick one of the listed options")
+def argument_errors(tool: Mapping[str, Any] | None, arguments: dict[str, Any]) -> str:
+    """What is wrong with `--args` for the tool as the server lists it ("" when they fit or it is not listed)."""
+    if tool is None:
+        return ""
+    errors = schema_fields.validate(tool.get("inputSchema"), arguments, schema_fields.TOOL)
+    return schema_fields.messages_of(errors)
 
 
 @dataclass(kw_only=True)
@@ -598,6 +574,9 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
         prompter=TerminalPrompter(server=describe_target(args), err=reporter.err) if sys.stdin.isatty() else None,
     )
     async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
+        listed = next((tool for tool in (await client.discover()).tools if tool.get("name") == args.tool), None)
+        if problems := argument_errors(listed, arguments):
+            raise UsageError(f"the arguments do not fit the tool's input schema: {clean_text(problems, cap=1000)}")
         outcome = await call_with_mrtr(client, tool=args.tool, arguments=arguments, answerer=answerer)
         if isinstance(outcome, ToolCompleted):
             reporter.event("outcome", None, status="completed", taskId=None, result=outcome.result)

@@ -20,6 +20,21 @@ class AnswerRejected(TaskError):
         super().__init__(message)
 
 
+class LaunchRefused(TaskError):
+    """The call cannot be launched as asked. `field_errors` maps each argument ("" for all of them) to what is wrong."""
+
+    def __init__(self, message: str, field_errors: dict[str, str] | None = None):
+        self.field_errors = field_errors or {}
+        if self.field_errors:
+            problems = (f"{name}: {problem}" if name else problem for name, problem in self.field_errors.items())
+            message = message + " " + "; ".join(problems)
+        super().__init__(message)
+
+
+class UnknownTool(LaunchRefused):
+    """The server's discovered catalogue has no tool of that name."""
+
+
 class AlreadyAnswered(TaskError):
     def __init__(self, *, key: str, answered_by: str, answered_at):
         self.answered_by = answered_by

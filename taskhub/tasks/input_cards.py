@@ -15,9 +15,9 @@ from django.db.models import QuerySet
 
 from taskhub.accounts import permissions
 from taskhub.tasks.answers import ELICITATION_ACTIONS, content_errors
-from taskhub.tasks.elicitation_forms import CANNOT_RENDER, ElicitationForm, build_form, parse_submission
 from taskhub.tasks.errors import AnswerRejected
 from taskhub.tasks.models import InputRequest, InputRequestState
+from taskhub.tasks.schema_forms import CANNOT_RENDER, SchemaForm, answer_form
 
 MESSAGE_MAX_CHARS = 4000
 PARAMS_MAX_CHARS = 6000
@@ -90,7 +90,7 @@ class Card:
     state: str  # open | answered | delivered | superseded | ended
     may_answer: bool
     message: str = ""
-    form: ElicitationForm | None = None
+    form: SchemaForm | None = None
     url: UrlTarget | None = None
     other_what: str = ""
     other_params: str = ""
@@ -149,7 +149,7 @@ def card_for(
         next_url=next_url,
     )
     if card.kind == "form":
-        card.form = build_form(params.get("requestedSchema", {}), submitted=submitted, errors=errors)
+        card.form = answer_form(params.get("requestedSchema", {}), submitted=submitted, errors=errors)
     elif card.kind == "url":
         card.url = url_target(params.get("url"))
     else:
@@ -232,7 +232,7 @@ def response_from_post(card: Card, data) -> dict[str, Any]:
     form = card.form
     if not form.renderable:
         raise AnswerRejected(CANNOT_RENDER)
-    content, problems = parse_submission(form, data)
+    content, problems = form.read(data)
     if problems:
         params = card.input_request.params if isinstance(card.input_request.params, dict) else {}
         errors = content_errors(params.get("requestedSchema") or {}, content)

@@ -17,17 +17,20 @@ from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import WORKER, record_event, storable
+from taskhub.mcp import schema_fields
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.mcp.wire import TaskSnapshot
+from taskhub.servers.catalogue import find_tool
 from taskhub.servers.models import Server
 from taskhub.tasks import hooks, signals
 from taskhub.tasks.answers import validate_response
-from taskhub.tasks.elicitation_forms import build_form
 from taskhub.tasks.errors import (
     AlreadyAnswered,
     InputNoLongerOpen,
     InvalidTransition,
+    LaunchRefused,
     TaskAlreadyFinished,
+    UnknownTool,
 )
 from taskhub.tasks.models import (
     LIVE_STATUSES,
@@ -68,14 +71,29 @@ def _locked(task: Task) -> Task:
 # --- launching --------------------------------------------------------------------------------------
 
 
+def check_launch(*, server: Server, tool: str, arguments: Any) -> None:
+    """Raise LaunchRefused unless `tool` is in the server's discovered catalogue and `arguments` fit its
+    inputSchema. `launch` calls it; a form that could not read some fields asks it about the others."""
+    entry = find_tool(server, tool)
+    if entry is None:
+        raise UnknownTool(
+            f"The server {server.name} has no tool {tool[:200]!r} in its catalogue (discover it again if it is new)."
+        )
+    errors = schema_fields.validate(entry.input_schema, arguments, schema_fields.TOOL)
+    if errors:
+        raise LaunchRefused("The arguments do not fit the tool's input schema:", errors)
+
+
 @transaction.atomic
 def launch(*, server: Server, tool: str, arguments: dict[str, Any], user) -> Task:
-    """Write the task before anything is sent, so a crash can never lose a launched call unnoticed."""
+    """Write the task before anything is sent, so a crash can never lose a launched call unnoticed.
+
+    Only a tool of the server's catalogue, with arguments that fit its inputSchema (LaunchRefused if not).
+    """
     server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
     if not server.enabled:
         raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
-    if not isinstance(arguments, dict):
-        raise InvalidTransition("Tool arguments must be an object of named values.")
+    check_launch(server=server, tool=tool, arguments=arguments)
     task = Task.objects.create(server=server, tool=tool, arguments=arguments, launched_by=user)
     record_event(
         action="task.launched",
@@ -297,7 +315,7 @@ def _open_requests(
             problems.append(f"the params of input request {_quote(key)!r} are not an object")
         params = params if isinstance(params, dict) else {}
         if method == "elicitation/create" and (params.get("mode") or "form") == "form":
-            form = build_form(params.get("requestedSchema"))
+            form = schema_fields.build_fields(params.get("requestedSchema"), schema_fields.ELICITATION)
             if not form.renderable:
                 problems.append(f"the schema of input request {_quote(key)!r} is invalid: {form.problem}")
         input_request = InputRequest.objects.create(

@@ -236,6 +236,7 @@ def test_markup_from_the_server_is_shown_as_text_and_never_runs(new_page, stack)
     expect(card).to_contain_text(f"Server says {MARKUP_PAYLOADS[0]}")
     expect(card).to_contain_text(f"Pick {MARKUP_PAYLOADS[0]}")
     screenshot(approver, "flow-xss-inbox")
+    card.locator("select").select_option("b")  # a required choice without default starts on none
     card.get_by_role("button", name="Accept").click()
     expect(operator.get_by_text(f"done {MARKUP_PAYLOADS[0]}", exact=False).first).to_be_visible(timeout=15_000)
     screenshot(operator, "flow-xss-detail")

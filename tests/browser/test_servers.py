@@ -123,7 +123,7 @@ def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_to
     with console_errors.expect(operator, REFUSED_FORM):
         operator.get_by_role("button", name="Launch").click()
         expect(operator.get_by_role("alert")).to_contain_text("Some arguments need a fix")
-    expect(operator.get_by_text("Must be at least 1.")).to_be_visible()
+    expect(operator.get_by_text("must be at least 1")).to_be_visible()
     screenshot(operator, "launch-form-error")
     assert not Task.objects.exists()
 
@@ -155,7 +155,7 @@ def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_to
     dark_operator.get_by_label("Steps").fill("5000")
     with console_errors.expect(dark_operator, REFUSED_FORM):
         dark_operator.get_by_role("button", name="Launch").click()
-        expect(dark_operator.get_by_text("Must be at most 1000.")).to_be_visible()
+        expect(dark_operator.get_by_text("must be at most 1000")).to_be_visible()
     screenshot(dark_operator, "launch-form-error-dark")
 
 
@@ -208,8 +208,8 @@ def test_a_rich_schema_renders_as_a_form_with_every_kind_of_field(daphne_server,
         page.get_by_label("dev").check()
         with console_errors.expect(page, REFUSED_FORM):
             page.get_by_role("button", name="Launch").click()
-            expect(page.get_by_text("Must be an email address.")).to_be_visible()
-        expect(page.get_by_text("Must match the pattern ^OPS-[0-9]+$")).to_be_visible()
+            expect(page.get_by_text("must be an email address like name@example.com")).to_be_visible()
+        expect(page.get_by_text("must match the pattern ^OPS-[0-9]+$")).to_be_visible()
         expect(page.get_by_label("Day")).to_have_attribute("type", "date")
         expect(page.get_by_label("dev")).to_be_checked()
         screenshot(page, f"launch-form-rich-{scheme}")

@@ -15,6 +15,7 @@ import zlib
 import pytest
 from account_fixtures import TEST_PASSWORD, make_user
 from browser_fixtures import needs_redis, screenshot, sign_in
+from catalogue_fixtures import with_tools
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
 from playwright.sync_api import expect
@@ -79,6 +80,7 @@ def live_site(daphne_server, live_channel_env, monkeypatch):
 
 
 def durable(server, user, tool: str, remote_id: str, **fields):
+    with_tools(server, tool)
     task = services.launch(server=server, tool=tool, arguments={"target": "prod", "dry_run": False}, user=user)
     return services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(remote_id, **fields)))
 
@@ -114,7 +116,7 @@ def test_the_list_follows_changes_and_new_tasks_without_a_reload(live_site, new_
     expect(page.locator("#task-live-status")).to_have_text("Task list updated: 1 task changed.", timeout=8000)
 
     # a new task slides in at the top, and the counts follow
-    newest = services.launch(server=beta, tool="migrate", arguments={}, user=olga)
+    newest = services.launch(server=with_tools(beta, "migrate"), tool="migrate", arguments={}, user=olga)
     expect(page.locator("tbody tr").first).to_have_id(f"task-row-{newest.pk}")
     expect(page.locator("tbody tr").first).to_have_class(re.compile(r"\bis-new\b"))
     screenshot(page, "tasks-list-live-highlight")
@@ -128,7 +130,7 @@ def test_the_list_follows_changes_and_new_tasks_without_a_reload(live_site, new_
     wait_until_live(page)
     page.evaluate("window.__sameDocument = true")
     expect(page.locator("tbody tr")).to_have_count(2)
-    services.launch(server=beta, tool="elsewhere", arguments={}, user=olga)
+    services.launch(server=with_tools(beta, "elsewhere"), tool="elsewhere", arguments={}, user=olga)
     services.apply_snapshot(task=first, snapshot=snapshot("r-1", statusMessage="copying files (3/3)"))
     expect(row).to_contain_text("copying files (3/3)")
     expect(page.locator("tbody tr")).to_have_count(2)

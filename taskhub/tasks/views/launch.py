@@ -1,7 +1,7 @@
 """Launch (operators): choose a server's tool, fill the form generated from its inputSchema, launch.
 
-Only tools in the server's stored catalogue can be launched; the arguments are checked against the
-tool's inputSchema here (jsonschema) before services.launch writes the task; then the new task's page.
+services.launch decides what may be launched (a tool of the server's catalogue, arguments that fit its
+inputSchema); this view turns its LaunchRefused into errors on the fields, then shows the new task's page.
 """
 
 import json
@@ -11,10 +11,12 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 
 from taskhub.accounts.permissions import is_admin, may_launch, operator_required
+from taskhub.mcp.schema_fields import messages_of
 from taskhub.servers.catalogue import find_tool, health_of, tools_of
 from taskhub.servers.models import Server
-from taskhub.tasks import input_forms, services
-from taskhub.tasks.errors import TaskError
+from taskhub.tasks import services
+from taskhub.tasks.errors import LaunchRefused, TaskError
+from taskhub.tasks.schema_forms import launch_form
 
 MAX_JSON_CHARS = 1_000_000
 
@@ -60,7 +62,7 @@ def launch_tool(request, server_id, tool):
     entry = find_tool(server, tool)
     if entry is None:
         raise Http404("This server's catalogue has no such tool; discover the server again if it is new.")
-    form = input_forms.build_form(entry.input_schema)
+    form = launch_form(entry.input_schema)
     mode = "json" if not form.renderable else request.GET.get("mode", "form")
     json_text = _as_json(form.defaults)
     json_error = ""
@@ -70,42 +72,42 @@ def launch_tool(request, server_id, tool):
     if request.method == "POST":
         mode = request.POST.get("mode", "form") if form.renderable else "json"
         switch = request.POST.get("switch")
+        problems: dict[str, str] = {}
         if mode == "json":
             json_text = request.POST.get("arguments_json", "")
             arguments, json_error = _parse_json(json_text)
-            converted = not json_error
         else:
-            arguments, converted = form.arguments_from(request.POST)
+            arguments, problems = form.read(request.POST)
 
         if switch == "json" and mode == "form" and form.renderable:
             # Carry what was entered over to the JSON box; nothing is checked yet.
-            for form_field in form.fields:
-                form_field.error = ""
+            form.clear_errors()
             json_text, mode = _as_json(arguments), "json"
         elif switch == "form" and mode == "json" and form.renderable and not json_error:
-            form.bind(arguments)
+            form.show(arguments)
             mode = "form"
         elif mode == "json" and json_error:
             status = 400
         else:
-            # Fields that could not be converted keep their own error; the schema speaks for the rest.
-            errors = input_forms.validate_arguments(entry.input_schema, arguments)
-            if converted and not errors:
-                try:
-                    task = services.launch(server=server, tool=entry.name, arguments=arguments, user=request.user)
-                except TaskError as error:
-                    form_error = str(error)
+            try:
+                if problems:
+                    # Fields that could not be read keep their own error; the service speaks for the rest.
+                    services.check_launch(server=server, tool=entry.name, arguments=arguments)
                 else:
+                    task = services.launch(server=server, tool=entry.name, arguments=arguments, user=request.user)
                     return redirect("tasks:detail", task_id=task.id)
-            elif mode == "json":
-                json_error = " ".join(f"{name}: {message}" if name else message for name, message in errors.items())
-            else:
-                form_error = form.set_errors(errors)
+            except LaunchRefused as refused:
+                if mode == "json":
+                    json_error = messages_of(refused.field_errors) or str(refused)
+                else:
+                    form_error = form.set_errors(refused.field_errors) or ("" if refused.field_errors else str(refused))
+            except TaskError as error:
+                form_error = str(error)
             status = 400
     elif mode == "json":
         json_text = _as_json(form.defaults)
 
-    has_field_errors = any(form_field.error for form_field in form.fields)
+    has_field_errors = form.has_errors
     return render(
         request,
         "tasks/launch_tool.html",

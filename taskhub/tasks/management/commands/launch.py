@@ -1,7 +1,8 @@
 """`manage.py launch SERVER TOOL --as USER [--arguments JSON] [--wait SECONDS]`: a tool call from a script.
 
-The same checks as the Launch page (the user must be an operator, the tool in the server's catalogue, the
-arguments valid for its input schema), the same service and audit row; a worker sends the call.
+The user must be an operator; services.launch checks the rest as for the Launch page (the tool in the
+server's catalogue, the arguments valid for its input schema) and writes the same audit row; a worker
+sends the call.
 """
 
 import json
@@ -11,10 +12,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from taskhub.accounts import permissions
-from taskhub.servers.catalogue import find_tool
 from taskhub.servers.models import Server
-from taskhub.tasks import input_forms, services
-from taskhub.tasks.errors import TaskError
+from taskhub.tasks import services
+from taskhub.tasks.errors import TaskError, UnknownTool
 from taskhub.tasks.models import Task
 
 
@@ -35,21 +35,14 @@ class Command(BaseCommand):
         target = Server.objects.filter(name=server).first()
         if target is None:
             raise CommandError(f"No server named {server!r}.")
-        entry = find_tool(target, tool)
-        if entry is None:
-            raise CommandError(f"{server} has no tool {tool!r} (run `manage.py server discover {server}`?).")
         try:
             values = json.loads(arguments)
         except ValueError as error:
             raise CommandError(f"--arguments is not JSON: {error}") from error
-        errors = input_forms.validate_arguments(entry.input_schema, values)
-        if errors:
-            raise CommandError(
-                "The arguments do not fit the tool's input schema: "
-                + "; ".join(f"{name}: {problem}" if name else problem for name, problem in errors.items())
-            )
         try:
-            task = services.launch(server=target, tool=entry.name, arguments=values, user=user)
+            task = services.launch(server=target, tool=tool, arguments=values, user=user)
+        except UnknownTool as error:
+            raise CommandError(f"{error} (run `manage.py server discover {server}`?)") from error
         except TaskError as error:
             raise CommandError(str(error)) from error
         self.stdout.write(str(task.pk))
