@@ -1,6 +1,5 @@
 """Every POST of the pages needs the CSRF token: without it Django refuses with 403 and nothing changes."""
 
-
 import pytest
 from account_fixtures import make_user
 from django.test import Client
