@@ -11,3 +11,12 @@ from taskhub.settings import *  # noqa: F403
 
 # The manifest storage needs `collectstatic`; tests render templates without running it.
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+
+# The audit table refuses TRUNCATE (audit migration 0006) unless the session opts in; transactional tests end with
+# Django's flush, which empties every table with TRUNCATE. Only the test process's own connections opt in
+# (subprocesses started by tests run taskhub.settings, as production does); tests/test_audit.py turns it off to
+# check the refusal.
+_test_database_options = DATABASES["default"].setdefault("OPTIONS", {})  # noqa: F405
+_test_database_options["options"] = (
+    _test_database_options.get("options", "") + " -c taskhub.allow_audit_truncate=on"
+).strip()
