@@ -20,6 +20,14 @@ class AnswerRejected(TaskError):
         super().__init__(message)
 
 
+class ArgumentsRejected(TaskError):
+    """The launch arguments cannot be stored (taskhub.tasks.storable_text). `field_errors` as for AnswerRejected."""
+
+    def __init__(self, message: str, field_errors: dict[str, str]):
+        self.field_errors = field_errors
+        super().__init__(message + " " + "; ".join(f"{name or 'arguments'}: {p}" for name, p in field_errors.items()))
+
+
 class AlreadyAnswered(TaskError):
     def __init__(self, *, key: str, answered_by: str, answered_at):
         self.answered_by = answered_by

@@ -19,11 +19,13 @@ from taskhub.live import publish
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
-from taskhub.tasks import hooks
+from taskhub.tasks import hooks, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.elicitation_forms import build_form
 from taskhub.tasks.errors import (
     AlreadyAnswered,
+    AnswerRejected,
+    ArgumentsRejected,
     InputNoLongerOpen,
     InvalidTransition,
     TaskAlreadyFinished,
@@ -75,6 +77,9 @@ def launch(*, server: Server, tool: str, arguments: dict[str, Any], user) -> Tas
         raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
     if not isinstance(arguments, dict):
         raise InvalidTransition("Tool arguments must be an object of named values.")
+    unstorable = storable_text.unstorable_fields(arguments)
+    if unstorable:
+        raise ArgumentsRejected("The arguments contain text that cannot be stored.", unstorable)
     task = Task.objects.create(server=server, tool=tool, arguments=arguments, launched_by=user)
     record_event(
         action="task.launched",
@@ -375,6 +380,7 @@ def answer_input(*, input_request: InputRequest, response: dict[str, Any], user)
         raise InputNoLongerOpen(f"The server no longer asks {input_request.key!r}; the answer was not recorded.")
     if task.is_terminal:
         raise InputNoLongerOpen(f"The task is {task.get_status_display()}; it takes no more answers.")
+    _refuse_unstorable_answer(response)
     answer = validate_response(method=input_request.method, params=input_request.params, response=response)
     input_request.state = InputRequestState.ANSWERED
     input_request.answer = answer
@@ -391,6 +397,16 @@ def answer_input(*, input_request: InputRequest, response: dict[str, Any], user)
     _publish_after_commit(task.id)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     return input_request
+
+
+def _refuse_unstorable_answer(response: Any) -> None:
+    content = response.get("content") if isinstance(response, dict) else None
+    unstorable = storable_text.unstorable_fields(content) if isinstance(content, dict) else {}
+    if not unstorable:
+        problem = storable_text.value_problem(response)
+        unstorable = {"": f"The answer {problem}."} if problem else {}
+    if unstorable:
+        raise AnswerRejected("The answer contains text that cannot be stored.", unstorable)
 
 
 def _name(user) -> str:

@@ -14,7 +14,7 @@ from taskhub.accounts.permissions import is_admin, may_launch, operator_required
 from taskhub.servers.catalogue import find_tool, health_of, tools_of
 from taskhub.servers.models import Server
 from taskhub.tasks import input_forms, services
-from taskhub.tasks.errors import TaskError
+from taskhub.tasks.errors import ArgumentsRejected, TaskError
 
 MAX_JSON_CHARS = 1_000_000
 
@@ -93,10 +93,14 @@ def launch_tool(request, server_id, tool):
             if converted and not errors:
                 try:
                     task = services.launch(server=server, tool=entry.name, arguments=arguments, user=request.user)
+                except ArgumentsRejected as rejected:
+                    errors = rejected.field_errors  # shown like the schema's, next to their fields
                 except TaskError as error:
                     form_error = str(error)
                 else:
                     return redirect("tasks:detail", task_id=task.id)
+            if form_error:
+                pass
             elif mode == "json":
                 json_error = " ".join(f"{name}: {message}" if name else message for name, message in errors.items())
             else:
