@@ -338,8 +338,17 @@ def stop_embedded_database() -> None:
 # --- taskhub test -----------------------------------------------------------------------------------------------
 
 
+# Most of the suite's time is spent waiting on other processes (MCP servers, workers, daphne, Chromium), so two
+# pytest workers finish in about half the time even on 2 cores. A module stays on one worker (--dist loadfile), so
+# the processes a module shares start once. `-n 0` (or any -n) given to `taskhub test` replaces this.
+PARALLEL_PYTEST_ARGS = ["-n", "2", "--dist", "loadfile"]
+
+
 def run_tests(pytest_args: list[str]) -> int:
-    pytest = [sys.executable, "-m", "pytest", *pytest_args]
+    chooses_workers = any(
+        arg in ("-n", "--numprocesses") or arg.startswith(("-n", "--numprocesses=")) for arg in pytest_args
+    )
+    pytest = [sys.executable, "-m", "pytest", *([] if chooses_workers else PARALLEL_PYTEST_ARGS), *pytest_args]
     database_url = os.environ.get("DATABASE_URL")
     if not database_url:
         say("taskhub test: DATABASE_URL is not set, so the suite runs once, on embedded Postgres.")

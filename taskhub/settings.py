@@ -151,6 +151,7 @@ INSTALLED_APPS = [
     "taskhub.accounts",
     "taskhub.servers",
     "taskhub.tasks",
+    "taskhub.live",
     "taskhub.audit",
     "taskhub.worker",
     "taskhub.api",
@@ -225,6 +226,30 @@ LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "2
 PROCRASTINATE_IMPORT_PATHS = ["taskhub.worker.jobs", "taskhub.worker.sweeps"]
 # Finished tasks (and finished job rows) older than this are deleted; their audit rows stay. 0 keeps them.
 TASKHUB_RETENTION_DAYS = int(os.environ.get("TASKHUB_RETENTION_DAYS", "30"))
+# How fast the workers notice that one of them died (taskhub/worker). A worker beats every
+# TASKHUB_WORKER_HEARTBEAT_SECONDS; the jobs of one silent for TASKHUB_STALLED_WORKER_SECONDS are taken over by the
+# sweep that TASKHUB_STALLED_SWEEP_CRON schedules (cron, a sixth field for seconds). An answer whose delivery was cut
+# off is asked about (not resent) TASKHUB_DELIVERY_SETTLE_SECONDS after that attempt, once the server cannot still
+# hold it (it must exceed the delivery timeout, 30 s). Tests make these short; production keeps the defaults.
+# A server that does not answer is polled again after a doubling delay, at most this long (the tracker's backoff).
+TASKHUB_POLL_BACKOFF_CAP_SECONDS = float(os.environ.get("TASKHUB_POLL_BACKOFF_CAP_SECONDS", "30"))
+TASKHUB_WORKER_HEARTBEAT_SECONDS = float(os.environ.get("TASKHUB_WORKER_HEARTBEAT_SECONDS", "10"))
+TASKHUB_STALLED_WORKER_SECONDS = float(os.environ.get("TASKHUB_STALLED_WORKER_SECONDS", "30"))
+TASKHUB_STALLED_SWEEP_CRON = os.environ.get("TASKHUB_STALLED_SWEEP_CRON", "* * * * *")
+TASKHUB_DELIVERY_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_DELIVERY_TIMEOUT_SECONDS", "30"))
+TASKHUB_DELIVERY_SETTLE_SECONDS = float(
+    os.environ.get("TASKHUB_DELIVERY_SETTLE_SECONDS", str(TASKHUB_DELIVERY_TIMEOUT_SECONDS + 10))
+)
+if TASKHUB_DELIVERY_SETTLE_SECONDS <= TASKHUB_DELIVERY_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured(
+        "TASKHUB_DELIVERY_SETTLE_SECONDS must exceed TASKHUB_DELIVERY_TIMEOUT_SECONDS: a cut-off delivery may still"
+        " reach the server until its timeout has passed."
+    )
+if TASKHUB_STALLED_WORKER_SECONDS <= 2 * TASKHUB_WORKER_HEARTBEAT_SECONDS:
+    raise ImproperlyConfigured(
+        "TASKHUB_STALLED_WORKER_SECONDS must exceed two heartbeats (TASKHUB_WORKER_HEARTBEAT_SECONDS): a live"
+        " worker's jobs would be taken over."
+    )
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -1,19 +1,14 @@
-"""Browser tests: Playwright driving Debian's chromium against a live taskhub (fixtures for tests/browser/).
+"""Helpers of the browser tests (their fixtures are in tests/browser/conftest.py) and of tests that start daphne.
 
-- `page`: a fresh browser context (own cookies) and page; `new_page()` opens more, e.g. a second user.
-- `live_server` (pytest-django): a threaded WSGI server in this process; enough for pages.
-- `daphne_server`: `daphne taskhub.asgi:application` in a subprocess on the test database, for what
-  needs ASGI (WebSockets).
 - `screenshot(page, name)` saves test-output/screenshots/NAME.png; `sign_in(page, base_url, ...)`.
-
-Playwright's sync API keeps an asyncio loop running in this thread while it is open, which makes Django
-refuse ORM calls (and would break async tests after it); so the browser lives for one module at a time,
-and DJANGO_ALLOW_ASYNC_UNSAFE is set only while it does.
+- `running_daphne(**env)`: `daphne taskhub.asgi:application` in a subprocess on the test database, for what
+  needs ASGI (WebSockets).
+- `ConsoleErrors`: the console errors and uncaught exceptions of the pages a test opens.
 """
 
 import contextlib
 import os
-import shutil
+import re
 import socket
 import subprocess
 import sys
@@ -25,7 +20,7 @@ from urllib.parse import quote
 
 import pytest
 from django.db import connection
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import BrowserContext, ConsoleMessage, Page, WebError
 
 # Not imported from conftest.py: tests/browser/conftest.py shadows that module name.
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -44,46 +39,57 @@ VIEWPORT = {"width": 1280, "height": 800}
 TIMEOUT_MS = 10_000
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Browser tests need Debian's chromium: apt-get install chromium")
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
-        expect.set_options(timeout=TIMEOUT_MS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def new_page(browser):
-    """Opens a page in a browser context of its own (separate cookies: one per signed-in person)."""
-    contexts = []
-
-    def open_page(color_scheme: str = "light") -> Page:
-        context = browser.new_context(viewport=VIEWPORT, color_scheme=color_scheme, locale="en-GB")
-        context.set_default_timeout(TIMEOUT_MS)
-        contexts.append(context)
-        return context.new_page()
-
-    yield open_page
-    for context in contexts:
-        context.close()
-
-
-@pytest.fixture
-def page(new_page) -> Page:
-    return new_page()
-
-
 def screenshot(page: Page, name: str) -> Path:
     """Saves the whole page as test-output/screenshots/NAME.png (git-ignored) for a person to look at."""
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOT_DIR / f"{name}.png"
-    page.screenshot(path=path, full_page=True)
+    # caret="initial": hiding the caret leaves style="" on the page's inputs, which htmx copies on its next swap
+    # (attributesToSettle), a style attribute the Content-Security-Policy refuses.
+    page.screenshot(path=path, full_page=True, caret="initial")
     return path
+
+
+class ConsoleErrors:
+    """The console errors (failed loads, CSP refusals, htmx errors, console.error) and uncaught exceptions of the
+    pages of the contexts watched, popups included; a test that provokes one on purpose says so with `expect`."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Page | None, str]] = []
+
+    def watch(self, context: BrowserContext) -> None:
+        context.on("console", self._on_console)
+        context.on("weberror", self._on_error)
+
+    def _on_console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            location = message.location or {}
+            where = location.get("url") or (message.page.url if message.page else "?")
+            if location.get("lineNumber"):
+                where += f":{location['lineNumber']}:{location.get('columnNumber', 0)}"
+            self.seen.append((message.page, f"console error at {where}: {message.text}"))
+
+    def _on_error(self, error: WebError) -> None:
+        self.seen.append((error.page, f"uncaught in {error.page.url if error.page else '?'}: {error.error}"))
+
+    @contextlib.contextmanager
+    def expect(self, page: Page, pattern: str) -> Iterator[None]:
+        """The block makes `page` log at least one console error matching `pattern` (a regex); those it logs
+        during the block are expected, every other error still fails the test."""
+        before = len(self.seen)
+        with page.expect_console_message(lambda message: message.type == "error" and re.search(pattern, message.text)):
+            yield
+        during = self.seen[before:]
+        kept = [(shown, text) for shown, text in during if shown is not page or not re.search(pattern, text)]
+        self.seen[before:] = kept
+
+    def report(self) -> str:
+        return "\n".join(text for _, text in self.seen)
+
+
+def needs_redis(live_channel_env: dict[str, str]) -> None:
+    """Skips (fails on CI) a test that needs the Redis channel layer (the live_channel_env fixture) without one."""
+    if not live_channel_env:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("no Redis on 127.0.0.1:6379")
 
 
 def sign_in(page: Page, base_url: str, username: str, password: str) -> None:
@@ -138,7 +144,7 @@ def running_daphne(**extra_env: str) -> Iterator[DaphneServer]:
         port = probe.getsockname()[1]
     env = dict(os.environ)
     env.update(
-        DATABASE_URL=database_url_for_subprocesses(),
+        DATABASE_URL=extra_env.pop("DATABASE_URL", None) or database_url_for_subprocesses(),
         DJANGO_SETTINGS_MODULE="taskhub.settings",
         DEBUG="true",  # so WhiteNoise serves static files from the finders, without collectstatic
         PYTHONUNBUFFERED="1",
@@ -166,10 +172,3 @@ def running_daphne(**extra_env: str) -> Iterator[DaphneServer]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-@pytest.fixture
-def daphne_server(transactional_db) -> Iterator[DaphneServer]:
-    """taskhub's ASGI application under daphne, on the test database; rows must be committed to be seen."""
-    with running_daphne() as server:
-        yield server

@@ -7,7 +7,19 @@ os.environ.setdefault("SECRET_KEY", "taskhub-tests-only-not-secret")
 # The test client speaks plain HTTP; the HTTPS-only production settings are tested in test_settings.py.
 os.environ.setdefault("HTTPS_ONLY", "false")
 
-from taskhub.settings import *  # noqa: F403
+# The workers' long waits, made short (taskhub/settings.py explains each). Set in the environment, so the worker and
+# daphne subprocesses that tests start inherit them: a killed worker's jobs move in seconds, not in a minute and a half.
+for name, value in {
+    "TASKHUB_WORKER_HEARTBEAT_SECONDS": "1",
+    "TASKHUB_STALLED_WORKER_SECONDS": "6",
+    "TASKHUB_STALLED_SWEEP_CRON": "* * * * * */2",
+    "TASKHUB_DELIVERY_TIMEOUT_SECONDS": "10",
+    "TASKHUB_DELIVERY_SETTLE_SECONDS": "12",
+    "TASKHUB_POLL_BACKOFF_CAP_SECONDS": "2",
+}.items():
+    os.environ.setdefault(name, value)
+
+from taskhub.settings import *  # noqa: E402, F403
 
 # The manifest storage needs `collectstatic`; tests render templates without running it.
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

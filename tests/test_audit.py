@@ -19,6 +19,7 @@ def server():
     return create_server(name="audited", transport="http", url="http://127.0.0.1:9/mcp", user=None)
 
 
+@pytest.mark.embedded
 def test_update_of_an_audit_row_is_refused_by_the_database(server):
     event = AuditEvent.objects.get(server=server, action="server.created")
     with (
@@ -31,6 +32,7 @@ def test_update_of_an_audit_row_is_refused_by_the_database(server):
     assert event.actor_label == "system"
 
 
+@pytest.mark.embedded
 def test_delete_of_audit_rows_is_refused_by_the_database(server):
     count = AuditEvent.objects.count()
     with (

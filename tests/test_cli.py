@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 import psutil
 import pytest
+import test_audit
 from conftest import PROJECT_DIR, VENV_BIN, free_tcp_port
 from process_output import OutputLines
 
@@ -167,7 +168,7 @@ def run_taskhub_test(*pytest_args: str, database_url: str | None) -> subprocess.
     if database_url:
         env["DATABASE_URL"] = database_url
     return subprocess.run(
-        [TASKHUB, "test", "-p", "no:cacheprovider", *pytest_args],
+        [TASKHUB, "test", "-n", "0", "-p", "no:cacheprovider", *pytest_args],
         env=env,
         cwd=PROJECT_DIR,
         capture_output=True,
@@ -182,9 +183,21 @@ def test_taskhub_test_fails_when_nothing_is_collected():
     assert "collected no tests" in result.stdout
 
 
-def test_taskhub_test_skips_the_embedded_pass_when_no_selected_test_uses_the_database():
+def test_taskhub_test_skips_the_embedded_pass_when_no_selected_test_is_marked_embedded():
     url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/taskhub"
     result = run_taskhub_test("tests/test_settings.py", "-k", "debug_gets", database_url=url)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "pass 2 had nothing to do" in result.stdout
+
+
+def test_taskhub_test_repeats_only_the_tests_marked_embedded_on_embedded_postgres():
+    url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/taskhub"
+    result = run_taskhub_test("tests/test_audit.py", "--collect-only", "-q", database_url=url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, second = result.stdout.split("pass 2 of 2")
+    tests = [function for name, function in vars(test_audit).items() if name.startswith("test_")]
+    marked = [test for test in tests if "embedded" in {mark.name for mark in getattr(test, "pytestmark", [])}]
+    assert 0 < len(marked) < len(tests)
+    assert f"{len(tests)} tests collected" in first
+    assert f"{len(marked)}/{len(tests)} tests collected ({len(tests) - len(marked)} deselected)" in second

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from stack_fixtures import demo_stats, statuses, wait_until, workers  # noqa: F401 - fixture
 
 from taskhub.audit.models import AuditEvent
+from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
@@ -136,7 +137,7 @@ def test_a_worker_killed_while_holding_leases_loses_nothing(workers, operator, a
     assert sorted(stats["deliveries"].get(key, 0) for key in set(keys)) == [1] * 100
 
 
-def test_an_mcp_server_down_for_30_seconds_fails_no_task(workers, operator, tmp_path):
+def test_an_mcp_server_down_for_several_backoff_caps_fails_no_task(workers, operator, tmp_path, settings):
     demo = DemoServer("--poll-interval-ms", "500", "--state", str(tmp_path / "demo.sqlite3")).start()
     try:
         server = register(demo, operator)
@@ -147,7 +148,14 @@ def test_an_mcp_server_down_for_30_seconds_fails_no_task(workers, operator, tmp_
         workers.start("steady")
         wait_until(lambda: statuses(tasks).get("working") == 20, timeout=60, what="20 working tasks")
         demo.kill()
-        time.sleep(30)
+        # Down long enough for the worker's backoff to reach its cap (TASKHUB_POLL_BACKOFF_CAP_SECONDS, short in
+        # tests; 30 s in production) and stay there for a few polls.
+        wait_until(
+            lambda: Server.objects.filter(pk=server.pk, unreachable_since__isnull=False).exists(),
+            timeout=30,
+            what="the server marked unreachable",
+        )
+        time.sleep(4 * settings.TASKHUB_POLL_BACKOFF_CAP_SECONDS)
         server.refresh_from_db()
         assert server.unreachable_since is not None
         assert "failed" not in statuses(tasks)

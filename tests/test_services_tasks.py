@@ -298,3 +298,50 @@ def test_expiry_is_final_and_supersedes_open_requests(live):
     assert (task.status, task.is_terminal) == (TaskStatus.EXPIRED, True)
     assert states(task) == {"confirm": "superseded"} and not TaskPoll.objects.exists()
     assert services.apply_snapshot(task=task, snapshot=snapshot("working")) is False
+
+
+# --- the launch job's outcomes, decided here -----------------------------------------------------------
+
+
+def test_a_launch_given_up_before_sending_failed_and_says_it_was_not_sent(launched):
+    assert services.give_up_launch(task_id=launched.id, attempts=9, error=ConnectionError("no route")) is True
+    task = Task.objects.get(pk=launched.pk)
+    assert task.status == TaskStatus.FAILED
+    assert task.error == {
+        "message": "Gave up after 9 attempts (no route): the tool call was not sent.",
+        "kind": "ConnectionError",
+    }
+    assert AuditEvent.objects.get(task_id=task.id, action="task.launch_failed").data["sent"] is False
+
+
+def test_a_launch_given_up_after_sending_is_unknown_never_failed(launched):
+    assert services.mark_launch_sent(task=launched) is not None
+    assert services.give_up_launch(task_id=launched.id, attempts=1, error=TimeoutError()) is True
+    task = Task.objects.get(pk=launched.pk)
+    assert (task.status, task.status_message) == (
+        TaskStatus.LAUNCH_UNKNOWN,
+        "Gave up after 1 attempt (TimeoutError): tools/call was sent, but no answer was recorded.",
+    )
+
+
+def test_giving_up_a_launch_whose_outcome_is_known_changes_nothing(live):
+    assert services.give_up_launch(task_id=live.id, attempts=1, error=TimeoutError()) is False
+    assert audit(live) == ["task.launched", "task.launch_answered"]
+
+
+def test_the_answer_to_an_mrtr_retry_is_the_delivery_of_the_answers_it_carried(launched, operator):
+    outcome = ToolInputRequired(input_requests={"name": NAME_REQUEST}, request_state="opaque-1")
+    task = services.record_launch_outcome(task=launched, outcome=outcome)
+    request = InputRequest.objects.get(task=task)
+    response = {"action": "accept", "content": {"name": "Ada"}}
+    services.answer_input(input_request=request, response=response, user=operator)
+    assert services.schedule_mrtr_retry(task=task, mrtr_round=request.mrtr_round) is True
+    call = services.mark_launch_sent(task=task)
+    assert call.answered_request_ids == (request.pk,)
+
+    services.record_launch_outcome(
+        task=task, outcome=ToolCompleted(result={"content": []}), answered_request_ids=call.answered_request_ids
+    )
+    request.refresh_from_db()
+    assert request.state == InputRequestState.DELIVERED
+    assert audit(task)[-2:] == ["task.launch_answered", "input.delivered"]

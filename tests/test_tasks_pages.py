@@ -14,13 +14,13 @@ from django.urls import reverse
 from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
+from taskhub.live import task_fragments
 from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated, ToolCompleted
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
-from taskhub.tasks import live as tasks_live
-from taskhub.tasks import presenters, services
+from taskhub.tasks import presenters, queries, services
 from taskhub.tasks.models import Task
 from taskhub.tasks.views.listing import PAGE_SIZE
 
@@ -120,7 +120,7 @@ def test_tasks_visible_to_follows_the_roles_and_live_access_agrees(alpha, beta, 
         AnonymousUser(): set(),
     }
     for user, tasks in expected.items():
-        assert set(permissions.tasks_visible_to(user)) == tasks, user
+        assert set(queries.tasks_visible_to(user)) == tasks, user
         for task in (on_alpha, on_beta):
             assert permissions.may_see_task(user, task) == (task in tasks), (user, task)
             assert access_for(user).may_see_task(task) == (task in tasks), (user, task)
@@ -199,6 +199,7 @@ def test_the_list_counts_each_status_and_groups_local_states_as_other(client, ol
     assert tab_counts(response)["all"] == 3 and 'aria-label="running tasks">3</span>' in response.content.decode()
 
 
+@pytest.mark.embedded
 def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, olga, alpha, mixed):
     client = signed_in(client, olga)
     response = client.get(reverse("tasks:list"), {"status": "other"})
@@ -221,6 +222,7 @@ def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, ol
     assert 'value="COP"' in response.content.decode()
 
 
+@pytest.mark.embedded
 def test_the_status_message_search_has_a_trigram_index_where_postgres_has_pg_trgm():
     # The embedded Postgres has no pg_trgm: there the search above works without the index (a sequential scan).
     with connection.cursor() as cursor:
@@ -507,7 +509,7 @@ def test_odd_results_and_errors_do_not_break_the_page(client, alpha, olga):
 
 def test_the_list_signal_targets_body_with_no_swap_and_carries_the_row(alpha, olga):
     task = durable(alpha, olga)
-    html = tasks_live.list_signal(task, olga)
+    html = task_fragments.list_signal(task, olga)
     assert html.startswith(
         f'<template id="tasks-live-signal" hx-swap-oob="none:body" data-task="{task.pk}" data-status="working">'
     )
@@ -516,20 +518,20 @@ def test_the_list_signal_targets_body_with_no_swap_and_carries_the_row(alpha, ol
     assert html.count("<tr ") == 1 and f'<tr id="task-row-{task.pk}" class="task-row row-working"' in html
     assert "hx-swap-oob" not in html.split(">", 1)[1]
     # an operator hears it through TASKS already; an approver through INBOX
-    assert tasks_live.list_signal_for_approver(task, olga) == ""
-    assert tasks_live.list_signal_for_approver(task, make_user("amy", APPROVERS)) == html
+    assert task_fragments.list_signal_for_approver(task, olga) == ""
+    assert task_fragments.list_signal_for_approver(task, make_user("amy", APPROVERS)) == html
 
 
 def test_the_detail_renderer_sends_every_section_out_of_band(alpha, olga, ben):
     task = durable(alpha, olga, statusMessage=XSS)
-    html = tasks_live.detail_sections(task, olga)
+    html = task_fragments.detail_sections(task, olga)
     for section in ("header", "message", "requests-signal", "result", "facts", "timeline"):
         assert f'id="task-{task.pk}-{section}"' in html
         assert re.search(rf'id="task-{task.pk}-{section}"[^>]*hx-swap-oob="true"', html), section
     # The requests section itself is never replaced live: someone may be typing an answer in it.
     assert f'id="task-{task.pk}-requests"' not in html
     assert "<script>alert" not in html and "Cancel task" in html
-    assert tasks_live.detail_sections(task, ben) == ""  # never for someone who may not see it
+    assert task_fragments.detail_sections(task, ben) == ""  # never for someone who may not see it
 
 
 def test_the_detail_resync_fragment_is_the_live_sections(client, alpha, olga):

@@ -24,14 +24,9 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
-from taskhub.worker.tracker import (
-    CLAIM_SQL,
-    Claimed,
-    _database_params,
-    backoff_delay_ms,
-    poll_delay_ms,
-    snapshot_digest,
-)
+from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed
+from taskhub.worker.tracker.orm import database_params
+from taskhub.worker.tracker.polling import backoff_delay_ms, poll_delay_ms, snapshot_digest
 from tests.demo_process import DemoServer
 from tests.tracker_fixtures import RunningTracker, wait_until
 from tests.wire_recorder import WireRecorder
@@ -83,6 +78,7 @@ def demo():
 # --- following --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.embedded
 def test_follows_tasks_to_completed_through_the_services(demo):
     server = register(demo.url)
     tasks = launch_live(server, "progress", {"steps": 3, "step_ms": 800}, count=3)
@@ -121,6 +117,7 @@ def test_polls_of_a_task_are_spaced_by_its_poll_interval(demo):
         assert min(gaps) >= 0.300 - 0.015, gaps
 
 
+@pytest.mark.embedded
 def test_two_trackers_never_poll_one_task_at_once():
     with DemoServer("--poll-interval-ms", "250", "--get-delay-ms", "100") as demo:
         server = register(demo.url)
@@ -173,6 +170,7 @@ def test_a_stopped_tracker_releases_its_leases_and_another_takes_over_at_once(de
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.embedded
 def test_expired_leases_of_a_dead_worker_are_taken_over_and_live_ones_are_left_alone(demo):
     server = register(demo.url)
     orphans = launch_live(server, "progress", {"steps": 2, "step_ms": 200}, count=3)
@@ -216,6 +214,7 @@ def test_an_unreachable_server_backs_off_without_failing_tasks_and_recovers(tmp_
     assert list(server_events.order_by("id"))[-2:] == ["server.unreachable", "server.reachable"]
 
 
+@pytest.mark.embedded
 def test_a_disabled_servers_tasks_are_not_polled_and_are_followed_again_once_it_is_enabled(demo):
     server = register(demo.url)
     [task, other] = launch_live(server, "progress", {"steps": 12, "step_ms": 500}, count=2)
@@ -279,7 +278,7 @@ STORED["pollIntervalMs"] = 300
 
 def _claim_one() -> Claimed:
     """Claim the due rows exactly as the tracker does (its SQL, on a connection like its own)."""
-    with psycopg.connect(autocommit=True, **_database_params()) as connection:
+    with psycopg.connect(autocommit=True, **database_params()) as connection:
         params = {"owner": "w1", "lease": timedelta(seconds=30), "limit": 10, "ahead": timedelta(seconds=1)}
         rows = connection.execute(CLAIM_SQL, params).fetchall()
     assert len(rows) == 1, rows
@@ -320,6 +319,7 @@ def test_a_task_with_open_input_requests_is_always_stored():
     assert services.apply_snapshot(task=task, snapshot=snapshot)
 
 
+@pytest.mark.embedded
 def test_rows_are_claimed_ahead_and_polled_at_their_time_not_before(demo):
     recorder = WireRecorder(demo.url).start()
     try:

@@ -144,12 +144,14 @@ def follow(task: Task, until, timeout: float = 15) -> Task:
 # --- hooks: the job row commits with the state or not at all ---------------------------------------
 
 
+@pytest.mark.embedded
 def test_launch_defers_its_job_in_the_same_transaction(server, operator):
     task = launched(server, operator, "quick", {"text": "hooked"})
     [job] = jobs_of("taskhub.launch_task")
     assert (job.args, job.status, job.lock) == ({"task_id": str(task.id)}, "todo", f"launch:{task.id}")
 
 
+@pytest.mark.embedded
 def test_a_service_that_fails_after_deferring_leaves_no_job(server, operator):
     with pytest.raises(RuntimeError), transaction.atomic():
         launched(server, operator, "quick", {"text": "rolled back"})
@@ -299,6 +301,7 @@ def test_a_crash_between_send_and_answer_leaves_the_launch_unknown_and_never_res
     assert audit(task) == ["task.launched", "task.launch_sent", "task.launch_unknown"]
 
 
+@pytest.mark.embedded
 def test_a_stalled_launch_job_is_recovered_and_reports_unknown_instead_of_resending(server, operator, recorder):
     task = launched(server, operator, "quick", {"text": "stalled"})
 
@@ -544,6 +547,7 @@ def test_a_cancel_during_mrtr_rounds_ends_the_call_here(server, operator, approv
 # --- precedence: answers and cancels before launches -----------------------------------------------
 
 
+@pytest.mark.embedded
 def test_an_answer_and_a_cancel_run_before_the_launches_queued_ahead_of_them(server, operator, approver, demo):
     waiting = approval_waiting(server, operator)
     running = launched(server, operator, "long", {"seconds": 30})

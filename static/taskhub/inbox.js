@@ -4,7 +4,6 @@
   "use strict";
 
   var REFETCH_GAP_MS = 300; // at most one re-fetch per 300 ms, however many changes arrive (the first at once)
-  var lastSeq = null;
   var lastFetch = 0;
   var pending = null;
   var inFlight = false;
@@ -101,11 +100,11 @@
     if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
   }
 
-  document.addEventListener("htmx:wsAfterMessage", function () {
-    var marker = document.getElementById("inbox-live");
-    if (!marker || !marker.dataset.seq || marker.dataset.seq === lastSeq) return;
-    lastSeq = marker.dataset.seq;
-    scheduleRefetch();
+  // The signal the socket pushes when a task with requests changes (templates/tasks/inbox.html#live-signal):
+  // with requests open, cards may be new. (live.js puts its closed cards in place.)
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var signal = event.detail && event.detail.fragment;
+    if (signal && signal.id === "inbox-live-signal" && signal.hasAttribute("data-open-requests")) scheduleRefetch();
   });
 
   document.body.addEventListener("taskhub:live-resync", function () {

@@ -46,6 +46,21 @@
     openedBefore = true;
   });
 
+  // Pushed elements that replace what a page shows, where it shows them (a closed card on the inbox and on the task
+  // page) come in <template hx-swap-oob="none:body" data-live-replace>: every page has its target, body, so a page
+  // that does not show them reports no missing target, and the swap style none leaves the rest to this.
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var signal = event.detail && event.detail.fragment;
+    if (!signal || !signal.content || !signal.hasAttribute("data-live-replace")) return;
+    Array.prototype.forEach.call(signal.content.children, function (element) {
+      var shown = element.id && document.getElementById(element.id);
+      if (!shown) return;
+      var fresh = document.importNode(element, true);
+      shown.replaceWith(fresh);
+      if (window.htmx) window.htmx.process(fresh);
+    });
+  });
+
   document.addEventListener("htmx:wsClose", function (event) {
     var code = event.detail && event.detail.event ? event.detail.event.code : 1006;
     if (REFUSED.indexOf(code) >= 0) {

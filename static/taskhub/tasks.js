@@ -78,6 +78,9 @@
         target: "#task-results",
         swap: "outerHTML",
       })
+      .catch(function () {
+        // The request failed (htmx logged it); the next signal or re-sync fetches again.
+      })
       .finally(function () {
         inFlight = false;
         if (again) {

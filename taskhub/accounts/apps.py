@@ -11,11 +11,8 @@ class AccountsConfig(AppConfig):
     def ready(self) -> None:
         from taskhub.accounts import ratelimit
         from taskhub.accounts.groups import ensure_role_groups_after_migrate
-        from taskhub.live.access import connect_access_signals
 
         # `flush` (transactional tests, `manage.py flush`) empties auth_group and then sends post_migrate,
         # as Django does to bring back permissions; this brings the role groups back the same way.
         post_migrate.connect(ensure_role_groups_after_migrate, dispatch_uid="taskhub.accounts.role_groups")
         user_logged_in.connect(ratelimit.on_logged_in, dispatch_uid="taskhub.accounts.logged_in")
-        # Live sockets read their user's access again after roles, memberships or approver groups change.
-        connect_access_signals()

@@ -99,18 +99,6 @@ def sees_all_tasks(user) -> bool:
     return is_operator(user)
 
 
-def tasks_visible_to(user) -> QuerySet:
-    """The tasks this user may see: all for operators and admins, those of the servers they approve for an
-    approver, none for anyone else. The task list filters by it; the detail page and the live socket agree."""
-    from taskhub.tasks.models import Task  # tasks.models does not import this module, but keep start-up light
-
-    if sees_all_tasks(user):
-        return Task.objects.all()
-    if not is_approver(user):
-        return Task.objects.none()
-    return Task.objects.filter(server__in=servers_user_may_approve(user))
-
-
 def may_see_task(user, task) -> bool:
     if sees_all_tasks(user):
         return True

@@ -34,7 +34,7 @@ class LiveAccess:
     roles: permissions.Roles = permissions.NO_ROLES
 
     def may_see_task(self, task) -> bool:
-        # The rule of permissions.may_see_task / tasks_visible_to, from what was read once.
+        # The rule of permissions.may_see_task / tasks.queries.tasks_visible_to, from what was read once.
         return self.sees_all_tasks or task.server_id in self.approvable_server_ids
 
 
@@ -158,7 +158,7 @@ def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None
 
 
 def connect_access_signals() -> None:
-    """From AccountsConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
+    """From LiveConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
     from django.contrib.auth.models import Group
 
     from taskhub.servers.models import Server

@@ -1,20 +1,21 @@
 """The HTML the live socket pushes: htmx out-of-band fragments (elements with an id and `hx-swap-oob`).
 
-Pages register what they own, per kind of interest the connection has in a changed task:
+Renderers are registered per kind of interest the connection has in a changed task:
 
-    from taskhub.live.fragments import FragmentKind, register_task_fragment
-
-    @register_task_fragment(FragmentKind.TASKS)
     def task_row(task, user) -> str:
         return render_to_string("tasks/list.html#task-row", {"task": task, "oob": True})
+
+    register_task_fragment(FragmentKind.TASKS, task_row)
 
 - TASKS: the user sees every task (operators, admins): list rows, status tab counts.
 - TASK: the page watches this task ({"watch": "<uuid>"}): the detail header, its timeline.
 - INBOX: the task belongs to a server the user approves for: inbox cards.
 
+The live layer registers the pages' renderers in LiveConfig.ready() (task_fragments.register()): the domain's
+modules never import this layer (DESIGN.md, "Dependency direction").
+
 User fragments (`render(user) -> str`) do not depend on one task; they are sent on every connect
 (so a page re-syncs after a reconnect) and after every change the connection hears of: nav counts.
-Register from the page's module, imported at start-up (e.g. in its AppConfig.ready()).
 Renderers must escape everything that came from an MCP server (render templates; never mark it safe).
 
 Sharing: one change reaches hundreds of sockets, so the consumer renders each renderer once per change for

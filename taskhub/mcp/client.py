@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
-from taskhub.mcp import wire
+from taskhub.mcp import sdk_private, wire
 from taskhub.mcp.errors import (
     AuthorizationFailed,
     InvalidResult,
@@ -506,7 +506,8 @@ class TasksClient:
                 # The SDK drops tools with invalid `x-mcp-header` annotations (a 2026-07-28 MUST) and
                 # remembers the others' so that `tools/call` mirrors them into `Mcp-Param-*` headers.
                 listing = mcp_types.ListToolsResult.model_validate({**page, "tools": raw_tools})
-                kept = {tool.name for tool in session._absorb_tool_listing(listing, complete=cursor is None).tools}
+                absorbed = sdk_private.absorb_tool_listing(session, listing, complete=cursor is None)
+                kept = {tool.name for tool in absorbed.tools}
                 raw_tools = [tool for tool in raw_tools if tool.get("name") in kept]
             except ValidationError:
                 logger.warning("tools/list from %s does not validate; listing it as sent", self.target.describe())
@@ -524,8 +525,8 @@ class TasksClient:
         """
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
         options: dict[str, Any] = {"timeout": self.timeout}
-        session._stamp(data, options)
-        raw = await session._dispatcher.send_raw_request(data["method"], data.get("params"), options)
+        sdk_private.stamp_request(session, data, options)
+        raw = await sdk_private.send_raw_request(session, data["method"], data.get("params"), options)
         if not isinstance(raw, dict):
             raise InvalidResult(f"{data['method']}: expected an object, got {type(raw).__name__}")
         return raw
@@ -613,34 +614,35 @@ class TasksClient:
         options: dict[str, Any] = {"request_id": request_id}
         # The SDK's listen() knows only core filters; a task filter is the same request with `taskIds`,
         # sent through the session's own stamp and dispatcher so `_meta` and headers stay the SDK's.
-        session._stamp(data, options)
+        sdk_private.stamp_request(session, data, options)
         subscription = TaskSubscription(request_id=request_id)
         self._extension.routes[request_id] = subscription
-        route = session._register_listen_route(request_id)
+        route = sdk_private.register_listen_route(session, request_id)
 
         async def drive() -> None:
             try:
-                await session._dispatcher.send_raw_request(data["method"], data.get("params"), options)
+                await sdk_private.send_raw_request(session, data["method"], data.get("params"), options)
                 subscription._end(None)
             except MCPError as error:
                 subscription._end(_map_mcp_error(error, "subscriptions/listen"))
             except Exception as error:
                 subscription._end(_as_transport_error(error, "subscriptions/listen"))
             finally:
-                route.settle("graceful")
+                sdk_private.settle_listen_route(route, "graceful")
 
         driver = asyncio.ensure_future(drive())
         try:
-            acked = asyncio.ensure_future(route.acked.wait())
+            acked = asyncio.ensure_future(sdk_private.wait_listen_acknowledged(route))
             await asyncio.wait({acked, connection.dead}, timeout=self.timeout, return_when="FIRST_COMPLETED")
             acked.cancel()
-            if route.honored is None:
+            honored_filter = sdk_private.listen_route_honored(route)
+            if honored_filter is None:
                 if subscription._error is not None:
                     raise subscription._error
                 if connection.dead.done():
                     raise await self._lost(connection, "subscriptions/listen")
                 raise RequestTimeout(f"subscriptions/listen: no acknowledgement within {self.timeout:g}s")
-            honored = (route.honored.model_extra or {}).get("taskIds")
+            honored = (honored_filter.model_extra or {}).get("taskIds")
             subscription.accepted_task_ids = [t for t in honored or [] if isinstance(t, str)]
             watcher = asyncio.ensure_future(_end_when_dead(connection, subscription))
             try:
@@ -648,11 +650,11 @@ class TasksClient:
             finally:
                 watcher.cancel()
         finally:
-            route.settle("local")
+            sdk_private.settle_listen_route(route, "local")
             driver.cancel()
             with contextlib.suppress(BaseException):
                 await driver
-            session._unregister_listen_route(request_id)
+            sdk_private.unregister_listen_route(session, request_id)
             self._extension.routes.pop(request_id, None)
 
 

@@ -13,7 +13,8 @@ in the worker's log as is). Here:
   environment blanked out, at most `STDERR_LOG_MAX_BYTES` a minute (the rest is read and dropped, so a loud
   server never blocks on a full pipe).
 
-Process start and shutdown (close stdin, wait, kill the process group) are the SDK's own helpers.
+Process shutdown (close stdin, wait, kill the process group) and draining stdout are the SDK's own helpers
+(private ones, reached through `taskhub.mcp.sdk_private`).
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ import anyio
 import anyio.lowlevel
 import mcp_types
 from anyio.abc import ByteReceiveStream
-from mcp.client._transport import TransportStreams
-from mcp.client.stdio import _drain_stdout, _stop_server_process, get_default_environment
+from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from taskhub.mcp import wire
+from taskhub.mcp.sdk_private import TransportStreams, drain_stdout, stop_server_process
 
 logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger("taskhub.mcp.stderr")
@@ -211,7 +212,7 @@ async def stdio_transport(
                         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                             await read_stream_writer.send(cut)
         finally:
-            await _drain_stdout(process)
+            await drain_stdout(process)
 
     async def stdin_writer() -> None:
         assert process.stdin
@@ -237,7 +238,7 @@ async def stdio_transport(
                 write_stream.close()
                 with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
                     await writer_done.wait()
-                await _stop_server_process(process)
+                await stop_server_process(process)
                 with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
                     await stderr_done.wait()  # its last words, when it had any
                 with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -1,4 +1,5 @@
-"""What the task pages show, shaped from what an MCP server sent: results, errors, the timeline, protocol facts.
+"""What the task pages show, shaped from what an MCP server sent: results, errors, the timeline, protocol facts;
+and the whole of the detail page (detail_context), which its view and its live fragments render.
 
 Everything here is untrusted input from a server. These functions never mark anything safe: they return plain
 values that the templates autoescape, cap every long text, and never fail on an odd shape (a `content` that is
@@ -13,7 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from taskhub.tasks.models import Task, TaskStatus
+from django.urls import reverse
+
+from taskhub.accounts import permissions
+from taskhub.audit.models import AuditEvent
+from taskhub.tasks.input_cards import card_for
+from taskhub.tasks.models import LIVE_STATUSES, InputRequestState, Task, TaskStatus
 
 TEXT_CAP = 20_000  # characters of one text item, embedded resource text, or JSON shown
 JSON_CAP = 20_000
@@ -24,6 +30,8 @@ TIMELINE_CAP = 500
 # Raster types only: an SVG can carry script, so it is never shown inline.
 INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 CLICKABLE_SCHEMES = frozenset({"http", "https"})
+CLOSED_CARDS_SENT = 20
+REQUEST_CARDS_SHOWN = 200
 
 
 @dataclass
@@ -243,8 +251,6 @@ class TimelineEntry:
 
 def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
     """Every audit event of the task, newest last (the latest TIMELINE_CAP), and how many earlier were left out."""
-    from taskhub.audit.models import AuditEvent
-
     events = AuditEvent.objects.filter(task_id=task.pk)
     total = events.count()
     newest = list(events.order_by("-time", "-id")[:TIMELINE_CAP])
@@ -329,3 +335,45 @@ def cancel_state(task: Task) -> str:
     if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
         return "finished_anyway"
     return "ended"
+
+
+# --- the detail page ---------------------------------------------------------------------------------
+
+
+def detail_context(task: Task, user) -> dict:
+    """Everything the detail page and its live fragments show; the live renderers call this too."""
+    entries, earlier = timeline(task)
+    requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
+    for input_request in requests:
+        input_request.task = task
+    here = reverse("tasks:detail", args=[task.pk])
+    open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
+    # The page shows every request, answered ones with who answered and when; live, the cards closed lately
+    # replace their open version wherever a page still shows it (the newest few suffice).
+    open_ids = {ir.pk for ir in open_requests}
+    closed = [ir for ir in requests if ir.pk not in open_ids][-CLOSED_CARDS_SENT:]
+    shown = requests[-REQUEST_CARDS_SHOWN:]
+    return {
+        "task": task,
+        "may_cancel": permissions.may_cancel(user, task),
+        "cancel_offered": (
+            permissions.may_cancel(user, task)
+            and not task.is_terminal
+            and task.cancel_requested_at is None
+            and task.status != TaskStatus.LAUNCH_UNKNOWN
+        ),
+        "cancel_state": cancel_state(task),
+        # The tracker claims no task of a disabled server (taskhub/worker/tracker/leases.py, CLAIM_SQL).
+        "polling_paused": (
+            task.remote_task_id is not None and task.status in LIVE_STATUSES and not task.server.enabled
+        ),
+        "open_requests": open_requests,
+        "request_cards": [card_for(ir, user, next_url=here) for ir in shown],
+        "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
+        "result": present_result(task.result),
+        "error": present_error(task.error),
+        "arguments": pretty_json(task.arguments),
+        "facts": facts(task),
+        "timeline": entries,
+        "timeline_earlier": earlier,
+    }

@@ -1,11 +1,13 @@
 """Every change to a Task or an InputRequest. Views, jobs and the tracker call these; nothing else writes the models.
 
 Each service is one transaction that writes the state, its audit row(s) and the hand-off to a job
-together, and tells the live layer after commit. Rows are locked task first, then input requests.
+together (hooks.py), and announces the change after commit (signals.py; the live layer listens). Rows are
+locked task first, then input requests.
 """
 
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,11 +17,10 @@ from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import WORKER, record_event, storable
-from taskhub.live import publish
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
-from taskhub.tasks import hooks, storable_text
+from taskhub.tasks import hooks, signals, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.elicitation_forms import build_form
 from taskhub.tasks.errors import (
@@ -59,7 +60,7 @@ def cap_status_message(text: str | None) -> str:
 
 
 def _publish_after_commit(task_id: uuid.UUID) -> None:
-    transaction.on_commit(lambda: publish.publish_task_changed(task_id))
+    signals.announce_task_changed(task_id)
 
 
 def _locked(task: Task) -> Task:
@@ -94,8 +95,10 @@ def launch(*, server: Server, tool: str, arguments: dict[str, Any], user) -> Tas
 
 
 @transaction.atomic
-def record_launch_outcome(*, task: Task, outcome: CallOutcome) -> Task:
-    """What tools/call answered: a result, MRTR input requests, or a durable task to follow."""
+def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_ids: Iterable[int] = ()) -> Task:
+    """What tools/call answered: a result, MRTR input requests, or a durable task to follow.
+
+    `answered_request_ids`: the answers an MRTR retry carried; the server's answer to it is their delivery."""
     task = _locked(task)
     if task.status != TaskStatus.LAUNCHING:
         raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}, not launching; its outcome is known.")
@@ -116,7 +119,7 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome) -> Task:
         snapshot = outcome.task
         task.remote_task_id = snapshot.task_id
         task.mrtr_request_state = None
-        for field, value in _snapshot_values(snapshot, task, problems=problems).items():
+        for field, value in snapshot_values(snapshot, task, problems=problems).items():
             setattr(task, field, value)
         task.remote_last_updated_at = snapshot.last_updated_at or ""
         if task.is_terminal:
@@ -136,6 +139,8 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome) -> Task:
         if task.status in LIVE_STATUSES:
             TaskPoll.objects.create(task=task, next_poll_at=now)
     _record_problems(task, problems, source="tools/call")
+    for input_request in InputRequest.objects.filter(pk__in=list(answered_request_ids)):
+        _mark_delivered(input_request=input_request)
     _publish_after_commit(task.id)
     return task
 
@@ -171,7 +176,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
     if snapshot.task_id != task.remote_task_id:
         raise InvalidTransition(f"Snapshot of remote task {snapshot.task_id!r} given for task {task.id}.")
     problems: list[str] = []
-    wanted = _snapshot_values(snapshot, task, problems=problems)
+    wanted = snapshot_values(snapshot, task, problems=problems)
 
     if task.is_terminal:
         contradictions = {
@@ -224,7 +229,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
     return anything
 
 
-def _snapshot_values(snapshot: TaskSnapshot, task: Task, *, problems: list[str] | None = None) -> dict[str, Any]:
+def snapshot_values(snapshot: TaskSnapshot, task: Task, *, problems: list[str] | None = None) -> dict[str, Any]:
     """The columns a snapshot sets. A result on a task that is not completed (or an error on one that is not
     failed) is not stored: it would show as the outcome of a task that has none yet; it goes to `problems`."""
     result, error = snapshot.tool_result, snapshot.error
@@ -356,7 +361,7 @@ def _confirm_interrupted_deliveries(task: Task, *, keep: set[str], asked_at) -> 
         .only("pk", "task_id")
     )
     confirmed_by = "tasks/get: the server no longer asks for the key"
-    return sum(mark_delivered(input_request=request, confirmed_by=confirmed_by) for request in received)
+    return sum(_mark_delivered(input_request=request, confirmed_by=confirmed_by) for request in received)
 
 
 # --- answers ----------------------------------------------------------------------------------------
@@ -429,11 +434,17 @@ def claim_delivery(*, input_request: InputRequest) -> bool:
 
 @transaction.atomic
 def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
-    """The server acknowledged the answer. Idempotent: a repeated delivery changes nothing.
+    """The server acknowledged the answer (the delivery job). Idempotent: a repeated delivery changes nothing.
 
     `confirmed_by`: no acknowledgement came, but this shows the answer was received (the key is no longer
-    outstanding); it goes on the timeline.
+    outstanding); it goes on the timeline. The tracker polls the task at once to see what the answer changed.
     """
+    delivered = _mark_delivered(input_request=input_request, confirmed_by=confirmed_by)
+    _poll_soon(task_id=input_request.task_id)
+    return delivered
+
+
+def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
     task = Task.objects.select_for_update().get(pk=input_request.task_id)
     input_request = InputRequest.objects.select_for_update().get(pk=input_request.pk)
     if input_request.state == InputRequestState.DELIVERED:
@@ -485,12 +496,14 @@ def request_cancel(*, task: Task, user) -> Task:
 
 @transaction.atomic
 def mark_cancel_delivered(*, task: Task) -> bool:
-    """The server acknowledged tasks/cancel (which only asks: the task may still end otherwise)."""
+    """The server acknowledged tasks/cancel (which only asks: the task may still end otherwise); the tracker
+    polls the task at once to see whether it did."""
     task = _locked(task)
-    if task.cancel_delivered_at is not None:
-        return False
     if task.cancel_requested_at is None:
         raise InvalidTransition(f"No cancel was requested for task {task.id}.")
+    _poll_soon(task_id=task.id)
+    if task.cancel_delivered_at is not None:
+        return False
     task.cancel_delivered_at = timezone.now()
     task.save(update_fields=["cancel_delivered_at", "updated_at"])
     record_event(action="task.cancel_delivered", actor_label=WORKER, task=task, data={})
@@ -595,6 +608,21 @@ def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool) -> b
 
 
 @transaction.atomic
+def give_up_launch(*, task_id: uuid.UUID, attempts: int, error: BaseException) -> bool:
+    """The launch job will not run again (its last attempt failed, or its worker stopped), so a task still
+    launching would say so forever: its outcome is unknown if tools/call of its round was sent, else it failed.
+    False: its outcome was recorded already."""
+    task = Task.objects.select_for_update().filter(pk=task_id, status=TaskStatus.LAUNCHING).first()
+    if task is None:
+        return False
+    gave_up = f"Gave up after {attempts} attempt{'' if attempts == 1 else 's'} ({str(error) or type(error).__name__})"
+    if launch_was_sent(task=task):
+        return mark_launch_unknown(task=task, reason=f"{gave_up}: tools/call was sent, but no answer was recorded.")
+    message = f"{gave_up}: the tool call was not sent."
+    return record_launch_failure(task=task, error={"message": message, "kind": type(error).__name__}, sent=False)
+
+
+@transaction.atomic
 def schedule_mrtr_retry(*, task: Task, mrtr_round: int) -> bool:
     """Once every request of MRTR round n is answered, the task goes back to launching to resend tools/call.
 
@@ -623,7 +651,8 @@ def schedule_mrtr_retry(*, task: Task, mrtr_round: int) -> bool:
 
 @transaction.atomic
 def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any]) -> None:
-    """The server refused the answer (e.g. the task is gone); the answer stays recorded, not delivered."""
+    """The server refused the answer (e.g. the task is gone), or could not be reached in time; the answer stays
+    recorded, not delivered. The tracker polls the task at once to see where it stands."""
     task = Task.objects.select_for_update().get(pk=input_request.task_id)
     record_event(
         action="input.delivery_failed",
@@ -631,13 +660,17 @@ def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any
         task=task,
         data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "error": error},
     )
+    _poll_soon(task_id=task.id)
     _publish_after_commit(task.id)
 
 
 @transaction.atomic
 def record_cancel_failure(*, task: Task, error: dict[str, Any]) -> None:
+    """tasks/cancel was refused, could not be sent in time, or had no remote task to go to. The tracker polls the
+    task at once to see where it stands."""
     task = _locked(task)
     record_event(action="task.cancel_failed", actor_label=WORKER, task=task, data={"error": error})
+    _poll_soon(task_id=task.id)
     _publish_after_commit(task.id)
 
 
@@ -664,8 +697,8 @@ def cancel_before_remote_task(*, task: Task) -> bool:
     return True
 
 
-def poll_soon(*, task_id: uuid.UUID) -> bool:
-    """Ask the tracker to poll this task at once (after an answer or a cancel reached the server)."""
+def _poll_soon(*, task_id: uuid.UUID) -> bool:
+    """Ask the tracker to poll this task at once (after an answer or a cancel reached the server, or failed to)."""
     return bool(TaskPoll.objects.filter(task_id=task_id).update(next_poll_at=timezone.now()))
 
 

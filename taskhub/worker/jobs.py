@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 from procrastinate import RetryDecision
 from procrastinate.contrib.django import app
 from procrastinate.jobs import Job
 from procrastinate.retry import BaseRetryStrategy
 
-from taskhub.mcp.client import CallOutcome, TasksClient
+from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
@@ -42,11 +43,11 @@ logger = logging.getLogger(__name__)
 
 # tools/call may legitimately run for a while before it answers (a synchronous tool).
 LAUNCH_TIMEOUT_SECONDS = 120.0
-DELIVERY_TIMEOUT_SECONDS = 30.0
+DELIVERY_TIMEOUT_SECONDS = settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS
 # An attempt cut off before its answer came (its worker stopped, its job was recovered as stalled) may still
 # be under way: the server may apply a request it holds after the client gave up. The next attempt waits this
 # long after it before asking the server whether the answer arrived, and sends it again only if it did not.
-DELIVERY_SETTLE_SECONDS = DELIVERY_TIMEOUT_SECONDS + 10
+DELIVERY_SETTLE_SECONDS = settings.TASKHUB_DELIVERY_SETTLE_SECONDS
 CONFIRMED_AFTER_INTERRUPTION = "tasks/get after an interrupted delivery"
 
 
@@ -128,7 +129,7 @@ def error_object(error: Exception) -> dict[str, Any]:
 # --- launch -----------------------------------------------------------------------------------------
 
 
-@app.task(name="taskhub.launch_task", pass_context=True, retry=LAUNCH_RETRY)
+@app.task(name=hooks.LAUNCH_JOB, pass_context=True, retry=LAUNCH_RETRY)
 async def launch_task(context, task_id: str) -> str:
     last_attempt = LAUNCH_RETRY.is_last(context.job)
     try:
@@ -140,23 +141,11 @@ async def launch_task(context, task_id: str) -> str:
         # that a worker stopping (the CancelledError) cannot cut the record short.
         attempts = context.job.attempts + 1
         try:
-            await asyncio.shield(db(_give_up_launch, task_id=uuid.UUID(task_id), attempts=attempts, error=error))
+            gave_up = db(services.give_up_launch, task_id=uuid.UUID(task_id), attempts=attempts, error=error)
+            await asyncio.shield(gave_up)
         except Exception:
             logger.exception("launch of task %s: recording that it was given up failed", task_id)
         raise
-
-
-@transaction.atomic
-def _give_up_launch(*, task_id: uuid.UUID, attempts: int, error: BaseException) -> None:
-    task = Task.objects.filter(pk=task_id, status=TaskStatus.LAUNCHING).first()
-    if task is None:
-        return  # its outcome is recorded already
-    gave_up = f"Gave up after {attempts} attempt{'' if attempts == 1 else 's'} ({str(error) or type(error).__name__})"
-    if services.launch_was_sent(task=task):
-        services.mark_launch_unknown(task=task, reason=f"{gave_up}: tools/call was sent, but no answer was recorded.")
-        return
-    message = f"{gave_up}: the tool call was not sent."
-    services.record_launch_failure(task=task, error={"message": message, "kind": type(error).__name__}, sent=False)
 
 
 def _launching(task_id: uuid.UUID) -> tuple[Task | None, bool]:
@@ -207,7 +196,7 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
             await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
             return "outcome unknown"
     logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
-    await db(_record_outcome, task=task, outcome=outcome, answered_request_ids=call.answered_request_ids)
+    await db(services.record_launch_outcome, task=task, outcome=outcome, answered_request_ids=call.answered_request_ids)
     return type(outcome).__name__
 
 
@@ -215,18 +204,10 @@ def _not_sent(error: Exception) -> dict[str, Any]:
     return {**error_object(error), "message": f"The tool call was not sent: {error}"}
 
 
-@transaction.atomic
-def _record_outcome(*, task: Task, outcome: CallOutcome, answered_request_ids: tuple[int, ...]) -> None:
-    # An MRTR retry carried the round's answers: the server's answer to it is their delivery.
-    services.record_launch_outcome(task=task, outcome=outcome)
-    for input_request in InputRequest.objects.filter(pk__in=answered_request_ids):
-        services.mark_delivered(input_request=input_request)
-
-
 # --- deliver an answer ------------------------------------------------------------------------------
 
 
-@app.task(name="taskhub.deliver_answer", pass_context=True, retry=DELIVERY_RETRY)
+@app.task(name=hooks.ANSWER_DELIVERY_JOB, pass_context=True, retry=DELIVERY_RETRY)
 async def deliver_answer(context, input_request_id: int) -> str:
     return await deliver(input_request_id, last_attempt=DELIVERY_RETRY.is_last(context.job))
 
@@ -267,7 +248,9 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
-                await db(_delivered, input_request=input_request, confirmed_by=CONFIRMED_AFTER_INTERRUPTION)
+                await db(
+                    services.mark_delivered, input_request=input_request, confirmed_by=CONFIRMED_AFTER_INTERRUPTION
+                )
                 return "already received"
             if not claimed and not await db(services.claim_delivery, input_request=input_request):
                 retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
@@ -277,14 +260,14 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
             await client.request(lambda tasks: tasks.update_task(task.remote_task_id, answer))
         except ProtocolError as error:
             # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.
-            await db(_delivery_failed, input_request=input_request, error=error.to_error_object())
+            await db(services.record_delivery_failure, input_request=input_request, error=error.to_error_object())
             return "refused"
         except (TransportError, RequestTimeout) as error:
             if not last_attempt:
                 raise
-            await db(_delivery_failed, input_request=input_request, error=_gave_up(error))
+            await db(services.record_delivery_failure, input_request=input_request, error=_gave_up(error))
             return "gave up"
-    await db(_delivered, input_request=input_request)
+    await db(services.mark_delivered, input_request=input_request)
     return "delivered"
 
 
@@ -302,22 +285,10 @@ def _gave_up(error: McpClientError) -> dict[str, Any]:
     return {**error_object(error), "message": f"Gave up after repeated failures: {error}"}
 
 
-@transaction.atomic
-def _delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> None:
-    services.mark_delivered(input_request=input_request, confirmed_by=confirmed_by)
-    services.poll_soon(task_id=input_request.task_id)
-
-
-@transaction.atomic
-def _delivery_failed(*, input_request: InputRequest, error: dict[str, Any]) -> None:
-    services.record_delivery_failure(input_request=input_request, error=error)
-    services.poll_soon(task_id=input_request.task_id)
-
-
 # --- deliver a cancel -------------------------------------------------------------------------------
 
 
-@app.task(name="taskhub.deliver_cancel", pass_context=True, retry=CANCEL_RETRY)
+@app.task(name=hooks.CANCEL_DELIVERY_JOB, pass_context=True, retry=CANCEL_RETRY)
 async def deliver_cancel(context, task_id: str) -> str:
     return await cancel(uuid.UUID(task_id), last_attempt=CANCEL_RETRY.is_last(context.job))
 
@@ -341,24 +312,12 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         try:
             await client.request(lambda tasks: tasks.cancel_task(task.remote_task_id))
         except ProtocolError as error:
-            await db(_cancel_failed, task=task, error=error.to_error_object())
+            await db(services.record_cancel_failure, task=task, error=error.to_error_object())
             return "refused"
         except (TransportError, RequestTimeout) as error:
             if not last_attempt:
                 raise
-            await db(_cancel_failed, task=task, error=_gave_up(error))
+            await db(services.record_cancel_failure, task=task, error=_gave_up(error))
             return "gave up"
-    await db(_cancel_delivered, task=task)
+    await db(services.mark_cancel_delivered, task=task)
     return "delivered"
-
-
-@transaction.atomic
-def _cancel_delivered(*, task: Task) -> None:
-    services.mark_cancel_delivered(task=task)
-    services.poll_soon(task_id=task.id)
-
-
-@transaction.atomic
-def _cancel_failed(*, task: Task, error: dict[str, Any]) -> None:
-    services.record_cancel_failure(task=task, error=error)
-    services.poll_soon(task_id=task.id)

@@ -18,8 +18,8 @@ logger = logging.getLogger(__name__)
 # The server may end a task right at its deadline; give the tracker time to see that first.
 EXPIRY_GRACE = datetime.timedelta(seconds=60)
 PURGE_BATCH = 500
-# Jobs of a worker silent this long are taken over (procrastinate's workers beat every 10 s).
-STALLED_WORKER_SECONDS = 30
+# Jobs of a worker silent this long are taken over (workers beat every TASKHUB_WORKER_HEARTBEAT_SECONDS).
+STALLED_WORKER_SECONDS = settings.TASKHUB_STALLED_WORKER_SECONDS
 
 
 def remote_deadline(task: Task) -> datetime.datetime | None:
@@ -88,7 +88,7 @@ async def purge_old_tasks(context, timestamp: int) -> int:
     return purged
 
 
-@app.periodic(cron="* * * * *")
+@app.periodic(cron=settings.TASKHUB_STALLED_SWEEP_CRON)
 @app.task(name="taskhub.retry_stalled_jobs", queueing_lock="taskhub.retry_stalled_jobs", pass_context=True)
 async def retry_stalled_jobs(context, timestamp: int) -> int:
     """Requeue jobs whose worker died. A recovered launch then finds its marker and reports "outcome unknown"."""

@@ -22,7 +22,7 @@ document.addEventListener("securitypolicyviolation", (event) => {
 """
 
 
-def test_every_page_satisfies_the_policy_and_the_socket_connects(daphne_server, page):
+def test_every_page_satisfies_the_policy_and_the_socket_connects(daphne_server, page, console_errors):
     world = build_world()
     base = daphne_server.url
     console = []
@@ -65,15 +65,13 @@ def test_every_page_satisfies_the_policy_and_the_socket_connects(daphne_server, 
     violations.extend(page.evaluate("window.__cspViolations || []"))
 
     policy_messages = [text for text in console if "Content Security Policy" in text]
-    # The collectors work: an inline style added now is refused and reported both ways.
-    page.evaluate("document.head.appendChild(document.createElement('style')).textContent = 'body{}'")
-    page.wait_for_function("window.__cspViolations.length > 0")
+    # The collectors work: an inline style added now is refused and reported both ways (the console message is
+    # awaited by console_errors.expect, which also fails the test if it never comes).
+    with console_errors.expect(page, "Content Security Policy"):
+        page.evaluate("document.head.appendChild(document.createElement('style')).textContent = 'body{}'")
+        page.wait_for_function("window.__cspViolations.length > 0")
     canary = page.evaluate("window.__cspViolations")
     assert any("style-src" in text for text in canary), canary
-    for _ in range(50):
-        if any("Content Security Policy" in text for text in console):
-            break
-        page.wait_for_timeout(100)
     assert any("Content Security Policy" in text for text in console), console
 
     assert violations == [], "\n".join(violations)

@@ -13,11 +13,19 @@ import time
 import aiohttp
 import pytest
 from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
+from browser_fixtures import needs_redis, screenshot, sign_in
+from demo_process import DemoServer
 from django.conf import settings
 from django.contrib.auth.models import Group
 from playwright.sync_api import Page, expect
-from stack_fixtures import LiveStack, in_own_thread, running_stack, session_cookie_for
+from stack_fixtures import (
+    LiveStack,
+    Workers,
+    in_own_thread,
+    register_and_discover,
+    session_cookie_for,
+    worker_environment,
+)
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.demo.scripts import MARKUP_PAYLOADS
@@ -37,10 +45,26 @@ def people():
     }
 
 
+@pytest.fixture(scope="module")
+def stack_processes(session_daphne, live_channel_env, django_db_blocker):
+    """The demo server (with the hostile tool) and one worker for the whole module, on the session's daphne and
+    its Redis channel layer. Each test registers the server anew: its rows are flushed after it."""
+    needs_redis(live_channel_env)
+    with DemoServer("--hostile", "--poll-interval-ms", "200") as demo:
+        with django_db_blocker.unblock():
+            workers = Workers(worker_environment(**live_channel_env))
+        try:
+            workers.start(f"flows-{demo.port}")
+            yield demo, workers
+        finally:
+            workers.stop_all()
+
+
 @pytest.fixture
-def stack(people):
-    with running_stack(people["admin"]) as stack:
-        yield stack
+def stack(stack_processes, session_daphne, people):
+    demo, workers = stack_processes
+    server = register_and_discover(demo, people["admin"])
+    return LiveStack(demo=demo, server=server, web=session_daphne, workers=workers)
 
 
 def signed_in(new_page, stack: LiveStack, username: str, color_scheme: str = "light") -> Page:
@@ -79,6 +103,7 @@ def card_for(page: Page, task_id: str):
     return page.locator(f"article.ir-card:has(a[href*='{task_id}'])")
 
 
+@pytest.mark.embedded
 def test_an_approval_from_launch_to_result_without_a_reload(new_page, stack, people):
     watcher = signed_in(new_page, stack, "olga")
     watcher.goto(f"{stack.url}/tasks/")

@@ -140,7 +140,7 @@ def url_host():
     httpd.shutdown()
 
 
-def test_a_url_request_loads_nothing_before_the_click_then_opens_in_a_new_tab(live_server, page, server, url_host):
+def test_a_url_request_loads_nothing_before_the_click_then_opens_in_a_new_tab(daphne_server, page, server, url_host):
     port, hits = url_host
     approver("ada")
     target = f"http://localhost:{port}/consent?session=abc"
@@ -148,8 +148,8 @@ def test_a_url_request_loads_nothing_before_the_click_then_opens_in_a_new_tab(li
     bad = task_asking(server, {"bad": url_request("javascript:alert(document.cookie)")}, tool="sneaky")
     requested = []
     page.on("request", lambda request: requested.append(request.url))
-    sign_in(page, live_server.url, "ada", TEST_PASSWORD)
-    page.goto(f"{live_server.url}/inbox/")
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
     signin = card(page, request_of(task, "signin"))
     expect(signin.locator(".ir-host")).to_have_text("localhost")
     expect(signin.locator(".ir-url-text")).to_have_text(target)
@@ -176,13 +176,13 @@ def test_a_url_request_loads_nothing_before_the_click_then_opens_in_a_new_tab(li
     assert answered.answer == {"action": "accept"}
 
 
-def test_every_field_type_filled_and_accepted_and_errors_shown_inline(live_server, new_page, server):
+def test_every_field_type_filled_and_accepted_and_errors_shown_inline(daphne_server, new_page, server):
     approver("ada")
     task = task_asking(server, {"register": FORM}, tool="register")
     request = request_of(task, "register")
     page = new_page()
-    sign_in(page, live_server.url, "ada", TEST_PASSWORD)
-    page.goto(f"{live_server.url}/inbox/")
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
     form = card(page, request)
     expect(form.get_by_label("Guests")).to_have_value("2")
 
@@ -234,12 +234,12 @@ def test_every_field_type_filled_and_accepted_and_errors_shown_inline(live_serve
     }
 
 
-def test_the_keyboard_moves_between_cards_and_ctrl_enter_accepts(live_server, page, server):
+def test_the_keyboard_moves_between_cards_and_ctrl_enter_accepts(daphne_server, page, server):
     approver("ada")
     tasks = [task_asking(server, {"approve": APPROVE}, tool=f"deploy_{n}") for n in range(3)]
     requests = [request_of(task, "approve") for task in tasks]
-    sign_in(page, live_server.url, "ada", TEST_PASSWORD)
-    page.goto(f"{live_server.url}/inbox/")
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
     expect(page.locator(".ir-card")).to_have_count(3)
 
     page.keyboard.press("j")
@@ -262,7 +262,7 @@ def test_the_keyboard_moves_between_cards_and_ctrl_enter_accepts(live_server, pa
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_screenshots_of_an_inbox_with_several_cards(live_server, new_page, server, scheme):
+def test_screenshots_of_an_inbox_with_several_cards(daphne_server, new_page, server, scheme):
     approver("ada")
     task_asking(server, {"approve": APPROVE}, tool="deploy_service")
     task_asking(server, {"register": FORM}, tool="register")
@@ -271,15 +271,15 @@ def test_screenshots_of_an_inbox_with_several_cards(live_server, new_page, serve
     task_asking(server, {"sample": {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 50}}},
                 tool="summarise")  # fmt: skip
     page = new_page(color_scheme=scheme)
-    sign_in(page, live_server.url, "ada", TEST_PASSWORD)
-    page.goto(f"{live_server.url}/inbox/")
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
     expect(page.locator(".ir-card")).to_have_count(4)
     screenshot(page, f"inbox-{scheme}")
 
 
-def test_screenshot_of_an_empty_inbox(live_server, page, server):
+def test_screenshot_of_an_empty_inbox(daphne_server, page, server):
     approver("ada")
-    sign_in(page, live_server.url, "ada", TEST_PASSWORD)
-    page.goto(f"{live_server.url}/inbox/")
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
     expect(page.get_by_text("Nothing waiting for you")).to_be_visible()
     screenshot(page, "inbox-empty")

@@ -17,9 +17,9 @@ def nav_items(page) -> list[str]:
     ]
 
 
-def test_an_operator_signs_in_and_sees_launch_but_not_the_admin_pages(live_server, page):
+def test_an_operator_signs_in_and_sees_launch_but_not_the_admin_pages(daphne_server, page):
     make_user("olga", OPERATORS, password=TEST_PASSWORD)
-    page.goto(live_server.url)
+    page.goto(daphne_server.url)
     page.get_by_role("link", name="Sign in").click()
     expect(page).to_have_title("Sign in · taskhub")
     expect(page.get_by_label("Username")).to_be_focused()
@@ -29,23 +29,23 @@ def test_an_operator_signs_in_and_sees_launch_but_not_the_admin_pages(live_serve
     page.get_by_label("Password").fill(TEST_PASSWORD)
     page.get_by_role("button", name="Sign in").click()
 
-    expect(page).to_have_url(f"{live_server.url}/")
+    expect(page).to_have_url(f"{daphne_server.url}/")
     expect(page.locator(".usermenu")).to_contain_text("olga")
     assert nav_items(page) == ["Tasks", "Launch"]
     screenshot(page, "home-operator")
 
 
-def test_an_admin_who_approves_sees_every_page(live_server, page):
+def test_an_admin_who_approves_sees_every_page(daphne_server, page):
     make_user("alex", ADMINS, APPROVERS, password=TEST_PASSWORD)
-    sign_in(page, live_server.url, "alex", TEST_PASSWORD)
-    expect(page).to_have_url(f"{live_server.url}/")
+    sign_in(page, daphne_server.url, "alex", TEST_PASSWORD)
+    expect(page).to_have_url(f"{daphne_server.url}/")
     assert nav_items(page) == ["Tasks", "Inbox", "Launch", "Servers", "Audit"]
     screenshot(page, "home-admin")
 
 
-def test_a_wrong_password_is_refused_with_a_clear_message(live_server, page):
+def test_a_wrong_password_is_refused_with_a_clear_message(daphne_server, page):
     make_user("olga", OPERATORS, password=TEST_PASSWORD)
-    sign_in(page, live_server.url, "olga", "not the password")
+    sign_in(page, daphne_server.url, "olga", "not the password")
     expect(page.get_by_role("alert")).to_contain_text("That username and password do not match an account")
     expect(page.get_by_label("Username")).to_have_value("olga")
     expect(page.get_by_label("Password")).to_have_value("")
@@ -53,18 +53,18 @@ def test_a_wrong_password_is_refused_with_a_clear_message(live_server, page):
     screenshot(page, "login-wrong-password")
 
 
-def test_signing_out_returns_to_the_sign_in_page(live_server, page):
+def test_signing_out_returns_to_the_sign_in_page(daphne_server, page):
     make_user("ada", APPROVERS, password=TEST_PASSWORD)
-    sign_in(page, live_server.url, "ada", TEST_PASSWORD)
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
     page.get_by_role("button", name="Sign out").click()
-    expect(page).to_have_url(f"{live_server.url}/accounts/login/")
+    expect(page).to_have_url(f"{daphne_server.url}/accounts/login/")
     expect(page.get_by_role("status").filter(has_text="signed out")).to_be_visible()
     screenshot(page, "signed-out")
 
 
-def test_the_sign_in_page_in_dark_mode(live_server, new_page):
+def test_the_sign_in_page_in_dark_mode(daphne_server, new_page):
     page = new_page(color_scheme="dark")
-    sign_in(page, live_server.url, "nobody", "nothing")
+    sign_in(page, daphne_server.url, "nobody", "nothing")
     expect(page.get_by_role("alert")).to_be_visible()
     screenshot(page, "login-dark")
 

@@ -17,17 +17,15 @@ from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts import permissions
 from taskhub.live.nav import RUNNING_STATUSES, nav_counts
-from taskhub.tasks import presenters, services
+from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
-from taskhub.tasks.input_cards import card_for
-from taskhub.tasks.models import LIVE_STATUSES, InputRequestState, Task, TaskStatus
+from taskhub.tasks.models import Task
+from taskhub.tasks.presenters import detail_context
 from taskhub.tasks.queries import TAB_STATUSES, TABS, TaskFilterForm, filtered_tasks
 
 PAGE_SIZE = 50
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
-CLOSED_CARDS_SENT = 20
-REQUEST_CARDS_SHOWN = 200
 # What a row of the list shows (the task-row partial): the big JSON columns (arguments, result, error) stay behind.
 ROW_FIELDS = (
     "status",
@@ -117,45 +115,6 @@ def visible_task_or_404(user, task_id) -> Task:
     if task is None or not permissions.may_see_task(user, task):
         raise Http404("No such task.")
     return task
-
-
-def detail_context(task: Task, user) -> dict:
-    """Everything the detail page and its live fragments show; the live renderers call this too."""
-    entries, earlier = presenters.timeline(task)
-    requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
-    for input_request in requests:
-        input_request.task = task
-    here = reverse("tasks:detail", args=[task.pk])
-    open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
-    # The page shows every request, answered ones with who answered and when; live, the cards closed lately
-    # replace their open version wherever a page still shows it (the newest few suffice).
-    open_ids = {ir.pk for ir in open_requests}
-    closed = [ir for ir in requests if ir.pk not in open_ids][-CLOSED_CARDS_SENT:]
-    shown = requests[-REQUEST_CARDS_SHOWN:]
-    return {
-        "task": task,
-        "may_cancel": permissions.may_cancel(user, task),
-        "cancel_offered": (
-            permissions.may_cancel(user, task)
-            and not task.is_terminal
-            and task.cancel_requested_at is None
-            and task.status != TaskStatus.LAUNCH_UNKNOWN
-        ),
-        "cancel_state": presenters.cancel_state(task),
-        # The tracker claims no task of a disabled server (taskhub/worker/tracker.py, CLAIM_SQL).
-        "polling_paused": (
-            task.remote_task_id is not None and task.status in LIVE_STATUSES and not task.server.enabled
-        ),
-        "open_requests": open_requests,
-        "request_cards": [card_for(ir, user, next_url=here) for ir in shown],
-        "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
-        "result": presenters.present_result(task.result),
-        "error": presenters.present_error(task.error),
-        "arguments": presenters.pretty_json(task.arguments),
-        "facts": presenters.facts(task),
-        "timeline": entries,
-        "timeline_earlier": earlier,
-    }
 
 
 @require_GET

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 from procrastinate.contrib.django import app
@@ -75,7 +76,12 @@ async def run(
             name="jobs",
         )
         tracker = asyncio.create_task(
-            Tracker(worker_id=worker_id, lease_seconds=lease_seconds).run(stop), name="tracker"
+            Tracker(
+                worker_id=worker_id,
+                lease_seconds=lease_seconds,
+                backoff_cap_seconds=settings.TASKHUB_POLL_BACKOFF_CAP_SECONDS,
+            ).run(stop),
+            name="tracker",
         )
         print(f"worker {worker_id} running (jobs and tracker)", flush=True)
         stopping = asyncio.create_task(stop.wait())
@@ -111,6 +117,8 @@ async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float,
                 concurrency=concurrency,
                 install_signal_handlers=False,
                 shutdown_graceful_timeout=shutdown_timeout,
+                update_heartbeat_interval=settings.TASKHUB_WORKER_HEARTBEAT_SECONDS,
+                stalled_worker_timeout=settings.TASKHUB_STALLED_WORKER_SECONDS,
             ),
             name="job runner",
         )

@@ -1,4 +1,5 @@
-"""What the task pages receive over the live socket (registered in TasksConfig.ready()).
+"""What the task pages and the inbox receive over the live socket about a changed task (registered in
+LiveConfig.ready()).
 
 - The list (FragmentKind.TASKS, for those who see every task; and FragmentKind.INBOX, so an approver's list of
   their servers' tasks follows too): a signal, `<template id="tasks-live-signal" hx-swap-oob="none:body">`
@@ -10,6 +11,7 @@
   changed. Rows alone could not respect the filters, the tabs or the paging: the re-fetch settles those.
 - The detail page (FragmentKind.TASK, only for a connection watching that task, which the consumer grants only
   to who may see it): every live section of the page, out of band, from the page's own template.
+- The inbox (FragmentKind.INBOX): taskhub/tasks/live_inbox.py.
 """
 
 from django.template.loader import render_to_string
@@ -17,6 +19,8 @@ from django.template.loader import render_to_string
 from taskhub.accounts import permissions
 from taskhub.live.access import access_in_force
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
+from taskhub.tasks.live_inbox import inbox_fragment
+from taskhub.tasks.presenters import detail_context
 
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
@@ -32,14 +36,13 @@ def list_signal_for_approver(task, user) -> str:
 
 
 def detail_sections(task, user) -> str:
-    from taskhub.tasks.views.listing import detail_context
-
     if not permissions.may_see_task(user, task):  # the consumer checked already; a page never relies on that alone
         return ""
     return render_to_string(f"{DETAIL_TEMPLATE}#live-sections", {**detail_context(task, user), "oob": True})
 
 
 def register() -> None:
+    register_task_fragment(FragmentKind.INBOX, inbox_fragment)
     # The signal and its row name nothing of the user: one rendering per change serves a whole audience.
     register_task_fragment(FragmentKind.TASKS, list_signal, sharing=Sharing.AUDIENCE)
     register_task_fragment(FragmentKind.INBOX, list_signal_for_approver, sharing=Sharing.AUDIENCE)

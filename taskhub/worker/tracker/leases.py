@@ -1,0 +1,250 @@
+"""The tracker's leases on `tasks_taskpoll` rows: claim, reschedule, renew, pull in, release.
+
+Raw SQL on a psycopg `AsyncConnection` of the tracker's own (autocommit), not the ORM: this is the hot path.
+A claim takes a batch of due rows in one UPDATE … RETURNING (joined with the task for what a poll needs),
+and reschedules are written in batches by one UPDATE … FROM unnest(…) every few milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from taskhub.mcp.wire import TaskSnapshot
+from taskhub.tasks import services
+from taskhub.tasks.models import LIVE_STATUSES, Task, TaskStatus
+from taskhub.worker.tracker.polling import DEFAULT_POLL_INTERVAL_MS, TrackerStats, wait
+
+logger = logging.getLogger(__package__)
+
+# Reschedules are written together, this often at most; each row's time counts from its answer, not the write.
+FLUSH_COALESCE_SECONDS = 0.05
+
+# A row is due when its time has come and nobody else holds a live lease on it; the rows this
+# worker holds are claimed again by the same statement when they fall due. Rows of a disabled server
+# are left where they are (their time passed, so they are claimed at once when it is enabled again).
+CLAIM_SQL = """
+UPDATE tasks_taskpoll AS poll
+SET lease_owner = %(owner)s,
+    lease_expires_at = now() + %(lease)s,
+    next_poll_at = now() + %(lease)s
+FROM (
+    SELECT task_id, lease_owner AS previous_owner, next_poll_at AS due_at
+    FROM tasks_taskpoll
+    WHERE next_poll_at <= now() + %(ahead)s
+      AND (lease_owner = '' OR lease_owner = %(owner)s OR lease_expires_at IS NULL OR lease_expires_at < now())
+      AND EXISTS (SELECT 1 FROM tasks_task AS task JOIN servers_server AS server ON server.id = task.server_id
+                  WHERE task.id = tasks_taskpoll.task_id AND server.enabled)
+    ORDER BY next_poll_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS due, tasks_task AS task
+WHERE poll.task_id = due.task_id AND task.id = poll.task_id
+RETURNING poll.task_id, due.previous_owner, poll.next_poll_at, poll.consecutive_failures,
+          GREATEST(EXTRACT(EPOCH FROM due.due_at - now()), 0)::float8 AS due_in,
+          task.remote_task_id, task.server_id, task.poll_interval_ms, task.ttl_ms, task.remote_created_at,
+          task.status, task.status_message, task.result, task.error,
+          EXISTS (SELECT 1 FROM tasks_inputrequest AS request
+                  WHERE request.task_id = poll.task_id AND request.state = 'open') AS open_requests
+"""
+
+# The arrays go in binary (%b): psycopg dumps a list as text element by element in Python, ~10x the cost
+# per row (a uuid and a timestamptz: ~70 us of the tracker's CPU per poll, as much as validating the answer).
+RESCHEDULE_SQL = """
+UPDATE tasks_taskpoll AS poll
+SET next_poll_at = CASE
+        WHEN poll.next_poll_at = v.claimed_next THEN now() + v.delay_ms * interval '1 millisecond'
+        ELSE LEAST(poll.next_poll_at, now() + v.delay_ms * interval '1 millisecond')
+    END,
+    lease_expires_at = now() + %(lease)s,
+    consecutive_failures = v.failures
+FROM unnest(%(ids)b::uuid[], %(claimed)b::timestamptz[], %(delays)b::float8[], %(failures)b::int[])
+    AS v(task_id, claimed_next, delay_ms, failures)
+WHERE poll.task_id = v.task_id AND poll.lease_owner = %(owner)s
+"""
+
+RENEW_SQL = """
+UPDATE tasks_taskpoll SET lease_expires_at = now() + %(lease)s
+WHERE lease_owner = %(owner)s AND lease_expires_at < now() + %(lease)s / 2
+"""
+
+# A task that loses its subscription is due again within its poll interval, not at the safety-net time.
+PULL_IN_SQL = """
+UPDATE tasks_taskpoll AS poll
+SET next_poll_at = LEAST(poll.next_poll_at, now() + COALESCE(task.poll_interval_ms, %(default_ms)s) * interval '1 ms')
+FROM tasks_task AS task
+WHERE task.id = poll.task_id AND poll.task_id = ANY(%(ids)b::uuid[]) AND poll.lease_owner = %(owner)s
+"""
+
+RELEASE_SQL = "UPDATE tasks_taskpoll SET lease_owner = '', lease_expires_at = NULL WHERE lease_owner = %(owner)s"
+
+
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__, per claimed row
+class Claimed:
+    """A row this worker just claimed, with what polling it needs."""
+
+    task_id: uuid.UUID
+    previous_owner: str
+    claimed_next: datetime
+    failures: int
+    due_in: float  # seconds from the claim until the row's time: the poll waits for it
+    remote_task_id: str
+    server_id: int
+    poll_interval_ms: int | None
+    ttl_ms: int | None
+    remote_created_at: str
+    # What the task row says now, so that a first poll that brings nothing new writes nothing.
+    status: str = ""
+    status_message: str = ""
+    result: Any = None
+    error: Any = None
+    open_requests: bool = True
+
+    def stored_as(self, snapshot: TaskSnapshot) -> bool:
+        """Whether storing `snapshot` would change nothing: `services.apply_snapshot` would find no field
+        to change, no input request to open or supersede. Only said of a live task asking for no input."""
+        if self.status not in LIVE_STATUSES or self.open_requests or snapshot.status == TaskStatus.INPUT_REQUIRED:
+            return False
+        stored = {
+            "status": self.status,
+            "status_message": self.status_message,
+            "result": self.result,
+            "error": self.error,
+            "ttl_ms": self.ttl_ms,
+            "poll_interval_ms": self.poll_interval_ms,
+            "remote_created_at": self.remote_created_at,
+        }
+        # The very comparison apply_snapshot makes (tests/test_tracker.py checks that the two agree).
+        wanted = services.snapshot_values(snapshot, Task(remote_created_at=self.remote_created_at))
+        return all(stored[name] == wanted[name] for name in services.SNAPSHOT_FIELDS)
+
+    def asks_beyond_open_requests(self, snapshot: TaskSnapshot) -> bool:
+        """The server lists input requests while none is open here: answers on their way, or keys reused
+        after their answer. Worth applying even when unchanged, so that a reused key is noted."""
+        return snapshot.status == TaskStatus.INPUT_REQUIRED and bool(snapshot.input_requests) and not self.open_requests
+
+    def ttl_passed(self, now: datetime) -> bool:
+        if self.ttl_ms is None or not self.remote_created_at:
+            return False
+        try:
+            created = datetime.fromisoformat(self.remote_created_at)
+        except ValueError:
+            return False
+        if created.tzinfo is None:
+            created = created.replace(tzinfo=UTC)
+        return now > created + timedelta(milliseconds=self.ttl_ms)
+
+
+@dataclass(slots=True)
+class Reschedule:
+    task_id: uuid.UUID
+    claimed_next: datetime
+    delay_ms: float
+    failures: int
+    at: float  # time.monotonic() when decided: the delay counts from then, however late the write
+
+
+class Leases:
+    """One worker's leases, on its own connection: the statements above, and the reschedules waiting to be written."""
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        lease: timedelta,
+        claim_ahead: timedelta,
+        stats: TrackerStats,
+        connection_params: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self.owner = owner
+        self.lease = lease
+        self.claim_ahead = claim_ahead
+        self.stats = stats
+        self.pending_ready = asyncio.Event()
+        self._connection_params = connection_params
+        self._db: psycopg.AsyncConnection | None = None
+        self._db_lock = asyncio.Lock()
+        self._pending: list[Reschedule] = []
+
+    async def connect(self) -> None:
+        params = await self._connection_params()
+        self._db = await psycopg.AsyncConnection.connect(autocommit=True, **params)
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._db.close()
+
+    async def execute(self, sql: str, params: dict[str, Any]) -> list[tuple]:
+        async with self._db_lock:
+            if self._db is None or self._db.closed or self._db.broken:
+                await self.connect()
+            assert self._db is not None
+            self.stats.own_statements += 1
+            cursor = await self._db.execute(sql, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        params = {"owner": self.owner, "lease": self.lease, "limit": limit, "ahead": self.claim_ahead}
+        rows = await self.execute(CLAIM_SQL, params)
+        self.stats.claim_statements += 1
+        return [Claimed(*row) for row in rows]
+
+    def reschedule(self, claimed: Claimed, *, delay_ms: float, failures: int) -> None:
+        self._pending.append(Reschedule(claimed.task_id, claimed.claimed_next, delay_ms, failures, time.monotonic()))
+        self.pending_ready.set()
+
+    async def flush(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        now = time.monotonic()
+        params = {
+            "owner": self.owner,
+            "lease": self.lease,
+            "ids": [item.task_id for item in batch],
+            "claimed": [item.claimed_next for item in batch],
+            "delays": [max(item.delay_ms - (now - item.at) * 1000, 0.0) for item in batch],
+            "failures": [item.failures for item in batch],
+        }
+        try:
+            await self.execute(RESCHEDULE_SQL, params)
+            self.stats.reschedule_statements += 1
+        except Exception:
+            self._pending = batch + self._pending
+            raise
+
+    async def flush_loop(self, flushing: asyncio.Event) -> None:
+        while not flushing.is_set():
+            await self.pending_ready.wait()
+            self.pending_ready.clear()
+            await asyncio.sleep(FLUSH_COALESCE_SECONDS)
+            try:
+                await self.flush()
+            except Exception:
+                logger.exception("tracker %s: rescheduling failed; retrying", self.owner)
+                await asyncio.sleep(1)
+                self.pending_ready.set()
+
+    async def renew_loop(self, stop: asyncio.Event) -> None:
+        every = self.lease.total_seconds() / 3
+        while not await wait(stop, every):
+            try:
+                await self.execute(RENEW_SQL, {"owner": self.owner, "lease": self.lease})
+            except Exception:
+                logger.exception("tracker %s: renewing leases failed", self.owner)
+
+    async def pull_in(self, task_ids: list[uuid.UUID]) -> None:
+        if task_ids:
+            params = {"ids": task_ids, "owner": self.owner, "default_ms": DEFAULT_POLL_INTERVAL_MS}
+            await self.execute(PULL_IN_SQL, params)
+
+    async def release(self) -> None:
+        await self.execute(RELEASE_SQL, {"owner": self.owner})
