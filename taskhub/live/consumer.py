@@ -154,11 +154,14 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """Check the session again when it expires (it may have been extended meanwhile)."""
         delay = max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.5
         loop = asyncio.get_running_loop()
-        self.session_timer = loop.call_later(delay, lambda: loop.create_task(self._session_check_due()))
+        self.session_timer = loop.call_later(delay, self._session_check_due)
 
-    async def _session_check_due(self) -> None:
+    def _session_check_due(self) -> None:
         self.session_timer = None
-        await self._check_session(since=asyncio.get_running_loop().time())
+        # Kept: the loop holds only a weak reference to a task.
+        self.session_check = asyncio.get_running_loop().create_task(
+            self._check_session(since=asyncio.get_running_loop().time())
+        )
 
     async def _check_session(self, *, since: float) -> bool:
         """False (and the socket closed) once the session no longer signs the user in: signed out elsewhere,
