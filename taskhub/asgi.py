@@ -11,14 +11,14 @@ django_http_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from taskhub.live.origin import SameOriginValidator  # noqa: E402
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
 from taskhub.web.request_threads import KeptRequestThreads  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": KeptRequestThreads(django_http_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

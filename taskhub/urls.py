@@ -12,3 +12,6 @@ urlpatterns = [
     path("api/", api.urls),
     path("admin/", admin.site.urls),
 ]
+
+handler404 = "taskhub.api.errors.page_not_found"
+handler500 = "taskhub.api.errors.server_error"

@@ -27,3 +27,12 @@ STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.s
 # Hashing a password the production way takes ~0.3 s, and many tests sign in. A test whose user signs in to a web
 # process it started (which runs taskhub.settings) hashes as production does: see conftest.py.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The audit table refuses TRUNCATE (audit migration 0006) unless the session opts in; transactional tests end with
+# Django's flush, which empties every table with TRUNCATE. Only the test process's own connections opt in
+# (subprocesses started by tests run taskhub.settings, as production does); tests/test_audit.py turns it off to
+# check the refusal.
+_test_database_options = DATABASES["default"].setdefault("OPTIONS", {})  # noqa: F405
+_test_database_options["options"] = (
+    _test_database_options.get("options", "") + " -c taskhub.allow_audit_truncate=on"
+).strip()

@@ -79,3 +79,25 @@ def test_deleting_a_user_keeps_their_name_on_their_audit_rows(server, django_use
     alice.delete()
     event = AuditEvent.objects.get(action="task.launched")
     assert (event.actor_id, event.actor_label) == (alice_id, "alice")
+
+
+@pytest.mark.embedded
+def test_truncate_of_the_audit_table_is_refused_by_the_database(server):
+    count = AuditEvent.objects.count()
+    with (
+        pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        # As every session outside the test suite: tests/settings.py lets the suite's own flush through.
+        cursor.execute("SET LOCAL taskhub.allow_audit_truncate = off")
+        cursor.execute("TRUNCATE audit_auditevent CASCADE")
+    assert AuditEvent.objects.count() == count
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_test_suites_flush_may_empty_the_audit_table(server):
+    # What pytest-django does after every transactional test; without the opt-in it would fail here.
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW taskhub.allow_audit_truncate")
+        assert cursor.fetchone() == ("on",)

@@ -55,3 +55,29 @@ def test_healthz_reports_the_database(client):
 
 def test_healthz_refuses_post(client):
     assert client.post("/healthz").status_code == 405
+
+
+def _postgres_version() -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        return cursor.fetchone()[0]
+
+
+def test_the_database_version_is_shown_to_signed_in_admins_only(client, django_user_model):
+    version = _postgres_version()
+    operator = django_user_model.objects.create_user(username="olga")
+    operator.groups.add(Group.objects.get_or_create(name="operators")[0])
+    admin = django_user_model.objects.create_superuser(username="root", password=None)
+    for who in (None, operator):
+        if who is not None:
+            client.force_login(who)
+        health = client.get("/healthz").json()
+        assert health["status"] == "ok"
+        assert "version" not in health["database"]
+        assert version not in client.get("/healthz").content.decode()
+        assert version not in client.get("/", headers={"HX-Request": "true"}).content.decode()
+    client.force_login(admin)
+    assert client.get("/healthz").json()["database"]["version"] == version
+    assert f"PostgreSQL {version}" in client.get("/", headers={"HX-Request": "true"}).content.decode()

@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.contrib.auth.signals import user_logged_in
 from django.db.models.signals import post_migrate
 
 
@@ -15,5 +15,4 @@ class AccountsConfig(AppConfig):
         # `flush` (transactional tests, `manage.py flush`) empties auth_group and then sends post_migrate,
         # as Django does to bring back permissions; this brings the role groups back the same way.
         post_migrate.connect(ensure_role_groups_after_migrate, dispatch_uid="taskhub.accounts.role_groups")
-        user_login_failed.connect(ratelimit.on_login_failed, dispatch_uid="taskhub.accounts.login_failed")
         user_logged_in.connect(ratelimit.on_logged_in, dispatch_uid="taskhub.accounts.logged_in")

@@ -1,7 +1,6 @@
-"""Django's ModelBackend, refusing every password while the sign-in rate limit is reached (ratelimit.py).
-
-The sign-in page checks the limit itself first (to answer 429 with the wait); this backend makes every other
-password form, Django's admin sign-in included, obey the same limit.
+"""Django's ModelBackend, counting each guess before its password is checked and refusing it while the sign-in
+rate limit is reached (ratelimit.py), so every password form, Django's admin sign-in included, obeys the limit,
+however many attempts arrive at once.
 """
 
 from django.contrib.auth.backends import ModelBackend
@@ -12,10 +11,10 @@ from taskhub.accounts import ratelimit
 
 class RateLimitedModelBackend(ModelBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
-        if (
-            request is not None
-            and username
-            and ratelimit.seconds_locked(str(username), ratelimit.client_address(request))
-        ):
-            raise PermissionDenied("Too many sign-in attempts.")  # authenticate() stops at once and reports a failure
+        if request is not None and username and password:
+            guessed_at, wait = ratelimit.reserve_attempt(str(username), ratelimit.client_address(request))
+            if guessed_at is None:
+                setattr(request, ratelimit.REFUSED_ATTRIBUTE, wait)
+                raise PermissionDenied("Too many sign-in attempts.")  # authenticate() stops at once: a failure
+            setattr(request, ratelimit.GUESS_ATTRIBUTE, guessed_at)
         return super().authenticate(request, username=username, password=password, **kwargs)

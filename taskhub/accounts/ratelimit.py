@@ -1,16 +1,23 @@
-"""Sign-in rate limit: failed attempts counted per (username, client address) and per client address.
+"""Sign-in rate limit: guesses counted per (username, client address) and per client address.
 
-Each bucket keeps the times of its recent failures in Django's default cache (shared by all web processes:
-Redis with REDIS_URL, else the database cache table). A bucket with as many failures as its limit inside the
-window refuses every attempt, right password or not, until its oldest failure leaves the window. The same
-answer is given whether or not the username exists. A successful sign-in clears that username's bucket for
-that address, never the address bucket (one valid account must not reset the count for guessing others).
+Each bucket keeps the times of its recent guesses in Django's default cache (shared by all web processes: Redis
+with REDIS_URL, else the database cache table). A guess is counted *before* its password is checked
+(`reserve_attempt`, from the authentication backend): a bucket already holding as many guesses as its limit inside
+the window refuses the attempt, right password or not, until its oldest guess leaves the window. A guess that
+turns out right is taken back: the username's bucket for that address is cleared, and the guess leaves the address
+bucket (one valid account must not reset the count for guessing others). The same answer is given whether or not
+the username exists.
+
+Atomic under concurrency: checking and appending to the buckets is done holding a Postgres advisory lock per
+bucket (`pg_advisory_xact_lock`, in a short transaction of its own, never across the password hash), whatever the
+cache: neither cache has an operation that fits (the database cache's `incr` is a get then a set, and its `add`
+takes over an expired row with a plain UPDATE that two requests can both win; Redis is atomic, but its keys expire
+as a whole, which would turn the sliding window into a fixed one). Postgres is always there, so one lock serves
+both. Before, the limit was read before the slow password hash and the failure written after it: 60 simultaneous
+sign-ins were all checked.
 
 While Redis cannot be reached, the counts go to the database cache table instead (logged): sign-in keeps
-working and stays limited, though failures counted in Redis before the outage are not seen meanwhile.
-
-Reads and writes are not atomic: two simultaneous failures may count once. That bounds guessing at roughly the
-limit times the number of concurrent requests per window, which is still a hard limit.
+working and stays limited, though guesses counted in Redis before the outage are not seen meanwhile.
 """
 
 import hashlib
@@ -22,6 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import caches
+from django.db import connection, transaction
 
 logger = logging.getLogger(__name__)
 
@@ -76,25 +84,66 @@ def _recent(bucket: Bucket, now: float) -> list[float]:
     return [t for t in times if isinstance(t, (int, float)) and now - window < t <= now]
 
 
+def _wait(times: list[float], bucket: Bucket, now: float) -> float:
+    """0 when the bucket takes another guess, else the seconds until it does: once enough of its guesses have
+    left the window to fall under the limit."""
+    if len(times) < bucket.limit:
+        return 0.0
+    return times[len(times) - bucket.limit] + settings.LOGIN_FAILURE_WINDOW_SECONDS - now
+
+
 def seconds_locked(username: str, address: str) -> int:
-    """0 when an attempt may go ahead, else how many seconds until it may."""
+    """0 when an attempt may go ahead, else how many seconds until it may (a read, for the sign-in page's answer;
+    the attempt itself is let through or refused by reserve_attempt)."""
     now = time.time()
+    return math.ceil(max(_wait(sorted(_recent(bucket, now)), bucket, now) for bucket in _buckets(username, address)))
+
+
+def _lock_id(bucket: Bucket) -> int:
+    return int.from_bytes(hashlib.sha256(bucket.key.encode()).digest()[:8], "big", signed=True)
+
+
+def _locked(buckets: list[Bucket]) -> None:
+    """Hold these buckets (always in the order given: username, then address) until the transaction ends."""
+    with connection.cursor() as cursor:
+        for bucket in buckets:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(bucket)])
+
+
+def reserve_attempt(username: str, address: str) -> tuple[float | None, int]:
+    """Count one guess in both buckets before its password is checked: (the guess's time, 0), or (None, the
+    seconds to wait) when a bucket is full, and then nothing is counted."""
+    buckets = _buckets(username, address)
     window = settings.LOGIN_FAILURE_WINDOW_SECONDS
-    wait = 0.0
-    for bucket in _buckets(username, address):
-        times = sorted(_recent(bucket, now))
-        if len(times) >= bucket.limit:
-            # Free again once enough of the failures have left the window to fall under the limit.
-            wait = max(wait, times[len(times) - bucket.limit] + window - now)
-    return math.ceil(wait)
+    with transaction.atomic():
+        _locked(buckets)
+        now = time.time()
+        recent = [sorted(_recent(bucket, now)) for bucket in buckets]
+        wait = max(_wait(times, bucket, now) for times, bucket in zip(recent, buckets, strict=True))
+        if wait > 0:
+            return None, math.ceil(wait)
+        for times, bucket in zip(recent, buckets, strict=True):
+            _cached(
+                "set", bucket.key, [*times[-(bucket.limit - 1) :], now] if bucket.limit > 1 else [now], timeout=window
+            )
+    return now, 0
 
 
 def record_failure(username: str, address: str) -> None:
-    now = time.time()
-    window = settings.LOGIN_FAILURE_WINDOW_SECONDS
-    for bucket in _buckets(username, address):
-        times = sorted(_recent(bucket, now))[-(bucket.limit - 1) :] if bucket.limit > 1 else []
-        _cached("set", bucket.key, [*times, now], timeout=window)
+    """A failure counted outside a sign-in (scripts, tests): a guess that was never taken back."""
+    reserve_attempt(username, address)
+
+
+def take_back(username: str, address: str, guessed_at: float) -> None:
+    """A guess that was right: the username's bucket is cleared, the guess leaves the address bucket."""
+    user_bucket, addr_bucket = _buckets(username, address)
+    with transaction.atomic():
+        _locked([user_bucket, addr_bucket])
+        _cached("delete", user_bucket.key)
+        times = _cached("get", addr_bucket.key) or []
+        if guessed_at in times:
+            times.remove(guessed_at)
+            _cached("set", addr_bucket.key, times, timeout=settings.LOGIN_FAILURE_WINDOW_SECONDS)
 
 
 def clear_username(username: str, address: str) -> None:
@@ -108,16 +157,16 @@ def lockout_message(seconds: int) -> str:
 
 # --- wiring: every password sign-in (ours and the admin site's) goes through authenticate() -----------------
 
-
-def on_login_failed(sender, credentials, request=None, **kwargs) -> None:
-    # Django calls this for every failed authenticate(), including one refused while locked (counted too: a
-    # locked bucket stays locked while someone keeps trying). Without a request (a script, the test client's
-    # login()) there is no address to count against.
-    username = credentials.get("username")
-    if request is not None and username:
-        record_failure(str(username), client_address(request))
+# Set on the request by the backend: the time of the guess it counted, or that it refused one (locked).
+GUESS_ATTRIBUTE = "taskhub_signin_guess"
+REFUSED_ATTRIBUTE = "taskhub_signin_refused_seconds"
 
 
 def on_logged_in(sender, request, user, **kwargs) -> None:
-    if request is not None:
+    if request is None:
+        return
+    guessed_at = getattr(request, GUESS_ATTRIBUTE, None)
+    if guessed_at is not None:
+        take_back(user.get_username(), client_address(request), guessed_at)
+    else:  # signed in without a counted guess (another backend): still a fresh start for this username
         clear_username(user.get_username(), client_address(request))

@@ -14,18 +14,27 @@ class SignInView(auth_views.LoginView):
 
     def post(self, request, *args, **kwargs):
         username = request.POST.get("username", "")
-        address = ratelimit.client_address(request)
-        wait = ratelimit.seconds_locked(username, address)
+        wait = ratelimit.seconds_locked(username, ratelimit.client_address(request))
         if wait:
-            form = self.get_form()
-            form.errors.clear()  # is_valid() was not called: no authentication happens while locked
-            form.add_error(None, ratelimit.lockout_message(wait))
-            form.cleaned_data = {}
-            return self.render_to_response(self.get_context_data(form=form), status=429)
+            return self._locked(self.get_form(), wait)
         return super().post(request, *args, **kwargs)
 
-    # Failures are counted, and a success clears the username's count, by the user_login_failed and
-    # user_logged_in signals (accounts/apps.py), so the admin site's sign-in counts the same way.
+    def form_invalid(self, form):
+        # The backend refused the guess uncounted and unchecked: the limit was reached meanwhile (concurrent
+        # attempts; the read in post() is only the quick answer).
+        wait = getattr(self.request, ratelimit.REFUSED_ATTRIBUTE, None)
+        if wait:
+            return self._locked(form, wait)
+        return super().form_invalid(form)
+
+    def _locked(self, form, wait: int):
+        form.errors.clear()  # no password was checked
+        form.add_error(None, ratelimit.lockout_message(wait))
+        form.cleaned_data = {}
+        return self.render_to_response(self.get_context_data(form=form), status=429)
+
+    # Guesses are counted by the backend (backends.py) before the password is checked, and a right one taken
+    # back by the user_logged_in signal (accounts/apps.py), so the admin site's sign-in counts the same way.
 
 
 class SignOutView(auth_views.LogoutView):

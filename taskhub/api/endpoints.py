@@ -3,10 +3,12 @@
 Errors are `{"error": "...", "fields": {...}}` with a 4xx status, and change nothing.
 """
 
+import logging
 import math
 import uuid
 
 from django.core.exceptions import PermissionDenied
+from django.db import DataError, InterfaceError, OperationalError
 from django.db.models import Q
 from django.http import Http404
 from django.urls import reverse
@@ -31,6 +33,8 @@ from taskhub.tasks.errors import (
 from taskhub.tasks.input_cards import card_for, open_requests_for
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.tasks.queries import TAB_STATUSES, TaskFilterForm, filtered_tasks
+
+logger = logging.getLogger(__name__)
 
 PAGE_SIZE_MAX = 200
 
@@ -88,6 +92,21 @@ def on_not_found(request, exc):
 def on_http_error(request, exc: HttpError):
     # Ninja raises this for a body that is not JSON at all.
     return _problem(request, exc.status_code, str(exc))
+
+
+# Every error of the API is JSON, never Django's HTML error page (ninja's default re-raises without DEBUG).
+@api.exception_handler(Exception)
+def on_unexpected(request, exc: Exception):
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        logger.warning("API request failed: the database cannot be reached: %s", exc)
+        response = _problem(request, 503, "The database cannot be reached; try again in a moment.")
+        response["Retry-After"] = "10"
+        return response
+    if isinstance(exc, DataError):
+        logger.warning("API request refused by the database: %s", exc)
+        return _problem(request, 400, "The request contains a value the database cannot store.")
+    logger.error("API request failed", exc_info=exc)
+    return _problem(request, 500, "Something went wrong on the server; it has been logged.")
 
 
 # --- helpers --------------------------------------------------------------------------------------

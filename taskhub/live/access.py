@@ -10,10 +10,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
+from importlib import import_module
 
-from django.contrib.auth import get_user_model
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.auth.signals import user_logged_out
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.utils.crypto import constant_time_compare
 
 from taskhub.accounts import permissions
 
@@ -81,6 +86,32 @@ def connected_access(user) -> LiveAccess:
     return access_for(permissions.with_roles_read_once(user))
 
 
+def session_expiry(session_key: str | None, user_id: int) -> datetime | None:
+    """When the socket's session expires, or None once it no longer signs this user in: signed out (deleted),
+    expired, or made with a password the user has since changed. The check django.contrib.auth.get_user makes
+    for every HTTP request, without its side effects (it would cycle or flush the browser's session)."""
+    if not session_key:
+        return None
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    data = store.load()  # {} when the session is missing or expired
+    if (
+        str(data.get(SESSION_KEY)) != str(user_id)
+        or data.get(BACKEND_SESSION_KEY) not in settings.AUTHENTICATION_BACKENDS
+    ):
+        return None
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    session_hash = data.get(HASH_SESSION_KEY)
+    if user is None or not session_hash:
+        return None
+    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+    if not any(constant_time_compare(session_hash, known) for known in hashes):
+        return None
+    model = getattr(store, "model", None)  # the database engines: the row's own expiry
+    if model is not None:
+        return model.objects.filter(session_key=session_key).values_list("expire_date", flat=True).first()
+    return store.get_expiry_date()
+
+
 # --- telling sockets their access may have changed ----------------------------------------------------
 
 
@@ -109,6 +140,15 @@ def _memberships_changed(sender, instance, action, reverse, pk_set, **kwargs) ->
     _after_commit({instance.pk} if not reverse else (pk_set or None))
 
 
+def _signed_out(sender, request=None, user=None, **kwargs) -> None:
+    """Sent before the session is deleted, so its sockets are told which session it was (and close at once)."""
+    from taskhub.live import publish
+
+    session_key = getattr(getattr(request, "session", None), "session_key", None)
+    if user is not None and session_key:
+        publish.publish_session_ended(user_id=user.pk, session_key=session_key)
+
+
 def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None:
     if action is not None and action not in ("post_add", "post_remove", "post_clear"):
         return
@@ -127,6 +167,8 @@ def connect_access_signals() -> None:
     uid = "taskhub.live.access."
     post_save.connect(_user_saved, sender=user_model, dispatch_uid=uid + "user_saved")
     post_delete.connect(_user_deleted, sender=user_model, dispatch_uid=uid + "user_deleted")
+    # A password change saves the user (above): the sockets read their access and check their session again.
+    user_logged_out.connect(_signed_out, dispatch_uid=uid + "signed_out")
     m2m_changed.connect(_memberships_changed, sender=user_model.groups.through, dispatch_uid=uid + "memberships")
     m2m_changed.connect(
         _anyones_access_changed, sender=Server.approver_groups.through, dispatch_uid=uid + "approver_groups"

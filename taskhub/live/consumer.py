@@ -17,6 +17,7 @@ from collections import deque
 
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.utils import timezone
 
 from taskhub.live import publish
 from taskhub.live.access import (
@@ -26,6 +27,7 @@ from taskhub.live.access import (
     connected_access,
     current_access,
     rendering_for,
+    session_expiry,
 )
 from taskhub.live.fragments import (
     FragmentKind,
@@ -58,6 +60,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         self.user = user
         self.user_id = user.pk
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
+        self.session = publish.session_fingerprint(self.session_key or "")
+        self.session_timer: asyncio.TimerHandle | None = None
         self.access = NO_ACCESS
         self.access_read_at = 0.0
         self.groups_joined: set[str] = set()
@@ -67,11 +73,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
         publish.remember_consumer_loop(loop)
 
         started = loop.time()
-        # Joined before the access is read, so a change of it committed meanwhile is not missed.
+        # Joined before the access and the session are read, so a change or sign-out meanwhile is not missed.
         await self._join(user_group(self.user_id))
         await self._join(ACCESS_GROUP)
         await self._adopt(await on_live_thread(connected_access)(user), read_at=started)
+        # The session's expiry (AuthMiddlewareStack checked the rest): the socket closes when it passes.
+        expires_at = await on_live_thread(session_expiry)(self.session_key, self.user_id)
+        if expires_at is None or expires_at <= timezone.now():
+            await self.close(code=CLOSE_NOT_SIGNED_IN)
+            return
         await self.accept()
+        self._close_at_expiry(expires_at)
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
         # Sockets of one audience connecting together share a rendering begun after they joined their groups.
         audience_html = await shared(
@@ -95,6 +107,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code):
+        if getattr(self, "session_timer", None) is not None:
+            self.session_timer.cancel()
         for group in list(getattr(self, "groups_joined", ())):
             try:
                 await self.channel_layer.group_discard(group, self.channel_name)
@@ -129,11 +143,49 @@ class LiveConsumer(AsyncWebsocketConsumer):
             # What the nav counts count changed with it (rare: not worth sharing).
             await self._send_html(await on_live_thread(_render_user_fragments)(self.user, self.access, None))
 
+    async def session_ended(self, event):
+        """The user signed out of a session; this socket closes if it was opened with it."""
+        if event.get("session") == self.session:
+            await self.close(code=CLOSE_NOT_SIGNED_IN)
+
+    # --- the session ----------------------------------------------------------------------------------------
+
+    def _close_at_expiry(self, expires_at) -> None:
+        """Check the session again when it expires (it may have been extended meanwhile)."""
+        delay = max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.5
+        loop = asyncio.get_running_loop()
+        self.session_timer = loop.call_later(delay, self._session_check_due)
+
+    def _session_check_due(self) -> None:
+        self.session_timer = None
+        # Kept: the loop holds only a weak reference to a task.
+        self.session_check = asyncio.get_running_loop().create_task(
+            self._check_session(since=asyncio.get_running_loop().time())
+        )
+
+    async def _check_session(self, *, since: float) -> bool:
+        """False (and the socket closed) once the session no longer signs the user in: signed out elsewhere,
+        expired, deleted, or its password changed. Shared by the sockets of one session."""
+        expires_at = await shared(
+            ("session", self.session),
+            lambda: on_live_thread(session_expiry)(self.session_key, self.user_id),
+            started_after=since,
+            keep=ACCESS_MAX_AGE_SECONDS,
+        )
+        if expires_at is None or expires_at <= timezone.now():
+            await self.close(code=CLOSE_NOT_SIGNED_IN)
+            return False
+        if self.session_timer is not None:
+            self.session_timer.cancel()
+        self._close_at_expiry(expires_at)
+        return True
+
     # --- access -------------------------------------------------------------------------------------------
 
     async def _read_access(self, *, since: float) -> bool:
         """Read the user's access again (shared with the user's other sockets that need a read begun after
-        `since`) and follow it; False when the socket was closed because the user may no longer use it."""
+        `since`) and follow it, and check the session still holds; False when the socket was closed because
+        the user may no longer use it."""
         user, access = await shared(
             ("access", self.user_id),
             lambda: on_live_thread(current_access)(self.user_id),
@@ -142,6 +194,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         )
         if user is None:
             await self.close(code=CLOSE_NO_LONGER_ALLOWED)
+            return False
+        if not await self._check_session(since=since):
             return False
         self.user = user
         await self._adopt(access, read_at=asyncio.get_running_loop().time())

@@ -6,6 +6,7 @@ service that committed; it logs and drops.
 """
 
 import asyncio
+import hashlib
 import logging
 import threading
 import uuid
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 TASK_CHANGED = "task.changed"  # handled by LiveConsumer.task_changed
 ACCESS_CHANGED = "access.changed"  # handled by LiveConsumer.access_changed
+SESSION_ENDED = "session.ended"  # handled by LiveConsumer.session_ended
 # A layer that cannot be reached (Redis stopped or unreachable) costs the caller this long at most.
 SEND_TIMEOUT_SECONDS = 2.0
 
@@ -41,6 +43,16 @@ def publish_task_changed(task_id: uuid.UUID) -> None:
 def publish_access_changed(*, user_ids: list[int] | None) -> None:
     """Tell these users' sockets (None: every socket) to read their access again. Never raises."""
     _off_the_loop(_publish_access, user_ids)
+
+
+def publish_session_ended(*, user_id: int, session_key: str) -> None:
+    """Close the sockets opened with this session (signed out). Never raises."""
+    _off_the_loop(_publish_session_ended, user_id, session_fingerprint(session_key))
+
+
+def session_fingerprint(session_key: str) -> str:
+    """What names a session in a message: not the key itself, which signs its holder in until it is deleted."""
+    return hashlib.sha256(session_key.encode()).hexdigest()
 
 
 def _off_the_loop(publish, *args) -> None:
@@ -77,6 +89,13 @@ def _publish_access(user_ids: list[int] | None) -> None:
         _send_to_groups(groups, {"type": ACCESS_CHANGED, "message_id": uuid.uuid4().hex})
     except Exception:
         logger.warning("access change for users %s not told to their sockets", user_ids, exc_info=True)
+
+
+def _publish_session_ended(user_id: int, session: str) -> None:
+    try:
+        _send_to_groups([user_group(user_id)], {"type": SESSION_ENDED, "session": session})
+    except Exception:
+        logger.warning("sign-out of user %s not told to their sockets", user_id, exc_info=True)
 
 
 def groups_for_task(task_id: uuid.UUID) -> list[str]:

@@ -35,6 +35,10 @@ class UnknownTool(LaunchRefused):
     """The server's discovered catalogue has no tool of that name."""
 
 
+class ArgumentsRejected(LaunchRefused):
+    """The launch arguments hold text Postgres cannot store (taskhub.tasks.storable_text): NUL, a lone surrogate."""
+
+
 class AlreadyAnswered(TaskError):
     def __init__(self, *, key: str, answered_by: str, answered_at):
         self.answered_by = answered_by

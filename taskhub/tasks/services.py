@@ -22,10 +22,12 @@ from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInpu
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.catalogue import find_tool
 from taskhub.servers.models import Server
-from taskhub.tasks import hooks, signals
+from taskhub.tasks import hooks, signals, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import (
     AlreadyAnswered,
+    AnswerRejected,
+    ArgumentsRejected,
     InputNoLongerOpen,
     InvalidTransition,
     LaunchRefused,
@@ -79,6 +81,10 @@ def check_launch(*, server: Server, tool: str, arguments: Any) -> None:
         raise UnknownTool(
             f"The server {server.name} has no tool {tool[:200]!r} in its catalogue (discover it again if it is new)."
         )
+    # Unstorable text first: a lone surrogate would also fail the schema's checks, with a message that hides why.
+    unstorable = storable_text.unstorable_fields(arguments) if isinstance(arguments, dict) else {}
+    if unstorable:
+        raise ArgumentsRejected("The arguments contain text that cannot be stored:", unstorable)
     errors = schema_fields.validate(entry.input_schema, arguments, schema_fields.TOOL)
     if errors:
         raise LaunchRefused("The arguments do not fit the tool's input schema:", errors)
@@ -398,6 +404,7 @@ def answer_input(*, input_request: InputRequest, response: dict[str, Any], user)
         raise InputNoLongerOpen(f"The server no longer asks {input_request.key!r}; the answer was not recorded.")
     if task.is_terminal:
         raise InputNoLongerOpen(f"The task is {task.get_status_display()}; it takes no more answers.")
+    _refuse_unstorable_answer(response)
     answer = validate_response(method=input_request.method, params=input_request.params, response=response)
     input_request.state = InputRequestState.ANSWERED
     input_request.answer = answer
@@ -414,6 +421,16 @@ def answer_input(*, input_request: InputRequest, response: dict[str, Any], user)
     _publish_after_commit(task.id)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     return input_request
+
+
+def _refuse_unstorable_answer(response: Any) -> None:
+    content = response.get("content") if isinstance(response, dict) else None
+    unstorable = storable_text.unstorable_fields(content) if isinstance(content, dict) else {}
+    if not unstorable:
+        problem = storable_text.value_problem(response)
+        unstorable = {"": f"The answer {problem}."} if problem else {}
+    if unstorable:
+        raise AnswerRejected("The answer contains text that cannot be stored.", unstorable)
 
 
 def _name(user) -> str:

@@ -4,6 +4,7 @@ from django.templatetags.static import static
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from taskhub.accounts.permissions import is_admin
 from taskhub.web.health import database_status
 
 
@@ -11,15 +12,19 @@ from taskhub.web.health import database_status
 def home(request):
     # htmx refreshes only the status fragment; a plain request gets the whole page.
     template = "web/home.html#system-status" if request.htmx else "web/home.html"
-    return render(request, template, {"database": database_status()})
+    return render(request, template, {"database": database_status(with_version=_admin(request))})
 
 
 @require_GET
 @never_cache
 def healthz(request):
-    database = database_status()
+    database = database_status(with_version=_admin(request))
     healthy = database["ok"]
     return JsonResponse({"status": "ok" if healthy else "error", "database": database}, status=200 if healthy else 503)
+
+
+def _admin(request) -> bool:
+    return request.user.is_authenticated and is_admin(request.user)
 
 
 @require_GET
