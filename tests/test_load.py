@@ -74,7 +74,12 @@ QUIET_S = 10.0
 DRAIN_TIMEOUT_S = 180.0
 SIGNAL = re.compile(r'<template id="tasks-live-signal"[^>]*data-task="([0-9a-f-]+)" data-status="(\w+)"')
 CSRF_HEADER = re.compile(r"hx-headers='\{&quot;X-CSRFToken&quot;: &quot;([^&]+)&quot;\}'|\"X-CSRFToken\": \"([^\"]+)\"")
-FIELD_NAME = re.compile(r'<(?:input|select)[^>]*type="(\w+)"[^>]*name="(f:[^"]+)"')
+# (type, name) of each answer field of a card: a textarea (a long text field) has no type and counts as text.
+FIELD = re.compile(r'<(input|select|textarea)\b[^>]*?(?:type="(\w+)"[^>]*?)?name="(f:[^"]+)"')
+
+
+def answer_fields(card: str) -> list[tuple[str, str]]:
+    return [(kind or ("text" if tag == "textarea" else tag), name) for tag, kind, name in FIELD.findall(card)]
 
 
 def tool_for(n: int, size: Scale) -> tuple[str, dict]:
@@ -181,7 +186,7 @@ class Approver:
         for chunk in page.split('<article class="ir-card')[1:]:
             state = re.search(r'data-state="(\w+)" data-request="(\d+)"', chunk)
             if state and state.group(1) == "open":
-                cards[int(state.group(2))] = FIELD_NAME.findall(chunk.split("</article>", 1)[0])
+                cards[int(state.group(2))] = answer_fields(chunk.split("</article>", 1)[0])
         return cards
 
     async def answer(self, request_id: int, fields: list[tuple[str, str]], action: str) -> Submission:

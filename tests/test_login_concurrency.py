@@ -11,7 +11,6 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 from browser_fixtures import running_daphne
 from django.conf import settings
-from django.contrib.auth.hashers import make_password
 from django.core.cache import cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -34,11 +33,10 @@ def sign_in_page(base_url: str) -> tuple[str, str]:
     return cookie, token
 
 
-def test_simultaneous_sign_ins_check_at_most_the_limit_of_passwords(django_user_model):
-    user = django_user_model.objects.create_user("olga")
+def test_simultaneous_sign_ins_check_at_most_the_limit_of_passwords(django_user_model, production_password_hashers):
     # The production hasher, whatever the test settings use: the race is over the time the hash takes.
-    user.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
-    user.save(update_fields=["password"])
+    user = django_user_model.objects.create_user("olga", password=PASSWORD)
+    assert user.password.startswith("pbkdf2_sha256$")
     cache.clear()
 
     with running_daphne() as server:
