@@ -66,6 +66,7 @@ MATRIX = {
     ("GET", "servers:edit"):                  (LOGIN, 403, 403, 403, 200),
     ("POST", "servers:edit"):                 (LOGIN, 403, 403, 403, 200),  # empty POST: the form again
     ("POST", "servers:discover"):             (LOGIN, 403, 403, 403, 302),
+    ("GET", "servers:discovery"):             (LOGIN, 403, 403, 403, 200),
     ("GET", "audit:list"):                    (LOGIN, 403, 403, 403, 200),
     ("GET", "audit:export"):                  (LOGIN, 403, 403, 403, 200),
     # The API: a bearer token of the role's user; anonymous sends none.
@@ -165,6 +166,7 @@ def request_for(method: str, route: str, world) -> tuple[str, dict]:
         "servers:detail": f"/servers/{s}/",
         "servers:edit": f"/servers/{s}/edit/",
         "servers:discover": f"/servers/{s}/discover",
+        "servers:discovery": f"/servers/{s}/discovery/",
         "audit:list": "/audit/",
         "audit:export": "/audit/export.csv",
         "api:api-root": "/api/",

@@ -1,20 +1,25 @@
 """Servers pages (admins) and Launch pages (operators): permissions, write-only credentials, discovery, launch."""
 
 import re
+import time
 import uuid
 
 import pytest
 from account_fixtures import make_user
+from asgiref.sync import async_to_sync
 from demo_process import DemoServer
 from django.contrib.auth.models import Group
 from django.urls import reverse
 from helpers import free_port
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
+from taskhub.servers.hooks import DISCOVERY_JOB
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
+from taskhub.worker import jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -86,6 +91,7 @@ SERVER_URLS = [
     ("get", "servers:detail", {"server_id": "ID"}),
     ("get", "servers:edit", {"server_id": "ID"}),
     ("post", "servers:discover", {"server_id": "ID"}),
+    ("get", "servers:discovery", {"server_id": "ID"}),
 ]
 
 
@@ -363,11 +369,76 @@ def demo():
         yield server
 
 
+def queued_discoveries(server) -> list[ProcrastinateJob]:
+    return list(ProcrastinateJob.objects.filter(task_name=DISCOVERY_JOB, args__server_id=server.pk, status="todo"))
+
+
+def run_discovery_job(server) -> str:
+    """What a worker does with the discovery job the page deferred (here, in the test's transaction)."""
+    (job,) = queued_discoveries(server)
+    return async_to_sync(jobs.discover_server.func)(**job.args)
+
+
+def discovery_part(client, server) -> str:
+    """What the page's poll gets: the discovery part of the server's page."""
+    response = client.get(reverse("servers:discovery", args=[server.pk]))
+    assert response.status_code == 200
+    return page(response)
+
+
+POLLING = 'hx-trigger="every 1s"'
+LIST_DELAY_SECONDS = 3
+
+
+@pytest.mark.slow
+def test_adding_a_server_returns_its_page_at_once_and_the_job_records_its_tools(client, admin):
+    with DemoServer("--list-delay-ms", str(LIST_DELAY_SECONDS * 1000)) as slow:
+        started = time.monotonic()
+        response = client.post(reverse("servers:add"), add_form(url=slow.url))
+        answered_after = time.monotonic() - started
+        server = Server.objects.get(name="demo")
+        # The page came back before the slow server could have answered tools/list: discovery is still to come.
+        assert response.status_code == 302 and answered_after < LIST_DELAY_SECONDS
+        assert server.is_discovering and server.discovered_at is None
+        (job,) = queued_discoveries(server)
+        assert job.lock == job.queueing_lock == f"discover:{server.pk}"
+        detail = page(client.get(response["Location"]))
+        assert "Server demo added" in detail and "Discovering…" in detail and POLLING in detail
+
+        assert run_discovery_job(server) == "discovered 9 tools"
+    server.refresh_from_db()
+    assert {tool["name"] for tool in server.tools} >= {"approval", "quick", "long"}
+    assert not server.is_discovering and server.discovery_error == ""
+    assert AuditEvent.objects.get(server=server, action="server.discovered").actor_label == "alex"
+    html = discovery_part(client, server)
+    assert "Discovered demo: 9 tools." in html and "Ask a human to approve" in html
+    assert POLLING not in html  # the page stops asking
+
+
+def test_a_server_added_from_a_script_is_not_discovered_in_the_background(client, admin):
+    server = make_server()
+    assert not server.is_discovering and queued_discoveries(server) == []
+
+
+def test_discover_now_defers_one_job_however_often_it_is_pressed(client, admin):
+    server = make_server()
+    first = client.post(reverse("servers:discover", args=[server.pk]))
+    again = client.post(reverse("servers:discover", args=[server.pk]))
+    assert first.status_code == again.status_code == 302
+    assert len(queued_discoveries(server)) == 1
+    server.refresh_from_db()
+    assert server.is_discovering
+    html = page(client.get(reverse("servers:detail", args=[server.pk])))
+    assert "Discovering…" in html and POLLING in html
+    assert POLLING in discovery_part(client, server)  # still running: the page keeps asking
+
+
 @pytest.mark.slow
 def test_discover_now_reads_the_demo_servers_tools(client, admin, demo):
     server = make_server(url=demo.url, bearer_token=TOKEN)
-    response = client.post(reverse("servers:discover", args=[server.pk]), follow=True)
-    html = page(response)
+    client.post(reverse("servers:discover", args=[server.pk]))
+    run_discovery_job(server)
+    html = discovery_part(client, server)
     server.refresh_from_db()
     assert "Discovered demo: 9 tools" in html
     assert {tool["name"] for tool in server.tools} >= {"approval", "quick", "long"}
@@ -382,8 +453,10 @@ def test_discover_now_reads_the_demo_servers_tools(client, admin, demo):
 def test_discover_with_a_bearer_token_the_server_requires(client, admin, demo):
     wrong = make_server(name="wrong", url=demo.url, bearer_token="not-it")
     right = make_server(name="right", url=demo.url, bearer_token=TOKEN)
-    refused = page(client.post(reverse("servers:discover", args=[wrong.pk]), follow=True))
-    accepted = page(client.post(reverse("servers:discover", args=[right.pk]), follow=True))
+    for server in (wrong, right):
+        client.post(reverse("servers:discover", args=[server.pk]))
+        run_discovery_job(server)
+    refused, accepted = discovery_part(client, wrong), discovery_part(client, right)
     assert "Discovery of wrong failed" in refused and "401" in refused
     assert "Discovered right" in accepted
     assert TOKEN not in refused + accepted
@@ -391,14 +464,18 @@ def test_discover_with_a_bearer_token_the_server_requires(client, admin, demo):
 
 def test_discover_where_nothing_listens_says_so_and_marks_the_server(client, admin):
     server = make_server(url=f"http://127.0.0.1:{free_port()}/mcp")
-    response = client.post(reverse("servers:discover", args=[server.pk]), follow=True)
-    html = page(response)
+    client.post(reverse("servers:discover", args=[server.pk]))
+    assert run_discovery_job(server).startswith("discovery failed")
+    html = discovery_part(client, server)
     server.refresh_from_db()
-    assert "Discovery of demo failed" in html
+    assert 'role="alert">Discovery of demo failed' in html and POLLING not in html
+    assert server.discovery_error and not server.is_discovering
     assert server.unreachable_since is not None and server.last_error
     assert "unreachable since" in html
     assert server.discovered_at is None
     assert AuditEvent.objects.filter(server=server, action="server.unreachable").exists()
+    # The failure stays on the page until a discovery succeeds.
+    assert "Discovery of demo failed" in page(client.get(reverse("servers:detail", args=[server.pk])))
 
 
 def test_discover_gives_up_after_its_timeout(client, admin, monkeypatch):
@@ -411,10 +488,18 @@ def test_discover_gives_up_after_its_timeout(client, admin, monkeypatch):
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         server = make_server(url=f"http://127.0.0.1:{silent.getsockname()[1]}/mcp")
-        html = page(client.post(reverse("servers:discover", args=[server.pk]), follow=True))
-    assert "Discovery of demo failed" in html
+        client.post(reverse("servers:discover", args=[server.pk]))
+        run_discovery_job(server)
+    assert "Discovery of demo failed: No answer within 1 s." in discovery_part(client, server)
     server.refresh_from_db()
     assert server.unreachable_since is not None
+
+
+def test_the_job_of_a_server_deleted_meanwhile_does_nothing(client, admin):
+    server = make_server()
+    client.post(reverse("servers:discover", args=[server.pk]))
+    Server.objects.filter(pk=server.pk).delete()
+    assert run_discovery_job(server) == "server deleted meanwhile"
 
 
 # --- launch -----------------------------------------------------------------------------------------------

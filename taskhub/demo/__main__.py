@@ -52,6 +52,13 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
         metavar="MS",
         help="hold each tasks/update this long before applying it (a slow server, for delivery fault tests)",
     )
+    parser.add_argument(
+        "--list-delay-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="hold each tools/list this long (a slow server, for tests of background discovery)",
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
@@ -67,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> DemoConfig:
         require_token=args.require_token,
         get_delay_ms=max(0, args.get_delay_ms),
         update_delay_ms=max(0, args.update_delay_ms),
+        list_delay_ms=max(0, args.list_delay_ms),
     )
 
 

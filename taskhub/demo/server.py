@@ -7,10 +7,12 @@ import logging
 import socket
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import uvicorn
 from mcp.server import MCPServer
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -43,6 +45,7 @@ class DemoConfig:
     require_token: str | None = None
     get_delay_ms: int = 0
     update_delay_ms: int = 0
+    list_delay_ms: int = 0
 
 
 @dataclass
@@ -74,7 +77,7 @@ def build_server(config: DemoConfig) -> DemoServer:
                 engine, task_tools, stats, get_delay_ms=config.get_delay_ms, update_delay_ms=config.update_delay_ms
             )
         ],
-        middleware=[TaskListenMiddleware(engine)],
+        middleware=[TaskListenMiddleware(engine), ToolsListDelay(config.list_delay_ms)],
         log_level="WARNING",
     )
 
@@ -83,6 +86,18 @@ def build_server(config: DemoConfig) -> DemoServer:
         return JSONResponse(stats.snapshot())
 
     return DemoServer(mcp, engine, store, stats)
+
+
+class ToolsListDelay:
+    """Holds each tools/list (a slow server: discovery takes this long at least)."""
+
+    def __init__(self, delay_ms: int) -> None:
+        self._delay = delay_ms / 1000
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "tools/list" and self._delay:
+            await anyio.sleep(self._delay)
+        return await call_next(ctx)
 
 
 class BearerTokenGate:

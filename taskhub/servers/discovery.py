@@ -4,6 +4,7 @@ import asyncio
 import logging
 
 from asgiref.sync import async_to_sync, sync_to_async
+from django.contrib.auth import get_user_model
 
 from taskhub.mcp.client import Discovery, TasksClient
 from taskhub.mcp.errors import McpClientError
@@ -41,12 +42,30 @@ async def adiscover_and_record(*, server: Server, user=None, timeout: float = DI
     except Exception as error:  # whatever went wrong, the caller is told and the server's health says so
         text = describe_failure(error, timeout)
         logger.info("discovery of server %s failed: %s", server.pk, text)
-        await sync_to_async(services.record_server_failure)(server=server, error=text)
+        await sync_to_async(services.record_discovery_failure)(server=server, error=text)
         raise DiscoveryFailed(text) from error
     await sync_to_async(services.record_discovery)(server=server, discovery=discovery, user=user)
     return discovery
 
 
+async def adiscover_requested(*, server_id: int, requested_by: int | None) -> str:
+    """The background discovery (taskhub.worker.jobs.discover_server): what happened, for the job's log.
+
+    A failure is recorded on the server and shown on its page; it is not retried (the admin asks again)."""
+    server = await Server.objects.filter(pk=server_id).afirst()
+    if server is None:
+        return "server deleted meanwhile"
+    user = None
+    if requested_by is not None:
+        user = await get_user_model().objects.filter(pk=requested_by).afirst()
+    try:
+        discovery = await adiscover_and_record(server=server, user=user)
+    except DiscoveryFailed as failure:
+        return f"discovery failed: {failure}"
+    return f"discovered {len(discovery.tools)} tools"
+
+
 def discover_and_record(*, server: Server, user=None, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> Discovery:
-    """The same, for sync callers (management commands, the demo launcher)."""
+    """The same, for sync callers: `manage.py server` and `taskhub demo`, where a person at a terminal waits
+    for the answer (the web pages discover in the background, through services.request_discovery)."""
     return async_to_sync(adiscover_and_record)(server=server, user=user, timeout=timeout)

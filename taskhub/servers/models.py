@@ -33,6 +33,10 @@ class Server(models.Model):
     capabilities = models.JSONField(default=dict, blank=True)
     tools = models.JSONField(default=list, blank=True)
     discovered_at = models.DateTimeField(null=True, blank=True)
+    # Set while a discovery job is queued or running (the page shows "discovering…"); cleared by its outcome.
+    discovery_pending_since = models.DateTimeField(null=True, blank=True)
+    # Why the last discovery failed, for people; empty once one succeeds.
+    discovery_error = models.TextField(blank=True)
 
     last_success_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
@@ -57,6 +61,10 @@ class Server(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_discovering(self) -> bool:
+        return self.discovery_pending_since is not None
 
     @property
     def is_reachable(self) -> bool:

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
 from taskhub.mcp.client import Discovery
+from taskhub.servers import hooks
 from taskhub.servers.errors import ServerConfigInvalid
 from taskhub.servers.models import Server
 
@@ -39,7 +40,11 @@ def create_server(
     bearer_token: str | None = None,
     enabled: bool = True,
     approver_groups: Iterable = (),
+    discover_in_background: bool = False,
 ) -> Server:
+    """Register a server. With `discover_in_background` (the add-server page), its discovery job is deferred in
+    the same transaction; the terminal commands (`manage.py server add --discover`, `taskhub demo`) discover
+    it themselves afterwards, through servers.discovery.discover_and_record, while their person waits."""
     server = Server(
         name=name,
         transport=transport,
@@ -59,7 +64,23 @@ def create_server(
         server=server,
         data={"name": server.name, "transport": server.transport, "endpoint": server.to_target().describe()},
     )
+    if discover_in_background:
+        _queue_discovery(server, user)
     return server
+
+
+@transaction.atomic
+def request_discovery(*, server: Server, user) -> Server:
+    """“Discover now”: the job asks the server in the background; the page shows it pending meanwhile."""
+    server = Server.objects.select_for_update().get(pk=server.pk)
+    _queue_discovery(server, user)
+    return server
+
+
+def _queue_discovery(server: Server, user) -> None:
+    server.discovery_pending_since = timezone.now()
+    server.save(update_fields=["discovery_pending_since", "updated_at"])
+    hooks.enqueue_discovery(server.pk, requested_by=getattr(user, "pk", None))
 
 
 @transaction.atomic
@@ -95,6 +116,8 @@ def record_discovery(*, server: Server, discovery: Discovery, user=None) -> Serv
     server.capabilities = discovery.capabilities
     server.tools = discovery.tools
     server.discovered_at = now
+    server.discovery_pending_since = None
+    server.discovery_error = ""
     was_unreachable = _mark_reachable(server, now)
     server.save()
     record_event(
@@ -144,6 +167,16 @@ def record_server_failure(*, server: Server, error: str) -> Server:
             server=server,
             data={"name": server.name, "error": server.last_error},
         )
+    return server
+
+
+@transaction.atomic
+def record_discovery_failure(*, server: Server, error: str) -> Server:
+    """A discovery could not reach the server or was answered badly: its health says so, and the page says why."""
+    server = record_server_failure(server=server, error=error)
+    server.discovery_pending_since = None
+    server.discovery_error = error[:LAST_ERROR_MAX_CHARS]
+    server.save(update_fields=["discovery_pending_since", "discovery_error", "updated_at"])
     return server
 
 

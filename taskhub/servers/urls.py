@@ -10,4 +10,5 @@ urlpatterns = [
     path("<int:server_id>/", views.server_detail, name="detail"),
     path("<int:server_id>/edit/", views.server_edit, name="edit"),
     path("<int:server_id>/discover", views.server_discover, name="discover"),
+    path("<int:server_id>/discovery/", views.server_discovery, name="discovery"),
 ]

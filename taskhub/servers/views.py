@@ -1,22 +1,20 @@
 """Servers (admins): the list with health, add/edit with write-only credentials, a page per server, discovery.
 
-Views are thin: the form parses, servers.services writes (each change with its audit row), and
-"Discover now" asks the server itself through taskhub.mcp, bounded by servers.discovery.DISCOVERY_TIMEOUT_SECONDS so the
-page never hangs.
+Views are thin: the form parses, servers.services writes (each change with its audit row). Discovery never runs
+in a request: adding a server and "Discover now" defer a job (taskhub.worker.jobs.discover_server), and the
+page asks for its discovery part every second (servers:discovery, an htmx poll) until the job has recorded the
+outcome.
 """
 
 import logging
 
-from asgiref.sync import sync_to_async
 from django.contrib import messages
-from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from taskhub.accounts.permissions import admin_required
 from taskhub.servers import services
 from taskhub.servers.catalogue import endpoint_of, health_of, pretty_json, tools_of
-from taskhub.servers.discovery import DiscoveryFailed, adiscover_and_record
 from taskhub.servers.errors import ServerConfigInvalid
 from taskhub.servers.forms import ServerForm
 from taskhub.servers.models import Server
@@ -45,7 +43,7 @@ def _save(request, form: ServerForm, server: Server | None):
     arguments = form.service_arguments()
     try:
         if server is None:
-            return services.create_server(user=request.user, **arguments)
+            return services.create_server(user=request.user, discover_in_background=True, **arguments)
         return services.update_server(server=server, user=request.user, **arguments)
     except ServerConfigInvalid as error:
         for field, problems in error.messages.items():
@@ -61,7 +59,7 @@ def server_add(request):
     if request.method == "POST" and form.is_valid():
         server = _save(request, form, None)
         if server is not None:
-            messages.success(request, f"Server {server.name} added. Run “Discover now” to read its tools.")
+            messages.success(request, f"Server {server.name} added.")
             return redirect("servers:detail", server_id=server.pk)
     status = 400 if form.is_bound else 200
     return render(request, "servers/form.html", {"form": form, "server": None}, status=status)
@@ -80,39 +78,35 @@ def server_edit(request, server_id):
     return render(request, "servers/form.html", {"form": form, "server": server}, status=status)
 
 
+def _detail_context(server: Server) -> dict:
+    return {
+        **_row(server),
+        "tools": tools_of(server),
+        "capabilities_json": pretty_json(server.capabilities),
+        "header_names": sorted(server.headers or {}),
+        "env_names": sorted(server.env or {}),
+        "has_token": bool(server.bearer_token),
+        "paused_tasks": 0 if server.enabled else server.tasks.filter(poll__isnull=False).count(),
+    }
+
+
 @admin_required
 def server_detail(request, server_id):
     server = get_object_or_404(Server.objects.prefetch_related("approver_groups"), pk=server_id)
-    return render(
-        request,
-        "servers/detail.html",
-        {
-            **_row(server),
-            "tools": tools_of(server),
-            "capabilities_json": pretty_json(server.capabilities),
-            "header_names": sorted(server.headers or {}),
-            "env_names": sorted(server.env or {}),
-            "has_token": bool(server.bearer_token),
-            "paused_tasks": 0 if server.enabled else server.tasks.filter(poll__isnull=False).count(),
-        },
-    )
+    return render(request, "servers/detail.html", _detail_context(server))
+
+
+@admin_required
+def server_discovery(request, server_id):
+    """The page's discovery part (status, health, tools, capabilities), asked for every second while it runs."""
+    server = get_object_or_404(Server.objects.prefetch_related("approver_groups"), pk=server_id)
+    return render(request, "servers/detail.html#discovery", {**_detail_context(server), "polled": True})
 
 
 @admin_required
 @require_POST
-async def server_discover(request, server_id):
-    """Ask the server now. Async, so a slow server holds no worker thread of the web process."""
-    server = await Server.objects.filter(pk=server_id).afirst()
-    if server is None:
-        raise Http404("No such server.")
-    user = await request.auser()
-    try:
-        discovery = await adiscover_and_record(server=server, user=user)
-    except DiscoveryFailed as failure:
-        await sync_to_async(messages.error)(request, f"Discovery of {server.name} failed: {failure}")
-    else:
-        count = len(discovery.tools)
-        tools = f"{count} tool{'s' if count != 1 else ''}"
-        text = f"Discovered {server.name}: {tools}, protocol {discovery.protocol_version}."
-        await sync_to_async(messages.success)(request, text)
+def server_discover(request, server_id):
+    """Ask the server again, in the background: the page shows the discovery running, then its outcome."""
+    server = get_object_or_404(Server, pk=server_id)
+    services.request_discovery(server=server, user=request.user)
     return redirect("servers:detail", server_id=server.pk)

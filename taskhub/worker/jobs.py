@@ -1,4 +1,4 @@
-"""Background jobs on procrastinate: launch a tool call, deliver an answer, deliver a cancel.
+"""Background jobs on procrastinate: launch a tool call, deliver an answer, deliver a cancel, discover a server.
 
 Every job is async (procrastinate runs them concurrently); the launch opens its own TasksClient and
 closes it, deliveries and cancels use the worker's connected one for their server (`clients.py`). Each
@@ -35,6 +35,8 @@ from procrastinate.retry import BaseRetryStrategy
 
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
+from taskhub.servers import discovery
+from taskhub.servers import hooks as server_hooks
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker.clients import JobClient, job_client
@@ -321,3 +323,15 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
             return "gave up"
     await db(services.mark_cancel_delivered, task=task)
     return "delivered"
+
+
+# --- discover a server --------------------------------------------------------------------------------
+
+
+@app.task(name=server_hooks.DISCOVERY_JOB)
+async def discover_server(server_id: int, requested_by: int | None = None) -> str:
+    """server/discover (or initialize + tools/list) for a server just added or on "Discover now", recorded by
+    servers.discovery like the terminal's discovery. The job's lock (hooks.discovery_lock) keeps two discoveries
+    of one server from running at once; this job talks to the server, so a per-server job limit applies to it."""
+    await db(lambda: None)  # db() drops a connection that died while the worker waited
+    return await discovery.adiscover_requested(server_id=server_id, requested_by=requested_by)

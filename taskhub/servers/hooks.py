@@ -1,0 +1,42 @@
+"""Where the server services hand discovery to a background job, inside their transaction.
+
+As in taskhub/tasks/hooks.py: the job is deferred by name through Django's own database connection, so its row
+commits with the server's state and audit row, or not at all; taskhub/worker/jobs.py registers the job under
+the name, and this package never imports the worker (DESIGN.md, "Dependency direction").
+"""
+
+import functools
+
+from django.db import transaction
+from procrastinate import exceptions, manager, tasks
+from procrastinate.contrib.django import django_connector
+from procrastinate.contrib.django.settings import settings as procrastinate_settings
+
+# The name taskhub.worker.jobs.discover_server is registered under.
+DISCOVERY_JOB = "taskhub.discover_server"
+
+
+@functools.cache
+def _in_django_transaction() -> manager.JobManager:
+    return manager.JobManager(django_connector.DjangoConnector(alias=procrastinate_settings.DATABASE_ALIAS))
+
+
+def discovery_lock(server_id: int) -> str:
+    """One discovery of a server at a time (lock), and at most one waiting (queueing lock)."""
+    return f"discover:{server_id}"
+
+
+def enqueue_discovery(server_id: int, *, requested_by: int | None) -> None:
+    """The discovery job asks the server for its capabilities and tools and records them, or the failure.
+
+    A discovery already waiting for this server answers this request too: the second one is not queued."""
+    lock = discovery_lock(server_id)
+    deferrer = tasks.configure_task(
+        name=DISCOVERY_JOB, job_manager=_in_django_transaction(), lock=lock, queueing_lock=lock
+    )
+    try:
+        # A savepoint: the refused insert of a second waiting job must not break the caller's transaction.
+        with transaction.atomic():
+            deferrer.defer(server_id=server_id, requested_by=requested_by)
+    except exceptions.AlreadyEnqueued:
+        pass
