@@ -9,6 +9,7 @@ from account_fixtures import make_user
 from asgiref.sync import async_to_sync
 from demo_process import DemoServer
 from django.contrib.auth.models import Group
+from django.db import transaction
 from django.urls import reverse
 from helpers import free_port
 from procrastinate.contrib.django.models import ProcrastinateJob
@@ -416,6 +417,14 @@ def test_adding_a_server_returns_its_page_at_once_and_the_job_records_its_tools(
     html = discovery_part(client, server)
     assert "Discovered demo: 9 tools." in html and "Ask a human to approve" in html
     assert POLLING not in html  # the page stops asking
+
+
+def test_the_discovery_job_commits_with_the_server_or_not_at_all(admin):
+    with pytest.raises(RuntimeError, match="rolled back"), transaction.atomic():
+        server = make_server(user=admin, discover_in_background=True)
+        assert len(queued_discoveries(server)) == 1
+        raise RuntimeError("rolled back")
+    assert not ProcrastinateJob.objects.filter(task_name=DISCOVERY_JOB).exists()
 
 
 def test_a_server_added_from_a_script_is_not_discovered_in_the_background(client, admin):
