@@ -97,6 +97,12 @@
       shownMore.replaceWith(more);
       target.appendChild(more);
     }
+    // The flood groups, the hidden-requests line and the pager hold no input: they are replaced as counted now.
+    ["inbox-groups", "inbox-pager"].forEach(function (id) {
+      var now = holder.content.getElementById(id);
+      var shown = document.getElementById(id);
+      if (now && shown) shown.replaceWith(now);
+    });
     if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
   }
 
