@@ -217,3 +217,15 @@ def test_past_its_cap_a_server_opens_no_more_requests_and_is_flagged(servers, se
     )
     services.apply_snapshot(task=first, snapshot=again)
     assert InputRequest.objects.filter(task=first).count() == 5
+
+
+def test_the_openapi_document_describes_the_inbox_pages_and_filters(approver):
+    document = api(approver).get("/api/openapi.json").json()
+    inbox = document["paths"]["/api/inbox"]["get"]
+    assert {p["name"] for p in inbox["parameters"]} == {"server", "tool", "disabled", "page", "page_size"}
+    assert all(p["schema"].get("description") or p.get("description") for p in inbox["parameters"])
+    page = inbox["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert {"count", "page", "pages", "results", "grouped", "hidden_disabled"} <= set(
+        document["components"]["schemas"][page]["properties"]
+    )
+    assert "400" in inbox["responses"]

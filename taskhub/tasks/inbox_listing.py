@@ -82,6 +82,8 @@ class InboxListing:
             "page": self.page if self.page > 1 else None,
         }
         values.update(changes)
+        if values["page"] == 1:
+            values["page"] = None
         kept = {name: value for name, value in values.items() if value not in (None, "")}
         return f"?{urlencode(kept)}" if kept else ""
 

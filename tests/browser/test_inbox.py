@@ -314,10 +314,20 @@ def test_a_flooding_server_is_grouped_and_the_inbox_filters_by_server_and_pages(
     expect(card(page, request_of(flood, "k59"))).to_be_visible()
     screenshot(page, "inbox-flood-page-2")
 
+    # The live re-fetch (here on a resync) keeps the filter and the page: the newest request of billing joins page 2,
+    # nothing of ops or of page 1 does.
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    newest = task_asking(server, {"late": APPROVE}, tool="bulk_refund")
+    task_asking(ops, {"other": APPROVE}, tool="restart")
+    page.evaluate("document.body.dispatchEvent(new CustomEvent('taskhub:live-resync'))")
+    expect(card(page, request_of(newest, "late"))).to_be_visible()
+    expect(page.locator(".ir-card")).to_have_count(11)
+    expect(page.locator("#inbox-pager")).to_contain_text("Page 2 of 2 · 61 requests")
+
     # The filter bar: another server, and a tool.
     page.get_by_label("Server", exact=True).select_option(label="ops")
     page.get_by_role("button", name="Filter").click()
-    expect(page.locator(".ir-card")).to_have_count(1)
+    expect(page.locator(".ir-card")).to_have_count(2)
     expect(page.locator("#inbox-pager")).to_be_hidden()
     page.get_by_label("Server", exact=True).select_option(label="any server")
     page.get_by_label("Tool", exact=True).fill("bulk_refund")
