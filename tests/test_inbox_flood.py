@@ -229,3 +229,21 @@ def test_the_openapi_document_describes_the_inbox_pages_and_filters(approver):
         document["components"]["schemas"][page]["properties"]
     )
     assert "400" in inbox["responses"]
+
+
+def test_a_plain_post_answer_returns_to_the_same_filtered_page(servers, approver):
+    flooder, quiet, _ = servers
+    task = task_asking(flooder, {f"d{n}": ASK for n in range(55)})
+    task_asking(quiet, {"q": ASK})
+    client = pages(approver)
+    html = client.get(f"/inbox/?server={flooder.pk}&page=2").content.decode()
+    back = f"/inbox/?server={flooder.pk}&amp;page=2"
+    assert f'name="next" value="{back}"' in html
+    last = max(open_ids(task))
+    answered = client.post(f"/inbox/{last}/answer", {"action": "decline", "next": back.replace("&amp;", "&")})
+    assert answered.status_code == 302 and answered["Location"] == back.replace("&amp;", "&")
+    # A refused plain POST shows the same filtered page, with the card and the reason.
+    refused = client.post(f"/inbox/{last}/answer", {"action": "decline", "next": back.replace("&amp;", "&")})
+    assert refused.status_code == 409
+    body = refused.content.decode()
+    assert "Page 2 of 2" in body and f'<option value="{flooder.pk}" selected>' in body

@@ -4,6 +4,8 @@ Plain POSTs answer and redirect back (JavaScript off); htmx POSTs get the card b
 Refusals re-show the card with the user's input and the reasons, and record nothing.
 """
 
+from urllib.parse import urlsplit
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, QueryDict
@@ -40,10 +42,16 @@ def inbox(request):
         shown = {ir.pk for ir in requests}
         extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
         requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
-        cards = [card_for(ir, request.user, may_answer=True) for ir in requests]
+        cards = [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
         return render(request, f"{INBOX_TEMPLATE}#card-list", _page_context(listing, cards))
-    cards = [card_for(ir, request.user, may_answer=True) for ir in requests]
+    cards = [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
     return render(request, INBOX_TEMPLATE, _page_context(listing, cards))
+
+
+def _back_to(listing: InboxListing) -> str:
+    """Where a plain POST's answer returns: this page of the inbox with its filters (the bare inbox needs no `next`)."""
+    here = listing.query()
+    return f"{reverse('tasks:inbox')}{here}" if here else ""
 
 
 def _page_context(listing: InboxListing, cards) -> dict:
@@ -125,8 +133,10 @@ def _refused(request, card, *, status: int):
     """htmx: the card in place (200, so htmx swaps it); a plain POST: the inbox with this card in it."""
     if request.htmx:
         return render(request, CARD_TEMPLATE, {"card": card})
-    listing = inbox_listing(request.user, QueryDict(), page_size=CARDS_SHOWN)
-    cards = [card_for(ir, request.user, may_answer=True) for ir in listing.requests]
+    target = urlsplit(_safe_next(request))
+    filters = QueryDict(target.query) if target.path == reverse("tasks:inbox") else QueryDict()
+    listing = inbox_listing(request.user, filters, page_size=CARDS_SHOWN)
+    cards = [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in listing.requests]
     cards = [card if other.pk == card.pk else other for other in cards]
     if all(other.pk != card.pk for other in cards):
         cards.insert(0, card)
