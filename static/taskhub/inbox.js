@@ -47,6 +47,7 @@
     inFlight = true;
     lastFetch = Date.now();
     var ids = cards().map(function (card) { return card.dataset.request; });
+    // data-cards-url is this page's own filters and page number (the view writes it), so the list stays the one shown.
     var url = section.dataset.cardsUrl + "&include=" + encodeURIComponent(ids.join(","));
     fetch(url, { credentials: "same-origin", headers: { "HX-Request": "true" } })
       .then(function (response) {

@@ -1,4 +1,5 @@
-"""The approver inbox: every open input request the user may answer, oldest first, each answered in its card.
+"""The approver inbox: the open input requests the user may answer, oldest first, each answered in its card; a page
+at a time, filtered by server and tool, floods grouped (taskhub/tasks/inbox_listing.py).
 
 Plain POSTs answer and redirect back (JavaScript off); htmx POSTs get the card back and swap it in place.
 Refusals re-show the card with the user's input and the reasons, and record nothing.
