@@ -226,6 +226,10 @@ LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "2
 PROCRASTINATE_IMPORT_PATHS = ["taskhub.worker.jobs", "taskhub.worker.sweeps"]
 # Finished tasks (and finished job rows) older than this are deleted; their audit rows stay. 0 keeps them.
 TASKHUB_RETENTION_DAYS = int(os.environ.get("TASKHUB_RETENTION_DAYS", "30"))
+# One server may have at most this many input requests open at once; past it, its new requests are not opened (each
+# task's timeline says so once, and the servers page shows the server as over its cap), so one server cannot flood
+# the inbox.
+TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER = int(os.environ.get("TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER", "1000"))
 # How fast the workers notice that one of them died (taskhub/worker). A worker beats every
 # TASKHUB_WORKER_HEARTBEAT_SECONDS; the jobs of one silent for TASKHUB_STALLED_WORKER_SECONDS are taken over by the
 # sweep that TASKHUB_STALLED_SWEEP_CRON schedules (cron, a sixth field for seconds). An answer whose delivery was cut

@@ -218,7 +218,7 @@ def test_an_approver_answers_once_and_the_second_answer_is_a_409(server, people)
     task = waiting_task(server, people["operator"])
     request = InputRequest.objects.get(task=task)
     url = f"/api/input-requests/{request.pk}/answer"
-    assert [row["id"] for row in api_client(people["approver"]).get("/api/inbox").json()] == [request.pk]
+    assert [row["id"] for row in api_client(people["approver"]).get("/api/inbox").json()["results"]] == [request.pk]
     status, body = post_json(api_client(people["approver"]), url, {"action": "accept", "content": {"approved": True}})
     assert status == 200 and body["state"] == "answered" and body["answered_by"] == "arun"
     second = make_user("amir", APPROVERS)

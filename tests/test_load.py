@@ -13,6 +13,9 @@ Printed (not asserted): throughput, answer→delivery latency, socket frames.
 
     uv run pytest tests/test_load.py -s                            # CI size
     TASKHUB_LOAD_SCALE=full uv run pytest tests/test_load.py -s    # issue 7's size: 1,000 / 50 / 10 / 500
+
+The flood case (issue 14): one server with thousands of open requests (2,000 at CI size, 4,000 full) and three of
+another; the three are on the first page of the inbox and of GET /api/inbox, and both answer in time.
 """
 
 from __future__ import annotations
@@ -53,11 +56,12 @@ class Scale:
     requests: int
     double_every: int  # every n-th request is answered by two approvers at once
     timeout_s: float
+    flood: int  # open requests of one server in the flood case (issue 14, point 4)
 
 
 SCALES = {
-    "ci": Scale(tasks=200, clients=10, approvers=4, requests=100, double_every=10, timeout_s=300),
-    "full": Scale(tasks=1000, clients=50, approvers=10, requests=500, double_every=10, timeout_s=900),
+    "ci": Scale(tasks=200, clients=10, approvers=4, requests=100, double_every=10, timeout_s=300, flood=2000),
+    "full": Scale(tasks=1000, clients=50, approvers=10, requests=500, double_every=10, timeout_s=900, flood=4000),
 }
 SCALE_ENV = "TASKHUB_LOAD_SCALE"
 # The tasks that do not ask: most report progress (a change every few seconds), a few fail.
@@ -483,3 +487,62 @@ def test_live_tasks_watched_by_many_sockets_while_approvers_answer_through_the_p
     ]
     with capsys.disabled():
         print("\n" + "\n".join(report))
+
+
+def test_a_flood_of_one_servers_requests_does_not_bury_another_servers_few(capsys):
+    from catalogue_fixtures import with_tools
+    from django.contrib.auth.models import Group
+    from django.test import Client
+    from helpers import snapshot
+
+    from taskhub.api.tokens import create_token
+    from taskhub.mcp.client import TaskCreated
+    from taskhub.servers.services import create_server
+
+    size = scale()
+    approver = make_user("ada", APPROVERS, "team")
+    team = Group.objects.get(name="team")
+    flooder, quiet = (
+        create_server(name=name, transport="http", url=f"http://{name}.example/mcp", user=None)
+        for name in ("flooder", "quiet")
+    )
+    flooder.approver_groups.add(team)
+    quiet.approver_groups.add(team)
+    ask = {"method": "elicitation/create", "params": {"message": "Refund?", "requestedSchema": {"type": "object"}}}
+
+    def task_asking(server, keys):
+        task = services.launch(server=with_tools(server, "refund"), tool="refund", arguments={}, user=None)
+        created = TaskCreated(task=snapshot(task_id=f"r-{task.id}"))
+        task = services.record_launch_outcome(task=task, outcome=created)
+        asking = snapshot("input_required", task_id=f"r-{task.id}", inputRequests=dict.fromkeys(keys, ask))
+        services.apply_snapshot(task=task, snapshot=asking)
+        return task
+
+    flood_task = task_asking(flooder, ["k0"])
+    InputRequest.objects.bulk_create(
+        InputRequest(task=flood_task, server=flooder, key=f"k{n}", method="elicitation/create", params=ask["params"])
+        for n in range(1, size.flood)
+    )
+    few = sorted(
+        InputRequest.objects.filter(task__in=[task_asking(quiet, [f"q{n}"]) for n in range(3)]).values_list(
+            "pk", flat=True
+        )
+    )
+
+    pages = Client()
+    pages.force_login(approver)
+    began = time.monotonic()
+    page = pages.get("/inbox/").content.decode()
+    page_s = time.monotonic() - began
+    _, secret = create_token(user=approver, name="load")
+    began = time.monotonic()
+    body = Client(headers={"Authorization": f"Bearer {secret}"}).get("/api/inbox").json()
+    api_s = time.monotonic() - began
+
+    assert [int(pk) for pk in re.findall(r'id="ir-(\d+)"', page)] == few
+    assert f"{size.flood} open requests from <strong>flooder</strong>" in page
+    assert [row["id"] for row in body["results"]] == few
+    assert body["grouped"] == [{"server": "flooder", "server_id": flooder.pk, "count": size.flood}]
+    with capsys.disabled():
+        print(f"\nflood of {size.flood}: inbox page {page_s * 1000:.0f} ms, /api/inbox {api_s * 1000:.0f} ms")
+    assert page_s < 5 and api_s < 5, "the inbox slows down under a flood"

@@ -47,6 +47,7 @@
     inFlight = true;
     lastFetch = Date.now();
     var ids = cards().map(function (card) { return card.dataset.request; });
+    // data-cards-url is this page's own filters and page number (the view writes it), so the list stays the one shown.
     var url = section.dataset.cardsUrl + "&include=" + encodeURIComponent(ids.join(","));
     fetch(url, { credentials: "same-origin", headers: { "HX-Request": "true" } })
       .then(function (response) {
@@ -97,6 +98,12 @@
       shownMore.replaceWith(more);
       target.appendChild(more);
     }
+    // The flood groups, the hidden-requests line and the pager hold no input: they are replaced as counted now.
+    ["inbox-groups", "inbox-pager"].forEach(function (id) {
+      var now = holder.content.getElementById(id);
+      var shown = document.getElementById(id);
+      if (now && shown) shown.replaceWith(now);
+    });
     if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
   }
 

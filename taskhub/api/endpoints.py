@@ -10,15 +10,24 @@ import uuid
 from django.core.exceptions import PermissionDenied
 from django.db import DataError, InterfaceError, OperationalError
 from django.db.models import Q
-from django.http import Http404
+from django.http import Http404, QueryDict
 from django.urls import reverse
-from ninja import NinjaAPI, Query, Schema
+from ninja import Field, NinjaAPI, Query, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.responses import Status
 
 from taskhub.accounts import permissions
 from taskhub.api.auth import ApiTokenAuth, signed_in_or_token
-from taskhub.api.schemas import AnswerIn, InputRequestOut, LaunchIn, Problem, TaskDetailOut, TaskOut, TaskPage
+from taskhub.api.schemas import (
+    AnswerIn,
+    InboxPage,
+    InputRequestOut,
+    LaunchIn,
+    Problem,
+    TaskDetailOut,
+    TaskOut,
+    TaskPage,
+)
 from taskhub.servers.models import Server
 from taskhub.tasks import services
 from taskhub.tasks.errors import (
@@ -30,7 +39,8 @@ from taskhub.tasks.errors import (
     TaskError,
     UnknownTool,
 )
-from taskhub.tasks.input_cards import card_for, open_requests_for
+from taskhub.tasks.inbox_listing import inbox_listing
+from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.tasks.queries import TAB_STATUSES, TaskFilterForm, filtered_tasks
 
@@ -263,12 +273,50 @@ def cancel_task(request, task_id: uuid.UUID):
 # --- input requests -------------------------------------------------------------------------------
 
 
-@api.get("/inbox", response={200: list[InputRequestOut], 401: Problem, 403: Problem}, tags=["input requests"])
-def inbox(request):
-    """Every open input request you may answer, oldest first."""
+class InboxFilters(Schema):
+    server: str = Field("", description="only this server's requests: its name or numeric id")
+    tool: str = Field("", description="only requests of tasks of this tool")
+    disabled: bool = Field(False, description="include requests of disabled servers (hidden by default)")
+    page: int = Field(1, description="1, 2, …; past the last page is an error")
+    page_size: int = Field(50, description=f"requests per page, at most {PAGE_SIZE_MAX}")
+
+
+@api.get("/inbox", response={200: InboxPage, 400: Problem, 401: Problem, 403: Problem}, tags=["input requests"])
+def inbox(request, filters: Query[InboxFilters]):
+    """The open input requests you may answer, oldest first, a page at a time (`page`, `page_size`).
+
+    A server with more than 20 open requests is grouped when other servers have requests too: its requests are
+    not in `results` but counted in `grouped` (ask for them with `server=`), so one server cannot bury the others.
+    Requests of disabled servers are left out unless `disabled=true` (`hidden_disabled` counts them). A filter
+    that does not fit (an unknown server, a page past the last) is a 400 that says which."""
     if not permissions.is_approver(request.user):
         raise PermissionDenied("The inbox is for approvers.")
-    return [_request_out(ir) for ir in open_requests_for(request.user)[:1000]]
+    if not 1 <= filters.page_size <= PAGE_SIZE_MAX:
+        raise ApiProblem(400, "Some filters are not valid.", {"page_size": f"Between 1 and {PAGE_SIZE_MAX}."})
+    params = QueryDict(mutable=True)
+    server = filters.server.strip()
+    if server and not server.isdigit():
+        named = permissions.servers_user_may_approve(request.user).filter(name=server).first()
+        if named is None:
+            raise ApiProblem(400, "Some filters are not valid.", {"server": f"You approve for no server {server!r}."})
+        server = str(named.pk)
+    params.update({"server": server, "tool": filters.tool, "page": str(filters.page)})
+    if filters.disabled:
+        params["disabled"] = "1"
+    listing = inbox_listing(request.user, params, page_size=filters.page_size)
+    if listing.errors:
+        raise ApiProblem(400, "Some filters are not valid.", listing.errors)
+    return {
+        "count": listing.count,
+        "page": listing.page,
+        "pages": listing.pages,
+        "results": [_request_out(ir) for ir in listing.requests],
+        "grouped": [
+            {"server": flood.server.name, "server_id": flood.server.pk, "count": flood.count}
+            for flood in listing.floods
+        ],
+        "hidden_disabled": listing.hidden_disabled,
+    }
 
 
 @api.post(

@@ -60,6 +60,21 @@ class TaskPage(Schema):
     results: list[TaskOut]
 
 
+class GroupedServer(Schema):
+    server: str
+    server_id: int
+    count: int = Field(description="its open requests, left out of `results`; ask with server=<server_id>")
+
+
+class InboxPage(Schema):
+    count: int = Field(description="the requests in `results` over all pages")
+    page: int
+    pages: int
+    results: list[InputRequestOut]
+    grouped: list[GroupedServer] = Field(description="servers with more than 20 open requests, grouped")
+    hidden_disabled: int = Field(description="open requests of disabled servers left out (disabled=false)")
+
+
 class LaunchIn(Schema):
     server: str = Field(description="the server's name, or its numeric id")
     tool: str

@@ -196,15 +196,6 @@ def _pretty(value: Any) -> str:
 # --- which requests -----------------------------------------------------------------------------------
 
 
-def open_requests_for(user) -> QuerySet[InputRequest]:
-    """Every open request on a server the user approves for, oldest first."""
-    return (
-        InputRequest.objects.filter(state=InputRequestState.OPEN, server__in=permissions.servers_user_may_approve(user))
-        .select_related("task__server", "answered_by")
-        .order_by("created_at", "pk")
-    )
-
-
 def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:
     return (
         InputRequest.objects.filter(pk__in=ids, server__in=permissions.servers_user_may_approve(user))

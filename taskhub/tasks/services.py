@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -306,6 +307,8 @@ def _open_requests(
     rows = InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", "state", "delivered_at")
     known = {key: (state, delivered_at) for key, state, delivered_at in rows}
     opened = []
+    room = None  # how many more requests the server may open; counted once, only when a key is new
+    refused_over_cap = 0
     for key, request in storable(requests).items():
         if key in known:
             state, delivered_at = known[key]
@@ -314,6 +317,12 @@ def _open_requests(
                 was = "answered" if state == InputRequestState.DELIVERED else "no longer asked for"
                 problems.append(f"the server asks again for the key {_quote(key)!r}, which was {was}; not reopened")
             continue
+        if room is None:
+            room = _open_request_room(task)
+        if room <= 0:
+            refused_over_cap += 1
+            continue
+        room -= 1
         request = request if isinstance(request, dict) else {}
         params = request.get("params")
         method = str(request.get("method") or "")
@@ -338,7 +347,49 @@ def _open_requests(
             data={"key": key, "method": input_request.method, "mrtr_round": mrtr_round},
         )
         opened.append(input_request)
+    if refused_over_cap:
+        _refuse_over_cap(task, refused=refused_over_cap)
     return opened
+
+
+OVER_CAP_MARK = "open_request_cap"
+
+
+def _open_request_room(task: Task) -> int:
+    """How many more open requests the task's server may have (TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER).
+
+    Counted, not locked: two tasks of one server opening requests at once may pass the cap by a few; what it guards
+    against is thousands."""
+    cap = settings.TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER
+    return cap - InputRequest.objects.filter(server_id=task.server_id, state=InputRequestState.OPEN).count()
+
+
+def _refuse_over_cap(task: Task, *, refused: int) -> None:
+    """Requests past the server's cap are not opened (a later poll opens them once there is room again). The task's
+    timeline says so once, and the server is flagged on the servers page (its last error)."""
+    cap = settings.TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER
+    said_before = AuditEvent.objects.filter(
+        task=task, action="task.protocol_error", data__has_key=OVER_CAP_MARK
+    ).exists()
+    if said_before:
+        return
+    problem = (
+        f"the server is over its open-request cap ({cap} open requests per server): "
+        f"{refused} new request(s) of this task are not shown until some are answered"
+    )
+    record_event(
+        action="task.protocol_error",
+        actor_label=WORKER,
+        task=task,
+        data={"problem": problem, OVER_CAP_MARK: cap, "not_opened": refused},
+    )
+    now = timezone.now()
+    Server.objects.filter(pk=task.server_id).update(
+        last_error=f"over its open-request cap: more than {cap} requests waiting for an answer; new ones are not "
+        "shown until some are answered",
+        last_error_at=now,
+        updated_at=now,
+    )
 
 
 def _supersede_open_requests(task: Task, *, reason: str, keep: set[str] | frozenset[str] = frozenset()) -> int:

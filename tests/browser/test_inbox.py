@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS
 from taskhub.servers.services import create_server
-from taskhub.tasks.models import InputRequestState
+from taskhub.tasks.models import InputRequest, InputRequestState
 
 SCHEMA = {
     "type": "object",
@@ -283,3 +283,54 @@ def test_screenshot_of_an_empty_inbox(daphne_server, page, server):
     page.goto(f"{daphne_server.url}/inbox/")
     expect(page.get_by_text("Nothing waiting for you")).to_be_visible()
     screenshot(page, "inbox-empty")
+
+
+def test_a_flooding_server_is_grouped_and_the_inbox_filters_by_server_and_pages(daphne_server, page, server):
+    approver("ada")
+    ops = create_server(name="ops", transport="http", url="http://ops.example/mcp", user=None)
+    ops.approver_groups.add(Group.objects.get(name="finance"))
+    flood = task_asking(server, {"k0": APPROVE}, tool="bulk_refund")
+    InputRequest.objects.bulk_create(
+        InputRequest(task=flood, server=server, key=f"k{n}", method="elicitation/create", params=APPROVE["params"])
+        for n in range(1, 60)
+    )
+    quiet = task_asking(ops, {"restart": APPROVE}, tool="restart")
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
+
+    # The flood is one line; the other server's request is on the first page.
+    expect(page.locator(".inbox-flood")).to_contain_text("60 open requests from billing")
+    expect(page.locator(".ir-card")).to_have_count(1)
+    expect(card(page, request_of(quiet, "restart"))).to_be_visible()
+    screenshot(page, "inbox-flood-grouped")
+
+    page.locator(".inbox-flood").get_by_role("link", name="show them").click()
+    expect(page.locator(".ir-card")).to_have_count(50)
+    expect(page.get_by_label("Server", exact=True)).to_have_value(str(server.pk))
+    expect(page.locator("#inbox-pager")).to_contain_text("Page 1 of 2 · 60 requests")
+    page.locator("#inbox-pager").get_by_role("link", name="Newer →").click()
+    expect(page.locator(".ir-card")).to_have_count(10)
+    assert f"server={server.pk}" in page.url and "page=2" in page.url
+    expect(card(page, request_of(flood, "k59"))).to_be_visible()
+    screenshot(page, "inbox-flood-page-2")
+
+    # The live re-fetch (here on a resync) keeps the filter and the page: the newest request of billing joins page 2,
+    # nothing of ops or of page 1 does.
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    newest = task_asking(server, {"late": APPROVE}, tool="bulk_refund")
+    task_asking(ops, {"other": APPROVE}, tool="restart")
+    page.evaluate("document.body.dispatchEvent(new CustomEvent('taskhub:live-resync'))")
+    expect(card(page, request_of(newest, "late"))).to_be_visible()
+    expect(page.locator(".ir-card")).to_have_count(11)
+    expect(page.locator("#inbox-pager")).to_contain_text("Page 2 of 2 · 61 requests")
+
+    # The filter bar: another server, and a tool.
+    page.get_by_label("Server", exact=True).select_option(label="ops")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator(".ir-card")).to_have_count(2)
+    expect(page.locator("#inbox-pager")).to_be_hidden()
+    page.get_by_label("Server", exact=True).select_option(label="any server")
+    page.get_by_label("Tool", exact=True).fill("bulk_refund")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator(".ir-card")).to_have_count(50)  # one server left: listed, not grouped
+    expect(page.locator(".inbox-flood")).to_have_count(0)
