@@ -49,10 +49,13 @@ from taskhub.mcp.extension import (
     UpdateTaskRequest,
     decline_elicitation,
 )
+from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
 from taskhub.mcp.stdio import BadLine, stdio_transport
 from taskhub.mcp.wire import CreateTaskResult, TaskSnapshot
 
 logger = logging.getLogger(__name__)
+# The SDK logs its endpoint and httpx2 every request's URL: with the query's secrets, but for this filter.
+mask_urls_in_logs_of("mcp.client.streamable_http", "httpx2")
 
 _RAW = TypeAdapter(dict[str, Any])
 _listen_ids = itertools.count(1)
@@ -101,7 +104,8 @@ def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
 class HttpTarget:
     """A Streamable HTTP endpoint, with optional bearer token and extra headers (e.g. an API key).
 
-    Credentials are left out of repr(): a target in a log line or a traceback must not carry them.
+    Credentials are left out of repr() and describe() (the URL's masked): a target in a log line or a traceback
+    must not carry them.
     """
 
     url: str
@@ -115,7 +119,10 @@ class HttpTarget:
         return headers
 
     def describe(self) -> str:
-        return self.url
+        return mask_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"HttpTarget(url={self.describe()!r})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,7 +269,7 @@ def _as_transport_error(error: BaseException, what: str) -> McpClientError:
 
 
 def _describe(errors: list[BaseException]) -> str:
-    return "; ".join(f"{type(leaf).__name__}: {leaf}".rstrip(": ") for leaf in errors[:3])
+    return mask_urls_in("; ".join(f"{type(leaf).__name__}: {leaf}".rstrip(": ") for leaf in errors[:3]))
 
 
 def _leaf_exceptions(error: BaseException) -> Iterator[BaseException]:

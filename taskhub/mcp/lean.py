@@ -29,6 +29,7 @@ from taskhub.mcp.errors import (
     TransportError,
     protocol_error,
 )
+from taskhub.mcp.secret_urls import mask_urls_in
 from taskhub.mcp.wire import TaskSnapshot
 
 METHOD = "tasks/get"
@@ -120,7 +121,8 @@ class LeanTaskGetter:
         except TimeoutError:
             raise RequestTimeout(f"{METHOD}: no answer from {where} within {self.timeout:g}s") from None
         except aiohttp.ClientError as error:
-            raise TransportError(f"{METHOD}: {where}: {type(error).__name__}: {error}".rstrip(": ")) from error
+            detail = mask_urls_in(f"{type(error).__name__}: {error}")
+            raise TransportError(f"{METHOD}: {where}: {detail}".rstrip(": ")) from error
 
     async def _read_message(self, response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any]:
         if response.status in (401, 403):
