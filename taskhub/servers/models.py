@@ -4,6 +4,7 @@ from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
 from taskhub.mcp.client import HttpTarget, ServerTarget, StdioTarget
 from taskhub.mcp.secret_urls import with_secrets
+from taskhub.servers.policy import server_address_policy
 
 
 class Transport(models.TextChoices):
@@ -74,5 +75,6 @@ class Server(models.Model):
                 url=with_secrets(self.url, dict(self.url_secrets or {})),
                 headers=dict(self.headers or {}),
                 bearer_token=self.bearer_token or None,
+                address_policy=server_address_policy(),
             )
         return StdioTarget(command=self.command, args=tuple(self.args or ()), env=dict(self.env) if self.env else None)

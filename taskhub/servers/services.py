@@ -9,10 +9,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
+from taskhub.mcp.address_policy import AddressRefused
 from taskhub.mcp.client import Discovery
 from taskhub.mcp.secret_urls import mask_urls_in, masked_parameters, split_secrets
 from taskhub.servers.errors import ServerConfigInvalid
 from taskhub.servers.models import Server, Transport
+from taskhub.servers.policy import server_address_policy
 
 SECRET_FIELDS = frozenset({"env", "headers", "bearer_token", "url_secrets"})
 EDITABLE_FIELDS = frozenset(
@@ -53,6 +55,18 @@ def _secrets_out_of_the_url(server: Server, *, stored: Mapping[str, list[str]]) 
     server.url_secrets = secrets
 
 
+def _check_address(server: Server) -> None:
+    """Refuse a URL the address policy refuses (its host as written and every address it resolves to now)."""
+    if server.transport != Transport.HTTP or not server.url:
+        return
+    try:
+        server_address_policy().check_url(server.url, resolve=True)
+    except AddressRefused as refused:
+        raise ServerConfigInvalid({"url": [f"Not an address for MCP servers: {refused}."]}) from refused
+    except ValueError:
+        return  # full_clean says the URL is not valid
+
+
 def _validated_save(server: Server) -> None:
     try:
         server.full_clean()
@@ -88,6 +102,7 @@ def create_server(
         enabled=enabled,
     )
     _secrets_out_of_the_url(server, stored={})
+    _check_address(server)
     _validated_save(server)
     server.approver_groups.set(approver_groups)
     record_event(
@@ -123,6 +138,8 @@ def update_server(*, server: Server, user, approver_groups: Iterable | None = No
             changed["approver_groups"] = sorted(after)
     if not changed:
         return server
+    if "url" in changed or "transport" in changed:
+        _check_address(server)
     _validated_save(server)
     record_event(action="server.updated", user=user, server=server, data={"name": server.name, "changed": changed})
     return server
