@@ -23,6 +23,7 @@ from threaded_app import ThreadedApp
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.mcp.address_policy import AddressRefused
+from taskhub.mcp.errors import AuthorizationFailed
 from taskhub.mcp.lean import LeanTaskGetter
 from taskhub.servers.discovery import DiscoveryFailed, discover_and_record
 from taskhub.servers.errors import ServerConfigInvalid
@@ -113,7 +114,19 @@ def test_a_name_that_resolves_to_a_denied_address_is_refused_at_each_connection(
         server = create_server(name="named", transport="http", url=f"http://localhost:{port}/mcp", user=None)
         with pytest.raises(DiscoveryFailed, match="401"):
             discover_and_record(server=server)
-        assert seen and seen[0].headers["host"] == f"localhost:{port}", "sent to the checked address, as the name"
+        assert seen and seen[0].headers["host"] == f"localhost:{port}", "the SDK path: sent to the checked address"
+        discovered = len(seen)
+
+        async def poll() -> None:
+            getter = LeanTaskGetter(server.to_target(), timeout=5)
+            try:
+                await getter.get_task("t-1")
+            finally:
+                await getter.aclose()
+
+        with pytest.raises(AuthorizationFailed):  # the lean path's checked resolver, while allowed
+            async_to_sync(poll)()
+        assert len(seen) > discovered and all(request.headers["host"] == f"localhost:{port}" for request in seen)
         seen.clear()
 
         with override_settings(**LOOPBACK_DENIED):
@@ -122,14 +135,6 @@ def test_a_name_that_resolves_to_a_denied_address_is_refused_at_each_connection(
             assert "resolved to 127.0.0.1" in str(refused.value)
             server.refresh_from_db()
             assert "address policy refuses" in server.last_error
-
-            async def poll() -> None:
-                getter = LeanTaskGetter(server.to_target(), timeout=5)
-                try:
-                    await getter.get_task("t-1")
-                finally:
-                    await getter.aclose()
-
             with pytest.raises(AddressRefused):
                 async_to_sync(poll)()
 
