@@ -222,6 +222,19 @@ LOGIN_FAILURE_WINDOW_SECONDS = int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS"
 LOGIN_FAILURES_PER_USERNAME = int(os.environ.get("LOGIN_FAILURES_PER_USERNAME", "5"))
 LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
 
+# Where MCP servers may live (taskhub/mcp/address_policy.py, built by taskhub/servers/policy.py), checked when a
+# server is registered and on every connection, against each address its name resolves to. Always refused:
+# link-local networks (169.254.0.0/16, fe80::/10) and cloud metadata addresses and names (169.254.169.254,
+# fd00:ec2::254, metadata.google.internal, …), and, unless TASKHUB_SERVER_DENY_OWN_SERVICES=false, the host:port of
+# DATABASES and REDIS_URL. Loopback and private ranges are allowed (MCP servers are often internal). To restrict
+# further: TASKHUB_SERVER_DENIED_NETWORKS adds networks (e.g. 127.0.0.0/8,::1/128 in production),
+# TASKHUB_SERVER_DENIED_HOSTS adds names (and their subdomains), TASKHUB_SERVER_ALLOWED_NETWORKS, when set, lets
+# through only addresses in those networks. Comma-separated.
+TASKHUB_SERVER_DENIED_NETWORKS = env_list("TASKHUB_SERVER_DENIED_NETWORKS", [])
+TASKHUB_SERVER_DENIED_HOSTS = env_list("TASKHUB_SERVER_DENIED_HOSTS", [])
+TASKHUB_SERVER_ALLOWED_NETWORKS = env_list("TASKHUB_SERVER_ALLOWED_NETWORKS", []) or None
+TASKHUB_SERVER_DENY_OWN_SERVICES = env_bool("TASKHUB_SERVER_DENY_OWN_SERVICES", True)
+
 # Background jobs (taskhub/worker): procrastinate on the same database, through Django's connection.
 PROCRASTINATE_IMPORT_PATHS = ["taskhub.worker.jobs", "taskhub.worker.sweeps"]
 # Finished tasks (and finished job rows) older than this are deleted; their audit rows stay. 0 keeps them.

@@ -31,6 +31,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
 from taskhub.mcp import sdk_private, wire
+from taskhub.mcp.address_policy import AddressPolicy, PolicyTransport
 from taskhub.mcp.errors import (
     AuthorizationFailed,
     InvalidResult,
@@ -40,6 +41,7 @@ from taskhub.mcp.errors import (
     TransportError,
     protocol_error,
 )
+from taskhub.mcp.excerpts import describe_exception, excerpt, validation_summary
 from taskhub.mcp.extension import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -49,10 +51,13 @@ from taskhub.mcp.extension import (
     UpdateTaskRequest,
     decline_elicitation,
 )
+from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
 from taskhub.mcp.stdio import BadLine, stdio_transport
 from taskhub.mcp.wire import CreateTaskResult, TaskSnapshot
 
 logger = logging.getLogger(__name__)
+# The SDK logs its endpoint and httpx2 every request's URL: with the query's secrets, but for this filter.
+mask_urls_in_logs_of("mcp.client.streamable_http", "httpx2")
 
 _RAW = TypeAdapter(dict[str, Any])
 _listen_ids = itertools.count(1)
@@ -83,14 +88,19 @@ def tls_context() -> ssl.SSLContext:
 
 def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
     """The SDK's `create_mcp_http_client` (timeouts and headers, no redirects followed), on the shared TLS context."""
+    # An idle connection is dropped long before servers close theirs (uvicorn and Node: 5 s). A request sent just
+    # as the server closes an idle connection fails with no way to know whether it was read: for tools/call
+    # (sent after the launch marker is written, which can take seconds under load) the outcome becomes unknown.
+    limits = httpx2.Limits(keepalive_expiry=IDLE_CONNECTION_SECONDS)
+    policed = None  # address policy: each request goes to a checked address of its host (address_policy.py)
+    if target.address_policy is not None:
+        policed = PolicyTransport(httpx2.AsyncHTTPTransport(verify=tls_context(), limits=limits), target.address_policy)
     return httpx2.AsyncClient(
         headers=target.all_headers(),
         timeout=httpx2.Timeout(min(timeout, 10.0), read=max(timeout, 300.0)),
         verify=tls_context(),
-        # An idle connection is dropped long before servers close theirs (uvicorn and Node: 5 s). A request sent just
-        # as the server closes an idle connection fails with no way to know whether it was read: for tools/call
-        # (sent after the launch marker is written, which can take seconds under load) the outcome becomes unknown.
-        limits=httpx2.Limits(keepalive_expiry=IDLE_CONNECTION_SECONDS),
+        limits=limits,
+        transport=policed,
     )
 
 
@@ -101,12 +111,15 @@ def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
 class HttpTarget:
     """A Streamable HTTP endpoint, with optional bearer token and extra headers (e.g. an API key).
 
-    Credentials are left out of repr(): a target in a log line or a traceback must not carry them.
+    Credentials are left out of repr() and describe() (the URL's masked): a target in a log line or a traceback
+    must not carry them.
     """
 
     url: str
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     bearer_token: str | None = field(default=None, repr=False)
+    # Where the server may be reached (checked on every connection); None: anywhere.
+    address_policy: AddressPolicy | None = field(default=None, repr=False, compare=False)
 
     def all_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
@@ -115,7 +128,10 @@ class HttpTarget:
         return headers
 
     def describe(self) -> str:
-        return self.url
+        return mask_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"HttpTarget(url={self.describe()!r})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,7 +278,7 @@ def _as_transport_error(error: BaseException, what: str) -> McpClientError:
 
 
 def _describe(errors: list[BaseException]) -> str:
-    return "; ".join(f"{type(leaf).__name__}: {leaf}".rstrip(": ") for leaf in errors[:3])
+    return mask_urls_in("; ".join(describe_exception(leaf) for leaf in errors[:3]))
 
 
 def _leaf_exceptions(error: BaseException) -> Iterator[BaseException]:
@@ -277,7 +293,7 @@ def _map_mcp_error(error: MCPError, method: str) -> McpClientError:
     if error.code == mcp_types.PARSE_ERROR:
         # What the SDK answers itself when the server's answer is not JSON-RPC (or is too large, see
         # _cap_json_body); a server has no reason to send it for a request it received well-formed.
-        return InvalidResult(f"{method}: the answer is unusable: {error.message[:500]}")
+        return InvalidResult(f"{method}: the answer is unusable: {excerpt(error.message)}")
     if error.code == mcp_types.REQUEST_TIMEOUT:
         return RequestTimeout(f"{method}: {error.message}")
     if error.code == mcp_types.CONNECTION_CLOSED:
@@ -454,7 +470,7 @@ class TasksClient:
                 raise await self._lost(connection, method) from error
             raise mapped from error
         except ValidationError as error:
-            raise InvalidResult(f"{method}: the server's result does not match the protocol: {error}") from error
+            raise InvalidResult(f"{method}: {validation_summary(error)}") from error
         except McpClientError:
             raise
         except (asyncio.CancelledError, Exception) as error:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from taskhub.mcp import wire
+from taskhub.mcp.address_policy import PolicyResolver
 from taskhub.mcp.client import CLIENT_INFO, HttpTarget, ServerTarget, TasksClient
 from taskhub.mcp.errors import (
     INTERNAL_ERROR,
@@ -29,6 +30,8 @@ from taskhub.mcp.errors import (
     TransportError,
     protocol_error,
 )
+from taskhub.mcp.excerpts import excerpt
+from taskhub.mcp.secret_urls import mask_urls_in
 from taskhub.mcp.wire import TaskSnapshot
 
 METHOD = "tasks/get"
@@ -82,9 +85,14 @@ class LeanTaskGetter:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            policy = self.target.address_policy  # checked on each connection: a name by the resolver, an IP here
+            if policy is not None:
+                policy.check_url(self.target.url)
             self._session = aiohttp.ClientSession(
                 headers={**self.target.all_headers(), **CONTENT_HEADERS},
-                connector=aiohttp.TCPConnector(limit=self._concurrency),
+                connector=aiohttp.TCPConnector(
+                    limit=self._concurrency, resolver=PolicyResolver(policy) if policy is not None else None
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 # The SDK sends no cookies back either; each request stands alone (stateless HTTP).
                 cookie_jar=aiohttp.DummyCookieJar(),
@@ -120,7 +128,8 @@ class LeanTaskGetter:
         except TimeoutError:
             raise RequestTimeout(f"{METHOD}: no answer from {where} within {self.timeout:g}s") from None
         except aiohttp.ClientError as error:
-            raise TransportError(f"{METHOD}: {where}: {type(error).__name__}: {error}".rstrip(": ")) from error
+            detail = mask_urls_in(f"{type(error).__name__}: {error}")
+            raise TransportError(f"{METHOD}: {where}: {detail}".rstrip(": ")) from error
 
     async def _read_message(self, response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any]:
         if response.status in (401, 403):
@@ -214,11 +223,13 @@ def _http_failure(status: int, where: str) -> Exception:
 
 def _result_of(message: dict[str, Any], request_id: int) -> TaskSnapshot:
     if message.get("id") != request_id:
-        raise InvalidResult(f"{METHOD}: the answer's id {message.get('id')!r} is not the request's {request_id}")
+        raise InvalidResult(
+            f"{METHOD}: the answer's id {excerpt(repr(message.get('id')))} is not the request's {request_id}"
+        )
     if "error" in message:
         error = message["error"]
         if not isinstance(error, dict) or not isinstance(error.get("code"), int):
-            raise InvalidResult(f"{METHOD}: malformed JSON-RPC error {str(error)[:200]!r}")
+            raise InvalidResult(f"{METHOD}: malformed JSON-RPC error {excerpt(repr(error))}")
         raise protocol_error(error["code"], str(error.get("message", "")), error.get("data"), method=METHOD)
     return wire.parse_get_task_result(message["result"])
 

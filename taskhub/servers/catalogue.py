@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from taskhub.mcp.secret_urls import mask_url
 from taskhub.servers.models import Server, Transport
 
 MAX_TOOLS = 1000
@@ -95,17 +95,9 @@ def find_tool(server: Server, name: str) -> ToolEntry | None:
 
 
 def endpoint_of(server: Server) -> str:
-    """Where the server is, for display: the URL without any password in it, or the command line."""
+    """Where the server is, for display: the URL with its secrets masked, or the command line."""
     if server.transport == Transport.HTTP:
-        try:
-            parts = urlsplit(server.url)
-        except ValueError:
-            return server.url
-        if parts.password is not None:
-            host = parts.hostname or ""
-            netloc = f"{parts.username}:•••@{host}" + (f":{parts.port}" if parts.port else "")
-            return urlunsplit(parts._replace(netloc=netloc))
-        return server.url
+        return mask_url(server.url)
     args = server.args if isinstance(server.args, list) else []
     return " ".join([server.command, *(str(arg) for arg in args)])
 

@@ -12,11 +12,20 @@ import re
 from django import forms
 from django.contrib.auth.models import Group
 
+from taskhub.mcp.secret_urls import has_secrets, mask_url
 from taskhub.servers.models import Server, Transport
 
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_HEADERS = {"authorization", "content-type", "accept", "content-length", "host", "mcp-session-id"}
+
+
+class MaskedUrlInput(forms.URLInput):
+    """A URL box that shows the URL's secrets (userinfo password, secret query values) as ***, even after an
+    error; a *** sent back keeps the stored value (servers.services)."""
+
+    def format_value(self, value):
+        return mask_url(value) if value else value
 
 
 class SecretLines(forms.Textarea):
@@ -85,8 +94,12 @@ class ServerForm(forms.Form):
         label="URL",
         max_length=2000,
         required=False,
-        help_text="The Streamable HTTP endpoint, e.g. https://mcp.example.com/mcp",
-        widget=forms.URLInput(attrs={"placeholder": "https://…/mcp", "spellcheck": "false"}),
+        help_text=(
+            "The Streamable HTTP endpoint, e.g. https://mcp.example.com/mcp. A user:password@ in it is stored as an"
+            " encrypted Basic authorization header; secret query values (token, api_key, …) are stored encrypted"
+            " and shown as ***."
+        ),
+        widget=MaskedUrlInput(attrs={"placeholder": "https://…/mcp", "spellcheck": "false"}),
     )
     command = forms.CharField(
         max_length=1000,
@@ -187,7 +200,8 @@ class ServerForm(forms.Form):
     @property
     def secrets_were_typed(self) -> bool:
         """After an error: the secret boxes come back empty, so the page asks to type them again."""
-        return self.is_bound and any(self.data.get(name) for name in ("bearer_token", "headers", "env"))
+        typed = any(self.data.get(name) for name in ("bearer_token", "headers", "env"))
+        return self.is_bound and (typed or has_secrets(self.data.get("url") or ""))
 
     def service_arguments(self) -> dict:
         """Keyword arguments for create_server / update_server; secrets only when they change."""

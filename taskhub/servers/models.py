@@ -3,6 +3,8 @@ from django.db import models
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
 from taskhub.mcp.client import HttpTarget, ServerTarget, StdioTarget
+from taskhub.mcp.secret_urls import with_secrets
+from taskhub.servers.policy import server_address_policy
 
 
 class Transport(models.TextChoices):
@@ -11,7 +13,8 @@ class Transport(models.TextChoices):
 
 
 class Server(models.Model):
-    """A registered MCP server. Credentials (bearer token, extra headers, stdio environment) are encrypted at rest.
+    """A registered MCP server. Credentials (bearer token, extra headers, the URL's secret query values, stdio
+    environment) are encrypted at rest.
 
     Encryption is django-fernet-encrypted-fields: Fernet with a key derived from SECRET_KEY and
     FIELD_ENCRYPTION_KEYS (settings.SALT_KEY); both rotate through lists (SECRET_KEY_FALLBACKS, older
@@ -21,7 +24,11 @@ class Server(models.Model):
 
     name = models.CharField(max_length=100, unique=True)
     transport = models.CharField(max_length=8, choices=Transport.choices)
+    # Without its secrets (a secret query value is ***; userinfo is moved into the headers): see servers.services.
     url = models.URLField(max_length=2000, blank=True, help_text="Streamable HTTP endpoint")
+    url_secrets = EncryptedJSONField(
+        default=dict, blank=True, help_text="HTTP: the secret query values of the URL, by parameter (encrypted)"
+    )
     command = models.CharField(max_length=1000, blank=True, help_text="stdio: the program to start")
     args = models.JSONField(default=list, blank=True, help_text="stdio: its arguments")
     env = EncryptedJSONField(default=dict, blank=True, help_text="stdio: environment variables (encrypted)")
@@ -72,5 +79,10 @@ class Server(models.Model):
 
     def to_target(self) -> ServerTarget:
         if self.transport == Transport.HTTP:
-            return HttpTarget(url=self.url, headers=dict(self.headers or {}), bearer_token=self.bearer_token or None)
+            return HttpTarget(
+                url=with_secrets(self.url, dict(self.url_secrets or {})),
+                headers=dict(self.headers or {}),
+                bearer_token=self.bearer_token or None,
+                address_policy=server_address_policy(),
+            )
         return StdioTarget(command=self.command, args=tuple(self.args or ()), env=dict(self.env) if self.env else None)

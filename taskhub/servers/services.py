@@ -1,5 +1,6 @@
 """Every change to a Server, each in one transaction with its audit row."""
 
+import base64
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -8,14 +9,63 @@ from django.db import transaction
 from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
+from taskhub.mcp.address_policy import AddressRefused
 from taskhub.mcp.client import Discovery
+from taskhub.mcp.secret_urls import mask_urls_in, masked_parameters, split_secrets
 from taskhub.servers import hooks
 from taskhub.servers.errors import ServerConfigInvalid
-from taskhub.servers.models import Server
+from taskhub.servers.models import Server, Transport
+from taskhub.servers.policy import server_address_policy
 
-SECRET_FIELDS = frozenset({"env", "headers", "bearer_token"})
-EDITABLE_FIELDS = frozenset({"name", "transport", "url", "command", "args", "enabled"}) | SECRET_FIELDS
+SECRET_FIELDS = frozenset({"env", "headers", "bearer_token", "url_secrets"})
+EDITABLE_FIELDS = frozenset(
+    {"name", "transport", "url", "command", "args", "enabled", "env", "headers", "bearer_token"}
+)
 LAST_ERROR_MAX_CHARS = 2000
+
+
+def _secrets_out_of_the_url(server: Server, *, stored: Mapping[str, list[str]]) -> None:
+    """Keep the URL's credentials out of the `url` column (shown on pages, in the form, in audit rows).
+
+    A userinfo (`user:password@`) becomes an `Authorization: Basic` header, which is what the HTTP clients made of
+    it anyway, stored encrypted with the other headers: the URL then carries no credential to any library that
+    logs or quotes it, and the admin types nothing again. Secret query values must still be sent in the query, so
+    they are stored encrypted in `url_secrets` and the URL keeps *** in their place; a *** typed back (the form
+    shows the URL masked) keeps the stored value. Secrets are never named in an error, only their parameter."""
+    if server.transport != Transport.HTTP or not server.url:
+        return
+    try:
+        public, userinfo, typed = split_secrets(server.url)
+    except ValueError:
+        return  # full_clean says the URL is not valid
+    secrets: dict[str, list[str]] = {}
+    for name in dict.fromkeys(name for name in masked_parameters(public)):
+        values = typed.get(name) or list(stored.get(name) or [])
+        if not values:
+            raise ServerConfigInvalid({"url": [f"The value of the URL's {name} parameter is hidden (***): type it."]})
+        secrets[name] = values
+    if userinfo is not None:
+        if server.bearer_token:
+            raise ServerConfigInvalid(
+                {"url": ["The URL has a user and password and the server has a bearer token: keep only one."]}
+            )
+        basic = base64.b64encode(f"{userinfo[0]}:{userinfo[1]}".encode()).decode()
+        headers = {k: v for k, v in (server.headers or {}).items() if k.lower() != "authorization"}
+        server.headers = {**headers, "Authorization": f"Basic {basic}"}
+    server.url = public
+    server.url_secrets = secrets
+
+
+def _check_address(server: Server) -> None:
+    """Refuse a URL the address policy refuses (its host as written and every address it resolves to now)."""
+    if server.transport != Transport.HTTP or not server.url:
+        return
+    try:
+        server_address_policy().check_url(server.url, resolve=True)
+    except AddressRefused as refused:
+        raise ServerConfigInvalid({"url": [f"Not an address for MCP servers: {refused}."]}) from refused
+    except ValueError:
+        return  # full_clean says the URL is not valid
 
 
 def _validated_save(server: Server) -> None:
@@ -56,6 +106,8 @@ def create_server(
         bearer_token=bearer_token or None,
         enabled=enabled,
     )
+    _secrets_out_of_the_url(server, stored={})
+    _check_address(server)
     _validated_save(server)
     server.approver_groups.set(approver_groups)
     record_event(
@@ -90,20 +142,25 @@ def update_server(*, server: Server, user, approver_groups: Iterable | None = No
     if unknown:
         raise TypeError(f"update_server cannot change {', '.join(sorted(unknown))}")
     server = Server.objects.select_for_update().get(pk=server.pk)
-    changed: dict[str, Any] = {}
+    before = {field: getattr(server, field) for field in EDITABLE_FIELDS | SECRET_FIELDS}
     for field, value in changes.items():
+        setattr(server, field, value)
+    _secrets_out_of_the_url(server, stored=before["url_secrets"] or {})
+    changed: dict[str, Any] = {}
+    for field, value in before.items():
         if getattr(server, field) != value:
-            setattr(server, field, value)
-            changed[field] = "(secret changed)" if field in SECRET_FIELDS else value
+            changed[field] = "(secret changed)" if field in SECRET_FIELDS else getattr(server, field)
     if approver_groups is not None:
-        before = set(server.approver_groups.values_list("name", flat=True))
+        groups_before = set(server.approver_groups.values_list("name", flat=True))
         groups = list(approver_groups)
         after = {group.name for group in groups}
-        if before != after:
+        if groups_before != after:
             server.approver_groups.set(groups)
             changed["approver_groups"] = sorted(after)
     if not changed:
         return server
+    if "url" in changed or "transport" in changed:
+        _check_address(server)
     _validated_save(server)
     record_event(action="server.updated", user=user, server=server, data={"name": server.name, "changed": changed})
     return server
@@ -154,7 +211,7 @@ def record_server_failure(*, server: Server, error: str) -> Server:
     """A request could not reach the server. Audited only when this starts an outage."""
     server = Server.objects.select_for_update().get(pk=server.pk)
     now = timezone.now()
-    server.last_error = error[:LAST_ERROR_MAX_CHARS]
+    server.last_error = mask_urls_in(error)[:LAST_ERROR_MAX_CHARS]
     server.last_error_at = now
     starts_outage = server.unreachable_since is None
     if starts_outage:
