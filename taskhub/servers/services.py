@@ -13,7 +13,10 @@ from taskhub.servers.errors import ServerConfigInvalid
 from taskhub.servers.models import Server
 
 SECRET_FIELDS = frozenset({"env", "headers", "bearer_token"})
-EDITABLE_FIELDS = frozenset({"name", "transport", "url", "command", "args", "enabled"}) | SECRET_FIELDS
+EDITABLE_FIELDS = (
+    frozenset({"name", "transport", "url", "command", "args", "enabled", "max_concurrent_jobs", "call_timeout_seconds"})
+    | SECRET_FIELDS
+)
 LAST_ERROR_MAX_CHARS = 2000
 
 

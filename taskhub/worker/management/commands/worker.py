@@ -19,6 +19,7 @@ from django.db import connection
 from procrastinate.contrib.django import app
 
 from taskhub.worker.clients import shared_clients
+from taskhub.worker.slots import SLOTS
 from taskhub.worker.tracker import Tracker
 
 logger = logging.getLogger("taskhub.worker")
@@ -109,6 +110,7 @@ async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float,
     on a Postgres restart; the process must not exit for that. Jobs it was running when it stopped are
     finished or, if its heartbeat ended first, retried by `retry_stalled_jobs`.
     """
+    SLOTS.concurrency = concurrency  # each server's share of the slots is a part of it
     delay = RESTART_FIRST_SECONDS
     while not stop.is_set():
         runner = asyncio.create_task(
