@@ -42,6 +42,8 @@ def create_server(
     bearer_token: str | None = None,
     enabled: bool = True,
     approver_groups: Iterable = (),
+    max_concurrent_jobs: int | None = None,
+    call_timeout_seconds: int | None = None,
 ) -> Server:
     server = Server(
         name=name,
@@ -53,6 +55,8 @@ def create_server(
         headers=dict(headers or {}),
         bearer_token=bearer_token or None,
         enabled=enabled,
+        max_concurrent_jobs=max_concurrent_jobs,
+        call_timeout_seconds=call_timeout_seconds,
     )
     _validated_save(server)
     server.approver_groups.set(approver_groups)
