@@ -718,11 +718,13 @@ def test_a_server_whose_tool_never_answers_holds_only_its_share_of_the_worker(
         wait_until(lambda: reload(quick).status == TaskStatus.COMPLETED, what="the third server's launch", timeout=15)
         started_after = time.monotonic() - answered_at
         assert silent_server.tool_calls == ["never"]  # its share: one call at a time
-        waiting_launches = [job for job in jobs_of(hooks.LAUNCH_JOB) if job.args["task_id"] != str(quick.id)]
+        slow_ids = {str(task.id) for task in slow_launches}
+        waiting_launches = [job for job in jobs_of(hooks.LAUNCH_JOB) if job.args["task_id"] in slow_ids]
     assert delivered_after < 10 and started_after < 10, (delivered_after, started_after)
     assert all(reload(task).status == TaskStatus.LAUNCHING for task in slow_launches)
     # Retried while their server was busy, and not one attempt spent: they still have their budget to reach it.
-    assert [(job.status, job.attempts) for job in waiting_launches].count(("todo", 0)) >= 5
+    assert any(job.status == "todo" for job in waiting_launches)
+    assert all(job.attempts <= 0 for job in waiting_launches), [(job.status, job.attempts) for job in waiting_launches]
 
 
 def test_a_servers_share_of_the_slots_and_its_call_timeout(settings):
@@ -736,12 +738,24 @@ def test_a_servers_share_of_the_slots_and_its_call_timeout(settings):
     assert pool.share(Server(pk=1, max_concurrent_jobs=1)) == 1
 
     first, second = pool.slot(Server(pk=7)), pool.slot(Server(pk=7))
-    first.take(), second.take()
+    assert first.try_take() and second.try_take()
     with pytest.raises(slots.ServerBusy):
-        pool.slot(Server(pk=7)).take()
+        run(pool.slot(Server(pk=7)).take)(wait=0.05)
     assert pool.slot(Server(pk=8)).try_take()  # another server's share is its own
-    first.release(), first.release()  # releasing twice gives back one slot
-    assert pool.taken(7) == 1
+
+    async def waits_for_the_slot_given_back() -> float:
+        waiting = pool.slot(Server(pk=7))
+        taking = asyncio.create_task(waiting.take(wait=30))
+        await asyncio.sleep(0.05)
+        assert not taking.done()
+        given_back = time.monotonic()
+        await asyncio.to_thread(first.release)  # from another thread, as a job's database thread may
+        await taking
+        return time.monotonic() - given_back
+
+    assert run(waits_for_the_slot_given_back)() < 5  # woken by the release, not by its 30 s wait
+    first.release()  # releasing twice gives back one slot
+    assert pool.taken(7) == 2
 
     settings.TASKHUB_LAUNCH_TIMEOUT_SECONDS = 120
     assert slots.launch_timeout(Server()) == 120

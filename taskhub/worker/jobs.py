@@ -141,8 +141,12 @@ def _give_back_attempt(job_id: int) -> None:
 
 async def give_back_attempt(job: Job) -> None:
     """Before a job raises ServerBusy: its retry must not use up the attempts it has to reach its server."""
-    if job.id is not None:
+    if job.id is None:
+        return
+    try:
         await db(_give_back_attempt, job_id=job.id)
+    except DatabaseError:  # then the retry costs an attempt; ServerBusy itself is retried whatever the count
+        logger.warning("job %s: could not give back the attempt of a busy retry", job.id, exc_info=True)
 
 
 def error_object(error: Exception) -> dict[str, Any]:
@@ -196,7 +200,7 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         await db(services.record_launch_failure, task=task, error=error, sent=False)
         return "server disabled"
     slot = SLOTS.slot(task.server)
-    slot.take()
+    await slot.take()
     try:
         return await _send_launch(task, last_attempt=last_attempt)
     finally:
@@ -310,7 +314,7 @@ async def _deliver(input_request: InputRequest, *, claimed: bool, slot: Slot, la
         if timezone.now() < settled_at:
             raise NotBefore(f"an earlier attempt to deliver {input_request.pk} may be under way", retry_at=settled_at)
 
-    slot.take()
+    await slot.take()
     async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
@@ -379,7 +383,7 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         return "no remote task"
 
     slot = SLOTS.slot(task.server)
-    slot.take()
+    await slot.take()
     try:
         return await _send_cancel(task, last_attempt=last_attempt)
     finally:
