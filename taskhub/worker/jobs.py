@@ -43,7 +43,7 @@ from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, Tr
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker.clients import JobClient, job_client
-from taskhub.worker.slots import SLOTS, ServerBusy, Slot, launch_timeout
+from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ async def _deliver(input_request: InputRequest, *, claimed: bool, slot: Slot, la
         if timezone.now() < settled_at:
             raise NotBefore(f"an earlier attempt to deliver {input_request.pk} may be under way", retry_at=settled_at)
 
-    await slot.take()
+    await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
     async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
@@ -383,7 +383,7 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         return "no remote task"
 
     slot = SLOTS.slot(task.server)
-    await slot.take()
+    await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
     try:
         return await _send_cancel(task, last_attempt=last_attempt)
     finally:

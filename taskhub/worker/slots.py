@@ -26,8 +26,10 @@ from taskhub.servers.models import Server
 
 # procrastinate's concurrency in this process when no worker said otherwise (the worker command's default).
 DEFAULT_CONCURRENCY = 20
-# How long a job waits for its server's slot before it gives its own job slot back.
+# How long a job waits for its server's slot before it gives its own job slot back; answers and cancels (a person
+# waits for them, and they go ahead of launches) wait longer.
 SLOT_WAIT_SECONDS = 0.5
+DELIVERY_SLOT_WAIT_SECONDS = 2.0
 
 
 class ServerBusy(Exception):
