@@ -257,6 +257,14 @@ TASKHUB_DELIVERY_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_DELIVERY_TIMEOU
 TASKHUB_DELIVERY_SETTLE_SECONDS = float(
     os.environ.get("TASKHUB_DELIVERY_SETTLE_SECONDS", str(TASKHUB_DELIVERY_TIMEOUT_SECONDS + 10))
 )
+# One server's share of a worker's job slots (taskhub/worker/slots.py): at most this many of its jobs (launches,
+# deliveries, cancels) run at once in one worker; its other jobs wait in the queue without holding a slot. Unset: a
+# quarter of the worker's --concurrency (at least 1). A server's own "max concurrent jobs" overrides it.
+TASKHUB_MAX_JOBS_PER_SERVER = int(os.environ.get("TASKHUB_MAX_JOBS_PER_SERVER", "0")) or None
+# How long a launch waits for tools/call to answer (a synchronous tool may take a while); a server's own
+# "call timeout" overrides it, up to TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS.
+TASKHUB_LAUNCH_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_SECONDS", "120"))
+TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS", "3600"))
 if TASKHUB_DELIVERY_SETTLE_SECONDS <= TASKHUB_DELIVERY_TIMEOUT_SECONDS:
     raise ImproperlyConfigured(
         "TASKHUB_DELIVERY_SETTLE_SECONDS must exceed TASKHUB_DELIVERY_TIMEOUT_SECONDS: a cut-off delivery may still"

@@ -12,7 +12,7 @@ unless `listening` is set, acknowledges `tasks/update` and `tasks/cancel` (and r
 
 An answer is a JSON-RPC result (:class:`Result`), a JSON-RPC error (:class:`Error`), raw bytes
 (:class:`Raw`), a result sent slowly (:class:`Drip`), a result cut off by a reset (:class:`Reset`),
-or a function of the poll number giving one of those.
+no answer at all (:class:`Silence`), or a function of the poll number giving one of those.
 
 With `listening` set, `subscriptions/listen` answers with an event stream: the acknowledgement (every task id
 asked for, or those `refuse_subscriptions` leaves), then whatever :meth:`HostileServer.notify` sends to every
@@ -73,7 +73,12 @@ class Reset:
     fraction: float = 0.5
 
 
-Answer = Result | Error | Raw | Drip | Reset | Callable[[int], "Answer"]
+@dataclass(frozen=True)
+class Silence:
+    """No answer, ever: the request is read and the connection stays open until the client gives up."""
+
+
+Answer = Result | Error | Raw | Drip | Reset | Silence | Callable[[int], "Answer"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class HostileServer:
         self.polls: Counter[str] = Counter()
         self.updates: list[tuple[str, dict[str, Any]]] = []
         self.cancels: list[str] = []
+        self.tool_calls: list[str] = []
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -260,6 +266,7 @@ class HostileServer:
             return await self._stream(writer, request_id, params)
         elif method == "tools/call":
             with self._lock:
+                self.tool_calls.append(params.get("name"))
                 answer = self._tools.get(params.get("name"), Error({"code": -32602, "message": "Unknown tool"}))
             while callable(answer):
                 answer = answer(0)
@@ -311,6 +318,9 @@ class HostileServer:
             return await _send(writer, answer.status, answer.body, answer.content_type)
         if isinstance(answer, Error):
             return await _send(writer, 200, _encode({"jsonrpc": "2.0", "id": request_id, "error": answer.error}))
+        if isinstance(answer, Silence):
+            await writer.wait_closed()
+            return False
         body = _encode({"jsonrpc": "2.0", "id": request_id, "result": answer.value})
         if isinstance(answer, Result):
             return await _send(writer, 200, body)

@@ -287,8 +287,8 @@ BAD_LAUNCH_ANSWERS = {
 
 
 @pytest.fixture
-def fast_launch(monkeypatch):
-    monkeypatch.setattr(jobs, "LAUNCH_TIMEOUT_SECONDS", 3.0)
+def fast_launch(settings):
+    settings.TASKHUB_LAUNCH_TIMEOUT_SECONDS = 3.0
 
 
 @pytest.mark.parametrize("case", list(BAD_LAUNCH_ANSWERS))

@@ -34,14 +34,18 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 from account_fixtures import make_user
+from catalogue_fixtures import with_tools
 from demo_process import PROJECT_ROOT
 from django.conf import settings
 from django.db import connection
+from helpers import wait_until
+from hostile_server import HostileServer, Silence
 from stack_fixtures import running_stack, session_cookie_for
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import HttpTarget, TasksClient
+from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 
@@ -546,3 +550,65 @@ def test_a_flood_of_one_servers_requests_does_not_bury_another_servers_few(capsy
     with capsys.disabled():
         print(f"\nflood of {size.flood}: inbox page {page_s * 1000:.0f} ms, /api/inbox {api_s * 1000:.0f} ms")
     assert page_s < 5 and api_s < 5, "the inbox slows down under a flood"
+
+
+# --- a slow server among others (issue 14) --------------------------------------------------------------------------
+
+SLOW_LAUNCHES = 20  # as many as the worker has slots (`manage.py worker` runs 20 jobs at once by default)
+SLOW_CALL_TIMEOUT_S = 60
+
+
+def test_a_server_whose_tool_never_answers_does_not_hold_back_the_other_servers(workers, shared_demo_server):
+    """Issue 14: 20 launches of a tool that never answers held all 20 job slots of a worker for the launch timeout;
+    another server's answer was delivered after 117 s. Now the slow server holds its share (a quarter): the other
+    servers' answer and launch go out within seconds, in a real worker process."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_periodic_defers; DELETE FROM procrastinate_jobs")
+    operator, approver = make_user("olga", OPERATORS), make_user("abe", APPROVERS)
+    with HostileServer() as silent:
+        silent.tool("never", Silence())
+        slow = create_server(name="slow", transport="http", url=silent.url, user=None)
+        slow = update_server(server=with_tools(slow, "never"), user=None, call_timeout_seconds=SLOW_CALL_TIMEOUT_S)
+        answers = with_tools(
+            create_server(name="answers", transport="http", url=shared_demo_server.url, user=None), "approval"
+        )
+        third = with_tools(
+            create_server(name="third", transport="http", url=shared_demo_server.url, user=None), "quick"
+        )
+        workers.start(f"slow-server-{silent.port}", "--shutdown-timeout", "1")
+
+        waiting = services.launch(server=answers, tool="approval", arguments={"action": "ship"}, user=operator)
+        approve = wait_until(
+            lambda: InputRequest.objects.filter(task=waiting, key="approve").first(), what="the approval", timeout=60
+        )
+        slow_launches = [
+            services.launch(server=slow, tool="never", arguments={}, user=operator) for _ in range(SLOW_LAUNCHES)
+        ]
+        wait_until(lambda: len(silent.tool_calls) >= 5, what="the slow server's share of calls", timeout=30)
+        wait_until(lambda: not due_launches(), what="the worker to get past the slow server's launches", timeout=15)
+        began = time.monotonic()
+        services.answer_input(input_request=approve, response={"action": "decline"}, user=approver)
+        quick = services.launch(server=third, tool="quick", arguments={"text": "not starved"}, user=operator)
+        wait_until(
+            lambda: InputRequest.objects.get(pk=approve.pk).state == InputRequestState.DELIVERED,
+            what="the other server's answer",
+            timeout=SLOW_CALL_TIMEOUT_S,
+        )
+        delivered_s = time.monotonic() - began
+        wait_until(lambda: Task.objects.get(pk=quick.pk).status == "completed", what="the third launch", timeout=30)
+        started_s = time.monotonic() - began
+        calls = len(silent.tool_calls)
+        workers.stop_all()
+    assert delivered_s < 10 and started_s < 10, (delivered_s, started_s)
+    assert calls == 5  # a quarter of the worker's 20 slots, one tools/call each
+    assert Task.objects.filter(pk__in=[t.pk for t in slow_launches], status="launching").count() == SLOW_LAUNCHES
+    print(f"\nslow server: answer delivered after {delivered_s:.1f} s, third launch done after {started_s:.1f} s")
+
+
+def due_launches() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM procrastinate_jobs WHERE status = 'todo' AND task_name = 'taskhub.launch_task'"
+            " AND (scheduled_at IS NULL OR scheduled_at <= now())"
+        )
+        return cursor.fetchone()[0]

@@ -9,6 +9,7 @@ from procrastinate.jobs import Job
 from taskhub.mcp.errors import TransportError
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.worker import jobs
+from taskhub.worker.slots import ServerBusy
 from taskhub.worker.tracker.polling import backoff_delay_ms, poll_delay_ms, snapshot_digest
 
 # --- the tracker (taskhub/worker/tracker.py) -----------------------------------------------------------
@@ -53,3 +54,13 @@ def test_backoff_doubles_up_to_a_cap_for_the_listed_errors_only():
     assert wait(unreachable, jobs.DELIVERY_RETRY.max_attempts) is None  # the last attempt records why it gave up
     assert wait(asyncio.CancelledError(), 0) is not None  # a worker stopped mid-job: safe to run again
     assert wait(ValueError("a bug"), 0) is None
+
+
+def test_a_job_whose_server_is_busy_is_retried_soon_with_its_priority_even_past_its_last_attempt():
+    # Nothing was sent: its attempt is given back (jobs.give_back_attempt), and it never gives up for that.
+    busy = ServerBusy("server 1 has 5 job(s) running in this worker already")
+    for strategy in (jobs.LAUNCH_RETRY, jobs.DELIVERY_RETRY, jobs.CANCEL_RETRY):
+        last = Job(id=1, queue="default", lock=None, queueing_lock=None, task_name="t", attempts=strategy.max_attempts)
+        decision = strategy.get_retry_decision(exception=busy, job=last)
+        assert decision is not None and decision.priority is None  # None keeps the job's own (answers first)
+        assert 0.4 < (decision.retry_at - timezone.now()).total_seconds() <= 1.5

@@ -122,6 +122,21 @@ class ServerForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
         help_text="Only approvers in these groups may answer this server's questions. None ticked: every approver may.",
     )
+    max_concurrent_jobs = forms.IntegerField(
+        label="Max concurrent jobs",
+        required=False,
+        min_value=1,
+        max_value=1000,
+        help_text="How many of this server's launches, answers and cancels one worker runs at once. Empty: the"
+        " worker's default (TASKHUB_MAX_JOBS_PER_SERVER, a quarter of its job slots).",
+    )
+    call_timeout_seconds = forms.IntegerField(
+        label="Call timeout (seconds)",
+        required=False,
+        min_value=1,
+        max_value=3600,
+        help_text="How long a launch waits for the tool call to answer. Empty: TASKHUB_LAUNCH_TIMEOUT_SECONDS (120).",
+    )
     bearer_token = forms.CharField(
         required=False,
         strip=True,
@@ -161,6 +176,8 @@ class ServerForm(forms.Form):
                 "args": "\n".join(str(arg) for arg in server.args or []),
                 "enabled": server.enabled,
                 "approver_groups": list(server.approver_groups.all()),
+                "max_concurrent_jobs": server.max_concurrent_jobs,
+                "call_timeout_seconds": server.call_timeout_seconds,
             }
         super().__init__(*args, **kwargs)
         self.stored_headers = sorted((server.headers or {}) if server else {})
@@ -214,6 +231,8 @@ class ServerForm(forms.Form):
             "args": data["args"],
             "enabled": data["enabled"],
             "approver_groups": list(data["approver_groups"]),
+            "max_concurrent_jobs": data["max_concurrent_jobs"],
+            "call_timeout_seconds": data["call_timeout_seconds"],
         }
         if self.server is None:
             arguments.update(headers=data["headers"], env=data["env"], bearer_token=data["bearer_token"] or None)

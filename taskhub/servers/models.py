@@ -1,4 +1,5 @@
 from django.contrib.auth.models import Group
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
@@ -36,6 +37,19 @@ class Server(models.Model):
     # The library stores an empty value as NULL.
     bearer_token = EncryptedTextField(null=True, blank=True, help_text="HTTP: bearer token (encrypted)")
     enabled = models.BooleanField(default=True)
+    # Overrides of the worker's defaults for this server (taskhub/worker/slots.py); empty: the settings' values.
+    max_concurrent_jobs = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="jobs of this server one worker runs at once (default TASKHUB_MAX_JOBS_PER_SERVER)",
+    )
+    call_timeout_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(3600)],
+        help_text="how long a launch waits for tools/call to answer (default TASKHUB_LAUNCH_TIMEOUT_SECONDS)",
+    )
 
     capabilities = models.JSONField(default=dict, blank=True)
     tools = models.JSONField(default=list, blank=True)

@@ -19,7 +19,19 @@ from taskhub.servers.policy import server_address_policy
 
 SECRET_FIELDS = frozenset({"env", "headers", "bearer_token", "url_secrets"})
 EDITABLE_FIELDS = frozenset(
-    {"name", "transport", "url", "command", "args", "enabled", "env", "headers", "bearer_token"}
+    {
+        "name",
+        "transport",
+        "url",
+        "command",
+        "args",
+        "enabled",
+        "env",
+        "headers",
+        "bearer_token",
+        "max_concurrent_jobs",
+        "call_timeout_seconds",
+    }
 )
 LAST_ERROR_MAX_CHARS = 2000
 
@@ -91,6 +103,8 @@ def create_server(
     enabled: bool = True,
     approver_groups: Iterable = (),
     discover_in_background: bool = False,
+    max_concurrent_jobs: int | None = None,
+    call_timeout_seconds: int | None = None,
 ) -> Server:
     """Register a server. With `discover_in_background` (the add-server page), its discovery job is deferred in
     the same transaction; the terminal commands (`manage.py server add --discover`, `taskhub demo`) discover
@@ -105,6 +119,8 @@ def create_server(
         headers=dict(headers or {}),
         bearer_token=bearer_token or None,
         enabled=enabled,
+        max_concurrent_jobs=max_concurrent_jobs,
+        call_timeout_seconds=call_timeout_seconds,
     )
     _secrets_out_of_the_url(server, stored={})
     _check_address(server)

@@ -11,6 +11,11 @@ audit row for the round; a job that finds that row already there — because the
 sending, or the job was recovered as stalled — marks the launch outcome unknown instead of sending.
 Only a failure to reach the server at all, found by connecting before the row is written, is
 retried: then nothing can have been sent.
+
+Fairness between servers (`slots.py`): a job takes one of its server's share of this worker's slots just before
+it talks to the server — for a first delivery, before its claim — and a job whose server's share is taken raises
+`ServerBusy` before anything is claimed, marked or sent, so running it again is always safe. A busy retry does not
+count as an attempt (`give_back_attempt`), so a job waiting behind a slow server keeps its whole retry budget.
 """
 
 from __future__ import annotations
@@ -40,17 +45,20 @@ from taskhub.servers import hooks as server_hooks
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker.clients import JobClient, job_client
+from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 
 logger = logging.getLogger(__name__)
 
-# tools/call may legitimately run for a while before it answers (a synchronous tool).
-LAUNCH_TIMEOUT_SECONDS = 120.0
+# tools/call may legitimately run for a while before it answers (a synchronous tool): slots.launch_timeout, per server.
 DELIVERY_TIMEOUT_SECONDS = settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS
 # An attempt cut off before its answer came (its worker stopped, its job was recovered as stalled) may still
 # be under way: the server may apply a request it holds after the client gave up. The next attempt waits this
 # long after it before asking the server whether the answer arrived, and sends it again only if it did not.
 DELIVERY_SETTLE_SECONDS = settings.TASKHUB_DELIVERY_SETTLE_SECONDS
 CONFIRMED_AFTER_INTERRUPTION = "tasks/get after an interrupted delivery"
+# A job whose server's share of the slots is taken runs again after about this long (procrastinate also polls
+# for due jobs every 5 s, so the wait may be longer).
+BUSY_RETRY_SECONDS = 1.0
 
 
 class ServerUnreachable(Exception):
@@ -84,6 +92,9 @@ class Backoff(BaseRetryStrategy):
     retry_priority: int | None = None  # None keeps the job's own
 
     def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
+        if isinstance(exception, ServerBusy):  # nothing was done; its attempt is given back (give_back_attempt)
+            wait = BUSY_RETRY_SECONDS * random.uniform(0.5, 1.5)
+            return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
         if self.is_last(job) or not isinstance(exception, self.retry_exceptions):
             return None
         if isinstance(exception, NotBefore):
@@ -122,6 +133,24 @@ async def db[R](function: Callable[..., R], /, **kwargs: Any) -> R:
     return await sync_to_async(call)()
 
 
+def _give_back_attempt(job_id: int) -> None:
+    # procrastinate adds one to `attempts` when it retries the job; a busy retry was no attempt to reach the server.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET attempts = attempts - 1 WHERE id = %s AND status = 'doing'", [job_id]
+        )
+
+
+async def give_back_attempt(job: Job) -> None:
+    """Before a job raises ServerBusy: its retry must not use up the attempts it has to reach its server."""
+    if job.id is None:
+        return
+    try:
+        await db(_give_back_attempt, job_id=job.id)
+    except DatabaseError:  # then the retry costs an attempt; ServerBusy itself is retried whatever the count
+        logger.warning("job %s: could not give back the attempt of a busy retry", job.id, exc_info=True)
+
+
 def error_object(error: Exception) -> dict[str, Any]:
     if isinstance(error, ProtocolError):
         return error.to_error_object()
@@ -136,6 +165,9 @@ async def launch_task(context, task_id: str) -> str:
     last_attempt = LAUNCH_RETRY.is_last(context.job)
     try:
         return await launch(uuid.UUID(task_id), last_attempt=last_attempt)
+    except ServerBusy:
+        await give_back_attempt(context.job)
+        raise
     except (Exception, asyncio.CancelledError) as error:
         if not last_attempt and isinstance(error, LAUNCH_RETRY.retry_exceptions):
             raise  # procrastinate runs it again
@@ -169,7 +201,16 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         error = {"message": f"The tool call was not sent: the server {task.server.name!r} is disabled."}
         await db(services.record_launch_failure, task=task, error=error, sent=False)
         return "server disabled"
-    async with TasksClient(task.server.to_target(), timeout=LAUNCH_TIMEOUT_SECONDS) as client:
+    slot = SLOTS.slot(task.server)
+    await slot.take()
+    try:
+        return await _send_launch(task, last_attempt=last_attempt)
+    finally:
+        slot.release()
+
+
+async def _send_launch(task: Task, *, last_attempt: bool) -> str:
+    async with TasksClient(task.server.to_target(), timeout=launch_timeout(task.server)) as client:
         try:
             # Reach the server before the marker is written: a failure here cannot have sent anything.
             await client.discover()
@@ -211,30 +252,58 @@ def _not_sent(error: Exception) -> dict[str, Any]:
 
 @app.task(name=hooks.ANSWER_DELIVERY_JOB, pass_context=True, retry=DELIVERY_RETRY)
 async def deliver_answer(context, input_request_id: int) -> str:
-    return await deliver(input_request_id, last_attempt=DELIVERY_RETRY.is_last(context.job))
+    try:
+        return await deliver(input_request_id, last_attempt=DELIVERY_RETRY.is_last(context.job))
+    except ServerBusy:
+        await give_back_attempt(context.job)
+        raise
 
 
-def _answer_to_deliver(input_request_id: int) -> tuple[InputRequest | None, bool]:
-    """The answer to deliver, and whether it is claimed already.
+def _answer_to_deliver(input_request_id: int) -> tuple[InputRequest | None, bool, Slot | None]:
+    """The answer to deliver, whether it is claimed already, and its server's slot (taken if claimed).
 
     A first attempt to send a task-phase answer has nothing to ask the server before its claim, so it claims in
-    the same trip to the database (one thread hop and connection check less before the answer goes out)."""
+    the same trip to the database (one thread hop and connection check less before the answer goes out) — if it
+    gets a slot of its server's share: an answer claimed and not sent would wait for the settle time."""
     input_request = InputRequest.objects.select_related("task__server").filter(pk=input_request_id).first()
     if input_request is None or input_request.state != InputRequestState.ANSWERED:
-        return None, False  # delivered already (the job ran twice), or nothing to deliver
+        return None, False, None  # delivered already (the job ran twice), or nothing to deliver
+    slot = SLOTS.slot(input_request.task.server)
     first_send = (
         input_request.mrtr_round == TASK_PHASE
         and input_request.task.remote_task_id is not None
         and input_request.delivery_attempted_at is None
     )
-    return input_request, first_send and services.claim_delivery(input_request=input_request)
+    try:
+        claimed = first_send and slot.try_take() and services.claim_delivery(input_request=input_request)
+        return input_request, claimed, slot
+    except BaseException:
+        slot.release()
+        raise
 
 
 async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     """Send one answer: tasks/update with that key alone, or (MRTR) resend tools/call once the round is complete."""
-    input_request, claimed = await db(_answer_to_deliver, input_request_id=input_request_id)
-    if input_request is None:
+    loading = asyncio.ensure_future(db(_answer_to_deliver, input_request_id=input_request_id))
+    try:
+        input_request, claimed, slot = await asyncio.shield(loading)
+    except asyncio.CancelledError:  # the worker stops: the thread still finishes, and may have taken a slot
+        loading.add_done_callback(_release_loaded_slot)
+        raise
+    if input_request is None or slot is None:
         return "nothing to deliver"
+    try:
+        return await _deliver(input_request, claimed=claimed, slot=slot, last_attempt=last_attempt)
+    finally:
+        slot.release()
+
+
+def _release_loaded_slot(loading: asyncio.Future) -> None:
+    if not loading.cancelled() and loading.exception() is None and (slot := loading.result()[2]) is not None:
+        slot.release()
+
+
+async def _deliver(input_request: InputRequest, *, claimed: bool, slot: Slot, last_attempt: bool) -> str:
     task = input_request.task
     if input_request.mrtr_round != TASK_PHASE:
         # The launch job sends the whole round; this answer may be the one that completes it.
@@ -247,6 +316,7 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
         if timezone.now() < settled_at:
             raise NotBefore(f"an earlier attempt to deliver {input_request.pk} may be under way", retry_at=settled_at)
 
+    await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
     async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
@@ -292,7 +362,11 @@ def _gave_up(error: McpClientError) -> dict[str, Any]:
 
 @app.task(name=hooks.CANCEL_DELIVERY_JOB, pass_context=True, retry=CANCEL_RETRY)
 async def deliver_cancel(context, task_id: str) -> str:
-    return await cancel(uuid.UUID(task_id), last_attempt=CANCEL_RETRY.is_last(context.job))
+    try:
+        return await cancel(uuid.UUID(task_id), last_attempt=CANCEL_RETRY.is_last(context.job))
+    except ServerBusy:
+        await give_back_attempt(context.job)
+        raise
 
 
 async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
@@ -310,6 +384,15 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         await db(services.record_cancel_failure, task=task, error=error)
         return "no remote task"
 
+    slot = SLOTS.slot(task.server)
+    await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
+    try:
+        return await _send_cancel(task, last_attempt=last_attempt)
+    finally:
+        slot.release()
+
+
+async def _send_cancel(task: Task, *, last_attempt: bool) -> str:
     async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
         try:
             await client.request(lambda tasks: tasks.cancel_task(task.remote_task_id))

@@ -19,6 +19,7 @@ from django.db import connection
 from procrastinate.contrib.django import app
 
 from taskhub.worker.clients import shared_clients
+from taskhub.worker.slots import SLOTS
 from taskhub.worker.tracker import Tracker
 
 logger = logging.getLogger("taskhub.worker")
@@ -100,6 +101,9 @@ async def run(
 # Between two starts of the job runner after it stopped on a database error: doubling, capped.
 RESTART_FIRST_SECONDS = 1.0
 RESTART_CAP_SECONDS = 30.0
+# A job retried for later (its server's share of the slots taken, an answer waiting to settle) is not announced
+# the way a new job is: the runner looks for due jobs this often when it has nothing to do (procrastinate: 5 s).
+FETCH_POLL_SECONDS = 1.0
 
 
 async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float, stop: asyncio.Event) -> None:
@@ -109,6 +113,7 @@ async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float,
     on a Postgres restart; the process must not exit for that. Jobs it was running when it stopped are
     finished or, if its heartbeat ended first, retried by `retry_stalled_jobs`.
     """
+    SLOTS.concurrency = concurrency  # each server's share of the slots is a part of it
     delay = RESTART_FIRST_SECONDS
     while not stop.is_set():
         runner = asyncio.create_task(
@@ -118,6 +123,7 @@ async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float,
                 install_signal_handlers=False,
                 shutdown_graceful_timeout=shutdown_timeout,
                 update_heartbeat_interval=settings.TASKHUB_WORKER_HEARTBEAT_SECONDS,
+                fetch_job_polling_interval=FETCH_POLL_SECONDS,
                 stalled_worker_timeout=settings.TASKHUB_STALLED_WORKER_SECONDS,
             ),
             name="job runner",
