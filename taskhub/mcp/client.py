@@ -17,6 +17,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -277,12 +278,24 @@ def _map_mcp_error(error: MCPError, method: str) -> McpClientError:
     if error.code == mcp_types.PARSE_ERROR:
         # What the SDK answers itself when the server's answer is not JSON-RPC (or is too large, see
         # _cap_json_body); a server has no reason to send it for a request it received well-formed.
-        return InvalidResult(f"{method}: the answer is unusable: {error.message[:500]}")
+        return InvalidResult(f"{method}: the answer is unusable: {_parse_failure(error.message)}")
     if error.code == mcp_types.REQUEST_TIMEOUT:
         return RequestTimeout(f"{method}: {error.message}")
     if error.code == mcp_types.CONNECTION_CLOSED:
         return TransportError(f"{method}: connection closed")
     return protocol_error(error.code, error.message, error.data, method=method)
+
+
+_INVALID_JSON = re.compile(r"Invalid JSON: ([^\[\n]{1,200})")
+
+
+def _parse_failure(message: str) -> str:
+    """The SDK's parse failure in one short line: not pydantic's multi-line dump of what the server sent."""
+    if invalid := _INVALID_JSON.search(message):
+        return f"not valid JSON ({invalid.group(1).strip()})"
+    if "validation error" in message:
+        return "not a JSON-RPC message"
+    return " ".join(message.split())[:300]
 
 
 class ResponseTooLarge(httpx2.StreamError):
@@ -555,7 +568,10 @@ class TasksClient:
             raw = await client.session.send_request(
                 GetTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=self.timeout
             )
-            return wire.parse_get_task_result(raw)
+            snapshot = wire.parse_get_task_result(raw)
+            if snapshot.task_id != task_id:
+                raise InvalidResult(f"tasks/get answered about another task, {snapshot.task_id[:80]!r}")
+            return snapshot
 
         return await self._request("tasks/get", send)
 
