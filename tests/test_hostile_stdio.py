@@ -74,6 +74,12 @@ BAD_LINES = {
     "garbage": "not JSON-RPC",
     "notrpc": "not JSON-RPC",
     "long": "longer than",
+    "othertask": "another task",
+    "wrongid": "not JSON-RPC",
+    "noresult": "without result",
+    "array": "not JSON-RPC",
+    "badutf8": "not JSON-RPC",
+    "deep": "not JSON-RPC",
 }
 
 

@@ -152,7 +152,7 @@ class LeanTaskGetter:
             raw = b"".join(chunks)
         try:
             message = json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             message = None
         if isinstance(message, dict) and "id" in message and ("result" in message or "error" in message):
             return message
@@ -194,7 +194,7 @@ def _split_sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
 def _json_or_none(data: bytes) -> Any:
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -214,7 +214,8 @@ def _http_failure(status: int, where: str) -> Exception:
 
 def _result_of(message: dict[str, Any], request_id: int) -> TaskSnapshot:
     if message.get("id") != request_id:
-        raise InvalidResult(f"{METHOD}: the answer's id {message.get('id')!r} is not the request's {request_id}")
+        # The ids themselves change with every poll: said, the same problem would be recorded anew each time.
+        raise InvalidResult(f"{METHOD}: the answer's JSON-RPC id is not the request's")
     if "error" in message:
         error = message["error"]
         if not isinstance(error, dict) or not isinstance(error.get("code"), int):
