@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import re
 import ssl
@@ -302,18 +303,31 @@ class ResponseTooLarge(httpx2.StreamError):
     """A JSON answer past wire.MAX_RESPONSE_BYTES. A StreamError, so the SDK fails just that request."""
 
 
+class ResponseToAnotherRequest(httpx2.StreamError):
+    """A JSON answer whose JSON-RPC id is not the request's: the SDK would drop it, and the request wait for nothing."""
+
+
 class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, *, request_id: Any = None) -> None:
         self._inner = inner
         self._limit = limit
+        self._request_id = request_id
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         received = 0
+        chunks: list[bytes] = []
         async for chunk in self._inner:
             received += len(chunk)
             if received > self._limit:
                 raise ResponseTooLarge(f"the answer is larger than {self._limit} bytes")
+            if self._request_id is not None:
+                chunks.append(chunk)
             yield chunk
+        if self._request_id is not None:
+            answer = _json_or_none(b"".join(chunks))
+            # Left to the SDK when it is no JSON-RPC response at all: it says so itself.
+            if isinstance(answer, dict) and "id" in answer and str(answer["id"]) != str(self._request_id):
+                raise ResponseToAnotherRequest("the answer's JSON-RPC id is not the request's")
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -326,7 +340,19 @@ async def _cap_json_body(response: httpx2.Response) -> None:
     """
     content_type = response.headers.get("content-type", "").lower()
     if content_type.startswith("application/json") and isinstance(response.stream, httpx2.AsyncByteStream):
-        response.stream = _CappedStream(response.stream, wire.MAX_RESPONSE_BYTES)
+        try:
+            request = _json_or_none(response.request.content)
+        except httpx2.RequestNotRead:  # a streamed request body: nothing to compare with
+            request = None
+        request_id = request.get("id") if isinstance(request, dict) else None
+        response.stream = _CappedStream(response.stream, wire.MAX_RESPONSE_BYTES, request_id=request_id)
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 # --- the client -----------------------------------------------------------------------------------
