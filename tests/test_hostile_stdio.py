@@ -75,7 +75,7 @@ BAD_LINES = {
     "notrpc": "not JSON-RPC",
     "long": "longer than",
     "othertask": "another task",
-    "wrongid": "not JSON-RPC",
+    "wrongid": "was not sent",
     "noresult": "without result",
     "array": "not JSON-RPC",
     "badutf8": "not JSON-RPC",
