@@ -47,6 +47,13 @@ TRACKER_OPTIONS = {
 TEN_MB = 10 * 1024 * 1024
 
 
+SSE = "text/event-stream"
+
+
+def sse(data: bytes) -> bytes:
+    return b"event: message\ndata: " + data + b"\n\n"
+
+
 def reply(request_id, result: bytes) -> bytes:
     """A JSON-RPC response around `result`, exactly these bytes."""
     return b'{"jsonrpc": "2.0", "id": ' + json.dumps(request_id).encode() + b', "result": ' + result + b"}"
@@ -109,6 +116,10 @@ BAD_ANSWERS = {
     "a snapshot of another task": (lambda rid: Result(working("somebody-else")), "another task"),
     "a reply under another JSON-RPC id": (
         lambda rid: Raw(lambda request_id: reply(f"not-{request_id}", json.dumps(working(rid)).encode())),
+        "is not the request's",
+    ),
+    "an event stream answering another JSON-RPC id": (
+        lambda rid: Raw(lambda request_id: sse(reply(f"not-{request_id}", json.dumps(working(rid)).encode())), SSE),
         "is not the request's",
     ),
     "a completed task without result": (lambda rid: Result(working(rid, status="completed")), "without result"),

@@ -437,6 +437,15 @@ HOSTILE_REPLIES = {
         lambda rid: Raw(lambda request_id: reply(f"not-{request_id}", json.dumps(working(rid)).encode())),
         "tasks/get",
     ),
+    "an event stream answering another JSON-RPC id": (
+        lambda rid: Raw(
+            lambda request_id: (
+                b"event: message\ndata: " + reply(f"not-{request_id}", json.dumps(working(rid)).encode()) + b"\n\n"
+            ),
+            "text/event-stream",
+        ),
+        "tasks/get",
+    ),
     "a completed task without result": (lambda rid: Result(working(rid, status="completed")), "without"),
     "a JSON array": (lambda rid: Raw(b"[1, 2, 3]"), "tasks/get"),
     "a JSON string": (lambda rid: Raw(b'"working"'), "tasks/get"),
@@ -484,7 +493,20 @@ def assert_one_protocol_error(completed: subprocess.CompletedProcess[str], expec
     assert "outcome" not in completed.stdout and "status: completed" not in completed.stdout
 
 
-@pytest.mark.parametrize("case", list(HOSTILE_REPLIES))
+# The SDK's Streamable HTTP transport gives an event stream's response the request's id whatever it says
+# (mcp/client/streamable_http.py, _handle_sse_event), so the answer is taken as the request's. Not caught yet.
+KNOWN_GAPS = {"an event stream answering another JSON-RPC id"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, marks=pytest.mark.xfail(strict=True, reason="the SDK rewrites the id"))
+        if case in KNOWN_GAPS
+        else case
+        for case in HOSTILE_REPLIES
+    ],
+)
 def test_a_hostile_reply_over_http_is_one_protocol_error(hostile: HostileServer, case: str) -> None:
     make_answer, expected = HOSTILE_REPLIES[case]
     remote = f"cli-{uuid.uuid4().hex[:10]}"

@@ -172,7 +172,9 @@ class LeanTaskGetter:
             events, buffer = _split_sse_events(buffer)
             for data in events:
                 message = _json_or_none(data)
-                if isinstance(message, dict) and message.get("id") == request_id and "method" not in message:
+                if isinstance(message, dict) and "id" in message and "method" not in message:
+                    if message["id"] != request_id:  # a response, to a request not sent on this stream
+                        raise InvalidResult(f"{METHOD}: the answer's JSON-RPC id is not the request's")
                     return message
         if 200 <= response.status < 300:
             raise TransportError(f"{METHOD}: the event stream ended without a response")
