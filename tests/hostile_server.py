@@ -49,9 +49,10 @@ class Error:
 
 @dataclass(frozen=True)
 class Raw:
-    """Exactly these bytes as the body (with this content type and HTTP status)."""
+    """Exactly these bytes as the body (with this content type and HTTP status); `body` may be a function of the
+    request's JSON-RPC id giving them."""
 
-    body: bytes
+    body: bytes | Callable[[Any], bytes]
     content_type: str = "application/json"
     status: int = 200
 
@@ -315,7 +316,8 @@ class HostileServer:
 
     async def _send_answer(self, writer: asyncio.StreamWriter, request_id: Any, answer: Answer) -> bool:
         if isinstance(answer, Raw):
-            return await _send(writer, answer.status, answer.body, answer.content_type)
+            body = answer.body(request_id) if callable(answer.body) else answer.body
+            return await _send(writer, answer.status, body, answer.content_type)
         if isinstance(answer, Error):
             return await _send(writer, 200, _encode({"jsonrpc": "2.0", "id": request_id, "error": answer.error}))
         if isinstance(answer, Silence):

@@ -1,7 +1,8 @@
 """A hostile MCP server over stdio for tests: newline-delimited JSON-RPC on stdin/stdout, written by hand.
 
 Run as `python tests/hostile_stdio_server.py`. It answers `server/discover` and `tools/list` properly,
-refuses `subscriptions/listen` (-32601, so the tracker polls) and answers `tasks/get` according to the
+refuses `subscriptions/listen` (-32601, so the tracker polls), answers `tools/call` with a task handle for
+the task id in its `taskId` argument, acknowledges `tasks/cancel`, and answers `tasks/get` according to the
 task id's prefix:
 
 - `control-…`: a working task whose status message says how often it was asked ("step n");
@@ -11,6 +12,14 @@ task id's prefix:
 - `stderr-…`: `HOSTILE_STDERR_MB` (20) MB on stderr, then a valid working answer;
 - `cut-…`: half an answer, then stdout closed (the process lives on);
 - `exit-…`: half an answer, then the process exits;
+- `othertask-…`: a valid answer about another task;
+- `wrongid-…`: a valid answer under another JSON-RPC id;
+- `noresult-…`: a completed task without its result;
+- `badutf8-…`: an answer holding bytes that are not UTF-8;
+- `deep-…`: an answer nested 100 000 levels deep;
+- `array-…`: a JSON array instead of the answer;
+- `badschema-…`: an input request whose requestedSchema is not an object schema;
+- `endless-…`: a working task that never ends, even when cancelled;
 - anything else: -32602 (unknown task).
 
 With HOSTILE_PRINT_ENV set it first writes its whole environment to stderr, as a careless server's debug
@@ -34,7 +43,7 @@ out = sys.stdout.buffer
 polls: Counter[str] = Counter()
 
 
-def send(message: dict[str, Any]) -> None:
+def send(message: Any) -> None:
     out.write(json.dumps(message).encode() + b"\n")
     out.flush()
 
@@ -70,6 +79,28 @@ def answer_task(request_id: Any, task_id: str) -> None:
             os._exit(3)
         os.close(sys.stdout.fileno())
         time.sleep(3600)
+    elif kind == "othertask":
+        send({"jsonrpc": "2.0", "id": request_id, "result": working("somebody-else")})
+    elif kind == "wrongid":
+        send({"jsonrpc": "2.0", "id": f"not-{request_id}", "result": working(task_id)})
+    elif kind == "noresult":
+        send({"jsonrpc": "2.0", "id": request_id, "result": working(task_id, status="completed")})
+    elif kind == "badutf8":
+        line = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": working(task_id, statusMessage="@@")})
+        out.write(line.encode().replace(b"@@", b"\xff\xfe") + b"\n")
+        out.flush()
+    elif kind == "deep":
+        head = json.dumps({"jsonrpc": "2.0", "id": request_id}).encode()[:-1]
+        out.write(head + b', "result": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+        out.flush()
+    elif kind == "array":
+        send([1, 2, 3])
+    elif kind == "badschema":
+        schema_request = {"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": "yes"}}
+        result = working(task_id, status="input_required", inputRequests={"k": schema_request})
+        send({"jsonrpc": "2.0", "id": request_id, "result": result})
+    elif kind == "endless":
+        send({"jsonrpc": "2.0", "id": request_id, "result": working(task_id, pollIntervalMs=100)})
     else:
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": "Task not found"}})
 
@@ -90,6 +121,12 @@ def main() -> None:
             send({"jsonrpc": "2.0", "id": request_id, "result": TOOLS_RESULT})
         elif method == "tasks/get":
             answer_task(request_id, str(params.get("taskId")))
+        elif method == "tools/call":
+            task_id = str((params.get("arguments") or {}).get("taskId"))
+            handle = {"resultType": "task", "taskId": task_id, "status": "working", "pollIntervalMs": 100}
+            send({"jsonrpc": "2.0", "id": request_id, "result": handle})
+        elif method == "tasks/cancel":
+            send({"jsonrpc": "2.0", "id": request_id, "result": {"resultType": "complete"}})
         else:
             send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32601, "message": "Method not found"}})
 

@@ -47,6 +47,18 @@ TRACKER_OPTIONS = {
 TEN_MB = 10 * 1024 * 1024
 
 
+SSE = "text/event-stream"
+
+
+def sse(data: bytes) -> bytes:
+    return b"event: message\ndata: " + data + b"\n\n"
+
+
+def reply(request_id, result: bytes) -> bytes:
+    """A JSON-RPC response around `result`, exactly these bytes."""
+    return b'{"jsonrpc": "2.0", "id": ' + json.dumps(request_id).encode() + b', "result": ' + result + b"}"
+
+
 @pytest.fixture(scope="module")
 def hostile() -> Iterator[HostileServer]:
     with HostileServer() as server:
@@ -102,6 +114,25 @@ BAD_ANSWERS = {
     ),
     "an unknown resultType": (lambda rid: Result({**working(rid), "resultType": "later"}), "unknown resultType"),
     "a snapshot of another task": (lambda rid: Result(working("somebody-else")), "another task"),
+    "a reply under another JSON-RPC id": (
+        lambda rid: Raw(lambda request_id: reply(f"not-{request_id}", json.dumps(working(rid)).encode())),
+        "is not the request's",
+    ),
+    "an event stream answering another JSON-RPC id": (
+        lambda rid: Raw(lambda request_id: sse(reply(f"not-{request_id}", json.dumps(working(rid)).encode())), SSE),
+        "is not the request's",
+    ),
+    "a completed task without result": (lambda rid: Result(working(rid, status="completed")), "without result"),
+    "a JSON string": (lambda rid: Raw(b'"working"'), "not a JSON-RPC response"),
+    "an object that is not JSON-RPC": (lambda rid: Raw(b'{"hello": "world"}'), "not a JSON-RPC response"),
+    "invalid UTF-8": (
+        lambda rid: Raw(lambda request_id: reply(request_id, b'{"taskId": "' + rid.encode() + b'\xff\xfe"}')),
+        "not a JSON-RPC response",
+    ),
+    "absurd nesting": (
+        lambda rid: Raw(lambda request_id: reply(request_id, b"[" * 100_000 + b"]" * 100_000)),
+        "not a JSON-RPC response",
+    ),
     "a malformed JSON-RPC error": (lambda rid: Error("boom"), "malformed JSON-RPC error"),
     "a JSON-RPC error": (lambda rid: Error({"code": -32000, "message": "x" * 100_000}), "xxxx"),
     "a 10 MB status message": (
@@ -235,6 +266,10 @@ CONFIRM = {
         ({"method": "elicitation/create", "params": "go on"}, "params"),
         ({"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": "yes"}}, "schema"),
         ({"method": "elicitation/create", "params": {"requestedSchema": {"properties": ["a"]}}}, "properties"),
+        (
+            {"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": {"type": "string"}}},
+            "object",
+        ),
     ],
 )
 def test_an_input_request_with_broken_params_is_opened_and_noted(stage, hostile, request_, expected):

@@ -24,7 +24,7 @@ from tracker_fixtures import RunningTracker
 from taskhub.mcp.stdio import STDERR_LOG_MAX_BYTES
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
-from taskhub.tasks.models import Task, TaskPoll, TaskStatus
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -74,6 +74,12 @@ BAD_LINES = {
     "garbage": "not JSON-RPC",
     "notrpc": "not JSON-RPC",
     "long": "longer than",
+    "othertask": "another task",
+    "wrongid": "was not sent",
+    "noresult": "without result",
+    "array": "not JSON-RPC",
+    "badutf8": "not JSON-RPC",
+    "deep": "not JSON-RPC",
 }
 
 
@@ -89,6 +95,16 @@ def test_a_bad_line_is_a_prompt_protocol_error(stage, kind):
     assert len(problem) < 2000
     assert Task.objects.get(pk=task.pk).status == TaskStatus.WORKING
     assert len(protocol_errors(task)) == 1, "the same problem in a row is recorded once"
+
+
+def test_an_input_request_whose_schema_is_no_object_schema_is_noted(stage):
+    server, _ = stage
+    task = followed(server, new_remote_id("badschema"))
+    wait_until(lambda: protocol_errors(task), timeout=REQUEST_TIMEOUT * 3, what="the protocol error on the timeline")
+    assert "schema" in json.dumps(protocol_errors(task))
+    # Opened all the same (as over HTTP), so that an approver can decline or cancel it: no form is shown for it.
+    request = InputRequest.objects.get(task=task)
+    assert request.state == InputRequestState.OPEN
 
 
 @pytest.mark.parametrize("kind", ["cut", "exit"])

@@ -14,13 +14,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from demo_process import demo_command, demo_env
 from helpers import free_port
+from hostile_server import HostileServer, Raw, Result, working
 
-from taskhub.mcp.cli import TerminalPrompter, clean_text, main
+from taskhub.mcp.cli import TerminalPrompter, clean_text, main, poll_interval
+from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
+from taskhub.worker.tracker import polling
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_OPTIONS = ["--poll-interval-ms", "100"]
@@ -407,3 +413,168 @@ def test_clean_text_strips_escapes_and_controls() -> None:
     assert clean_text(hostile) == "oklink nextevil"
     assert clean_text(hostile, multiline=True) == "oklink\nnextevil"
     assert clean_text("x" * 500, cap=10).startswith("xxxxxxxxxx… [490 more characters")
+
+
+# --- replies checked against their requests (hostile servers) ---------------------------------------------
+
+HOSTILE_STDIO_SERVER = shlex.join([sys.executable, str(PROJECT_DIR / "tests" / "hostile_stdio_server.py")])
+NESTED = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[HostileServer]:
+    with HostileServer() as server:
+        yield server
+
+
+def reply(request_id: Any, result: bytes) -> bytes:
+    return b'{"jsonrpc": "2.0", "id": ' + json.dumps(request_id).encode() + b', "result": ' + result + b"}"
+
+
+HOSTILE_REPLIES = {
+    "a snapshot of another task": (lambda rid: Result(working("somebody-else")), "another task"),
+    "a reply under another JSON-RPC id": (
+        lambda rid: Raw(lambda request_id: reply(f"not-{request_id}", json.dumps(working(rid)).encode())),
+        "tasks/get",
+    ),
+    "an event stream answering another JSON-RPC id": (
+        lambda rid: Raw(
+            lambda request_id: (
+                b"event: message\ndata: " + reply(f"not-{request_id}", json.dumps(working(rid)).encode()) + b"\n\n"
+            ),
+            "text/event-stream",
+        ),
+        "tasks/get",
+    ),
+    "a completed task without result": (lambda rid: Result(working(rid, status="completed")), "without"),
+    "a JSON array": (lambda rid: Raw(b"[1, 2, 3]"), "tasks/get"),
+    "a JSON string": (lambda rid: Raw(b'"working"'), "tasks/get"),
+    "an object that is not JSON-RPC": (lambda rid: Raw(b'{"hello": "world"}'), "tasks/get"),
+    "invalid UTF-8": (
+        lambda rid: Raw(lambda request_id: reply(request_id, b'{"taskId": "' + rid.encode() + b'\xff\xfe"}')),
+        "tasks/get",
+    ),
+    "absurd nesting": (lambda rid: Raw(lambda request_id: reply(request_id, NESTED)), "tasks/get"),
+    "a 10 MB status message": (lambda rid: Result(working(rid, statusMessage="x" * (10 * 1024 * 1024))), "larger"),
+    "a requestedSchema that is not an object schema": (
+        lambda rid: Result(
+            working(
+                rid,
+                status="input_required",
+                inputRequests={"k": {"method": "elicitation/create", "params": {"requestedSchema": "yes"}}},
+            )
+        ),
+        "requestedSchema",
+    ),
+    "a requestedSchema of a string": (
+        lambda rid: Result(
+            working(
+                rid,
+                status="input_required",
+                inputRequests={
+                    "k": {
+                        "method": "elicitation/create",
+                        "params": {"message": "?", "requestedSchema": {"type": "string"}},
+                    }
+                },
+            )
+        ),
+        "requestedSchema",
+    ),
+}
+
+
+def assert_one_protocol_error(completed: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert completed.returncode == 4, (completed.returncode, completed.stdout, completed.stderr)
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert "Traceback" not in completed.stderr and "pydantic" not in completed.stderr.lower()
+    assert expected in lines[0], lines[0]
+    assert "outcome" not in completed.stdout and "status: completed" not in completed.stdout
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_REPLIES))
+def test_a_hostile_reply_over_http_is_one_protocol_error(hostile: HostileServer, case: str) -> None:
+    make_answer, expected = HOSTILE_REPLIES[case]
+    remote = f"cli-{uuid.uuid4().hex[:10]}"
+    tool = f"tool-{remote}"
+    hostile.tool(tool, Result({"resultType": "task", "taskId": remote, "status": "working", "pollIntervalMs": 50}))
+    hostile.script(remote, make_answer(remote))
+    completed = run_cli(
+        "call", "--url", hostile.url, tool, "--timeout", "20", "--answer", '*={"action": "accept", "content": {}}'
+    )
+    assert_one_protocol_error(completed, expected)
+    assert hostile.polls[remote] >= 1
+
+
+STDIO_REPLIES = {
+    "othertask": "another task",
+    "wrongid": "tasks/get",
+    "noresult": "without",
+    "array": "tasks/get",
+    "badutf8": "tasks/get",
+    "deep": "tasks/get",
+    "badschema": "requestedSchema",
+}
+
+
+@pytest.mark.parametrize("kind", list(STDIO_REPLIES))
+def test_a_hostile_reply_over_stdio_is_one_protocol_error(kind: str) -> None:
+    arguments = json.dumps({"taskId": f"{kind}-{uuid.uuid4().hex[:8]}"})
+    started = time.monotonic()
+    completed = run_cli(
+        "call",
+        "--stdio",
+        HOSTILE_STDIO_SERVER,
+        "work",
+        "--args",
+        arguments,
+        "--timeout",
+        "20",
+        "--answer",
+        '*={"action": "accept", "content": {}}',
+    )
+    assert_one_protocol_error(completed, STDIO_REPLIES[kind])
+    assert time.monotonic() - started < 15, "a prompt error, not the request timeout"
+
+
+def test_a_cancel_the_server_never_confirms_is_waited_for_a_bounded_time(hostile: HostileServer) -> None:
+    remote = f"cli-endless-{uuid.uuid4().hex[:10]}"
+    tool = f"tool-{remote}"
+    hostile.tool(tool, Result({"resultType": "task", "taskId": remote, "status": "working", "pollIntervalMs": 50}))
+    hostile.script(remote, Result(working(remote, pollIntervalMs=50)))
+    started = time.monotonic()
+    completed = run_cli("call", "--url", hostile.url, tool, "--cancel-after", "0.2", "--cancel-wait", "1.5", timeout=30)
+    assert completed.returncode == 3, (completed.stdout, completed.stderr)
+    assert time.monotonic() - started < 20
+    assert remote in hostile.cancels
+    assert "did not confirm" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_a_cancel_over_stdio_the_server_never_confirms_is_waited_for_a_bounded_time() -> None:
+    arguments = json.dumps({"taskId": f"endless-{uuid.uuid4().hex[:8]}"})
+    completed = run_cli(
+        "call",
+        "--stdio",
+        HOSTILE_STDIO_SERVER,
+        "work",
+        "--args",
+        arguments,
+        "--cancel-after",
+        "0.2",
+        "--cancel-wait",
+        "1.5",
+        timeout=30,
+    )
+    assert completed.returncode == 3, (completed.stdout, completed.stderr)
+    assert "did not confirm" in completed.stderr
+
+
+def test_the_poll_interval_is_clamped_as_the_tracker_clamps_it() -> None:
+    def interval(ms: int | None) -> float:
+        return poll_interval(TaskSnapshot.model_validate({"taskId": "t", "status": "working", "pollIntervalMs": ms}))
+
+    assert interval(10**12) == MAX_POLL_INTERVAL_MS / 1000
+    assert interval(1) == MIN_POLL_INTERVAL_MS / 1000
+    assert interval(None) == DEFAULT_POLL_INTERVAL_MS / 1000
+    assert (polling.MIN_POLL_INTERVAL_MS, polling.MAX_POLL_INTERVAL_MS) == (MIN_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS)

@@ -5,7 +5,8 @@ task input requests, follows a task to its end and prints the result; ``discover
 server says about itself. Everything the server sends is untrusted: human output is stripped of
 control characters and escape sequences and long strings are capped; ``--json`` output is exact.
 
-Exit status: 0 completed, 1 completed with ``isError``, 2 failed, 3 cancelled, 4 protocol or
+Exit status: 0 completed, 1 completed with ``isError``, 2 failed, 3 cancelled (or a cancel
+the server did not confirm within ``--cancel-wait``), 4 protocol or
 transport error, 5 bad arguments (or an input request nobody can answer).
 """
 
@@ -15,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import re
 import shlex
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from taskhub.mcp import schema_fields
+from taskhub.mcp import schema_fields, wire
 from taskhub.mcp.client import (
     HttpTarget,
     ServerTarget,
@@ -47,8 +49,7 @@ EXIT_PROTOCOL_ERROR = 4
 EXIT_USAGE = 5
 EXIT_INTERRUPTED = 130
 
-DEFAULT_POLL_INTERVAL_S = 1.0
-MIN_POLL_INTERVAL_S = 0.05
+DEFAULT_CANCEL_WAIT_S = 30.0
 # With --listen, notifications drive the loop; this poll only guards against a silent stream.
 SAFETY_POLL_INTERVAL_S = 5.0
 MAX_MRTR_ROUNDS = 10
@@ -343,6 +344,8 @@ class Answerer:
 
     async def respond_all(self, requests: Mapping[str, dict[str, Any]], *, task_id: str | None) -> dict[str, Any]:
         for key, request in requests.items():
+            check_input_request(key, request)
+        for key, request in requests.items():
             self._announce(key, request, task_id=task_id)
         responses: dict[str, Any] = {}
         for key, request in requests.items():
@@ -377,6 +380,28 @@ class Answerer:
             self.reporter.event("answered", human, taskId=task_id, key=key, action=action)
 
 
+def check_input_request(key: str, request: Any) -> None:
+    """An input request nobody should be shown: not an object, or a form whose requestedSchema is no object schema."""
+    where = f"input request {clean_text(key, cap=80)!r}"
+    if not isinstance(request, dict):
+        raise InvalidResult(f"{where} is not an object")
+    if request.get("method") != "elicitation/create":
+        return
+    params = request.get("params")
+    if not isinstance(params, dict):
+        raise InvalidResult(f"{where}: params is not an object")
+    if params.get("mode", "form") != "form":
+        return
+    schema = params.get("requestedSchema")
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else None
+    if not isinstance(schema, dict) or schema.get("type") != "object" or not isinstance(properties, dict):
+        raise InvalidResult(f"{where}: requestedSchema is not an object schema ({clean_text(schema, cap=80)})")
+
+
+class CancelNotConfirmed(Exception):
+    """The cancel was sent, but the task did not end within --cancel-wait: exit status 3 all the same."""
+
+
 # --- following a task -------------------------------------------------------------------------------
 
 
@@ -389,12 +414,27 @@ class TaskFollower:
     answerer: Answerer
     cancel_at: float | None
     listen: bool
+    cancel_wait: float = DEFAULT_CANCEL_WAIT_S
     answered_keys: set[str] = field(default_factory=set)
     cancel_sent: bool = False
     task_id: str = field(init=False, default="")
     last_status: tuple[str, str | None] | None = field(init=False, default=None)
+    _cancel_deadline: asyncio.Timeout | None = field(init=False, default=None)
 
     async def run(self, snapshot: TaskSnapshot) -> TaskSnapshot:
+        """The task's last snapshot; CancelNotConfirmed when a cancel was sent and the task did not end in time."""
+        try:
+            async with asyncio.timeout(None) as self._cancel_deadline:
+                return await self._run(snapshot)
+        except TimeoutError:
+            if self._cancel_deadline is None or not self._cancel_deadline.expired():
+                raise
+            raise CancelNotConfirmed(
+                f"the server did not confirm the cancel: the task did not end within {self.cancel_wait:g}s"
+                f" (--cancel-wait); {self.reporter.still_running()}"
+            ) from None
+
+    async def _run(self, snapshot: TaskSnapshot) -> TaskSnapshot:
         self.reporter.event(
             "task_created",
             f"task {clean_text(snapshot.task_id, cap=120)} created",
@@ -405,6 +445,10 @@ class TaskFollower:
             ttlMs=snapshot.ttl_ms,
         )
         await self._observe(snapshot)
+        if snapshot.status == "completed" and snapshot.result is None:
+            # A task handle carries no result: tasks/get has it.
+            snapshot = await self.client.get_task(snapshot.task_id)
+            await self._observe(snapshot)
         if snapshot.is_terminal:
             return snapshot
         if self.listen:
@@ -485,10 +529,14 @@ class TaskFollower:
             return
         self.cancel_sent = True
         task_id = self.task_id
+        if self._cancel_deadline is not None:
+            self._cancel_deadline.reschedule(asyncio.get_running_loop().time() + self.cancel_wait)
         await self.client.cancel_task(task_id)
         self.reporter.event("cancel_sent", "cancel sent (tasks/cancel); following the task to its end", taskId=task_id)
 
     async def _observe(self, snapshot: TaskSnapshot) -> None:
+        if self.task_id and snapshot.task_id != self.task_id:
+            raise InvalidResult(f"the server answered about another task, {clean_text(snapshot.task_id, cap=80)!r}")
         self.task_id = snapshot.task_id
         status = (snapshot.status, snapshot.status_message)
         if status != self.last_status:
@@ -521,8 +569,9 @@ _STREAM_ENDED = object()
 
 
 def poll_interval(snapshot: TaskSnapshot) -> float:
-    seconds = snapshot.poll_interval_ms / 1000 if snapshot.poll_interval_ms else DEFAULT_POLL_INTERVAL_S
-    return max(seconds, MIN_POLL_INTERVAL_S)
+    """The server's hint, within the bounds the tracker keeps it in."""
+    interval_ms = snapshot.poll_interval_ms or wire.DEFAULT_POLL_INTERVAL_MS
+    return min(max(interval_ms, wire.MIN_POLL_INTERVAL_MS), wire.MAX_POLL_INTERVAL_MS) / 1000
 
 
 def safety_poll_interval(snapshot: TaskSnapshot) -> float:
@@ -584,9 +633,20 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
             return exit_status_of_result(outcome.result)
         cancel_at = time.monotonic() + args.cancel_after if args.cancel_after is not None else None
         follower = TaskFollower(
-            client=client, reporter=reporter, answerer=answerer, cancel_at=cancel_at, listen=args.listen
+            client=client,
+            reporter=reporter,
+            answerer=answerer,
+            cancel_at=cancel_at,
+            listen=args.listen,
+            cancel_wait=args.cancel_wait,
         )
-        return report_final(reporter, await follower.run(outcome.task))
+        try:
+            final = await follower.run(outcome.task)
+        except CancelNotConfirmed as error:
+            reporter.event("outcome", None, status="cancel_unconfirmed", taskId=follower.task_id)
+            reporter.problem(str(error))
+            return EXIT_CANCELLED
+        return report_final(reporter, final)
 
 
 def parse_tool_arguments(text: str | None) -> dict[str, Any]:
@@ -664,6 +724,13 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--answers-file", metavar="FILE", help="JSON object mapping keys (or '*') to responses")
     call.add_argument(
         "--cancel-after", metavar="SECONDS", type=seconds(allow_zero=True), help="send tasks/cancel after this long"
+    )
+    call.add_argument(
+        "--cancel-wait",
+        metavar="SECONDS",
+        type=seconds(allow_zero=False),
+        default=DEFAULT_CANCEL_WAIT_S,
+        help=f"after the cancel, wait this long for the task to end (default {DEFAULT_CANCEL_WAIT_S:g})",
     )
     call.add_argument("--listen", action="store_true", help="follow the task by notifications instead of polling")
     add_common_arguments(call)
@@ -768,6 +835,9 @@ def report_error(reporter: Reporter, error: Exception, *, exit_status: int, as_o
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # What goes wrong reaches the user as one line (report_error); the SDK's and our own log records of a server's
+    # bad answers (a pydantic dump, a traceback) would otherwise be printed by logging's last-resort handler.
+    logging.getLogger().addHandler(logging.NullHandler())
     reporter = Reporter(as_json=args.json)
     # A `call --json` stream always ends with its outcome; `discover --json` prints its document or nothing.
     as_outcome = args.json and args.command == "call"

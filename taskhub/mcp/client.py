@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import json
 import logging
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -293,30 +295,91 @@ def _map_mcp_error(error: MCPError, method: str) -> McpClientError:
     if error.code == mcp_types.PARSE_ERROR:
         # What the SDK answers itself when the server's answer is not JSON-RPC (or is too large, see
         # _cap_json_body); a server has no reason to send it for a request it received well-formed.
-        return InvalidResult(f"{method}: the answer is unusable: {excerpt(error.message)}")
+        return InvalidResult(f"{method}: the answer is unusable: {excerpt(_parse_failure(error.message))}")
     if error.code == mcp_types.REQUEST_TIMEOUT:
         return RequestTimeout(f"{method}: {error.message}")
+    if error.code == mcp_types.CONNECTION_CLOSED and ANOTHER_REQUEST in error.message:
+        return InvalidResult(f"{method}: {ANOTHER_REQUEST}")  # see _CheckedEventStream
     if error.code == mcp_types.CONNECTION_CLOSED:
         return TransportError(f"{method}: connection closed")
     return protocol_error(error.code, error.message, error.data, method=method)
+
+
+_INVALID_JSON = re.compile(r"Invalid JSON: ([^\[\n]{1,200})")
+
+
+def _parse_failure(message: str) -> str:
+    """The SDK's parse failure in one short line: not pydantic's multi-line dump of what the server sent."""
+    if invalid := _INVALID_JSON.search(message):
+        return f"not valid JSON ({invalid.group(1).strip()})"
+    if "validation error" in message:
+        return "not a JSON-RPC message"
+    return " ".join(message.split())[:300]
 
 
 class ResponseTooLarge(httpx2.StreamError):
     """A JSON answer past wire.MAX_RESPONSE_BYTES. A StreamError, so the SDK fails just that request."""
 
 
+ANOTHER_REQUEST = "the answer's JSON-RPC id is not the request's"
+
+
+class ResponseToAnotherRequest(httpx2.StreamError):
+    """A JSON answer whose JSON-RPC id is not the request's: the SDK would drop it, and the request wait for nothing."""
+
+
+class EventToAnotherRequest(httpx2.SSEError):
+    """A response on a request's event stream under another id. An SSEError, so that the SDK fails that request
+    (as a closed connection, which _map_mcp_error tells apart by the message)."""
+
+
+class _CheckedEventStream(httpx2.AsyncByteStream):
+    """A request's event stream, its responses' ids checked: the SDK gives any response there the request's id."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, request_id: Any) -> None:
+        self._inner = inner
+        self._request_id = str(request_id)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        partial = b""
+        async for chunk in self._inner:
+            *lines, partial = (partial + chunk).split(b"\n")
+            if len(partial) > wire.MAX_RESPONSE_BYTES:
+                partial = b""  # a line that long is the SDK's to refuse
+            for line in lines:
+                if line.startswith(b"data:") and b'"id"' in line and self._answers_another(_json_or_none(line[5:])):
+                    raise EventToAnotherRequest(ANOTHER_REQUEST)
+            yield chunk
+
+    def _answers_another(self, message: Any) -> bool:
+        is_response = isinstance(message, dict) and "id" in message and "method" not in message
+        return is_response and str(message["id"]) != self._request_id
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _CappedStream(httpx2.AsyncByteStream):
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, *, request_id: Any = None) -> None:
         self._inner = inner
         self._limit = limit
+        self._request_id = request_id
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         received = 0
+        chunks: list[bytes] = []
         async for chunk in self._inner:
             received += len(chunk)
             if received > self._limit:
                 raise ResponseTooLarge(f"the answer is larger than {self._limit} bytes")
+            if self._request_id is not None:
+                chunks.append(chunk)
             yield chunk
+        if self._request_id is not None:
+            answer = _json_or_none(b"".join(chunks))
+            # Left to the SDK when it is no JSON-RPC response at all: it says so itself.
+            if isinstance(answer, dict) and "id" in answer and str(answer["id"]) != str(self._request_id):
+                raise ResponseToAnotherRequest(ANOTHER_REQUEST)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -325,11 +388,32 @@ class _CappedStream(httpx2.AsyncByteStream):
 async def _cap_json_body(response: httpx2.Response) -> None:
     """The SDK reads a JSON answer whole, however large: read at most MAX_RESPONSE_BYTES of it.
 
-    Event streams are left alone: a subscription's stream is long-lived, and each of its events is small.
+    Event streams are not capped (a subscription's stream is long-lived, and each of its events is small), but a
+    request's has its responses' ids checked.
     """
     content_type = response.headers.get("content-type", "").lower()
-    if content_type.startswith("application/json") and isinstance(response.stream, httpx2.AsyncByteStream):
-        response.stream = _CappedStream(response.stream, wire.MAX_RESPONSE_BYTES)
+    if not isinstance(response.stream, httpx2.AsyncByteStream):
+        return
+    if content_type.startswith("application/json"):
+        response.stream = _CappedStream(response.stream, wire.MAX_RESPONSE_BYTES, request_id=_request_id(response))
+    elif content_type.startswith("text/event-stream") and (request_id := _request_id(response)) is not None:
+        response.stream = _CheckedEventStream(response.stream, request_id)
+
+
+def _request_id(response: httpx2.Response) -> Any:
+    """The JSON-RPC id of the request `response` answers (None for a notification, or a GET)."""
+    try:
+        request = _json_or_none(response.request.content) if response.request.method == "POST" else None
+    except httpx2.RequestNotRead:  # a streamed request body: nothing to compare with
+        return None
+    return request.get("id") if isinstance(request, dict) else None
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 # --- the client -----------------------------------------------------------------------------------
@@ -571,7 +655,10 @@ class TasksClient:
             raw = await client.session.send_request(
                 GetTaskRequest(params=TaskIdParams(task_id=task_id)), _RAW, request_read_timeout_seconds=self.timeout
             )
-            return wire.parse_get_task_result(raw)
+            snapshot = wire.parse_get_task_result(raw)
+            if snapshot.task_id != task_id:
+                raise InvalidResult(f"tasks/get answered about another task, {snapshot.task_id[:80]!r}")
+            return snapshot
 
         return await self._request("tasks/get", send)
 

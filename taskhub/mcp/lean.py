@@ -161,7 +161,7 @@ class LeanTaskGetter:
             raw = b"".join(chunks)
         try:
             message = json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             message = None
         if isinstance(message, dict) and "id" in message and ("result" in message or "error" in message):
             return message
@@ -181,7 +181,9 @@ class LeanTaskGetter:
             events, buffer = _split_sse_events(buffer)
             for data in events:
                 message = _json_or_none(data)
-                if isinstance(message, dict) and message.get("id") == request_id and "method" not in message:
+                if isinstance(message, dict) and "id" in message and "method" not in message:
+                    if message["id"] != request_id:  # a response, to a request not sent on this stream
+                        raise InvalidResult(f"{METHOD}: the answer's JSON-RPC id is not the request's")
                     return message
         if 200 <= response.status < 300:
             raise TransportError(f"{METHOD}: the event stream ended without a response")
@@ -203,7 +205,7 @@ def _split_sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
 def _json_or_none(data: bytes) -> Any:
     try:
         return json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -223,9 +225,8 @@ def _http_failure(status: int, where: str) -> Exception:
 
 def _result_of(message: dict[str, Any], request_id: int) -> TaskSnapshot:
     if message.get("id") != request_id:
-        raise InvalidResult(
-            f"{METHOD}: the answer's id {excerpt(repr(message.get('id')))} is not the request's {request_id}"
-        )
+        # The ids themselves change with every poll: said, the same problem would be recorded anew each time.
+        raise InvalidResult(f"{METHOD}: the answer's JSON-RPC id is not the request's")
     if "error" in message:
         error = message["error"]
         if not isinstance(error, dict) or not isinstance(error.get("code"), int):

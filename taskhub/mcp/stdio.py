@@ -8,7 +8,8 @@ in the worker's log as is). Here:
 
 - a stdout line is at most `wire.MAX_RESPONSE_BYTES`; a longer one is skipped to its end, and it, a line
   that is not JSON-RPC, or half a line at the end of stdout is handed to the session as a `BadLine`
-  (`TasksClient` fails the requests waiting at that moment with an `InvalidResult`);
+  (`TasksClient` fails the requests waiting at that moment with an `InvalidResult`); so is an answer to a
+  request that was not sent (or is answered already), which the SDK would drop while its request waits;
 - stderr goes to the `taskhub.mcp.stderr` logger, line by line, with every value of the server's configured
   environment blanked out, at most `STDERR_LOG_MAX_BYTES` a minute (the rest is read and dropped, so a loud
   server never blocks on a full pipe).
@@ -51,6 +52,31 @@ _WRITER_FLUSH_TIMEOUT = 0.5
 
 class BadLine(ValueError):
     """Something on the server's stdout that is not one JSON-RPC message."""
+
+
+class OpenRequests:
+    """The ids of the requests sent and not yet answered, to tell an answer to another request apart."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._ids: dict[str, None] = {}
+        self._limit = limit  # requests abandoned unanswered must not pile up
+
+    def sent(self, message: object) -> None:
+        if isinstance(message, mcp_types.JSONRPCRequest):
+            self._ids[str(message.id)] = None
+            if len(self._ids) > self._limit:
+                del self._ids[next(iter(self._ids))]
+
+    def answered(self, item: SessionMessage | BadLine) -> SessionMessage | BadLine:
+        message = item.message if isinstance(item, SessionMessage) else None
+        if not isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError) or message.id is None:
+            return item
+        key = str(message.id)
+        if key in self._ids:
+            del self._ids[key]
+            return item
+        # The id is left out: it changes with every request, and the same problem is noted once in a row.
+        return BadLine("the server answered a request it was not sent, or one answered already")
 
 
 def redactor(env: Mapping[str, str] | None) -> Callable[[str], str]:
@@ -185,6 +211,7 @@ async def stdio_transport(
     write_stream, write_stream_reader = anyio.create_memory_object_stream[SessionMessage](0)
     writer_done = anyio.Event()
     stderr_done = anyio.Event()
+    open_requests = OpenRequests()
 
     async def stderr_reader() -> None:
         assert process.stderr
@@ -202,7 +229,7 @@ async def stdio_transport(
                     while True:
                         for line in lines.feed(await process.stdout.receive()):
                             if (item := parse_line(line, redact)) is not None:
-                                await read_stream_writer.send(item)
+                                await read_stream_writer.send(open_requests.answered(item))
                 rest = lines.rest()
                 if rest is not None:
                     cut = parse_line(rest, redact)
@@ -219,6 +246,7 @@ async def stdio_transport(
         try:
             async with write_stream_reader:
                 async for session_message in write_stream_reader:
+                    open_requests.sent(session_message.message)  # before it is sent: its answer cannot come first
                     data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
                     await process.stdin.send((data + "\n").encode())
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):

@@ -42,6 +42,12 @@ MAX_TIMESTAMP_CHARS: Final = 64
 # The most taskhub reads of one JSON answer (HTTP); a larger one is refused, unparsed.
 MAX_RESPONSE_BYTES: Final = 4 * 1024 * 1024
 
+# How often a task is polled: the server's `pollIntervalMs` kept within these bounds (a hint of 1 ms would be a busy
+# loop, one of 10^12 ms a task never looked at again), and the interval when it gives none.
+DEFAULT_POLL_INTERVAL_MS: Final = 1000
+MIN_POLL_INTERVAL_MS: Final = 250
+MAX_POLL_INTERVAL_MS: Final = 60_000
+
 # What every request of ours declares: form and URL elicitation, and the extension.
 CLIENT_CAPABILITIES: Final[dict[str, Any]] = {
     "elicitation": {"form": {}, "url": {}},
@@ -108,6 +114,9 @@ def parse_task_snapshot(raw: Any, *, source: str) -> TaskSnapshot:
     _check_identifiers(snapshot, source=source)
     if snapshot.status == "input_required" and snapshot.input_requests is None:
         raise InvalidResult(f"{source}: status input_required without inputRequests")
+    if snapshot.status == "completed" and snapshot.result is None and source != "tools/call":
+        # Shown as an empty success otherwise. (A task handle from tools/call carries no result: tasks/get has it.)
+        raise InvalidResult(f"{source}: status completed without result")
     if snapshot.status == "failed" and snapshot.error is None:
         # A failed task without its error is still failed; keep what we know rather than reject it.
         snapshot.error = {

@@ -12,11 +12,8 @@ from dataclasses import dataclass, field
 
 from pydantic_core import PydanticSerializationError
 
-from taskhub.mcp.wire import TaskSnapshot
+from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
 
-DEFAULT_POLL_INTERVAL_MS = 1000
-MIN_POLL_INTERVAL_MS = 250
-MAX_POLL_INTERVAL_MS = 60_000
 JITTER_FRACTION = 0.05
 MAX_JITTER_MS = 500
 BACKOFF_BASE_SECONDS = 1.0
