@@ -64,9 +64,8 @@ def pg_dump_binary() -> str:
     return shutil.which("pg_dump")
 
 
-@pytest.mark.django_db(transaction=True)
-def test_no_credential_appears_in_a_pg_dump_of_the_database():
-    make_servers()
+def pg_dump() -> str:
+    """The data of the test database as `pg_dump --data-only` writes it (committed rows only)."""
     connection.ensure_connection()
     info = connection.connection.info
     command = [pg_dump_binary(), "--data-only", "-h", info.host, "-p", str(info.port), "-U", info.user, info.dbname]
@@ -74,7 +73,13 @@ def test_no_credential_appears_in_a_pg_dump_of_the_database():
         command, capture_output=True, text=True, env={**os.environ, "PGPASSWORD": info.password or ""}
     )
     assert dumped.returncode == 0, dumped.stderr
-    dump = dumped.stdout
+    return dumped.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_credential_appears_in_a_pg_dump_of_the_database():
+    make_servers()
+    dump = pg_dump()
     assert "mcp.example.com" in dump  # the dump did include the servers
     for secret in SECRETS:
         assert secret not in dump

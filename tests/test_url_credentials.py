@@ -12,15 +12,12 @@ from __future__ import annotations
 import base64
 import io
 import logging
-import os
-import subprocess
 
 import pytest
 from account_fixtures import make_user
 from asgiref.sync import async_to_sync
 from catalogue_fixtures import with_tools
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from helpers import free_port
@@ -30,7 +27,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from test_audit_pages import body
 from test_credentials_nowhere import every_text_logged
-from test_models_servers import pg_dump_binary
+from test_models_servers import pg_dump
 from threaded_app import ThreadedApp
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
@@ -56,17 +53,6 @@ SECRETS = (PASSWORD, TOKEN, API_KEY)
 
 def secret_url(port: int, path: str = "mcp") -> str:
     return f"http://robot:{PASSWORD}@127.0.0.1:{port}/{path}?tenant=blue&token={TOKEN}&api_key={API_KEY}"
-
-
-def pg_dump() -> str:
-    connection.ensure_connection()
-    info = connection.connection.info
-    command = [pg_dump_binary(), "--data-only", "-h", info.host, "-p", str(info.port), "-U", info.user, info.dbname]
-    dumped = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "PGPASSWORD": info.password or ""}
-    )
-    assert dumped.returncode == 0, dumped.stderr
-    return dumped.stdout
 
 
 def test_a_secret_in_a_url_is_stored_encrypted_and_shown_nowhere(caplog, capfd, monkeypatch):
