@@ -17,7 +17,9 @@ DISCOVERY_JOB = "taskhub.discover_server"
 
 
 @functools.cache
-def _in_django_transaction() -> manager.JobManager:
+def jobs_in_django_transaction() -> manager.JobManager:
+    """procrastinate's job manager on Django's own connection: a job deferred through it commits with the caller's
+    transaction (taskhub/tasks/hooks.py defers through it too)."""
     return manager.JobManager(django_connector.DjangoConnector(alias=procrastinate_settings.DATABASE_ALIAS))
 
 
@@ -32,7 +34,7 @@ def enqueue_discovery(server_id: int, *, requested_by: int | None) -> None:
     A discovery already waiting for this server answers this request too: the second one is not queued."""
     lock = discovery_lock(server_id)
     deferrer = tasks.configure_task(
-        name=DISCOVERY_JOB, job_manager=_in_django_transaction(), lock=lock, queueing_lock=lock
+        name=DISCOVERY_JOB, job_manager=jobs_in_django_transaction(), lock=lock, queueing_lock=lock
     )
     try:
         # A savepoint: the refused insert of a second waiting job must not break the caller's transaction.

@@ -14,18 +14,11 @@ Jobs are deferred by their task names (below; taskhub/worker/jobs.py registers i
 never imports the worker (DESIGN.md, "Dependency direction"). Each task runs on procrastinate's default queue.
 """
 
-import functools
 import uuid
 
-from procrastinate import manager, tasks
-from procrastinate.contrib.django import django_connector
-from procrastinate.contrib.django.settings import settings as procrastinate_settings
+from procrastinate import tasks
 
-
-@functools.cache
-def _in_django_transaction() -> manager.JobManager:
-    return manager.JobManager(django_connector.DjangoConnector(alias=procrastinate_settings.DATABASE_ALIAS))
-
+from taskhub.servers.hooks import jobs_in_django_transaction
 
 # The names the worker's jobs are registered under.
 LAUNCH_JOB = "taskhub.launch_task"
@@ -38,7 +31,9 @@ DELIVERY_PRIORITY = 10
 
 
 def _defer(job_name: str, *, lock: str, priority: int, **task_kwargs) -> int:
-    deferrer = tasks.configure_task(name=job_name, job_manager=_in_django_transaction(), lock=lock, priority=priority)
+    deferrer = tasks.configure_task(
+        name=job_name, job_manager=jobs_in_django_transaction(), lock=lock, priority=priority
+    )
     return deferrer.defer(**task_kwargs)
 
 
