@@ -1,7 +1,6 @@
 """The live socket against the real ASGI app: who is let in, who hears what, and publishing that never fails."""
 
 import asyncio
-import importlib
 import os
 import subprocess
 import sys
@@ -12,7 +11,6 @@ import pytest
 from asgiref.sync import sync_to_async
 from catalogue_fixtures import with_tools
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
@@ -25,14 +23,13 @@ from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
 from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
-from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from tests.conftest import PROJECT_DIR
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 
 ORIGIN = b"http://testserver"
 QUIET_SECONDS = 0.3
@@ -55,15 +52,6 @@ def user_in(django_user_model, name: str, *groups: str):
     return user
 
 
-@pytest.fixture(scope="module")
-def application():
-    """taskhub.asgi.application, built after the test environment added "testserver" to ALLOWED_HOSTS
-    (AllowedHostsOriginValidator reads the setting once, when the application is built)."""
-    import taskhub.asgi
-
-    return importlib.reload(taskhub.asgi).application
-
-
 @pytest.fixture
 def socket_for(application):
     async def socket_for(user=None, origin: bytes = ORIGIN) -> WebsocketCommunicator:
@@ -78,18 +66,6 @@ def _socket(application, cookie: str | None, origin: bytes) -> WebsocketCommunic
     if cookie is not None:
         headers.append((b"cookie", f"sessionid={cookie}".encode()))
     return WebsocketCommunicator(application, "/ws/live/", headers=headers)
-
-
-@pytest.fixture(autouse=True)
-async def fresh_layer():
-    # The in-memory layer outlives tests; its queues must not carry over to the next test's event loop.
-    layer = get_channel_layer()
-    await layer.flush()
-    yield
-    await layer.flush()
-    # The sync_to_async thread's connection would keep the test database from being dropped.
-    await database_sync_to_async(connections.close_all)()
-    await sync_to_async(close_live_connections)()  # and the live pool's threads'
 
 
 @pytest.fixture

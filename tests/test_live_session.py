@@ -1,47 +1,25 @@
 """The live socket ends with its session: signing out, a password change and the session's expiry close it
 (through the real ASGI application), while the user's other sessions keep theirs."""
 
-import importlib
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group
 from django.contrib.sessions.models import Session
-from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
 from taskhub.live import publish
 from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
-from taskhub.live.threads import close_live_connections
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 
 PASSWORD = "correct horse battery staple"
 # Generous for a loaded machine; a socket that closes does so as soon as it hears the message.
 CLOSE_WAIT_SECONDS = 10
-
-
-@pytest.fixture(scope="module")
-def application():
-    """taskhub.asgi.application built after the test environment added "testserver" to ALLOWED_HOSTS."""
-    import taskhub.asgi
-
-    return importlib.reload(taskhub.asgi).application
-
-
-@pytest.fixture(autouse=True)
-async def fresh_layer():
-    layer = get_channel_layer()
-    await layer.flush()
-    yield
-    await layer.flush()
-    await database_sync_to_async(connections.close_all)()
-    await sync_to_async(close_live_connections)()
 
 
 @pytest.fixture

@@ -16,16 +16,11 @@ Allowed POSTs send an empty or minimal body: 400 there means "let through the gu
 The live socket (the consumer) is checked at the end.
 """
 
-import importlib
-
 import pytest
 from asgiref.sync import sync_to_async
 from catalogue_fixtures import with_tools
-from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group
-from django.db import connections
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
@@ -34,7 +29,6 @@ from helpers import snapshot
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
 from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
-from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
@@ -224,14 +218,6 @@ def test_route_answers_each_role_as_the_matrix_says(world, method, route, role, 
 # --- the live socket ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def application():
-    # Built after the test settings allowed "testserver" (AllowedHostsOriginValidator reads it at build time).
-    import taskhub.asgi
-
-    return importlib.reload(taskhub.asgi).application
-
-
 def socket(application, user=None) -> WebsocketCommunicator:
     headers = [(b"host", b"testserver"), (b"origin", b"http://testserver")]
     if user is not None:
@@ -239,16 +225,6 @@ def socket(application, user=None) -> WebsocketCommunicator:
         client.force_login(user)
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
     return WebsocketCommunicator(application, "/ws/live/", headers=headers)
-
-
-@pytest.fixture
-async def fresh_layer():
-    layer = get_channel_layer()
-    await layer.flush()
-    yield
-    await layer.flush()
-    await database_sync_to_async(connections.close_all)()
-    await sync_to_async(close_live_connections)()  # and the live pool's threads'
 
 
 @pytest.mark.django_db(transaction=True)
