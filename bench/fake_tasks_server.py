@@ -14,7 +14,13 @@ bottleneck of what it measures. It answers:
 - `GET /stats`: polls, distinct tasks seen, and for the measurement window the polls per second and the
   poll lateness (receive time minus due time, due = the task's previous poll + pollIntervalMs) p50/p90/p99/max;
 - `POST /mark`: start a measurement window now (the previous poll of each task is kept as the base of
-  its next lateness); `POST /clear`: forget everything (a new phase).
+  its next lateness); `POST /clear`: forget everything (a new phase);
+- `POST /groups` `{"ports": {"<client port>": "<group>"}}`: whose connections are whose (bench/tracker.py's
+  scale-out mode names each poller process's ports); then `/stats` also says, per group, its polls, the tasks
+  it polled and its lateness, and how many tasks more than one group polled in the window.
+
+Every window also counts the early polls: a task polled again less than half its interval after its previous
+poll, which is what two pollers following one task at the same time would do.
 """
 
 from __future__ import annotations
@@ -62,36 +68,53 @@ class State:
         self.polls = 0
         self.other_requests = 0
         self.last: dict[str, float] = {}
+        self.groups: dict[int, str] = {}
         self.mark()
 
     def mark(self) -> None:
         self.window_start = time.monotonic()
         self.window_polls = 0
+        self.early_polls = 0
         self.lateness: list[float] = []
+        self.group_polls: dict[str, int] = {}
+        self.group_lateness: dict[str, list[float]] = {}
+        self.group_tasks: dict[str, set[str]] = {}
 
-    def poll(self, task_id: str) -> None:
+    def poll(self, task_id: str, port: int) -> None:
         now = time.monotonic()
         self.polls += 1
         self.window_polls += 1
         previous = self.last.get(task_id)
         self.last[task_id] = now
+        group = self.groups.get(port, "other") if self.groups else None
+        if group is not None:
+            self.group_polls[group] = self.group_polls.get(group, 0) + 1
+            self.group_tasks.setdefault(group, set()).add(task_id)
         if previous is not None:
             # A gap belongs to the window its second poll falls in (its first may be just before it).
-            self.lateness.append(now - previous - self.interval_s)
+            gap = now - previous - self.interval_s
+            self.lateness.append(gap)
+            if now - previous < self.interval_s / 2:
+                self.early_polls += 1
+            if group is not None:
+                self.group_lateness.setdefault(group, []).append(gap)
 
     def stats(self) -> dict:
         seconds = time.monotonic() - self.window_start
-        late = sorted(self.lateness)
-        ms = {
-            name: (None if value is None else round(value * 1000, 1))
-            for name, value in (
-                ("p50", percentile(late, 0.50)),
-                ("p90", percentile(late, 0.90)),
-                ("p99", percentile(late, 0.99)),
-                ("max", late[-1] if late else None),
-                ("min", late[0] if late else None),
-            )
-        }
+        groups = {}
+        for group, polls in self.group_polls.items():
+            tasks = self.group_tasks[group]
+            groups[group] = {
+                "polls": polls,
+                "tasks": len(tasks),
+                "lateness_ms": lateness_ms(self.group_lateness.get(group, [])),
+            }
+        by_more_than_one = 0
+        if len(self.group_tasks) > 1:
+            seen: set[str] = set()
+            for tasks in self.group_tasks.values():
+                by_more_than_one += len(seen & tasks)
+                seen |= tasks
         return {
             "poll_interval_ms": self.poll_interval_ms,
             "polls_total": self.polls,
@@ -101,10 +124,27 @@ class State:
                 "seconds": round(seconds, 3),
                 "polls": self.window_polls,
                 "polls_per_second": round(self.window_polls / seconds, 1) if seconds > 0 else None,
-                "gaps": len(late),
-                "lateness_ms": ms,
+                "gaps": len(self.lateness),
+                "lateness_ms": lateness_ms(self.lateness),
+                "early_polls": self.early_polls,
+                "groups": groups,
+                "tasks_polled_by_more_than_one_group": by_more_than_one,
             },
         }
+
+
+def lateness_ms(values: list[float]) -> dict:
+    late = sorted(values)
+    return {
+        name: (None if value is None else round(value * 1000, 1))
+        for name, value in (
+            ("p50", percentile(late, 0.50)),
+            ("p90", percentile(late, 0.90)),
+            ("p99", percentile(late, 0.99)),
+            ("max", late[-1] if late else None),
+            ("min", late[0] if late else None),
+        )
+    }
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -112,9 +152,12 @@ class HttpProtocol(asyncio.Protocol):
         self.state = state
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
+        self.port = 0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.port = peer[1] if peer else 0
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -159,7 +202,7 @@ class HttpProtocol(asyncio.Protocol):
             rpc_method = message.get("method")
             if rpc_method == "tasks/get":
                 task_id = message["params"]["taskId"]
-                state.poll(task_id)
+                state.poll(task_id, self.port)
                 head = f'{{"jsonrpc":"2.0","id":{json.dumps(message["id"])},"result":{{"resultType":"complete"'
                 head += f',"taskId":{json.dumps(task_id)}'
                 return "200 OK", "application/json", head.encode() + state.result_tail
@@ -177,6 +220,9 @@ class HttpProtocol(asyncio.Protocol):
             return "200 OK", "application/json", json.dumps(state.stats()).encode()
         if method == "POST" and path == "/mark":
             state.mark()
+            return "200 OK", "application/json", b"{}"
+        if method == "POST" and path == "/groups":
+            state.groups = {int(port): str(group) for port, group in json.loads(body)["ports"].items()}
             return "200 OK", "application/json", b"{}"
         if method == "POST" and path == "/clear":
             state.clear()

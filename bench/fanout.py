@@ -1,19 +1,25 @@
-"""Fan-out: how long one task change takes to reach 500 WebSocket clients of ONE daphne process (issue 6 item 5),
-against the same clients receiving a tiny group message without rendering, in the same run.
+"""Fan-out: how long one task change takes to reach 2,000 WebSocket clients spread over TWO daphne processes
+(issue 18 item 5; issue 6 item 5 was 500 on one), against the same clients receiving a tiny group message without
+rendering, on as many daphnes, in the same run.
 
-One `daphne taskhub.asgi:application` (DEBUG on, the Redis channel layer under a prefix of its own, a database of
-its own); N aiohttp clients, each with the session cookie of an operator (sessions made with Django's test Client
-force_login in this process, same SECRET_KEY), connect to /ws/live/ with an Origin of the daphne URL, as the
-task list page does. Then, C times: a task is changed (its status_message, directly in the database) and
-taskhub.live.publish.publish_task_changed(task_id) is called from this process; measured per client: the time from
-the publish call until a frame mentioning the task arrived; p50/p99/max across clients and changes, and daphne's
-CPU per change. Connect time: from the first connect until every client had its first frame (the live socket
-sends the user's fragments on connect), and per client. Baseline in the same run: the same clients on a daphne
-serving bench/fanout_baseline.py (same middleware and channel layer, a consumer that forwards a group message
-as it is) and one plain group_send of a tiny message, timed the same way: the transport without the rendering.
-Goal of issue 6: all clients have the change within 1 s (p99).
+D `daphne taskhub.asgi:application` processes (production settings: DEBUG off, static files collected to a
+temporary STATIC_ROOT, ALLOWED_HOSTS 127.0.0.1; HTTPS_ONLY off, plain HTTP on the loopback; the Redis channel layer
+under a prefix of its own, a database of its own); N aiohttp clients, client i on daphne i mod D, each with the
+session cookie of an operator (sessions made with Django's test Client force_login in this process, same
+SECRET_KEY), connect to /ws/live/ with an Origin of its daphne's URL, as the task list page does. Then, C times:
+a task is changed (its status_message, directly in the database) and publish_task_changed(task_id) is called
+from this process; measured per client: the time from the publish call until a frame mentioning the task
+arrived; p50/p99/max across clients and changes, and the daphnes' CPU per change. Connect time: from the first
+connect until every client had its first frame (the live socket sends the user's fragments on connect), and per
+client. Baseline in the same run: the same clients on as many daphnes serving bench/fanout_baseline.py (same
+middleware and channel layer, a consumer that forwards a group message as it is) and one plain group_send of a
+tiny message, timed the same way: the transport without the rendering. The baseline's sockets each join the group
+(one Redis message per socket and change); taskhub's join through their process's hub (taskhub/live/hub.py, one
+message per process), so taskhub can beat its baseline.
+Goal of issue 18: all clients have the change within 1 s (p99).
 
-    uv run python bench/fanout.py                                  # 500 clients, 5 changes (~2 min)
+    uv run python bench/fanout.py                                  # 2,000 clients over 2 daphnes, 5 changes
+    uv run python bench/fanout.py --clients 500 --daphnes 1        # issue 6's figure
     uv run python bench/fanout.py --clients 50 --changes 2 --no-record    # a quick look
 
 Postgres: --database-url (default $BENCH_FANOUT_DATABASE_URL or
@@ -26,10 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -93,6 +101,16 @@ def start_daphne(app: str, port: int, env: dict) -> subprocess.Popen:
     raise SystemExit("daphne did not listen within 60 s")
 
 
+def stop_all(daphnes: list[subprocess.Popen]) -> None:
+    for daphne in daphnes:
+        daphne.terminate()
+    for daphne in daphnes:
+        try:
+            daphne.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daphne.kill()
+
+
 class Listener:
     """One WebSocket client: records when a frame containing the awaited marker arrives."""
 
@@ -113,12 +131,13 @@ class Listener:
                 self.arrived.set_result(now)
 
 
-async def run_phase(kind: str, port: int, cookies: list[str], changes: int, change, concurrency: int, timeout: float):
-    """Connect every client, then `changes` times: change(k) → (t0, marker); wait for every client's frame."""
+async def run_phase(
+    kind: str, ports: list[int], cookies: list[str], changes: int, change, concurrency: int, timeout: float
+):
+    """Connect every client (client i to ports[i mod len(ports)]), then `changes` times: change(k) → (t0, marker);
+    wait for every client's frame."""
     import aiohttp
 
-    base = f"http://127.0.0.1:{port}"
-    url = f"ws://127.0.0.1:{port}/ws/live/"
     listeners = [Listener() for _ in cookies]
     sockets = []
     readers = []
@@ -132,6 +151,9 @@ async def run_phase(kind: str, port: int, cookies: list[str], changes: int, chan
     async def connect(index: int) -> None:
         # Like the htmx ws extension, a refused or dropped handshake is retried (after 1 s); counted in `retries`.
         async with semaphore:
+            port = ports[index % len(ports)]
+            base = f"http://127.0.0.1:{port}"
+            url = f"ws://127.0.0.1:{port}/ws/live/"
             t0 = time.perf_counter()
             for attempt in range(CONNECT_ATTEMPTS):
                 try:
@@ -192,7 +214,8 @@ async def run_phase(kind: str, port: int, cookies: list[str], changes: int, chan
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=500)
+    parser.add_argument("--clients", type=int, default=2000)
+    parser.add_argument("--daphnes", type=int, default=2, help="daphne processes, the clients spread over them")
     parser.add_argument("--changes", type=int, default=5)
     parser.add_argument("--connect-concurrency", type=int, default=20, help="connects in flight at once")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all clients per change")
@@ -220,11 +243,12 @@ def main() -> None:
     command = "uv run python bench/fanout.py " + " ".join(sys.argv[1:])
     load_start = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(
-        f"fan-out: {args.clients} WebSocket clients on one daphne, {args.changes} changes; "
+        f"fan-out: {args.clients} WebSocket clients on {args.daphnes} daphne(s), {args.changes} changes; "
         f"machine shared (load {load_start})",
         flush=True,
     )
     prefix = f"benchfanout{os.getpid()}"
+    static_root = tempfile.mkdtemp(prefix="bench-fanout-static-")
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": (
@@ -236,11 +260,15 @@ def main() -> None:
         "REDIS_URL": args.redis_url,
         "REDIS_CHANNEL_PREFIX": prefix,
         "SECRET_KEY": SECRET_KEY,
-        "DEBUG": "true",
+        # Production settings (issue 18 item 6), on plain HTTP: the clients and daphne share the loopback.
+        "DEBUG": "false",
         "HTTPS_ONLY": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "STATIC_ROOT": static_root,
     }
     set_database(args.database_url, create=True)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
     import django
@@ -263,15 +291,20 @@ def main() -> None:
         for kind, app in (("baseline", "bench.fanout_baseline:application"), ("taskhub", "taskhub.asgi:application")):
             if kind == "baseline" and args.no_baseline:
                 continue
-            port = free_port()
-            print(f"[{time.monotonic() - T0:.0f} s] {kind}: starting daphne {app} on port {port}", flush=True)
-            daphne = start_daphne(app, port, env)
-            print(f"[{time.monotonic() - T0:.0f} s] {kind}: daphne listens; connecting", flush=True)
-            watched = psutil.Process(daphne.pid)
+            ports = [free_port() for _ in range(args.daphnes)]
+            print(f"[{time.monotonic() - T0:.0f} s] {kind}: starting daphne {app} on ports {ports}", flush=True)
+            daphnes = []
+            try:
+                for port in ports:
+                    daphnes.append(start_daphne(app, port, env))
+            except BaseException:
+                stop_all(daphnes)
+                raise
+            print(f"[{time.monotonic() - T0:.0f} s] {kind}: daphnes listen; connecting", flush=True)
+            watched = [psutil.Process(daphne.pid) for daphne in daphnes]
 
             def daphne_cpu(watched=watched) -> float:
-                times = watched.cpu_times()
-                return times.user + times.system
+                return sum(times.user + times.system for times in (process.cpu_times() for process in watched))
 
             state = {}
 
@@ -296,12 +329,13 @@ def main() -> None:
 
             try:
                 outcome = asyncio.run(
-                    run_phase(kind, port, data["cookies"], args.changes, change, args.connect_concurrency, args.timeout)
+                    run_phase(
+                        kind, ports, data["cookies"], args.changes, change, args.connect_concurrency, args.timeout
+                    )
                 )
             finally:
-                daphne.terminate()
-                daphne.wait(timeout=30)
-            print(f"[{time.monotonic() - T0:.0f} s] {kind}: daphne stopped", flush=True)
+                stop_all(daphnes)
+            print(f"[{time.monotonic() - T0:.0f} s] {kind}: daphnes stopped", flush=True)
             results.append(outcome)
             lat = outcome["latencies"]
             print(
@@ -313,6 +347,7 @@ def main() -> None:
     finally:
         connections.close_all()
         set_database(args.database_url, create=False)
+        shutil.rmtree(static_root, ignore_errors=True)
     busy1, total1 = cpu_busy()
 
     lines = [
@@ -322,16 +357,18 @@ def main() -> None:
         f"- machine: {machine()}; load average at start {load_start}, at end "
         + ", ".join(f"{value:.1f}" for value in os.getloadavg()),
         f"- **shared machine**: over the run the 2 cores were {(busy1 - busy0) / (total1 - total0) * 100:.0f}% busy "
-        "(daphne, the 500 clients in this one asyncio process, Redis, Postgres and others' tests, all unpinned)",
-        f"- one daphne (DEBUG on, Redis channel layer, prefix `{prefix}`, settings `{env['DJANGO_SETTINGS_MODULE']}`"
+        f"(daphne, the {args.clients} clients in this one asyncio process, Redis, Postgres and others' tests, "
+        "all unpinned)",
+        f"- {args.daphnes} daphne process(es), client i on daphne i mod {args.daphnes} (DEBUG off, static files "
+        f"collected, Redis channel layer, prefix `{prefix}`, settings `{env['DJANGO_SETTINGS_MODULE']}`"
         + (f", Redis socket_timeout {args.redis_socket_timeout:g} s" if args.redis_socket_timeout else "")
         + (", channels_redis pub/sub layer" if args.layer == "pubsub" else "")
         + f"), {args.clients} aiohttp clients with an "
         f"operator's session cookie on /ws/live/ (Origin: the daphne URL), connected {args.connect_concurrency} at a "
         f"time; {args.changes} changes of one task, each `publish_task_changed` from this process, 1 s apart; "
         f"latency = frame mentioning the change received - publish called; {LIST_TASKS} tasks in the database",
-        "- baseline: the same clients on a daphne serving `bench/fanout_baseline.py` (same middleware and channel "
-        "layer, no rendering) and one plain `group_send` of a tiny message",
+        f"- baseline: the same clients on {args.daphnes} daphne(s) serving `bench/fanout_baseline.py` (same "
+        "middleware and channel layer, no rendering) and one plain `group_send` of a tiny message",
         "",
         "| server | all connected s | connect p50 ms | connect p99 ms | change → all p50 ms | p99 ms | max ms "
         "| missing | daphne CPU s per change | p99 ≤ 1 s | failed handshakes (retried) |",

@@ -30,6 +30,17 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SECRET_KEY = "taskhub-bench-only-not-secret"
 STARTED = time.monotonic()
+STATIC_ROOT = ROOT / "test-output" / "bench-static"
+# What daphne and the worker get of the benchmark's environment (the database comes from the tests' helpers).
+PROCESS_SETTINGS = (
+    "REDIS_URL",
+    "REDIS_CHANNEL_PREFIX",
+    "SECRET_KEY",
+    "HTTPS_ONLY",
+    "DEBUG",
+    "ALLOWED_HOSTS",
+    "STATIC_ROOT",
+)
 
 # Runs in every page before its own scripts: a MutationObserver that stamps (performance.timeOrigin + now(), the
 # wall clock in ms, comparable with the server's time.time()) the moment an element with a given id first has a
@@ -40,6 +51,7 @@ OBSERVER_JS = """
   const now = () => performance.timeOrigin + performance.now();
   window.__benchSeen = {};
   window.__benchSubmits = [];
+  window.__benchResponses = [];
   window.__benchWsMessages = 0;
   window.__benchFrames = [];
   const check = () => {
@@ -58,6 +70,7 @@ OBSERVER_JS = """
   document.addEventListener("submit", (event) => {
     window.__benchSubmits.push([event.target.getAttribute("action"), now()]);
   }, true);
+  document.addEventListener("htmx:afterRequest", () => { window.__benchResponses.push(now()); });
   document.addEventListener("htmx:wsBeforeMessage", () => { window.__benchFrames.push(now()); });
   document.addEventListener("htmx:wsAfterMessage", () => { window.__benchWsMessages += 1; });
   // The last socket frame received at or before `time`: when what a stamped change came in arrived.
@@ -94,13 +107,18 @@ def prepare(database_url: str, redis_url: str, prefix: str) -> dict[str, str]:
         "REDIS_URL": redis_url,
         "REDIS_CHANNEL_PREFIX": prefix,
         "SECRET_KEY": SECRET_KEY,
-        "DEBUG": "true",
-        "HTTPS_ONLY": "false",
+        # Production settings, as the README deploys taskhub: DEBUG off, static files collected and served by
+        # WhiteNoise from STATIC_ROOT (with DEBUG on they would come from the finders, a slower path).
+        "DEBUG": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "HTTPS_ONLY": "false",  # plain HTTP between the browser and daphne; HTTPS is a proxy's job
+        "STATIC_ROOT": str(STATIC_ROOT),
     }
     os.environ.update(env)
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     set_database(database_url, create=True)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, check=True)
     for path in (ROOT, ROOT / "tests"):
         sys.path.insert(0, str(path))
     import django
@@ -190,7 +208,7 @@ def web_and_worker(env: dict[str, str], name: str) -> Iterator[tuple[object, obj
     from browser_fixtures import running_daphne
     from stack_fixtures import Workers, worker_environment
 
-    redis = {key: env[key] for key in ("REDIS_URL", "REDIS_CHANNEL_PREFIX", "SECRET_KEY", "HTTPS_ONLY")}
+    redis = {key: env[key] for key in PROCESS_SETTINGS}
     workers = Workers(worker_environment(**redis))
     worker = workers.start(name)
     try:

@@ -17,6 +17,12 @@ table with the ratios and the goals of issue 6, and appends it to bench/RESULTS.
 
     uv run python bench/tracker.py    # 1,000 / 5,000 / 10,000 tasks at 1,000 ms, then saturation (< 10 min)
     uv run python bench/tracker.py --tasks 1000 --duration 10 --no-saturation --no-record    # a quick look
+    uv run python bench/tracker.py --tasks 5000 --systems taskhub,aiohttp --scale-out 10000   # issue 18 item 3
+
+`--scale-out N` adds a run of two pollers following N tasks at 1,000 ms together: two `manage.py worker`s on one
+database (sharing the rows by claims and leases), against two aiohttp loops of N/2 task ids each on the same
+cores; per poller its polls, tasks and lateness (the fake server tells them apart by client port), the tasks
+polled by both and the early polls (two polls of one task less than half an interval apart).
 
 Postgres: --database-url (default $BENCH_DATABASE_URL or postgres://postgres@127.0.0.1:5432/taskhub_bench);
 that database and <name>_tpl are dropped and created by the benchmark.
@@ -50,7 +56,13 @@ BENCH = ROOT / "bench"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench"
 WORKER_NAME = "bench-worker"
 SECRET_KEY = "taskhub-bench-only-not-secret"
-TARGETS = {"ratio_taskhub_aiohttp": 0.8, "ratio_aiohttp_sdk": 5.0, "lateness_p99_ms": 250.0}
+QUIET_LOAD = 2.0
+TARGETS = {
+    "ratio_taskhub_aiohttp": 0.8,
+    "ratio_aiohttp_sdk": 5.0,
+    "lateness_p99_ms": 250.0,
+    "lateness_ratio_to_aiohttp": 1.5,
+}
 
 
 # --- the baseline loops (run as child processes: `bench/tracker.py --loop aiohttp|sdk ...`) ---------------
@@ -167,6 +179,8 @@ def run_child_loop(options) -> None:
         kind = {"aiohttp": aiohttp_loop, "sdk": sdk_loop}[options.loop]
         print(f"{options.loop} loop running, pid {os.getpid()}", flush=True)
         ids = task_ids(options.loop_tasks)
+        part, parts = (int(number) for number in options.loop_part.split("/"))
+        ids = ids[part::parts]
         polls = await kind(options.url, ids, options.poll_interval_ms, options.concurrency, stop)
         print(f"{options.loop} loop stopped after {polls} polls", flush=True)
 
@@ -236,6 +250,12 @@ class FakeServer:
 
     def clear(self) -> None:
         http_json(self.base + "/clear", "POST")
+
+    def name_groups(self, ports: dict[int, str]) -> None:
+        body = json.dumps({"ports": {str(port): group for port, group in ports.items()}}).encode()
+        request = urllib.request.Request(self.base + "/groups", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
 
     def sample(self, task_id: str) -> dict:
         body = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": task_id}}
@@ -408,6 +428,23 @@ class Measured:
     note: str = ""
 
 
+@dataclass
+class ScaleOut:
+    system: str
+    tasks: int
+    interval_ms: int
+    pollers: list[dict]  # each: name, polls_per_second, tasks, held, lateness_p50_ms, lateness_p99_ms, cpu_ms_per_poll
+    lateness_p99_ms: float | None
+    polls_per_second: float
+    by_both: int  # tasks polled by both pollers in the window
+    early_polls: int  # polls less than half an interval after the task's previous one
+    unattributed_polls: int  # from a connection the port mapping did not know
+    ports_changed: bool
+    warmup_seconds: float
+    load: float
+    note: str = ""
+
+
 class Bench:
     def __init__(self, options) -> None:
         self.options = options
@@ -424,6 +461,7 @@ class Bench:
             "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         }
         self.results: list[Measured] = []
+        self.scale_out_results: list[ScaleOut] = []
         self.profile_written: str | None = None
 
     def log(self, text: str) -> None:
@@ -437,14 +475,24 @@ class Bench:
 
         django.setup()
 
-    def start_poller(self, system: str, server: FakeServer, tasks: int, interval_ms: int) -> Poller:
-        core = self.options.client_core
+    def start_poller(
+        self,
+        system: str,
+        server: FakeServer,
+        tasks: int,
+        interval_ms: int,
+        *,
+        name: str = WORKER_NAME,
+        part: str = "0/1",
+        core: int | None = -1,
+    ) -> Poller:
+        core = self.options.client_core if core == -1 else core
         if system == "taskhub":
-            command = [sys.executable, "manage.py", "worker", "--name", WORKER_NAME]
+            command = [sys.executable, "manage.py", "worker", "--name", name]
         else:
             command = [sys.executable, str(Path(__file__).resolve()), "--loop", system, "--url", server.url]
             command += ["--loop-tasks", str(tasks), "--poll-interval-ms", str(interval_ms)]
-            command += ["--concurrency", str(self.options.concurrency)]
+            command += ["--concurrency", str(self.options.concurrency), "--loop-part", part]
         process = subprocess.Popen(
             pinned(core, command), cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -567,6 +615,122 @@ class Bench:
         except subprocess.TimeoutExpired:
             profiler.kill()
 
+    # -- scale-out: two pollers on one database (or two aiohttp loops of half the tasks each) ---------------------
+
+    def scale_out_phase(self, system: str, server: FakeServer, tasks: int, interval_ms: int) -> ScaleOut:
+        """Two pollers follow `tasks` together: two `manage.py worker`s on one database (they share the rows by
+        their claims and leases), or two aiohttp loops of half the task ids each. The fake server tells whose
+        poll is whose by the client port of its connection (each poller's ports, read with psutil)."""
+        import psutil
+
+        options = self.options
+        server.clear()
+        if system == "taskhub":
+            self.db.fresh()
+            seed(tasks, server.url, server.sample(task_ids(tasks)[0]))
+            server.clear()
+        names = [f"{WORKER_NAME if system == 'taskhub' else system + '-loop'}-{letter}" for letter in "ab"]
+        pollers: list[Poller] = []
+        try:
+            for index, (name, core) in enumerate(zip(names, options.scale_out_cores, strict=True)):
+                pollers.append(
+                    self.start_poller(system, server, tasks, interval_ms, name=name, part=f"{index}/2", core=core)
+                )
+            if system == "taskhub":
+                make_due(interval_ms)  # both are running: both claim from the first poll on
+            started = time.monotonic()
+            deadline = started + max(60.0, tasks / 250)
+            while server.stats()["distinct_tasks"] < tasks and time.monotonic() < deadline:
+                for poller in pollers:
+                    if poller.process.poll() is not None:
+                        raise RuntimeError(f"{system} exited:\n{''.join(poller.lines)}")
+                time.sleep(0.25)
+            seen = server.stats()["distinct_tasks"]
+            warmup = time.monotonic() - started
+            time.sleep(options.warmup)
+            processes = [psutil.Process(poller.process.pid) for poller in pollers]
+            ports = self.client_ports(processes, names, server.port)
+            server.name_groups(ports)
+            before_cpu = [sum(process.cpu_times()[:2]) for process in processes]
+            server.mark()
+            time.sleep(options.duration)
+            window = server.stats()["window"]
+            after_cpu = [sum(process.cpu_times()[:2]) for process in processes]
+            late_ports = self.client_ports(processes, names, server.port)
+            held = self.held_by_owner() if system == "taskhub" else {}
+        finally:
+            for poller in pollers:
+                poller.stop()
+        groups = window["groups"]
+        per_poller = []
+        for index, name in enumerate(names):
+            group = groups.get(name, {"polls": 0, "tasks": 0, "lateness_ms": {"p50": None, "p99": None}})
+            per_poller.append(
+                {
+                    "name": name,
+                    "polls_per_second": group["polls"] / window["seconds"],
+                    "tasks": group["tasks"],
+                    "held": held.get(name),
+                    "lateness_p50_ms": group["lateness_ms"]["p50"],
+                    "lateness_p99_ms": group["lateness_ms"]["p99"],
+                    "cpu_ms_per_poll": (after_cpu[index] - before_cpu[index]) * 1000 / max(group["polls"], 1),
+                }
+            )
+        result = ScaleOut(
+            system=system,
+            tasks=tasks,
+            interval_ms=interval_ms,
+            pollers=per_poller,
+            lateness_p99_ms=window["lateness_ms"]["p99"],
+            polls_per_second=window["polls_per_second"] or 0.0,
+            by_both=window["tasks_polled_by_more_than_one_group"],
+            early_polls=window["early_polls"],
+            unattributed_polls=groups.get("other", {}).get("polls", 0),
+            ports_changed=set(late_ports) != set(ports),
+            warmup_seconds=warmup,
+            load=os.getloadavg()[0],
+            note="" if seen >= tasks else f"only {seen} of {tasks} tasks polled in the warm-up",
+        )
+        for poller in per_poller:
+            self.log(
+                f"  {system:8} {poller['name']}: {poller['polls_per_second']:7.0f} polls/s, {poller['tasks']} tasks"
+                f" (leases held at the end: {poller['held']}), lateness p50 {poller['lateness_p50_ms']} ms"
+                f" p99 {poller['lateness_p99_ms']} ms, cpu {poller['cpu_ms_per_poll']:.3f} ms/poll"
+            )
+        self.log(
+            f"  {system:8} both: {result.polls_per_second:.0f} polls/s, tasks polled by both {result.by_both}, "
+            f"early polls {result.early_polls}, unattributed polls {result.unattributed_polls}, "
+            f"load {result.load:.1f} {result.note}"
+        )
+        return result
+
+    @staticmethod
+    def client_ports(processes, names: list[str], server_port: int) -> dict[int, str]:
+        ports = {}
+        for process, name in zip(processes, names, strict=True):
+            for connection in process.net_connections(kind="tcp"):
+                if connection.raddr and connection.raddr.port == server_port:
+                    ports[connection.laddr.port] = name
+        return ports
+
+    def held_by_owner(self) -> dict[str, int]:
+        import psycopg
+
+        with psycopg.connect(self.db.url) as connection:
+            rows = connection.execute("SELECT lease_owner, count(*) FROM tasks_taskpoll GROUP BY lease_owner")
+            return dict(rows.fetchall())
+
+    def scale_out(self, tasks: int, interval_ms: int) -> None:
+        cores = ", ".join(str(core) for core in self.options.scale_out_cores)
+        self.log(f"scale-out: {tasks} tasks, pollIntervalMs {interval_ms}, two pollers (cores {cores})")
+        server = FakeServer(interval_ms, self.options.server_core)
+        try:
+            for system in self.options.systems:
+                if system in ("taskhub", "aiohttp"):
+                    self.scale_out_results.append(self.scale_out_phase(system, server, tasks, interval_ms))
+        finally:
+            server.stop()
+
     def configuration(self, tasks: int, interval_ms: int, saturation: bool = False) -> None:
         what = "saturation" if saturation else "steady"
         self.log(f"{tasks} tasks, pollIntervalMs {interval_ms} ({what})")
@@ -582,6 +746,7 @@ class Bench:
         cores = f"fake server on core {options.server_core}, poller on core {options.client_core} (taskset)"
         self.started_at = datetime.now(UTC)
         self.machine = machine()
+        self.load_at_start = os.getloadavg()[0]
         self.log(f"tracker throughput benchmark; {self.machine}")
         self.log(f"pinning: {cores}; Postgres and the rest of the machine are not pinned")
         self.setup_django()
@@ -592,6 +757,8 @@ class Bench:
                 self.configuration(tasks, options.poll_interval_ms)
             if options.saturation_tasks:
                 self.configuration(options.saturation_tasks, options.saturation_interval_ms, saturation=True)
+            if options.scale_out:
+                self.scale_out(options.scale_out, options.poll_interval_ms)
         finally:
             self.db.drop_all()
         report = self.report(cores)
@@ -619,6 +786,9 @@ class Bench:
             "",
             f"- command: `{command.strip()}`",
             f"- machine: {self.machine}",
+            f"- quiet machine (issue 18: a 1-minute load under {QUIET_LOAD:g} at the start): "
+            + ("yes" if self.load_at_start < QUIET_LOAD else f"no ({self.load_at_start:.1f}): read the ratios only"),
+            "- settings: production (DEBUG=false, the worker as `manage.py worker` runs it)",
             f"- {cores}; Postgres 127.0.0.1:5432 unpinned; other work on the machine at the same time",
             f"- window {options.duration:g} s after all tasks were polled once + {options.warmup:g} s; baselines "
             f"poll with concurrency {options.concurrency}, taskhub with its per-server limit",
@@ -667,9 +837,69 @@ class Bench:
                 met = "yes" if taskhub.lateness_p99_ms <= goal else "no"
                 measured = f"{taskhub.lateness_p99_ms} ms"
                 lines.append(f"| taskhub lateness p99, {where} | {measured} | ≤ {goal:g} ms | {met} |")
+                if limit and limit.lateness_p99_ms is not None:
+                    check = f"taskhub / aiohttp lateness p99, {where}"
+                    lines.append(self.lateness_check(check, taskhub.lateness_p99_ms, limit.lateness_p99_ms))
+        lines += self.scale_out_report()
         if self.profile_written:
             lines.append(f"\nprofile of the worker at saturation (py-spy raw): `{self.profile_written}`")
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def lateness_check(check: str, measured_ms: float, baseline_ms: float) -> str:
+        """Lateness p99 no worse than 1.5x the aiohttp loop's in the same run (issue 18). Both are floored at
+        1 ms, so that a sub-millisecond baseline does not turn noise into a ratio."""
+        ratio = max(measured_ms, 1.0) / max(baseline_ms, 1.0)
+        goal = TARGETS["lateness_ratio_to_aiohttp"]
+        figures = f"{ratio:.2f} ({measured_ms} / {baseline_ms} ms)"
+        return f"| {check} | {figures} | ≤ {goal} | {'yes' if ratio <= goal else 'no'} |"
+
+    def scale_out_report(self) -> list[str]:
+        if not self.scale_out_results:
+            return []
+        lines = [
+            "",
+            "Scale-out: two pollers follow the tasks together, pinned to cores "
+            + ", ".join(str(core) for core in self.options.scale_out_cores)
+            + ". taskhub: two `manage.py worker`s on one database; aiohttp: two bare loops of half the task ids"
+            " each (the baseline with the same processes and cores as the two workers, so the ratio is the"
+            " tracker's cost, not one process against two). Polls are told apart at the server by the client"
+            " port of their connection.",
+            "",
+            "| tasks | poller | process | polls/s | tasks polled | leases held at the end | lateness p50 ms "
+            "| lateness p99 ms | cpu ms/poll | tasks polled by both | early polls | load |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for result in self.scale_out_results:
+            for poller in result.pollers:
+                lines.append(
+                    f"| {result.tasks:,} | {result.system} | {poller['name']} | {poller['polls_per_second']:,.0f} "
+                    f"| {poller['tasks']:,} | {'-' if poller['held'] is None else f'{poller["held"]:,}'} "
+                    f"| {poller['lateness_p50_ms']} | {poller['lateness_p99_ms']} | {poller['cpu_ms_per_poll']:.3f} "
+                    f"| {result.by_both} | {result.early_polls} | {result.load:.1f} |"
+                    + (f" {result.note}" if result.note else "")
+                    + (f" {result.unattributed_polls} polls unattributed" if result.unattributed_polls else "")
+                )
+        taskhub = next((result for result in self.scale_out_results if result.system == "taskhub"), None)
+        limit = next((result for result in self.scale_out_results if result.system == "aiohttp"), None)
+        lines += ["", "| check | measured | goal | met |", "|---|---:|---:|---|"]
+        if taskhub:
+            where = f"{taskhub.tasks:,} tasks @ {taskhub.interval_ms} ms, two workers"
+            counts = " / ".join(f"{poller['tasks']:,}" for poller in taskhub.pollers)
+            every = sum(poller["tasks"] for poller in taskhub.pollers) - taskhub.by_both
+            met = "yes" if taskhub.by_both == 0 and every == taskhub.tasks else "no"
+            lines.append(
+                f"| each task polled by one worker, {where} | {counts} tasks, {taskhub.by_both} by both "
+                f"| {taskhub.tasks:,}, 0 by both | {met} |"
+            )
+            met = "yes" if taskhub.early_polls == 0 else "no"
+            lines.append(f"| no task polled twice at once (early polls), {where} | {taskhub.early_polls} | 0 | {met} |")
+            if limit and limit.lateness_p99_ms is not None:
+                for poller in taskhub.pollers:
+                    if poller["lateness_p99_ms"] is not None:
+                        check = f"{poller['name']} lateness p99 / the aiohttp pair's, {where}"
+                        lines.append(self.lateness_check(check, poller["lateness_p99_ms"], limit.lateness_p99_ms))
+        return lines
 
     @staticmethod
     def met(ok: bool, binding: bool) -> str:
@@ -690,6 +920,20 @@ def main() -> None:
     parser.add_argument("--saturation-interval-ms", type=int, default=1, help="its pollIntervalMs (default 1)")
     parser.add_argument("--no-saturation", dest="saturation_tasks", action="store_const", const=0)
     parser.add_argument("--systems", type=lambda text: text.split(","), default=["taskhub", "aiohttp", "sdk"])
+    parser.add_argument(
+        "--scale-out",
+        type=int,
+        default=0,
+        help="tasks of the scale-out run: two workers on one database against two aiohttp loops of half each "
+        "(0, the default: none; the issue's figure is 10000)",
+    )
+    parser.add_argument(
+        "--scale-out-cores",
+        type=lambda text: [int(core) for core in text.split(",")],
+        default=[1, 1],
+        help="the cores of the two pollers of the scale-out run (default 1,1: both beside each other, the fake "
+        "server alone on its core)",
+    )
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight of the baselines (default 32)")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
@@ -703,6 +947,7 @@ def main() -> None:
     parser.add_argument("--loop", choices=["aiohttp", "sdk"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--loop-tasks", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--loop-part", default="0/1", help=argparse.SUPPRESS)  # poll ids[part::parts] of them
     options = parser.parse_args()
     if options.loop:
         run_child_loop(options)

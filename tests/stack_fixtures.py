@@ -24,11 +24,16 @@ from urllib.parse import urlencode
 
 import aiohttp
 import pytest
+from asgiref.sync import sync_to_async
 from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
 from demo_process import PROJECT_ROOT, DemoServer
 from django.conf import settings
 from django.db import connections
+from django.db.models import Q
 from django.test import Client
+from django.utils import timezone
+from procrastinate.contrib.django import app
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
@@ -36,6 +41,38 @@ from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
 
 LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def empty_job_queue():
+    """No procrastinate job left by an earlier test of this database. procrastinate's tables are not Django-managed,
+    so the flush after a transactional test leaves its jobs behind (a worker would run them, /metrics would count
+    them). In a test that runs in a transaction the delete is rolled back with it."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_periodic_defers; DELETE FROM procrastinate_jobs")
+
+
+def due_jobs() -> int:
+    """procrastinate jobs waiting to run now (not those scheduled later)."""
+    todo = ProcrastinateJob.objects.filter(status="todo")
+    return todo.filter(Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=timezone.now())).count()
+
+
+async def run_worker_until_idle(timeout: float = 30, concurrency: int = 4) -> None:
+    """A real procrastinate worker, on its own connector as in production, until no job is due.
+
+    With wait=False a worker stops at the first empty fetch, even while a running job defers the next
+    one; so it runs again as long as jobs are due.
+    """
+    async with asyncio.timeout(timeout):
+        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+            async with worker_app.open_async():
+                while True:
+                    await worker_app.run_worker_async(
+                        wait=False, concurrency=concurrency, install_signal_handlers=False, listen_notify=False
+                    )
+                    if not await sync_to_async(due_jobs)():
+                        return
 
 
 class Workers:
@@ -85,6 +122,32 @@ def worker_environment(**extra: str) -> dict[str, str]:
     env.update(DATABASE_URL=database_url_for_subprocesses(), DEBUG="true", PYTHONUNBUFFERED="1")
     env.update(extra)
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    return env
+
+
+def production_environment(static_root, **overrides: str) -> dict[str, str]:
+    """The environment of a production deployment as the README documents it (DEBUG off, a SECRET_KEY, static
+    files collected into `static_root`, Redis), for daphne and worker subprocesses; collectstatic has run."""
+    env = {
+        "DJANGO_SETTINGS_MODULE": "taskhub.settings",
+        "DEBUG": "false",
+        "SECRET_KEY": "production-test-" + uuid.uuid4().hex,
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "HTTPS_ONLY": "false",  # plain HTTP between the test and daphne; HTTPS is the proxy's job
+        "STATIC_ROOT": str(static_root),
+        "REDIS_URL": LOCAL_REDIS_URL,
+        "REDIS_CHANNEL_PREFIX": f"taskhub-prod-test-{uuid.uuid4().hex[:8]}",
+        "LOG_FORMAT": "json",
+        **overrides,
+    }
+    collect = subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput"],
+        cwd=PROJECT_ROOT,
+        env={**worker_environment(), **env},
+        capture_output=True,
+        text=True,
+    )
+    assert collect.returncode == 0, collect.stderr
     return env
 
 
@@ -175,6 +238,28 @@ def running_stack(admin, *demo_options: str) -> Iterator[LiveStack]:
 @pytest.fixture
 def workers(django_db_setup) -> Iterator[Workers]:
     pool = Workers(worker_environment())
+    yield pool
+    pool.stop_all()
+
+
+# The heartbeat and settle times tests/settings.py shortens for every test; without them a worker has production's.
+SHORTENED_RECOVERY_TIMES = (
+    "TASKHUB_WORKER_HEARTBEAT_SECONDS",
+    "TASKHUB_STALLED_WORKER_SECONDS",
+    "TASKHUB_DELIVERY_TIMEOUT_SECONDS",
+    "TASKHUB_DELIVERY_SETTLE_SECONDS",
+    "TASKHUB_DEAD_WORKER_GRACE_SECONDS",
+)
+
+
+@pytest.fixture
+def production_timed_workers(django_db_setup) -> Iterator[Workers]:
+    """Workers that beat, find each other dead and let cut-off deliveries settle as in production (the defaults of
+    taskhub/settings.py): for the recovery-time tests."""
+    env = worker_environment(DJANGO_SETTINGS_MODULE="taskhub.settings")  # tests.settings would shorten them again
+    for name in SHORTENED_RECOVERY_TIMES:
+        env.pop(name, None)
+    pool = Workers(env)
     yield pool
     pool.stop_all()
 

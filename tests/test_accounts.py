@@ -16,13 +16,14 @@ from django.views import View
 
 from taskhub import urls as project_urls
 from taskhub.accounts import permissions
-from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS, ROLE_GROUPS
+from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS, ROLE_GROUPS
 from taskhub.servers.models import Server, Transport
 from taskhub.tasks.models import InputRequest, Task
+from tests.approval_fixtures import add_approver_groups
 
 pytestmark = pytest.mark.django_db
 
-PEOPLE = ("anonymous", "approver", "foreign_approver", "operator", "admin", "superuser", "nobody")
+PEOPLE = ("anonymous", "approver", "foreign_approver", "operator", "admin", "superuser", "nobody", "agent")
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def servers():
     finance_group = Group.objects.create(name="finance")
     open_server = Server.objects.create(name="open", transport=Transport.HTTP, url="http://open.example/mcp")
     finance = Server.objects.create(name="finance", transport=Transport.HTTP, url="http://finance.example/mcp")
-    finance.approver_groups.add(finance_group)
+    add_approver_groups(finance, finance_group)
     return {"open": open_server, "finance": finance}
 
 
@@ -46,6 +47,7 @@ def people(servers):
         "admin": make_user("alex", ADMINS),
         "superuser": make_user("root", is_superuser=True, is_staff=True),
         "nobody": make_user("nils"),
+        "agent": make_user("ci-bot", AGENTS),
     }
 
 
@@ -67,6 +69,7 @@ ROLE_TABLE = {
     "admin": (False, True, True),
     "superuser": (False, True, True),
     "nobody": (False, False, False),
+    "agent": (False, False, False),  # its own role, agent, below
 }
 
 
@@ -77,6 +80,7 @@ def test_roles(people, person):
     assert (permissions.is_approver(user), permissions.is_operator(user), permissions.is_admin(user)) == expected
     roles = permissions.roles_of(user)
     assert (roles.approver, roles.operator, roles.admin) == expected
+    assert roles.agent is permissions.is_agent(user) is (person == "agent")
 
 
 @pytest.mark.parametrize(
@@ -89,6 +93,7 @@ def test_roles(people, person):
         ("admin", set()),  # admins are not approvers unless also in `approvers`
         ("superuser", set()),
         ("nobody", set()),
+        ("agent", set()),
     ],
 )
 def test_servers_user_may_approve_and_may_answer(people, servers, person, may_approve):
@@ -111,7 +116,7 @@ def test_an_admin_who_is_also_an_approver_may_answer(servers):
 
 
 def test_a_server_listing_several_groups_lets_each_approve(servers):
-    servers["finance"].approver_groups.add(Group.objects.create(name="audit"))
+    add_approver_groups(servers["finance"], Group.objects.create(name="audit"))
     auditor = make_user("otto", APPROVERS, "audit")
     assert permissions.may_answer(auditor, input_request_on(servers["finance"]))
     # one row per server however many of its groups the user shares
@@ -129,6 +134,7 @@ def test_a_server_listing_several_groups_lets_each_approve(servers):
         ("admin", True),
         ("superuser", True),
         ("nobody", False),
+        ("agent", False),  # from the pages; through a token, below
     ],
 )
 def test_may_launch_and_may_cancel(people, servers, person, allowed):
@@ -136,6 +142,38 @@ def test_may_launch_and_may_cancel(people, servers, person, allowed):
     task = Task.objects.create(server=servers["open"], tool="deploy")
     assert permissions.may_launch(user, servers["open"]) is allowed
     assert permissions.may_cancel(user, task) is allowed
+
+
+@pytest.mark.parametrize(
+    ("person", "launches", "own", "others"),
+    [
+        # (may see, may cancel) its own task and another's, on `finance`, through a token.
+        ("anonymous", False, (False, False), (False, False)),
+        ("approver", False, (True, False), (True, False)),  # approves for finance: sees, never cancels
+        ("foreign_approver", False, (False, False), (False, False)),
+        ("operator", True, (True, True), (True, True)),
+        ("admin", True, (True, True), (True, True)),
+        ("nobody", False, (False, False), (False, False)),
+        ("agent", True, (True, True), (False, False)),
+    ],
+)
+def test_through_a_token_agents_launch_and_follow_and_cancel_their_own_tasks(
+    people, servers, person, launches, own, others
+):
+    user = people[person]
+    launcher = user if user.is_authenticated else None
+    own_task = Task.objects.create(server=servers["finance"], tool="deploy", launched_by=launcher)
+    others_task = Task.objects.create(server=servers["finance"], tool="deploy", launched_by=people["operator"])
+    assert permissions.launches_through_token(user) is launches
+    assert permissions.may_launch_through_token(user, servers["finance"]) is launches
+    assert (permissions.may_see_task_through_token(user, own_task), permissions.may_cancel(user, own_task)) == own
+    assert (
+        permissions.may_see_task_through_token(user, others_task),
+        permissions.may_cancel(user, others_task),
+    ) == others
+    if person == "agent":  # the pages are for people: an agent sees none of its tasks there
+        assert not permissions.may_see_task(user, own_task)
+        assert not permissions.may_launch_through_token(user, Server(name="off", enabled=False))
 
 
 def test_nobody_may_launch_on_a_disabled_server(people, servers):
@@ -288,10 +326,11 @@ def test_signing_out_needs_post_and_says_so(client):
     ("person", "visible"),
     [
         ("anonymous", set()),
-        ("approver", {"Tasks", "Inbox"}),
-        ("operator", {"Tasks", "Launch"}),
-        ("admin", {"Tasks", "Launch", "Servers", "Audit"}),
-        ("nobody", {"Tasks"}),
+        ("approver", {"Tasks", "Inbox", "API", "Notifications"}),
+        ("operator", {"Tasks", "Launch", "API", "Notifications"}),
+        ("admin", {"Tasks", "Launch", "Servers", "Approvals", "Audit", "API", "Notifications"}),
+        ("nobody", {"Tasks", "API", "Notifications"}),
+        ("agent", {"API", "Notifications"}),  # an agent's account: its tokens; its tasks are followed through them
     ],
 )
 def test_the_nav_shows_what_the_role_may_use(client, people, person, visible):

@@ -18,6 +18,7 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.approval_fixtures import set_approver_groups
 
 pytestmark = pytest.mark.django_db
 
@@ -125,6 +126,12 @@ def test_the_openapi_document_lists_every_endpoint(people):
     assert {"/api/tasks", "/api/tasks/{task_id}", "/api/tasks/{task_id}/cancel", "/api/inbox"} <= paths
     assert "/api/input-requests/{request_id}/answer" in paths
     assert "bearer" in json.dumps(document["components"]["securitySchemes"]).lower()
+    # Each filter of the task list says what it takes; `q` that it searches every field.
+    parameters = {p["name"]: p for p in document["paths"]["/api/tasks"]["get"]["parameters"]}
+    assert all(parameter.get("description") for parameter in parameters.values()), parameters
+    search = parameters["q"]["description"]
+    for field in ("status message", "tool", "server's task id", "arguments", "result", "our task id"):
+        assert field in search, field
 
 
 # --- launch ---------------------------------------------------------------------------------------
@@ -196,13 +203,20 @@ def test_list_filters_like_the_page_and_pages(server, people):
     assert paged["pages"] == 2 and len(paged["results"]) == 1
     bad = client.get("/api/tasks", {"status": "sleeping"})
     assert bad.status_code == 400 and "status" in bad.json()["fields"]
+    # the page's newer filters too: a part of a tool's name, the arguments, "my tasks", an outcome
+    assert client.get("/api/tasks", {"tool": "approv"}).json()["count"] == 3
+    assert client.get("/api/tasks", {"q": '"action": "2"'}).json()["count"] == 1
+    assert client.get("/api/tasks", {"mine": "true"}).json()["count"] == 3
+    assert client.get("/api/tasks", {"outcome": "completed"}).json()["count"] == 0
+    bad = client.get("/api/tasks", {"outcome": "splendid", "since": "soon"})
+    assert bad.status_code == 400 and {"outcome", "since"} <= set(bad.json()["fields"])
     assert api_client(people["nobody"]).get("/api/tasks").status_code == 403
 
 
 def test_an_approver_sees_only_the_tasks_of_servers_they_approve(server, people):
     task = waiting_task(server, people["operator"])
     other = create_server(name="other", transport="http", url="http://127.0.0.1:2/mcp", user=None)
-    other.approver_groups.set([Group.objects.create(name="others")])
+    set_approver_groups(other, [Group.objects.create(name="others")])
     hidden = services.launch(server=with_tools(other, "x"), tool="x", arguments={}, user=people["operator"])
     client = api_client(people["approver"])
     assert [row["id"] for row in client.get("/api/tasks").json()["results"]] == [str(task.pk)]
@@ -250,7 +264,7 @@ def test_answer_permissions_and_unknown_requests(server, people):
     url = f"/api/input-requests/{request.pk}/answer"
     status, _ = post_json(api_client(people["operator"]), url, {"action": "decline"})
     assert status == 403  # sees the task, does not approve
-    server.approver_groups.set([Group.objects.create(name="reviewers")])
+    set_approver_groups(server, [Group.objects.create(name="reviewers")])
     status, _ = post_json(api_client(people["approver"]), url, {"action": "decline"})
     assert status == 404  # an approver of other servers does not see it at all
     status, body = post_json(api_client(people["operator"]), "/api/input-requests/999999/answer", {"action": "decline"})

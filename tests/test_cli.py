@@ -1,7 +1,9 @@
 """`taskhub demo` and `taskhub test` as real subprocesses."""
 
 import importlib.util
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -151,6 +153,51 @@ def test_demo_says_when_the_port_is_taken(embedded_env):
     demo.wait_for_line("already in use")
     assert code == 2
     assert "Starting embedded Postgres" not in demo.output
+
+
+def test_demo_holds_its_web_port_from_the_start_and_manage_commands_run_with_its_settings(embedded_env):
+    # The demo MCP server asks for the very port the web server will use: held since before the database started,
+    # it cannot be taken, so the demo server fails (and is skipped) and taskhub still serves on it.
+    port = free_port()
+    demo = DemoRun(port, embedded_env, "--demo-server-port", str(port))
+    try:
+        demo.wait_for_line(READY_LINE)
+        assert "it did not start (see its output above); carrying on without it" in demo.output, demo.output
+        assert demo.get("/healthz")[0] == 200
+
+        # The README's management commands, right after `taskhub demo`, in an environment without DEBUG and
+        # SECRET_KEY (as a shell next to the demo has): `taskhub manage` uses the demo's settings and database.
+        def manage(*arguments: str) -> str:
+            done = subprocess.run(
+                [TASKHUB, "manage", *arguments], env=embedded_env, cwd=PROJECT_DIR, capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        token = manage("create_api_token", "operator", "--name", "from the README").strip()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/tasks")
+        request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        assert isinstance(json.loads(manage("tasks", "--json")), list | dict)
+        # Without EMAIL_HOST, mail prints to the console (the demo's notification digests too).
+        assert "To: approver@example.com" in manage("sendtestemail", "approver@example.com")
+        assert demo.stop(signal.SIGINT) == 0
+    finally:
+        demo.kill()
+
+
+def test_every_command_the_readme_runs_through_taskhub_manage_exists():
+    from django.core.management import get_commands
+
+    readme = (PROJECT_DIR / "README.md").read_text()
+    named = set(re.findall(r"uv run taskhub manage (\w+)", readme))
+    assert {"create_api_token", "server", "launch", "tasks"} <= named
+    assert named <= set(get_commands()), named - set(get_commands())
+    # The scripting commands are written as `taskhub manage` (they run next to the demo as written); `python
+    # manage.py` is left to the production commands, which run in a deployment's own environment.
+    written_for_python = set(re.findall(r"uv run python manage.py (\w+)", readme))
+    assert written_for_python <= {"migrate", "collectstatic", "worker"}, written_for_python
 
 
 class socket_listening:

@@ -14,9 +14,11 @@ from taskhub import embedded_pg
 
 pytestmark = pytest.mark.slow
 
-# A user of the server: joins, prints the postmaster pid, waits for a signal.
+# A user of the server: joins, prints the postmaster pid, waits for a signal. Ctrl-C works as in a terminal even when
+# the test run was started in the background, which makes its children inherit SIGINT as ignored.
 USER_PROCESS = """
 import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from taskhub import embedded_pg
 print(embedded_pg.ensure_started().pid, flush=True)
 signal.pause()

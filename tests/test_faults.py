@@ -182,7 +182,12 @@ def answer_in_flight(demo: DemoServer, workers: Workers, *worker_options: str, n
         timeout=30,
         what="the delivery to start",
     )
-    time.sleep(0.5)  # the request has reached the server, which holds it for a few seconds
+    remote_task_id = Task.objects.get(pk=task.pk).remote_task_id
+    # Then the request reaches the server, which holds it for a few seconds (on a loaded machine it can take longer
+    # than any fixed pause between the attempt being recorded and the request arriving).
+    wait_until(
+        lambda: demo_stats(demo)["updates_received"].get(remote_task_id), timeout=30, what="the server to hold it"
+    )
     return task
 
 

@@ -52,17 +52,17 @@ def postgres_processes_under(directory) -> list[psutil.Process]:
     return found
 
 
-def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_path):
+def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone):
     readme = (clone / "README.md").read_text()
     assert "uv run taskhub demo" in readme
     uv = shutil.which("uv")
     assert uv, "the README's command needs uv on PATH"
     port = free_port()
-    data_dir = tmp_path / "data"
+    data_dir = clone / "var"  # the demo's default: the clone is the test's own
     env = newcomer_env()
     started = time.monotonic()
     process = subprocess.Popen(
-        [uv, "run", "taskhub", "demo", "--port", str(port), "--data-dir", str(data_dir)],
+        [uv, "run", "taskhub", "demo", "--port", str(port)],
         cwd=clone,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -85,11 +85,14 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone, tmp_p
         assert "registered as server 'demo' with " in text, text
         approver = SignedIn(base, "approver", passwords["approver"])
 
+        # The README's command, as written there, in the same environment (no DEBUG, no SECRET_KEY).
+        assert 'uv run taskhub manage create_api_token operator --name "my script"' in readme
+
         def token_for(username: str) -> str:
             made = subprocess.run(
-                [uv, "run", "python", "manage.py", "create_api_token", username],
+                [uv, "run", "taskhub", "manage", "create_api_token", username, "--name", "my script"],
                 cwd=clone,
-                env={**env, "DEBUG": "true", "TASKHUB_PGDATA": str(data_dir / "pgdata")},
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -20,6 +20,7 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.inbox_listing import FLOOD_THRESHOLD
 from taskhub.tasks.models import InputRequest, InputRequestState
+from tests.approval_fixtures import add_approver_groups
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +41,7 @@ def servers():
     made = []
     for name in ("flooder", "quiet", "other"):
         server = create_server(name=name, transport="http", url=f"http://{name}.example/mcp", user=None)
-        server.approver_groups.add(team)
+        add_approver_groups(server, team)
         made.append(server)
     return made
 
@@ -222,7 +223,7 @@ def test_past_its_cap_a_server_opens_no_more_requests_and_is_flagged(servers, se
 def test_the_openapi_document_describes_the_inbox_pages_and_filters(approver):
     document = api(approver).get("/api/openapi.json").json()
     inbox = document["paths"]["/api/inbox"]["get"]
-    assert {p["name"] for p in inbox["parameters"]} == {"server", "tool", "disabled", "page", "page_size"}
+    assert {p["name"] for p in inbox["parameters"]} == {"server", "tool", "disabled", "mine", "page", "page_size"}
     assert all(p["schema"].get("description") or p.get("description") for p in inbox["parameters"])
     page = inbox["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
     assert {"count", "page", "pages", "results", "grouped", "hidden_disabled"} <= set(

@@ -269,3 +269,182 @@ async def test_an_http_error_without_json_rpc_is_a_transport_error_when_the_serv
 
     with OddServer(answer) as server, pytest.raises(TransportError, match="HTTP 502"):
         await poll(server)
+
+
+# --- after a plain answer: kept connections of the getter's own (taskhub.mcp.rawhttp) ---------------------
+
+
+class RecordingServer(OddServer):
+    """Answers plainly, and keeps each request's headers and body."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.requests: list[tuple[dict[str, str], dict]] = []
+
+    async def _handle(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        self.requests.append((dict(request.headers), body))
+        return plain(body["id"])
+
+
+async def test_after_a_plain_answer_the_next_polls_go_on_kept_connections_the_same_on_the_wire():
+    with RecordingServer() as server:
+        target = HttpTarget(url=server.target.url, bearer_token="s3cret", headers={"X-Api-Key": "k-1"})
+        lean = LeanTaskGetter(target)
+        try:
+            await lean.get_task("t-1")  # through aiohttp (the same as the SDK on the wire: the test above)
+            by_raw = [await lean.get_task("t-1") for _ in range(3)]
+            assert lean._raw is not None and lean._raw_ok, "the polls after a plain answer are sent raw"
+            assert len(lean._raw._idle) == 1, "one kept connection for polls one after another"
+        finally:
+            await lean.aclose()
+
+    (first_headers, first_body), *raw_requests = server.requests
+    assert len(raw_requests) == 3
+    for headers, body in raw_requests:
+        assert {**body, "id": None} == {**first_body, "id": None}
+        for header in (*HEADERS_THAT_MATTER, "authorization", "x-api-key", "host", "user-agent"):
+            assert headers.get(header) == first_headers.get(header), header
+    assert [body["id"] for _, body in server.requests] == [1, 2, 3, 4]
+    assert all(snapshot.task_id == "t-1" for snapshot in by_raw)
+
+
+def plain(request_id) -> Response:
+    return Response(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": TASK}), media_type="application/json")
+
+
+async def sse_answer(request_id):
+    return Response(sse({"jsonrpc": "2.0", "id": request_id, "result": TASK}), media_type="text/event-stream")
+
+
+async def bad_gateway(request_id):
+    return Response("bad gateway", status_code=502)
+
+
+async def not_json_rpc(request_id):
+    return Response(json.dumps({"jsonrpc": "2.0", "id": request_id, "hello": 1}), media_type="application/json")
+
+
+async def too_large(request_id):
+    body = {"jsonrpc": "2.0", "id": request_id, "result": {**TASK, "statusMessage": "x" * 20_000}}
+    return Response(json.dumps(body), media_type="application/json")
+
+
+async def slow(request_id):
+    await asyncio.sleep(2)
+    return plain(request_id)
+
+
+async def trickle(request_id):
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": TASK}).encode()
+
+    async def drip():
+        for byte in body:
+            yield bytes([byte])
+            await asyncio.sleep(0.05)
+
+    return StreamingResponse(drip(), media_type="application/json", headers={"content-length": str(len(body))})
+
+
+async def refused(request_id):
+    return Response("no", status_code=401)
+
+
+@pytest.mark.parametrize(
+    ("odd", "outcome"),
+    [
+        (sse_answer, "working"),
+        (bad_gateway, TransportError),
+        (not_json_rpc, InvalidResult),
+        (too_large, InvalidResult),
+        (slow, RequestTimeout),
+        (trickle, IncompleteAnswer),
+        (refused, AuthorizationFailed),
+    ],
+)
+async def test_a_server_that_answered_plainly_then_oddly_is_understood_as_on_a_first_poll(odd, outcome):
+    async def answer(request_id):
+        return plain(request_id) if request_id == 1 else await odd(request_id)
+
+    with OddServer(answer) as server:
+        lean = LeanTaskGetter(server.target, timeout=0.5, max_response_bytes=10_000)
+        try:
+            assert (await lean.get_task("t-1")).status == "working"
+            assert lean._raw_ok
+            if isinstance(outcome, str):
+                assert (await lean.get_task("t-1")).status == outcome
+            else:
+                with pytest.raises(outcome):
+                    await lean.get_task("t-1")
+        finally:
+            await lean.aclose()
+
+
+async def test_a_kept_connection_the_server_closed_is_replaced():
+    with OddServer(lambda request_id: asyncio.sleep(0, plain(request_id))) as server:
+        lean = LeanTaskGetter(server.target)
+        try:
+            await lean.get_task("t-1")
+            await lean.get_task("t-1")
+            for connection in lean._raw._idle:
+                connection.transport.close()  # as a server's idle timeout would
+            await asyncio.sleep(0.05)
+            assert (await lean.get_task("t-1")).task_id == "t-1"
+            assert (await lean.get_task("t-1")).task_id == "t-1"
+        finally:
+            await lean.aclose()
+
+
+async def test_the_same_answer_again_is_the_same_snapshot_and_any_other_is_read_anew():
+    answers = iter(
+        [
+            {"result": TASK},  # through aiohttp
+            {"result": TASK},  # raw, read
+            {"result": TASK},  # raw, the same bytes but for the id: the same snapshot
+            {"result": {**TASK, "statusMessage": "moved"}},
+            {"result": {**TASK, "statusMessage": "moved"}},
+            {"result": {**TASK, "statusMessage": "moved", "pollIntervalMs": 5}},
+            {"result": {**TASK, "note": {"id": 7}}},  # another "id": never taken for the same answer
+            {"result": {**TASK, "note": {"id": 7}}},
+            {"result": {**TASK, "status": "sleeping"}},
+            {"result": TASK},
+        ]
+    )
+
+    async def answer(request_id):
+        body = json.dumps({"jsonrpc": "2.0", "id": request_id, **next(answers)}, separators=(",", ":"))
+        return Response(body, media_type="application/json")
+
+    with OddServer(answer) as server:
+        lean = LeanTaskGetter(server.target)
+        try:
+            by_aiohttp, second, third = [await lean.get_task("t-1") for _ in range(3)]
+            assert third is second and second.status_message is None and by_aiohttp is not second
+            moved, moved_again, faster = [await lean.get_task("t-1") for _ in range(3)]
+            assert moved is not second and moved.status_message == "moved"
+            assert moved_again is moved
+            assert faster is not moved and faster.poll_interval_ms == 5
+            noted, noted_again = [await lean.get_task("t-1") for _ in range(2)]
+            assert noted_again is not noted and noted_again == noted
+            with pytest.raises(InvalidResult, match="unknown task status"):
+                await lean.get_task("t-1")
+            back = await lean.get_task("t-1")
+            assert back.status_message is None and back.poll_interval_ms is None
+        finally:
+            await lean.aclose()
+
+
+async def test_requests_past_the_concurrency_limit_wait_for_aiohttps_connections_instead():
+    async def answer(request_id):
+        await asyncio.sleep(0.2)
+        return plain(request_id)
+
+    with OddServer(answer) as server:
+        lean = LeanTaskGetter(server.target, concurrency=2)
+        try:
+            await lean.get_task("t-1")
+            snapshots = await asyncio.gather(*(lean.get_task("t-1") for _ in range(6)))
+            assert all(snapshot.task_id == "t-1" for snapshot in snapshots)
+            assert len(lean._raw._idle) == 2, "never more raw connections than the limit"
+        finally:
+            await lean.aclose()

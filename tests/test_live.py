@@ -6,11 +6,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 import pytest
 from asgiref.sync import sync_to_async
 from catalogue_fixtures import with_tools
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
@@ -21,11 +23,14 @@ from helpers import free_port, snapshot
 
 from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
-from taskhub.live.consumer import CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
+from taskhub.live.consumer import CLOSE_HUB_LOST, CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
+from taskhub.live.groups import TASKS_GROUP, user_group
+from taskhub.live.hub import hub_for
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from tests.approval_fixtures import set_approver_groups
 from tests.conftest import PROJECT_DIR
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
 
@@ -76,7 +81,7 @@ def server(db):
 @pytest.fixture
 def other_server(db):
     other = create_server(name="beta", transport="http", url="http://127.0.0.1:9/other", user=None)
-    other.approver_groups.set([Group.objects.get_or_create(name="beta-approvers")[0]])
+    set_approver_groups(other, [Group.objects.get_or_create(name="beta-approvers")[0]])
     return other
 
 
@@ -236,7 +241,7 @@ async def test_approver_hears_input_requests_of_their_server_only(
     task_fragments(FragmentKind.INBOX, lambda task, user: f'<article id="card-{task.pk}"></article>')
     approver_of_alpha = await sync_to_async(user_in)(django_user_model, "amy", "approvers", "alpha-approvers")
     approver_of_beta_only = await sync_to_async(user_in)(django_user_model, "ben", "approvers", "beta-approvers")
-    await sync_to_async(server.approver_groups.set)([await sync_to_async(Group.objects.get)(name="alpha-approvers")])
+    await sync_to_async(set_approver_groups)(server, [await sync_to_async(Group.objects.get)(name="alpha-approvers")])
     amy, ben = await socket_for(approver_of_alpha), await socket_for(approver_of_beta_only)
     assert ">0</span>" in await connected(amy)
     await connected(ben)
@@ -256,7 +261,7 @@ async def test_watching_a_task_is_granted_only_to_who_may_see_it(
 ):
     task_fragments(FragmentKind.TASK, lambda task, user: f'<header id="task-{task.pk}">{task.status}</header>')
     outsider = await sync_to_async(user_in)(django_user_model, "ben", "approvers", "beta-approvers")
-    await sync_to_async(server.approver_groups.set)([await sync_to_async(Group.objects.get)(name="operators")])
+    await sync_to_async(set_approver_groups)(server, [await sync_to_async(Group.objects.get)(name="operators")])
     communicator = await socket_for(outsider)
     await connected(communicator)
 
@@ -289,7 +294,7 @@ def test_a_change_rendered_for_a_socket_asks_no_roles_again(operator, live_task)
     user, access = current_access(operator.pk)
     task = consumer._task_or_none(live_task.pk)
     with CaptureQueriesContext(connection) as queries:
-        html = consumer._render_change(task, (FragmentKind.TASK,), user, access, Sharing.USER)
+        html = "".join(consumer._render_parts(task, [(FragmentKind.TASK, Sharing.USER)], user, access))
     assert f'id="task-{live_task.pk}-header"' in html
     assert [query["sql"] for query in queries.captured_queries if '"auth_user_groups"' in query["sql"]] == []
 
@@ -330,7 +335,7 @@ async def test_sockets_of_one_audience_share_a_rendering_and_hear_only_the_tasks
     task_fragments(FragmentKind.INBOX, for_the_audience, Sharing.AUDIENCE)
     task_fragments(FragmentKind.INBOX, for_the_user)
     alpha_approvers = await sync_to_async(Group.objects.create)(name="alpha-approvers")
-    await sync_to_async(server.approver_groups.set)([alpha_approvers])
+    await sync_to_async(set_approver_groups)(server, [alpha_approvers])
     amy, amos, ben = [
         await sync_to_async(user_in)(django_user_model, name, "approvers", group)
         for name, group in (("amy", "alpha-approvers"), ("amos", "alpha-approvers"), ("ben", "beta-approvers"))
@@ -364,6 +369,100 @@ async def test_sockets_of_one_audience_share_a_rendering_and_hear_only_the_tasks
         await communicator.disconnect()
 
 
+async def test_one_change_renders_each_part_once_for_sockets_of_different_pages_and_roles(
+    socket_for, django_user_model, server, other_server, operator, live_task, task_fragments
+):
+    """olga (operator) has the list and the task's page open, oscar (operator) the list; amy approves for alpha (the
+    task's server), ben for beta only. The list's part is rendered once for both operators' three sockets (though
+    olga's detail socket asks for more), the task's page's once for olga, the inbox's once for amy; ben gets nothing."""
+    renders = Counter()
+
+    def list_part(task, user):
+        renders["list"] += 1
+        return f'<i id="list-{task.pk}"></i>'
+
+    def detail_part(task, user):
+        renders[f"detail {user.username}"] += 1
+        return f'<b id="detail-{task.pk}">{task.status_message}</b>'
+
+    def inbox_part(task, user):
+        renders["inbox"] += 1
+        return f'<u id="inbox-{task.pk}"></u>'
+
+    task_fragments(FragmentKind.TASKS, list_part, Sharing.AUDIENCE)
+    task_fragments(FragmentKind.TASK, detail_part)
+    task_fragments(FragmentKind.INBOX, inbox_part, Sharing.AUDIENCE)
+    await sync_to_async(set_approver_groups)(
+        server, [await sync_to_async(Group.objects.create)(name="alpha-approvers")]
+    )
+    oscar = await sync_to_async(user_in)(django_user_model, "oscar", "operators")
+    amy = await sync_to_async(user_in)(django_user_model, "amy", "approvers", "alpha-approvers")
+    ben = await sync_to_async(user_in)(django_user_model, "ben", "approvers", "beta-approvers")
+    tabs = {"olga list": operator, "olga detail": operator, "oscar list": oscar, "amy": amy, "ben": ben}
+    sockets = {name: await socket_for(user) for name, user in tabs.items()}
+    for communicator in sockets.values():
+        await connected(communicator)
+    await sockets["olga detail"].send_json_to({"watch": str(live_task.pk)})
+    assert f'id="detail-{live_task.pk}"' in await sockets["olga detail"].receive_from(timeout=5)
+    renders.clear()
+
+    await apply_snapshot(
+        task=live_task,
+        snapshot=snapshot("input_required", statusMessage="asking", inputRequests={"ok": APPROVAL_REQUEST}),
+    )
+    heard = {
+        name: await sockets[name].receive_from(timeout=5) for name in ("olga list", "olga detail", "oscar list", "amy")
+    }
+    assert f'<i id="list-{live_task.pk}"></i>' in heard["olga list"]
+    assert heard["oscar list"] == heard["olga list"]  # one audience: the same bytes
+    assert f'<b id="detail-{live_task.pk}">asking</b>' in heard["olga detail"]
+    assert f'<i id="list-{live_task.pk}"></i>' in heard["olga detail"]
+    assert f'id="task-{live_task.pk}-header"' in heard["olga detail"]  # the page's real sections
+    assert 'id="detail-' not in heard["olga list"] and 'id="inbox-' not in heard["olga list"]
+    assert f'<u id="inbox-{live_task.pk}"></u>' in heard["amy"]
+    assert 'id="list-' not in heard["amy"] and 'id="detail-' not in heard["amy"]
+    assert await sockets["ben"].receive_nothing(timeout=QUIET_SECONDS)
+    assert renders == {"list": 1, "detail olga": 1, "inbox": 1}
+    for communicator in sockets.values():
+        await communicator.disconnect()
+
+
+async def test_the_sockets_of_a_process_are_in_each_group_once_and_a_hub_that_stops_closes_them(
+    socket_for, operator, live_task
+):
+    layer = get_channel_layer()
+    sockets = [await socket_for(operator) for _ in range(3)]
+    for communicator in sockets:
+        await connected(communicator)
+    assert len(layer.groups[TASKS_GROUP]) == 1 and len(layer.groups[user_group(operator.pk)]) == 1
+
+    await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="halfway"))
+    for communicator in sockets:
+        assert 'id="nav-running-count"' in await communicator.receive_from(timeout=5)
+    await sockets[0].disconnect()
+    assert len(layer.groups[TASKS_GROUP]) == 1  # the other two are still in it
+
+    hub = hub_for(layer)
+    hub._stop(RuntimeError("the channel layer went away"))  # what its reader does when receive fails
+    for communicator in sockets[1:]:
+        assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_HUB_LOST}
+        await communicator.disconnect()
+
+
+async def test_the_last_socket_of_a_group_leaving_takes_the_process_out_of_it(socket_for, operator):
+    layer = get_channel_layer()
+    first, second = await socket_for(operator), await socket_for(operator)
+    await connected(first)
+    await connected(second)
+    await first.disconnect()
+    assert TASKS_GROUP in layer.groups
+    await second.disconnect()
+    pending = list(hub_for(layer)._changes.values())  # the discards, if not done yet
+    if pending:
+        await asyncio.wait(pending)
+    assert TASKS_GROUP not in layer.groups and user_group(operator.pk) not in layer.groups
+
+
 # --- access that changes while the socket is open ----------------------------------------------------
 
 
@@ -372,7 +471,7 @@ async def test_a_server_granted_after_connect_is_heard_and_one_revoked_is_not(
 ):
     task_fragments(FragmentKind.INBOX, lambda task, user: f'<article id="card-{task.pk}"></article>')
     alpha_approvers = await sync_to_async(Group.objects.create)(name="alpha-approvers")
-    await sync_to_async(server.approver_groups.set)([alpha_approvers])
+    await sync_to_async(set_approver_groups)(server, [alpha_approvers])
     carl = await sync_to_async(user_in)(django_user_model, "carl", "approvers")
     alpha_task = await database_sync_to_async(launched_on)(server, operator)
     communicator = await socket_for(carl)
@@ -444,7 +543,7 @@ def test_publish_with_redis_url_at_a_closed_port_in_a_fresh_process():
     code = (
         "import threading, uuid, django; django.setup()\n"
         "from taskhub.live import publish\n"
-        "publish.groups_for_task = lambda task_id: ['tasks']\n"
+        "publish.audience_of_task = lambda task_id: (['tasks'], 1)\n"
         "errors = []\n"
         "def run():\n"
         "    try: publish.publish_task_changed(uuid.uuid4())\n"
@@ -493,4 +592,7 @@ async def test_a_change_published_through_one_redis_layer_reaches_a_socket_on_an
         assert ">0</span>" in await communicator.receive_from(timeout=5)
         await communicator.disconnect()
     finally:
-        await other_process_layer.flush()
+        # Its connections were opened on the publishing loop (publish.py), and are closed there.
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(other_process_layer.flush(), publish._publisher_loop())
+        )

@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from taskhub.live import publish
+from taskhub.live.access import session_expiries, session_expiry
 from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
@@ -133,3 +134,28 @@ async def test_a_session_extended_meanwhile_keeps_its_socket(operator, open_sock
     await database_sync_to_async(extend)()
     assert await socket.receive_nothing(timeout=2.5)  # past the first expiry: checked again, extended
     assert await still_open(socket)
+
+
+def test_sessions_checked_together_answer_as_each_checked_alone(operator, django_user_model):
+    """The batch a process's sockets make when they re-check their sessions (two queries for any number)."""
+    other = django_user_model.objects.create_user("oscar")
+    clients = {name: signed_in_client(operator) for name in ("kept", "signed_out", "made_before_the_password")}
+    clients["oscars"] = signed_in_client(other)
+    keys = {name: client.session.session_key for name, client in clients.items()}
+    kept, signed_out = clients["kept"], clients["signed_out"]
+    signed_out.logout()
+    operator.set_password(PASSWORD)
+    operator.save()
+    kept.force_login(operator)  # signed in again after the change: a new key with the new password
+    keys["kept"] = kept.session.session_key
+    asked = [
+        (keys["kept"], operator.pk),
+        (keys["signed_out"], operator.pk),
+        (keys["made_before_the_password"], operator.pk),
+        (keys["oscars"], operator.pk),  # someone else's session
+        (keys["oscars"], other.pk),
+        (None, operator.pk),
+    ]
+    together = session_expiries(asked)
+    assert together == [session_expiry(key, user_id) for key, user_id in asked]
+    assert [expiry is not None for expiry in together] == [True, False, False, False, True, False]

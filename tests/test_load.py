@@ -48,6 +48,7 @@ from taskhub.mcp.client import HttpTarget, TasksClient
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.approval_fixtures import add_approver_groups
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -510,8 +511,8 @@ def test_a_flood_of_one_servers_requests_does_not_bury_another_servers_few(capsy
         create_server(name=name, transport="http", url=f"http://{name}.example/mcp", user=None)
         for name in ("flooder", "quiet")
     )
-    flooder.approver_groups.add(team)
-    quiet.approver_groups.add(team)
+    add_approver_groups(flooder, team)
+    add_approver_groups(quiet, team)
     ask = {"method": "elicitation/create", "params": {"message": "Refund?", "requestedSchema": {"type": "object"}}}
 
     def task_asking(server, keys):

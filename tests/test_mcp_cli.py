@@ -521,7 +521,6 @@ STDIO_REPLIES = {
 @pytest.mark.parametrize("kind", list(STDIO_REPLIES))
 def test_a_hostile_reply_over_stdio_is_one_protocol_error(kind: str) -> None:
     arguments = json.dumps({"taskId": f"{kind}-{uuid.uuid4().hex[:8]}"})
-    started = time.monotonic()
     completed = run_cli(
         "call",
         "--stdio",
@@ -530,12 +529,13 @@ def test_a_hostile_reply_over_stdio_is_one_protocol_error(kind: str) -> None:
         "--args",
         arguments,
         "--timeout",
-        "20",
+        "120",
         "--answer",
         '*={"action": "accept", "content": {}}',
     )
     assert_one_protocol_error(completed, STDIO_REPLIES[kind])
-    assert time.monotonic() - started < 15, "a prompt error, not the request timeout"
+    # The bad reply itself is the error, at once: not a request left waiting until the timeout gave up on it.
+    assert "no answer within" not in completed.stderr and "gave up after" not in completed.stderr, completed.stderr
 
 
 def test_a_cancel_the_server_never_confirms_is_waited_for_a_bounded_time(hostile: HostileServer) -> None:

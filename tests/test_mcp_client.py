@@ -199,7 +199,8 @@ async def test_polls_honour_poll_interval_ms():
         recorder = WireRecorder(server.url).start()
         try:
             async with TasksClient(HttpTarget(url=recorder.url)) as client:
-                task = await created_task(client, "progress", {"steps": 4, "step_ms": 300})
+                # Long enough for three polls even when the machine is slow to answer each.
+                task = await created_task(client, "progress", {"steps": 10, "step_ms": 300})
                 assert task.poll_interval_ms == 300
                 final = await until(client, task, lambda s: s.is_terminal)
                 assert final.status == "completed"

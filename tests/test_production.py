@@ -3,21 +3,18 @@ WhiteNoise, two daphne processes sharing live updates through Redis, and a worke
 
 import asyncio
 import re
-import subprocess
-import sys
 import urllib.request
-import uuid
 
 import aiohttp
 import pytest
 from account_fixtures import make_user
 from browser_fixtures import running_daphne
-from demo_process import PROJECT_ROOT, DemoServer
+from demo_process import DemoServer
 from helpers import wait_until
 from stack_fixtures import (
-    LOCAL_REDIS_URL,
     Workers,
     api_request,
+    production_environment,
     register_and_discover,
     session_cookie_for,
     worker_environment,
@@ -32,27 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def production_env(tmp_path):
-    static_root = tmp_path / "static"
-    env = {
-        "DJANGO_SETTINGS_MODULE": "taskhub.settings",
-        "DEBUG": "false",
-        "SECRET_KEY": "production-test-" + uuid.uuid4().hex,
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
-        "HTTPS_ONLY": "false",  # plain HTTP between the test and daphne; HTTPS is the proxy's job
-        "STATIC_ROOT": str(static_root),
-        "REDIS_URL": LOCAL_REDIS_URL,
-        "REDIS_CHANNEL_PREFIX": f"taskhub-prod-test-{uuid.uuid4().hex[:8]}",
-        "LOG_FORMAT": "json",
-    }
-    collect = subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput"],
-        cwd=PROJECT_ROOT,
-        env={**worker_environment(), **env},
-        capture_output=True,
-        text=True,
-    )
-    assert collect.returncode == 0, collect.stderr
-    return env
+    return production_environment(tmp_path / "static")
 
 
 def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(production_env, settings):

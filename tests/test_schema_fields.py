@@ -9,6 +9,7 @@ hostile schemas included; nothing here may raise.
 import json
 import re
 
+import jsonschema
 import pytest
 from account_fixtures import make_user
 from catalogue_fixtures import with_tools
@@ -36,6 +37,7 @@ from taskhub.mcp.schema_fields import (
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 from taskhub.tasks.schema_forms import answer_form, launch_form
+from tests.approval_fixtures import add_approver_groups
 
 
 def post(use, **values) -> QueryDict:
@@ -561,6 +563,27 @@ def test_validation_of_broken_schemas_gives_a_message_not_an_exception(schema, v
     assert message in validate(schema, values, TOOL)[""]
 
 
+def test_a_schema_is_checked_against_its_metaschema_once_and_its_values_every_time(monkeypatch):
+    # The metaschema check was most of an answer's validation time: it is kept per schema text; the values are not.
+    monkeypatch.setattr(schema_fields, "_schema_checks", {})
+    checks = []
+    check_schema = jsonschema.Draft202012Validator.check_schema
+    monkeypatch.setattr(
+        jsonschema.Draft202012Validator,
+        "check_schema",
+        classmethod(lambda cls, schema, **kw: checks.append(schema) or check_schema(schema, **kw)),
+    )
+    schema = obj({"n": {"type": "integer", "maximum": 3, "title": "checked once"}})
+    broken = obj({"n": {"type": "integr", "title": "checked once"}})
+    for _ in range(2):
+        assert validate(schema, {"n": 4}, TOOL) == {"n": "must be at most 3"}
+        assert validate(schema, {"n": 2}, TOOL) == {}
+        assert "not valid JSON Schema" in validate(broken, {"n": 2}, TOOL)[""]
+    assert checks == [schema, broken]
+    assert validate(obj({"n": {"type": "integer", "maximum": 5, "title": "checked once"}}), {"n": 4}, TOOL) == {}
+    assert len(checks) == 3  # another schema is checked on its own
+
+
 def test_validation_follows_local_refs_and_older_drafts():
     schema = {
         "type": "object",
@@ -670,7 +693,7 @@ JSON_ONLY_CASES = [
 def front(db):
     """A server whose tool `probe` and whose question ask for the same property `x`; a person who may do both."""
     server = create_server(name="probe-server", transport="http", url="http://127.0.0.1:9/mcp", user=None)
-    server.approver_groups.add(Group.objects.create(name="probers"))
+    add_approver_groups(server, Group.objects.create(name="probers"))
     person = make_user("pat", OPERATORS, APPROVERS, "probers")
     _, secret = create_token(user=person, name="tests")
     browser = Client()

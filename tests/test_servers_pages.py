@@ -21,6 +21,7 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
 from taskhub.worker import jobs
+from tests.approval_fixtures import add_approver_groups
 
 pytestmark = pytest.mark.django_db
 
@@ -67,7 +68,6 @@ def edit_form(server, **overrides):
         "command": server.command,
         "args": "\n".join(server.args),
         "enabled": "on" if server.enabled else None,
-        "approver_groups": [str(g.pk) for g in server.approver_groups.all()],
     }
     data.update(overrides)
     return {key: value for key, value in data.items() if value is not None}
@@ -142,7 +142,7 @@ def test_server_list_shows_health_endpoint_tools_and_groups(client, admin):
     )
     down = make_server(name="down", url="http://user:pw123@127.0.0.1:1/mcp", enabled=False)
     Server.objects.filter(pk=down.pk).update(unreachable_since=timezone.now(), last_error="refused")
-    ok.approver_groups.add(Group.objects.get(name=APPROVERS))
+    add_approver_groups(ok, Group.objects.get(name=APPROVERS))
 
     html = page(client.get(reverse("servers:list")))
     rows = {name: re.search(rf">{name}</a>.*?</tr>", html, re.S).group(0) for name in ("never", "ok", "down")}
@@ -159,17 +159,14 @@ def test_server_list_shows_health_endpoint_tools_and_groups(client, admin):
 
 
 def test_admin_adds_an_http_server_with_credentials_that_are_never_shown_back(client, admin):
-    group = Group.objects.get(name=APPROVERS)
     response = client.post(
-        reverse("servers:add"),
-        add_form(bearer_token=TOKEN, headers=f"X-Api-Key: {HEADER_VALUE}\n\n", approver_groups=[str(group.pk)]),
+        reverse("servers:add"), add_form(bearer_token=TOKEN, headers=f"X-Api-Key: {HEADER_VALUE}\n\n")
     )
     server = Server.objects.get(name="demo")
     assert response.status_code == 302
     assert response["Location"] == reverse("servers:detail", args=[server.pk])
     assert server.bearer_token == TOKEN
     assert server.headers == {"X-Api-Key": HEADER_VALUE}
-    assert list(server.approver_groups.all()) == [group]
 
     event = AuditEvent.objects.get(server=server, action="server.created")
     assert event.actor_label == "alex"
@@ -258,14 +255,8 @@ def test_editing_keeps_replaces_and_removes_credentials_and_audits_no_values(cli
     event = AuditEvent.objects.filter(server=server, action="server.updated").latest("id")
     assert event.data["changed"] == {"headers": "(secret changed)"}
 
-    # Remove one header and the token; rename; approver group.
-    group = Group.objects.get(name=APPROVERS)
-    response = client.post(
-        url,
-        edit_form(
-            server, name="demo2", remove_headers=["X-Api-Key"], remove_bearer_token="on", approver_groups=[group.pk]
-        ),
-    )
+    # Remove one header and the token; rename.
+    response = client.post(url, edit_form(server, name="demo2", remove_headers=["X-Api-Key"], remove_bearer_token="on"))
     assert response.status_code == 302
     server.refresh_from_db()
     assert server.name == "demo2"
@@ -276,7 +267,6 @@ def test_editing_keeps_replaces_and_removes_credentials_and_audits_no_values(cli
         "name": "demo2",
         "headers": "(secret changed)",
         "bearer_token": "(secret changed)",
-        "approver_groups": [APPROVERS],
     }
     for event in AuditEvent.objects.all():
         for secret in (TOKEN, HEADER_VALUE, "old-value", "kept-value"):
@@ -365,7 +355,7 @@ def test_detail_shows_capabilities_tools_health_and_credentials_as_set_or_not(cl
     assert "unreachable since" in html
     assert TOKEN not in html
     assert "Discover now" in html and reverse("servers:edit", args=[server.pk]) in html
-    assert "none: every approver may answer" in html
+    assert "no approval policy: every approver may answer" in html
 
 
 def test_unknown_server_is_404(client, admin):

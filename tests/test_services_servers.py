@@ -1,7 +1,6 @@
 """Server services: every change audited in its transaction, health audited only when it turns."""
 
 import pytest
-from django.contrib.auth.models import Group
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import Discovery
@@ -64,17 +63,11 @@ def test_names_are_unique(server):
 
 
 def test_update_server_names_changed_fields_and_hides_secret_values(server, admin):
-    approvers = Group.objects.get(name="approvers")  # created by the accounts migration
-    update_server(server=server, user=admin, enabled=False, bearer_token="n3w", approver_groups=[approvers])
+    update_server(server=server, user=admin, enabled=False, bearer_token="n3w")
     event = AuditEvent.objects.get(server=server, action="server.updated")
-    assert event.data["changed"] == {
-        "enabled": False,
-        "bearer_token": "(secret changed)",
-        "approver_groups": ["approvers"],
-    }
+    assert event.data["changed"] == {"enabled": False, "bearer_token": "(secret changed)"}
     server = Server.objects.get(pk=server.pk)
     assert (server.enabled, server.bearer_token) == (False, "n3w")
-    assert list(server.approver_groups.all()) == [approvers]
 
 
 def test_update_server_without_a_change_writes_nothing(server, admin):

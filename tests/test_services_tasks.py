@@ -280,6 +280,21 @@ def test_leaving_input_required_supersedes_what_is_still_open(live):
     assert states(live) == {"confirm": "superseded"}
 
 
+def test_a_poll_answered_before_a_stored_notification_changes_nothing(live):
+    """A poll in flight while the server moved on, answered after the notification of the move was stored: its
+    older `lastUpdatedAt` marks it stale, so the request stays open (superseded, it would never reopen)."""
+    asking = snapshot(
+        "input_required", inputRequests={"confirm": CONFIRM_REQUEST}, last_updated_at="2026-07-28T10:00:05Z"
+    )
+    assert services.apply_snapshot(task=live, snapshot=asking, source="notification") is True
+    stale = snapshot("working", statusMessage="still working", last_updated_at="2026-07-28T10:00:04.999Z")
+    assert services.apply_snapshot(task=live, snapshot=stale) is False
+    assert Task.objects.get(pk=live.pk).status == TaskStatus.INPUT_REQUIRED and states(live) == {"confirm": "open"}
+    # A time the peer leaves out, or one it writes unreadably, is not a reason to ignore what it says.
+    assert services.apply_snapshot(task=live, snapshot=snapshot("working", last_updated_at="yesterday")) is True
+    assert states(live) == {"confirm": "superseded"}
+
+
 def test_a_task_created_in_input_required_opens_its_requests(launched):
     task = services.record_launch_outcome(
         task=launched, outcome=TaskCreated(task=snapshot("input_required", inputRequests={"name": NAME_REQUEST}))

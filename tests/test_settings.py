@@ -84,6 +84,8 @@ def test_redis_url_selects_the_redis_channel_layer():
                 }
             ],
             "prefix": "taskhub",
+            # The live hub's one channel per process carries every group's messages (taskhub/live/hub.py).
+            "capacity": 2000,
         },
     }
 
@@ -94,7 +96,10 @@ def test_redis_channel_prefix_separates_deployments_sharing_one_redis():
 
 
 def test_in_memory_channel_layer_without_redis_url():
-    assert load_settings(SECRET_KEY="k")["CHANNEL_LAYER"] == {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+    assert load_settings(SECRET_KEY="k")["CHANNEL_LAYER"] == {
+        "BACKEND": "channels.layers.InMemoryChannelLayer",
+        "CONFIG": {"capacity": 2000},
+    }
 
 
 def test_production_defaults():
@@ -122,6 +127,16 @@ def test_debug_must_be_a_boolean(word):
     process = run_settings(DEBUG=word, SECRET_KEY="k")
     assert process.returncode != 0
     assert f"DEBUG={word!r} is not a boolean" in process.stderr
+
+
+@pytest.mark.parametrize("grace", ["-1", "41"])
+def test_the_dead_worker_grace_must_lie_within_the_settle_time(grace):
+    process = run_settings(
+        SECRET_KEY="k", TASKHUB_DELIVERY_SETTLE_SECONDS="40", TASKHUB_DEAD_WORKER_GRACE_SECONDS=grace
+    )
+    assert process.returncode != 0
+    assert "TASKHUB_DEAD_WORKER_GRACE_SECONDS must be between 0 and TASKHUB_DELIVERY_SETTLE_SECONDS" in process.stderr
+    assert run_settings(SECRET_KEY="k", TASKHUB_DEAD_WORKER_GRACE_SECONDS="0").returncode == 0, "0: no grace at all"
 
 
 def test_production_is_https_only_unless_told_otherwise():

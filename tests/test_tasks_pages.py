@@ -1,16 +1,21 @@
 """Task list, task detail and Cancel: filters, counts, paging, who sees what, cancel, result rendering, live."""
 
 import base64
+import datetime
 import importlib
+import json
 import re
+from io import StringIO
 
 import pytest
 from account_fixtures import make_user
 from asgiref.sync import sync_to_async
 from catalogue_fixtures import with_tools
 from django.contrib.auth.models import AnonymousUser, Group
-from django.db import connection
+from django.core.management import call_command
+from django.db import connection, transaction
 from django.urls import reverse
+from django.utils import timezone
 from helpers import snapshot
 
 from taskhub.accounts import permissions
@@ -20,10 +25,13 @@ from taskhub.live import task_fragments
 from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import TaskCreated, ToolCompleted
+from taskhub.observability.models import TaskStatusDelta
 from taskhub.servers.services import create_server
 from taskhub.tasks import presenters, queries, services
 from taskhub.tasks.models import Task
+from taskhub.tasks.views import listing
 from taskhub.tasks.views.listing import PAGE_SIZE
+from tests.approval_fixtures import set_approver_groups
 
 pytestmark = pytest.mark.django_db
 
@@ -59,14 +67,14 @@ def completed_with(server, user, result: dict) -> Task:
 @pytest.fixture
 def alpha():
     server = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
-    server.approver_groups.set([Group.objects.get_or_create(name="alpha-approvers")[0]])
+    set_approver_groups(server, [Group.objects.get_or_create(name="alpha-approvers")[0]])
     return server
 
 
 @pytest.fixture
 def beta():
     server = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
-    server.approver_groups.set([Group.objects.get_or_create(name="beta-approvers")[0]])
+    set_approver_groups(server, [Group.objects.get_or_create(name="beta-approvers")[0]])
     return server
 
 
@@ -219,23 +227,48 @@ def test_a_status_tab_filters_and_the_other_filters_change_the_counts(client, ol
 
 
 @pytest.mark.embedded
-def test_the_status_message_search_has_a_trigram_index_where_postgres_has_pg_trgm():
-    # The embedded Postgres has no pg_trgm: there the search above works without the index (a sequential scan).
+def test_the_search_has_its_trigram_index_where_postgres_has_pg_trgm_and_uses_it(alpha, olga, mixed):
+    # The embedded Postgres has no pg_trgm: there the search above works without an index (a sequential scan).
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")
         available = cursor.fetchone() is not None
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'task_status_message_trgm'")
-        index = cursor.fetchone()
-    if available:
-        assert index is not None and "gin (upper(status_message) gin_trgm_ops)" in index[0]
-    else:
-        assert index is None
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'tasks_task' AND indexdef LIKE '%gin_trgm_ops%'"
+        )
+        indexes = {row[0] for row in cursor.fetchall()}
+    # 0005's index on the status message alone is gone (0007): the search compares one text of every field.
+    assert indexes == ({"task_search_trgm", "task_tool_trgm"} if available else set())
+    if not available:
+        return
+    # On a few tasks the planner reads them all (a sequential scan, or another index in order with a filter); both
+    # forbidden, it shows which index answers each filter.
+    for filters, index, found in (
+        ({"q": "cop"}, "task_search_trgm", {"working", "done"}),
+        ({"tool": "epl"}, "task_tool_trgm", {"working", "failed", "launching", "asking"}),
+    ):
+        tasks, _ = queries.filtered_tasks(queries.TaskFilterForm(filters, user=olga), olga)
+        assert {task.pk for task in tasks} == {mixed[name].pk for name in found}
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("SET LOCAL enable_indexscan = off")
+            plan = tasks.explain()
+        assert f"Bitmap Index Scan on {index}" in plan, plan
+
+
+def test_the_tasks_command_searches_like_the_page(mixed):
+    def found(text: str) -> set[str]:
+        out = StringIO()
+        call_command("tasks", "--json", "--q", text, stdout=out)
+        return {row["id"] for row in json.loads(out.getvalue())}
+
+    assert found("cop") == {str(mixed["working"].pk), str(mixed["done"].pk)}  # the status message
+    assert found("BACKUP") == {str(mixed["done"].pk)}  # the tool, which the status message does not name
 
 
 def test_a_filter_value_that_does_not_fit_is_reported_and_left_out(client, olga, mixed):
     response = signed_in(client, olga).get(reverse("tasks:list"), {"server": "999999", "tool": "deploy"})
     assert response.status_code == 200
-    assert "Select a valid choice" in response.content.decode()
+    assert "There is no server with that id" in response.content.decode()
     assert len(row_ids(response)) == 4  # the tool filter still applies
     response = client.get(reverse("tasks:list"), {"status": "bogus"})
     assert response.status_code == 200 and len(row_ids(response)) == 6
@@ -257,6 +290,49 @@ def test_the_list_is_paginated_and_the_pages_keep_the_filters(client, alpha, olg
     other = client.get(reverse("tasks:list"), {"tool": "bulk", "status": "other"})
     assert "Page 1 of 2 · tasks 1\N{EN DASH}50 of 53" in other.content.decode()
     assert len(row_ids(client.get(reverse("tasks:list"), {"tool": "bulk", "page": "zzz"}))) == PAGE_SIZE
+
+
+def test_the_tabs_unfiltered_or_by_server_read_the_kept_counts_and_other_filters_count_tasks(
+    client, olga, alpha, mixed
+):
+    # A row of changes no task stands behind: the tabs that show it read the counts the triggers keep.
+    TaskStatusDelta.objects.create(server_id=alpha.pk, status="failed", delta=5)
+    client = signed_in(client, olga)
+    assert tab_counts(client.get(reverse("tasks:list")))["failed"] == 6
+    assert tab_counts(client.get(reverse("tasks:list"), {"server": alpha.pk}))["failed"] == 5
+    assert tab_counts(client.get(reverse("tasks:list"), {"tool": "deploy"}))["failed"] == 1
+    TaskStatusDelta.objects.create(server_id=alpha.pk, status="working", delta=2)
+    assert 'aria-label="running tasks">5</span>' in client.get(reverse("tasks:list"), {"tool": "x"}).content.decode()
+
+
+def test_past_the_cap_a_filtered_list_says_so_rather_than_count_every_task(client, olga, mixed, monkeypatch):
+    monkeypatch.setattr(queries, "COUNT_CAP", 3)
+    monkeypatch.setattr(listing, "COUNT_CAP", 3)
+    client = signed_in(client, olga)
+    response = client.get(reverse("tasks:list"), {"tool": "deploy"})  # four tasks
+    html = response.content.decode()
+    assert '<span class="count">3+</span>' in html.split('data-tab="all"')[1].split("</a>")[0]
+    assert tab_counts(response) == {}
+    assert "More than 3 tasks match these filters" in html
+    assert len(row_ids(response)) == 4
+    # the tab asked for is counted on its own, exactly below the cap
+    response = client.get(reverse("tasks:list"), {"tool": "deploy", "status": "failed"})
+    assert tab_counts(response) == {"failed": 1} and row_ids(response) == [str(mixed["failed"].pk)]
+    # below the cap every count is exact, and nothing is said
+    response = client.get(reverse("tasks:list"), {"tool": "backup"})
+    assert tab_counts(response)["all"] == 1 and tab_counts(response)["completed"] == 1
+    assert "More than" not in response.content.decode()
+
+
+def test_past_the_cap_the_pager_names_no_last_page(client, alpha, olga, monkeypatch):
+    monkeypatch.setattr(queries, "COUNT_CAP", PAGE_SIZE + 1)
+    monkeypatch.setattr(listing, "COUNT_CAP", PAGE_SIZE + 1)
+    with_tools(alpha, "bulk")
+    for _ in range(PAGE_SIZE + 3):
+        services.launch(server=alpha, tool="bulk", arguments={}, user=olga)
+    first = signed_in(client, olga).get(reverse("tasks:list"), {"tool": "bulk"}).content.decode()
+    assert f"Page 1 · tasks 1\N{EN DASH}50 of more than {PAGE_SIZE + 1}" in first
+    assert 'href="/tasks/?tool=bulk&amp;page=2"' in first
 
 
 def test_the_list_escapes_status_messages_and_keeps_them_to_one_line(client, alpha, olga):
@@ -360,6 +436,28 @@ def test_a_task_that_completes_after_a_cancel_says_finished_anyway(client, alpha
     services.apply_snapshot(task=task, snapshot=snapshot("completed", task_id=task.remote_task_id, result={}))
     html = signed_in(client, olga).get(reverse("tasks:detail", args=[task.pk])).content.decode()
     assert "Finished anyway" in html and "Cancel requested" not in html
+
+
+def test_a_cancel_the_server_was_told_of_while_it_still_reports_working_says_so_live(client, alpha, olga):
+    task = durable(alpha, olga)
+    services.request_cancel(task=task, user=olga)
+    header = task_fragments.detail_sections(Task.objects.get(pk=task.pk), olga).split("</header>")[0]
+    assert "Cancel requested</strong> by olga" in header and "still reports" not in header  # not told yet
+
+    services.mark_cancel_delivered(task=task)
+    Task.objects.filter(pk=task.pk).update(cancel_requested_at=timezone.now() - datetime.timedelta(minutes=3))
+    services.apply_snapshot(task=task, snapshot=snapshot(task_id=task.remote_task_id, statusMessage="still going"))
+    task = Task.objects.get(pk=task.pk)
+    header = task_fragments.detail_sections(task, olga).split("</header>")[0]
+    words = " ".join(re.sub(r"<[^>]+>", "", header).split())
+    assert "Cancel requested 3 minutes ago; the server still reports working. olga asked;" in words
+
+    # The same words on the page, until the task ends.
+    html = signed_in(client, olga).get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    assert "the server still reports working" in html
+    services.apply_snapshot(task=task, snapshot=snapshot("cancelled", task_id=task.remote_task_id))
+    html = signed_in(client, olga).get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    assert "still reports working" not in html and "Cancelled as olga asked" in html
 
 
 def test_htmx_cancel_gets_the_header_fragment(client, alpha, olga):

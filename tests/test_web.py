@@ -15,7 +15,10 @@ def test_home_page_says_what_taskhub_is(client, django_user_model):
     response = client.get("/")
     assert response.status_code == 200
     page = response.content.decode()
-    assert "The control room for long-running MCP tool calls" in page
+    # signed in: the dashboard (tests/test_dashboard.py); anonymous: what taskhub is
+    assert 'id="dashboard"' in page and "The control room for long-running MCP tool calls" not in page
+    client.logout()
+    assert "The control room for long-running MCP tool calls" in client.get("/").content.decode()
     for nav_item in ("Tasks", "Inbox", "Launch", "Servers", "Audit"):
         assert nav_item in page
     assert 'id="live-indicator"' in page

@@ -22,7 +22,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from catalogue_fixtures import with_tools
 from demo_process import DemoServer
 from django.db import connection, transaction
-from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from helpers import free_port, wait_until
 from hostile_fixtures import register
@@ -30,6 +30,7 @@ from hostile_server import HostileServer, Silence
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
 from procrastinate.jobs import Job
+from stack_fixtures import due_jobs, run_worker_until_idle
 from wire_recorder import WireRecorder
 
 from taskhub.audit.models import AuditEvent
@@ -40,9 +41,10 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
-from taskhub.worker import clients, jobs, slots, sweeps
+from taskhub.worker import clients, heartbeats, jobs, slots, sweeps
+from taskhub.worker.models import WorkerHeartbeat
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 
 run = async_to_sync
 
@@ -57,13 +59,6 @@ def recorder(demo):
     proxy = WireRecorder(demo.url).start()
     yield proxy
     proxy.stop()
-
-
-@pytest.fixture(autouse=True)
-def empty_job_queue():
-    # procrastinate's tables are not Django-managed, so the test database flush leaves them alone.
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM procrastinate_periodic_defers; DELETE FROM procrastinate_jobs")
 
 
 @pytest.fixture
@@ -104,29 +99,6 @@ def tool_calls(recorder: WireRecorder, tool: str, marker: str | None = None) -> 
 
 def demo_stats(demo: DemoServer) -> dict:
     return httpx2.get(f"http://127.0.0.1:{demo.port}/demo/stats").json()
-
-
-def due_jobs() -> int:
-    now = timezone.now()
-    todo = ProcrastinateJob.objects.filter(status="todo")
-    return todo.filter(Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now)).count()
-
-
-async def run_worker_until_idle(timeout: float = 30, concurrency: int = 4) -> None:
-    """A real procrastinate worker, on its own connector as in production, until no job is due.
-
-    With wait=False a worker stops at the first empty fetch, even while a running job defers the next
-    one; so it runs again as long as jobs are due.
-    """
-    async with asyncio.timeout(timeout):
-        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
-            async with worker_app.open_async():
-                while True:
-                    await worker_app.run_worker_async(
-                        wait=False, concurrency=concurrency, install_signal_handlers=False, listen_notify=False
-                    )
-                    if not await sync_to_async(due_jobs)():
-                        return
 
 
 def follow(task: Task, until, timeout: float = 15) -> Task:
@@ -382,7 +354,7 @@ def test_an_answer_is_delivered_once_per_key_even_when_the_job_runs_twice(server
     answer = {"action": "accept", "content": {"approved": True, "reason": "looks good"}}
     services.answer_input(input_request=approve, response=answer, user=approver)
     [job] = jobs_of("taskhub.deliver_answer")
-    assert job.args == {"input_request_id": approve.pk} and job.lock == f"answer:{approve.pk}"
+    assert job.args == {"input_request_id": approve.pk, "server_id": server.pk} and job.lock == f"answer:{approve.pk}"
     TaskPoll.objects.filter(task=task).update(next_poll_at=timezone.now() + datetime.timedelta(hours=1))
 
     assert run(jobs.deliver)(approve.pk) == "delivered"
@@ -396,6 +368,193 @@ def test_an_answer_is_delivered_once_per_key_even_when_the_job_runs_twice(server
     assert TaskPoll.objects.get(task=task).next_poll_at <= timezone.now()  # the tracker polls it at once
     task = follow(task, lambda t: t.is_terminal)
     assert task.result["content"][0]["text"] == "approved: ship (reason: looks good)"
+
+
+def test_an_interrupted_delivery_is_confirmed_at_once_if_received_and_never_resent_before_it_settles(
+    server, operator, approver, demo
+):
+    """A worker claimed two answers and died: it had sent the first, not the second. Its recovered jobs ask the server
+    at once: the first is recorded as received without waiting for the attempt to settle; the second may still be
+    in a request the server holds, so it is not sent before then."""
+    sent, cut_off = approval_waiting(server, operator), approval_waiting(server, operator)
+    answer = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
+    requests = {}
+    for task in (sent, cut_off):
+        request = InputRequest.objects.get(task=task, key="approve")
+        services.answer_input(input_request=request, response=answer, user=approver)
+        request.refresh_from_db()
+        assert services.claim_delivery(input_request=request)  # the dead worker's claim
+        requests[task.pk] = request
+
+    async def the_dead_worker_sends(target, remote_task_id: str, response: dict) -> None:
+        async with TasksClient(target) as client:
+            await client.update_task(remote_task_id, {"approve": response})
+
+    run(the_dead_worker_sends)(server.to_target(), sent.remote_task_id, requests[sent.pk].answer)
+
+    assert run(jobs.deliver)(requests[sent.pk].pk, last_attempt=False) == "already received"
+    with pytest.raises(jobs.NotBefore) as settling:
+        run(jobs.deliver)(requests[cut_off.pk].pk, last_attempt=False)
+    attempted = InputRequest.objects.get(pk=requests[cut_off.pk].pk).delivery_attempted_at
+    assert settling.value.retry_at == attempted + datetime.timedelta(seconds=jobs.DELIVERY_SETTLE_SECONDS)
+
+    deliveries = demo_stats(demo)["deliveries"]
+    assert deliveries[f"{sent.remote_task_id}/approve"] == 1
+    assert f"{cut_off.remote_task_id}/approve" not in deliveries
+    assert InputRequest.objects.get(pk=requests[sent.pk].pk).state == InputRequestState.DELIVERED
+    assert InputRequest.objects.get(pk=requests[cut_off.pk].pk).state == InputRequestState.ANSWERED
+    delivered = AuditEvent.objects.get(task_id=sent.pk, action="input.delivered")
+    assert delivered.data["confirmed_by"] == jobs.CONFIRMED_AFTER_INTERRUPTION
+
+
+def beat(owner: str, *, seconds_ago: float = 0.0, taken_over_seconds_ago: float | None = None) -> None:
+    """`owner`'s heartbeat row: its last beat, and when another worker found it dead (None: not found dead)."""
+    now = timezone.now()
+    at = now - datetime.timedelta(seconds=seconds_ago)
+    taken_over_at = None if taken_over_seconds_ago is None else now - datetime.timedelta(seconds=taken_over_seconds_ago)
+    WorkerHeartbeat.objects.update_or_create(
+        owner=owner, defaults={"started_at": at, "beat_at": at, "taken_over_at": taken_over_at}
+    )
+
+
+def as_worker(owner: str, job):
+    """`job`, run as if in the `manage.py worker` named `owner` (the name its deliveries record and are fenced by)."""
+
+    async def in_worker(*args, **kwargs):
+        # Reset after: async_to_sync copies the context back into the test's thread, and the next tests run there.
+        running_as = heartbeats.RUNNING_AS.set(owner)
+        try:
+            return await job(*args, **kwargs)
+        finally:
+            heartbeats.RUNNING_AS.reset(running_as)
+
+    return in_worker
+
+
+def answered_approval(server, operator, approver) -> InputRequest:
+    task = approval_waiting(server, operator)
+    request = InputRequest.objects.get(task=task, key="approve")
+    services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver)
+    return InputRequest.objects.select_related("task__server").get(pk=request.pk)
+
+
+APPROVE_ANSWER = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
+
+
+def test_a_dead_workers_cut_off_deliveries_settle_a_grace_after_its_death_was_found(server, operator, approver, demo):
+    """The worker `doomed` claimed two answers and was killed: it had sent the first, not the second. Once another
+    worker found it dead, its attempts settle after the short grace, not the long settle time: the first is confirmed
+    received (not sent again), the second sent, once, by the job's next run."""
+    sent, cut_off = (answered_approval(server, operator, approver) for _ in range(2))
+    beat("doomed")
+    for request in (sent, cut_off):
+        assert jobs._claim(request, owner="doomed")
+    assert InputRequest.objects.get(pk=cut_off.pk).delivery_attempted_by == "doomed"
+
+    async def the_doomed_worker_sends(target, remote_task_id: str) -> None:
+        async with TasksClient(target) as client:
+            await client.update_task(remote_task_id, {"approve": APPROVE_ANSWER})
+
+    run(the_doomed_worker_sends)(server.to_target(), sent.task.remote_task_id)
+    beat("rescuer", seconds_ago=-60)  # a row a minute ahead: the beats a live worker makes meanwhile
+    beat("doomed", seconds_ago=7, taken_over_seconds_ago=0)  # found dead just now
+    started = time.monotonic()
+    assert run(as_worker("rescuer", jobs.deliver))(sent.pk, last_attempt=False) == "already received"
+    assert run(as_worker("rescuer", jobs.deliver))(cut_off.pk, last_attempt=False) == "delivered"
+    took = time.monotonic() - started
+
+    assert jobs.DEAD_WORKER_GRACE_SECONDS - 0.5 <= took < jobs.DEAD_WORKER_GRACE_SECONDS + 5, took
+    assert took < jobs.DELIVERY_SETTLE_SECONDS - 3, took
+    deliveries = demo_stats(demo)["deliveries"]
+    assert (
+        deliveries[f"{sent.task.remote_task_id}/approve"] == deliveries[f"{cut_off.task.remote_task_id}/approve"] == 1
+    )
+    cut_off.refresh_from_db()
+    assert cut_off.state == InputRequestState.DELIVERED and cut_off.delivery_attempted_by == "rescuer"
+    confirmed = AuditEvent.objects.get(task_id=sent.task_id, action="input.delivered")
+    assert confirmed.data["confirmed_by"] == jobs.CONFIRMED_AFTER_INTERRUPTION
+
+
+def test_a_paused_worker_never_sends_an_answer_once_its_delivery_was_taken_over(server, operator, approver, demo):
+    """The worker `sleeper` claimed an answer and froze before sending it. While it is alive, another job leaves the
+    answer to it (the long settle); a beat late, it may not send itself; found dead, its delivery is taken over and
+    sent by `rescuer`; woken up afterwards (beating again), it sends nothing: its claim is no longer there."""
+    request = answered_approval(server, operator, approver)
+    beat("sleeper")
+    beat("rescuer", seconds_ago=-60)  # a row a minute ahead: the beats a live worker makes meanwhile
+    assert jobs._claim(request, owner="sleeper")
+    attempted_at = request.delivery_attempted_at
+
+    with pytest.raises(jobs.NotBefore) as left_to_it:
+        run(as_worker("rescuer", jobs.deliver))(request.pk, last_attempt=False)
+    assert left_to_it.value.retry_at == attempted_at + datetime.timedelta(seconds=jobs.DELIVERY_SETTLE_SECONDS)
+
+    async def the_sleeper_wakes_and_sends() -> None:
+        # Its job resumes where it froze, just before tasks/update, a minute after its claim.
+        async with clients.job_client(server.to_target(), timeout=5) as client:
+            paused_since = jobs.claim_clock() - 60
+            await jobs._send_answer(client, request, claimed_at=paused_since, owner="sleeper")
+
+    beat("sleeper", seconds_ago=heartbeats.FRESH_BEAT.total_seconds() + 1)  # late, not dead yet
+    with pytest.raises(jobs.NotBefore) as late:
+        run(the_sleeper_wakes_and_sends)()
+    assert late.value.retry_at <= timezone.now() + heartbeats.FRESH_BEAT
+
+    beat("sleeper", seconds_ago=8, taken_over_seconds_ago=jobs.DEAD_WORKER_GRACE_SECONDS)
+    assert run(as_worker("rescuer", jobs.deliver))(request.pk, last_attempt=False) == "delivered"
+    beat("sleeper")  # it wakes and beats again: alive, and free to claim, but its claim was taken over
+    with pytest.raises(jobs.NotBefore):
+        run(the_sleeper_wakes_and_sends)()
+
+    assert demo_stats(demo)["deliveries"][f"{request.task.remote_task_id}/approve"] == 1
+    request.refresh_from_db()
+    assert request.state == InputRequestState.DELIVERED and request.delivery_attempted_by == "rescuer"
+
+
+def test_a_claim_grown_old_before_sending_is_renewed_then_sent(server, operator, approver, demo):
+    """Connecting took longer than a claim holds (the worker beats on): it claims again, and sends."""
+    request = answered_approval(server, operator, approver)
+    beat("slow", seconds_ago=-60)  # a row a minute ahead: the beats a live worker makes meanwhile
+    assert jobs._claim(request, owner="slow")
+    first_claim = request.delivery_attempted_at
+
+    async def send_long_after_the_claim() -> None:
+        async with clients.job_client(server.to_target(), timeout=5) as client:
+            claimed_at = jobs.claim_clock() - heartbeats.CLAIM_HOLDS_SECONDS - 1
+            await jobs._send_answer(client, request, claimed_at=claimed_at, owner="slow")
+
+    run(send_long_after_the_claim)()
+    assert demo_stats(demo)["deliveries"][f"{request.task.remote_task_id}/approve"] == 1
+    renewed = InputRequest.objects.get(pk=request.pk)
+    assert renewed.delivery_attempted_at > first_claim and renewed.delivery_attempted_by == "slow"
+
+
+def test_a_first_delivery_claims_and_reads_its_answer_in_one_statement(server, operator, approver, demo):
+    """The job carries its server's id: with that server's share known in this worker (its launches read it), the
+    slot is taken first and the claim is the one statement that also reads the answer, its task and its server."""
+    request, not_beating = answered_approval(server, operator, approver), answered_approval(server, operator, approver)
+    slots.SLOTS.share(server)
+    beat("quick", seconds_ago=-60)
+    with CaptureQueriesContext(connection) as queries:
+        loaded, claimed, slot = jobs._answer_to_deliver(request.pk, "quick", server.pk)
+    slot.release()
+    assert claimed and [query["sql"].split()[0] for query in queries.captured_queries] == ["UPDATE"]
+    assert (loaded.key, loaded.answer, loaded.delivery_attempted_by) == ("approve", APPROVE_ANSWER, "quick")
+    assert loaded.task.remote_task_id == request.task.remote_task_id
+    assert loaded.task.server.to_target().url == server.to_target().url and loaded.task.server.name == "demo"
+    assert InputRequest.objects.get(pk=request.pk).delivery_attempted_at == loaded.delivery_attempted_at
+
+    # Claimed already, it is no first send: read, and left to the job's checks, as a job without the server's id is.
+    again, claimed_again, slot = jobs._answer_to_deliver(request.pk, "quick", server.pk)
+    assert not claimed_again and not slot.held and again.delivery_attempted_at == loaded.delivery_attempted_at
+    # A worker whose beat is late claims nothing this way either.
+    beat("late", seconds_ago=heartbeats.FRESH_BEAT.total_seconds() + 1)
+    _, claimed_late, slot = jobs._answer_to_deliver(not_beating.pk, "late", server.pk)
+    slot.release()
+    assert not claimed_late
+    assert InputRequest.objects.get(pk=not_beating.pk).delivery_attempted_at is None
+    assert run(as_worker("quick", jobs.deliver))(not_beating.pk, server_id=server.pk) == "delivered"
+    assert demo_stats(demo)["deliveries"][f"{not_beating.task.remote_task_id}/approve"] == 1
 
 
 def test_deliveries_in_one_worker_share_one_connected_client(server, operator, approver, demo, recorder):
@@ -531,12 +690,19 @@ def test_a_cancel_is_delivered_once_and_the_task_polled_at_once(server, operator
     assert follow(task, lambda t: t.is_terminal).status == TaskStatus.CANCELLED
 
 
-def test_a_cancel_waits_while_the_task_is_launching(server, operator):
+def test_a_cancel_waits_while_the_tool_call_is_under_way(server, operator):
+    # (A cancel before the call is sent ends the task at once: tests/test_launch_feedback.py.)
     task = launched(server, operator, "long", {"seconds": 30})
+    call = services.mark_launch_sent(task=task)  # the launch job is sending tools/call now
     services.request_cancel(task=task, user=operator)
     with pytest.raises(jobs.LaunchPending):
         run(jobs.cancel)(task.id, last_attempt=False)
-    run(jobs.launch)(task.id)
+
+    async def send() -> TaskCreated:
+        async with TasksClient(server.to_target(), timeout=10) as client:
+            return await client.call_tool(call.tool, call.arguments)
+
+    services.record_launch_outcome(task=task, outcome=run(send)())  # what the launch job does with the answer
     assert run(jobs.cancel)(task.id, last_attempt=False) == "delivered"
     assert follow(task, lambda t: t.is_terminal).status == TaskStatus.CANCELLED
 
@@ -647,7 +813,7 @@ def test_retention_deletes_old_finished_tasks_and_keeps_their_audit(server, oper
 
 
 @contextlib.contextmanager
-def worker_in_thread(*, concurrency: int) -> Iterator[None]:
+def worker_in_thread(*, concurrency: int, **options) -> Iterator[None]:
     """A procrastinate worker running until the block ends, on a thread and loop of its own (as `manage.py worker`
     runs its jobs: notified of new jobs, its connector its own); its jobs still running at the end are cancelled."""
     started = threading.Event()
@@ -659,7 +825,7 @@ def worker_in_thread(*, concurrency: int) -> Iterator[None]:
             async with worker_app.open_async():
                 runner = asyncio.create_task(
                     worker_app.run_worker_async(
-                        concurrency=concurrency, install_signal_handlers=False, shutdown_graceful_timeout=1
+                        concurrency=concurrency, install_signal_handlers=False, shutdown_graceful_timeout=1, **options
                     )
                 )
                 started.set()
@@ -678,6 +844,23 @@ def worker_in_thread(*, concurrency: int) -> Iterator[None]:
         state["loop"].call_soon_threadsafe(state["stop"].set)
         thread.join(20)
         assert not thread.is_alive()
+
+
+def test_an_idle_worker_is_woken_for_an_answer_by_its_jobs_notify_not_by_polling(server, operator, approver, demo):
+    """procrastinate LISTENs for new jobs (the insert's trigger NOTIFYs at commit): a worker that would look for jobs
+    only once an hour delivers an answer given while it waits (bench/approval.py: answer stored -> job started)."""
+    task = approval_waiting(server, operator)
+    request = InputRequest.objects.get(task=task, key="approve")
+    with worker_in_thread(concurrency=2, fetch_job_polling_interval=3600):
+        # Once the jobs it starts with (the periodic ones) are done, it has found the queue empty and waits.
+        busy = ProcrastinateJob.objects.filter(status__in=["todo", "doing"])
+        wait_until(lambda: not busy.exists(), what="the worker idle")
+        services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver)
+        wait_until(
+            lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED,
+            what="the answer delivered by the worker, woken by the job's notify",
+        )
+    assert demo_stats(demo)["deliveries"][f"{task.remote_task_id}/approve"] == 1
 
 
 @pytest.fixture

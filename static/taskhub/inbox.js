@@ -76,6 +76,7 @@
         return;
       }
       if (current) {
+        if (window.taskhubKeepOrdinal) window.taskhubKeepOrdinal(current, card);
         current.replaceWith(card);
       } else if (previous && previous.parentNode === target) {
         previous.after(card);
@@ -104,8 +105,71 @@
       var shown = document.getElementById(id);
       if (now && shown) shown.replaceWith(now);
     });
+    mergeLikeGroups(holder.content.getElementById("inbox-like"));
+    pruneLikeGroups();
     if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
   }
+
+  // The groups of like requests (templates/tasks/like_group.html) follow the list: a new group is added, a group
+  // gone is removed, and a group whose requests changed gets the new list and count but keeps its form fields,
+  // where someone may be typing (the ticks of requests still in it are kept too).
+  function mergeLikeGroups(fresh) {
+    var shown = document.getElementById("inbox-like");
+    if (!fresh || !shown) return;
+    var wanted = {};
+    Array.prototype.forEach.call(fresh.querySelectorAll(".like-group"), function (group) {
+      wanted[group.id] = true;
+      var current = document.getElementById(group.id);
+      if (!current) {
+        shown.appendChild(group);
+        if (window.htmx) window.htmx.process(group);
+        return;
+      }
+      if (current.dataset.ids === group.dataset.ids) return;
+      var unticked = {};
+      current.querySelectorAll(".like-list input[name=request]").forEach(function (box) {
+        if (!box.checked) unticked[box.value] = true;
+      });
+      var list = group.querySelector(".like-list");
+      list.querySelectorAll("input[name=request]").forEach(function (box) {
+        if (unticked[box.value]) box.checked = false;
+      });
+      current.querySelector(".like-list").replaceWith(list);
+      current.querySelector(".like-count").textContent = group.querySelector(".like-count").textContent;
+      current.dataset.ids = group.dataset.ids;
+    });
+    Array.prototype.forEach.call(shown.querySelectorAll(".like-group"), function (group) {
+      if (!wanted[group.id]) group.remove();
+    });
+  }
+
+  // A request answered on its own card (here or by a colleague, pushed live) leaves its group at once; a group left
+  // with fewer than two goes, since its request still has its card.
+  function pruneLikeGroups() {
+    document.querySelectorAll(".like-group").forEach(function (group) {
+      var ids = (group.dataset.ids || "").split(",").filter(function (id) {
+        var card = document.getElementById("ir-" + id);
+        if (card && card.dataset.state !== "open") {
+          var box = group.querySelector(".like-list input[name=request][value='" + id + "']");
+          var item = box ? box.closest("li") : null;
+          if (item) item.remove();
+          return false;
+        }
+        return id !== "";
+      });
+      if (ids.length < 2) {
+        group.remove();
+        return;
+      }
+      group.dataset.ids = ids.join(",");
+      var count = group.querySelector(".like-count");
+      if (count) count.textContent = String(ids.length);
+    });
+  }
+
+  document.addEventListener("htmx:afterSwap", function () { pruneLikeGroups(); });
+  document.addEventListener("htmx:oobAfterSwap", function () { window.setTimeout(pruneLikeGroups, 0); });
+  document.addEventListener("htmx:wsAfterMessage", function () { pruneLikeGroups(); });
 
   // The signal the socket pushes when a task with requests changes (templates/tasks/inbox.html#live-signal):
   // with requests open, cards may be new. (live.js puts its closed cards in place.)

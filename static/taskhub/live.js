@@ -56,9 +56,33 @@
       var shown = element.id && document.getElementById(element.id);
       if (!shown) return;
       var fresh = document.importNode(element, true);
+      keepOrdinal(shown, fresh);
       shown.replaceWith(fresh);
       if (window.htmx) window.htmx.process(fresh);
     });
+  });
+
+  // "request 2 of 3" numbers the cards of one task that the page shows together; a card rendered alone to replace
+  // one of them (closed live, or answered through htmx) cannot know its siblings, so it keeps the number shown.
+  function keepOrdinal(shown, fresh) {
+    var before = shown.querySelector(".ir-ordinal-slot");
+    var after = fresh.querySelector && fresh.querySelector(".ir-ordinal-slot");
+    if (before && after && !after.children.length && before.children.length) after.innerHTML = before.innerHTML;
+  }
+  window.taskhubKeepOrdinal = keepOrdinal;
+  var ordinals = {};
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    if (target && target.id && target.classList && target.classList.contains("ir-card")) {
+      ordinals[target.id] = target.cloneNode(true);
+    }
+  });
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    if (!target || !target.id || !ordinals[target.id]) return;
+    var swapped = document.getElementById(target.id);
+    if (swapped) keepOrdinal(ordinals[target.id], swapped);
+    delete ordinals[target.id];
   });
 
   document.addEventListener("htmx:wsClose", function (event) {

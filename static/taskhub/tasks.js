@@ -106,8 +106,45 @@
     if ((shown.dataset.version || "") > (row.dataset.version || "")) return;
     var fresh = document.importNode(row, true);
     fresh.classList.add(FRESH_CLASS);
+    // The signal's row has no tick box (it goes to everyone): the shown row's box moves over, ticked or not.
+    var pick = shown.querySelector("td.task-pick");
+    if (pick && !fresh.querySelector("td.task-pick")) fresh.insertBefore(pick, fresh.firstChild);
     shown.replaceWith(fresh);
   }
+
+  // Ticked rows (for "Cancel ticked…") stay ticked when the live list is fetched again.
+  var ticked = {};
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (box.matches && box.matches("td.task-pick input[name='ids']")) ticked[box.value] = box.checked;
+  });
+  function retick(container) {
+    container.querySelectorAll("td.task-pick input[name='ids']").forEach(function (box) {
+      if (ticked[box.value]) box.checked = true;
+    });
+  }
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (event.target && event.target.id === "task-results") retick(event.target);
+  });
+  // The table may be swapped at the very moment of the click: the form sends what was ticked, whatever is shown.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.matches || !form.matches("form#bulk-pick")) return;
+    form.querySelectorAll("input[data-ticked]").forEach(function (input) { input.remove(); });
+    var sent = {};
+    Array.prototype.forEach.call(form.elements, function (field) {
+      if (field.name === "ids" && field.checked) sent[field.value] = true;
+    });
+    Object.keys(ticked).forEach(function (id) {
+      if (!ticked[id] || sent[id]) return;
+      var input = document.createElement("input");
+      input.type = "hidden";
+      input.name = "ids";
+      input.value = id;
+      input.setAttribute("data-ticked", "");
+      form.appendChild(input);
+    });
+  });
 
   document.addEventListener("htmx:oobBeforeSwap", function (event) {
     var fragment = event.detail && event.detail.fragment;
@@ -118,7 +155,10 @@
   });
 
   document.addEventListener("htmx:afterSettle", function (event) {
-    if (event.target && event.target.id === "task-results") announce(remember(event.target, true));
+    if (event.target && event.target.id === "task-results") {
+      retick(event.target);
+      announce(remember(event.target, true));
+    }
   });
 
   document.addEventListener("taskhub:live-resync", function () {
@@ -191,5 +231,25 @@
       var signal = document.getElementById(target.id);
       if (signal) addMissingCards(signal);
     }
+  });
+})();
+
+// The filter bar leaves its empty fields out of the URL, so a link names only the filters in force.
+(function () {
+  "use strict";
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.matches || !form.matches("form.task-filters")) return;
+    Array.prototype.forEach.call(form.elements, function (field) {
+      if (field.name && !field.disabled && field.type !== "checkbox" && field.value === "") field.disabled = true;
+    });
+  });
+
+  // Back to the page from the bfcache: the fields left out last time are fields again.
+  window.addEventListener("pageshow", function () {
+    document.querySelectorAll("form.task-filters [name]:disabled").forEach(function (field) {
+      field.disabled = false;
+    });
   });
 })();

@@ -12,6 +12,25 @@
     });
   });
 
+  // The nav's <details> menu is a menu only on narrow screens (taskhub.css): open on wide ones, closed when the
+  // screen narrows, and closed again by Escape or a click outside it.
+  var menu = document.querySelector("details.navmenu");
+  if (menu) {
+    var wide = window.matchMedia("(min-width: 60.01rem)");
+    var fit = function () { menu.open = wide.matches; };
+    fit();
+    wide.addEventListener("change", fit);
+    document.addEventListener("keydown", function (event) {
+      if (event.key === "Escape" && menu.open && !wide.matches) {
+        menu.open = false;
+        menu.querySelector("summary").focus();
+      }
+    });
+    document.addEventListener("click", function (event) {
+      if (menu.open && !wide.matches && !menu.contains(event.target)) menu.open = false;
+    });
+  }
+
   // The socket pushes the nav's open-request count to every page; the Inbox item of someone who was not an
   // approver when the page loaded is there but hidden, and shows once the count says they now are one.
   document.addEventListener("htmx:oobAfterSwap", function (event) {
@@ -20,5 +39,56 @@
       var item = badge.closest("li");
       if (item) item.hidden = false;
     }
+  });
+})();
+
+// Times: "3 min ago" (the default) or the exact UTC time, everywhere, by a toggle ([data-time-toggle]) remembered
+// in this browser. A <time> keeps the other form in its title; live swaps are re-applied after they settle.
+(function () {
+  "use strict";
+
+  var KEY = "taskhub.times";
+
+  function exact() {
+    try {
+      return window.localStorage.getItem(KEY) === "exact";
+    } catch (error) {
+      return false;
+    }
+  }
+
+  function apply(root) {
+    var useExact = exact();
+    (root || document).querySelectorAll("time[datetime][title]").forEach(function (time) {
+      if (time.dataset.relative === undefined) time.dataset.relative = time.textContent;
+      if (time.dataset.exact === undefined) time.dataset.exact = time.getAttribute("title");
+      time.textContent = useExact ? time.dataset.exact : time.dataset.relative;
+      time.setAttribute("title", useExact ? time.dataset.relative : time.dataset.exact);
+    });
+    document.querySelectorAll("[data-time-toggle]").forEach(function (button) {
+      button.setAttribute("aria-pressed", useExact ? "true" : "false");
+      button.textContent = useExact ? "Relative times" : "Exact times";
+    });
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-time-toggle]");
+    if (!button) return;
+    try {
+      window.localStorage.setItem(KEY, exact() ? "relative" : "exact");
+    } catch (error) {
+      return;
+    }
+    apply(document);
+  });
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    apply(event.target);
+  });
+  document.addEventListener("htmx:oobAfterSwap", function (event) {
+    if (event.detail && event.detail.target) apply(event.detail.target.parentNode || document);
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    apply(document);
   });
 })();

@@ -11,10 +11,12 @@ from taskhub.accounts import ratelimit
 
 class RateLimitedModelBackend(ModelBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
-        if request is not None and username and password:
+        if request is None or not (username and password):
+            return super().authenticate(request, username=username, password=password, **kwargs)
+        with ratelimit.one_of_few_sign_ins():  # a burst of sign-ins must not take a connection each
             guessed_at, wait = ratelimit.reserve_attempt(str(username), ratelimit.client_address(request))
             if guessed_at is None:
                 setattr(request, ratelimit.REFUSED_ATTRIBUTE, wait)
                 raise PermissionDenied("Too many sign-in attempts.")  # authenticate() stops at once: a failure
             setattr(request, ratelimit.GUESS_ATTRIBUTE, guessed_at)
-        return super().authenticate(request, username=username, password=password, **kwargs)
+            return super().authenticate(request, username=username, password=password, **kwargs)

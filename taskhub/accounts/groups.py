@@ -1,9 +1,10 @@
-"""The three role groups. A user's roles are their memberships; permissions.py decides what they allow."""
+"""The role groups. A user's roles are their memberships; permissions.py decides what they allow."""
 
 APPROVERS = "approvers"
 OPERATORS = "operators"
 ADMINS = "admins"
-ROLE_GROUPS = (APPROVERS, OPERATORS, ADMINS)
+AGENTS = "agents"  # accounts that launch tools through API tokens (the JSON API, the MCP gateway), not the pages
+ROLE_GROUPS = (APPROVERS, OPERATORS, ADMINS, AGENTS)
 
 
 def ensure_role_groups_after_migrate(sender, using, apps=None, **kwargs) -> None:

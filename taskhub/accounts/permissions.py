@@ -2,10 +2,15 @@
 
 Roles are memberships of the groups created by the accounts migration (groups.py):
 
-- approver (`approvers`): answers the input requests of the servers they approve for. A server with
-  approver groups set is answered only by approvers who are also in one of those groups (membership
-  of such a group alone is not enough); a server without any is answered by every approver.
+- approver (`approvers`): answers the input requests of the servers they approve for. Which requests, and on what
+  terms (N of M, self-approval, a comment on decline), the approval policies decide (taskhub/approvals): a policy
+  naming groups or users is answered only by approvers among them (membership of such a group alone is not
+  enough); a server or tool without a policy is answered by every approver.
 - operator (`operators`): launches tool calls on enabled servers and cancels tasks.
+- agent (`agents`): an account that agents act as through its API tokens (the JSON API, the MCP gateway): launches
+  tool calls on enabled servers and follows and cancels the tasks it launched, there only. The pages are for people:
+  signed in, an agent-only account sees its home page and its API tokens, no task (the `..._through_token` rules
+  below are the API's).
 - admin (`admins`, or a superuser): manages servers and their approver groups, reads and exports the
   audit trail, and is an operator too. An admin is **not** an approver unless also in `approvers`:
   DESIGN.md gives answering a server's question to approvers alone, so it is granted explicitly,
@@ -18,18 +23,21 @@ answer "may this user?", never "is this the right moment?" (an input request alr
 finished): the services decide that.
 """
 
+import datetime
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import wraps
 from inspect import iscoroutinefunction
+from typing import Protocol
 
 from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
 from django.contrib.auth.mixins import UserPassesTestMixin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Q, QuerySet
 
-from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS, ROLE_GROUPS
+from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS, ROLE_GROUPS
 from taskhub.servers.models import Server
 
 
@@ -38,6 +46,7 @@ class Roles:
     admin: bool = False
     operator: bool = False
     approver: bool = False
+    agent: bool = False
 
 
 NO_ROLES = Roles()
@@ -47,7 +56,7 @@ roles_this_request: ContextVar[dict[int, Roles] | None] = ContextVar("roles_this
 
 
 def roles_of(user) -> Roles:
-    """All three roles in one query (pages ask for several: the context processor exposes this as `roles`)."""
+    """All the roles in one query (pages ask for several: the context processor exposes this as `roles`)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return NO_ROLES
     pinned = getattr(user, "taskhub_roles", None)
@@ -58,7 +67,7 @@ def roles_of(user) -> Roles:
         return known[user.pk]
     names = set(user.groups.filter(name__in=ROLE_GROUPS).values_list("name", flat=True))
     admin = user.is_superuser or ADMINS in names
-    roles = Roles(admin=admin, operator=admin or OPERATORS in names, approver=APPROVERS in names)
+    roles = Roles(admin=admin, operator=admin or OPERATORS in names, approver=APPROVERS in names, agent=AGENTS in names)
     if known is not None:
         known[user.pk] = roles
     return roles
@@ -86,12 +95,90 @@ def is_approver(user) -> bool:
     return roles_of(user).approver
 
 
+def is_agent(user) -> bool:
+    return roles_of(user).agent
+
+
+@dataclass(frozen=True)
+class AnswerTerms:
+    """The terms on which a request is answered: its policy's, or these defaults where no policy applies."""
+
+    policy_id: int | None = None
+    policy: str = ""  # how refusals and the audit trail name the policy
+    answerers: str = "all approvers"  # "for: …" on cards
+    required_accepts: int = 1
+    self_approval: bool = True
+    comment_on_decline: bool = False
+    gate_before_call: bool = False  # a launch waits for an approval before tools/call is sent
+    answer_within: datetime.timedelta | None = None  # the answer deadline, from when a request opens
+    input_from: str = "people"  # a gateway call's requests: its policy's people, or the agent ("agent")
+
+
+DEFAULT_TERMS = AnswerTerms()
+
+
+class AnswerPolicies(Protocol):
+    """What taskhub.approvals registers at startup (it sits above this layer, which never imports it)."""
+
+    def servers(self, user) -> QuerySet[Server]: ...  # servers with any request the user may answer
+    def requests(self, user) -> Q: ...  # over InputRequest: those the user may answer
+    def for_me(self, user) -> Q: ...  # over InputRequest: those whose policy names the user (or a group of theirs)
+    def terms(self, server_id: int, tool: str) -> AnswerTerms: ...
+    def answerers(self, server_id: int, tool: str) -> Q: ...  # over the user model: those the policy names
+    def terms_and_allows(self, user, server_id: int, tool: str) -> tuple[AnswerTerms, bool]: ...  # both, one query
+
+
+_answer_policies: list[AnswerPolicies] = []
+
+
+def register_answer_policies(policies: AnswerPolicies) -> None:
+    _answer_policies[:] = [policies]
+
+
+def answer_policies() -> AnswerPolicies | None:
+    return _answer_policies[0] if _answer_policies else None
+
+
 def servers_user_may_approve(user) -> QuerySet[Server]:
-    """The servers whose input requests this user may answer; a queryset, so the inbox can filter by it."""
+    """The servers with requests this user may answer; a queryset, so the inbox can filter by it. Which requests
+    of them: requests_user_may_answer."""
     if not is_approver(user):
         return Server.objects.none()
-    memberships = Server.approver_groups.through.objects.filter(server=OuterRef("pk"))
-    return Server.objects.filter(~Exists(memberships) | Exists(memberships.filter(group__user=user)))
+    policies = answer_policies()
+    return policies.servers(user) if policies is not None else Server.objects.all()
+
+
+def requests_user_may_answer(user) -> Q:
+    """Over InputRequest, within servers_user_may_approve: the requests whose policy lets this user answer."""
+    if not is_approver(user):
+        return Q(pk__in=[])
+    policies = answer_policies()
+    return policies.requests(user) if policies is not None else Q()
+
+
+def requests_for_me(user) -> Q:
+    """Over InputRequest: the requests whose policy names this user or a group of theirs (the inbox's "for me")."""
+    policies = answer_policies()
+    return policies.for_me(user) if policies is not None and is_approver(user) else Q(pk__in=[])
+
+
+# {(server id, tool): AnswerTerms} for the HTTP request being answered (an inbox page asks once per card).
+terms_this_request: ContextVar[dict[tuple[int, str], AnswerTerms] | None] = ContextVar(
+    "terms_this_request", default=None
+)
+
+
+def answer_terms(*, server_id: int, tool: str) -> AnswerTerms:
+    policies = answer_policies()
+    if policies is None:
+        return DEFAULT_TERMS
+    known = terms_this_request.get()
+    if known is not None and (server_id, tool) in known:
+        return known[(server_id, tool)]
+    terms = policies.terms(server_id, tool)
+    if known is not None:
+        known[(server_id, tool)] = terms
+    return terms
 
 
 def sees_all_tasks(user) -> bool:
@@ -105,16 +192,101 @@ def may_see_task(user, task) -> bool:
     return servers_user_may_approve(user).filter(pk=task.server_id).exists()
 
 
+def may_see_task_through_token(user, task) -> bool:
+    """What a caller holding an API token may follow: what its user sees on the pages, and an agent its own tasks."""
+    return (is_agent(user) and task.launched_by_id == user.pk) or may_see_task(user, task)
+
+
+def _named_to_answer(*, server_id: int, tool: str, escalated_to_id: int | None) -> Q:
+    """Over the user model, whatever their roles: the escalation group of a request handed over at its deadline,
+    else the people its policy names (everyone where it names nobody, or where no policy applies)."""
+    if escalated_to_id is not None:
+        return Q(pk__in=get_user_model().groups.through.objects.filter(group_id=escalated_to_id).values("user_id"))
+    policies = answer_policies()
+    return policies.answerers(server_id, tool) if policies is not None else Q()
+
+
+def users_who_may_answer(*, server_id: int, tool: str, escalated_to_id: int | None = None) -> QuerySet:
+    """Who may answer a request of `tool` on the server (escalated to a group, or not): the one query behind
+    may_answer, policy_allows and the people mailed about the request (taskhub.approvals.notifications.recipients),
+    so that they cannot disagree. Active approvers only. Self-approval is not decided here: the launcher may answer
+    in this sense, and the answer service refuses their answer where the policy says so."""
+    approvers = get_user_model().groups.through.objects.filter(group__name=APPROVERS).values("user_id")
+    return (
+        get_user_model()
+        .objects.filter(is_active=True, pk__in=approvers)
+        .filter(_named_to_answer(server_id=server_id, tool=tool, escalated_to_id=escalated_to_id))
+    )
+
+
+# {(user id, server id, tool, escalation group id): allowed} for the HTTP request being answered: the answer view
+# asks before it parses the answer, and the answer service asks again under the task's lock.
+allowed_this_request: ContextVar[dict[tuple[int, int, str, int | None], bool] | None] = ContextVar(
+    "allowed_this_request", default=None
+)
+
+
+def _named(user, *, server_id: int, tool: str, escalated_to_id: int | None) -> bool:
+    """Whether users_who_may_answer's choice of people takes `user`, roles aside (one query, once per HTTP request)."""
+    known = allowed_this_request.get()
+    key = (user.pk, server_id, tool, escalated_to_id)
+    if known is not None and key in known:
+        return known[key]
+    policies, terms_known = answer_policies(), terms_this_request.get()
+    if (
+        escalated_to_id is None
+        and policies is not None
+        and known is not None
+        and terms_known is not None
+        and ((server_id, tool) not in terms_known)
+    ):  # an HTTP request that asks may also show the terms (the answer view does): both in one query
+        terms_known[(server_id, tool)], allowed = policies.terms_and_allows(user, server_id, tool)
+    else:
+        named = _named_to_answer(server_id=server_id, tool=tool, escalated_to_id=escalated_to_id)
+        allowed = get_user_model().objects.filter(named, pk=user.pk).exists()
+    if known is not None:
+        known[key] = allowed
+    return allowed
+
+
+def policy_allows(user, *, server_id: int, tool: str) -> bool:
+    """Whether the policy of a server's tool names this user (or a group of theirs, or nobody): the services' check,
+    which leaves the approver role to the callers."""
+    return _named(user, server_id=server_id, tool=tool, escalated_to_id=None)
+
+
 def may_answer(user, input_request) -> bool:
-    return servers_user_may_approve(user).filter(pk=input_request.task.server_id).exists()
+    """Whether `user` is among users_who_may_answer for this request (each read once per HTTP request)."""
+    if not is_approver(user):
+        return False
+    task = input_request.task
+    return _named(user, server_id=task.server_id, tool=task.tool, escalated_to_id=input_request.escalated_to_id)
+
+
+def in_escalation_group(user, input_request) -> bool:
+    return input_request.escalated_to_id is not None and _named(
+        user, server_id=0, tool="", escalated_to_id=input_request.escalated_to_id
+    )
 
 
 def may_cancel(user, task) -> bool:
-    return is_operator(user)
+    """Operators cancel any task; an agent the tasks it launched."""
+    return is_operator(user) or (is_agent(user) and task.launched_by_id == user.pk)
 
 
 def may_launch(user, server) -> bool:
+    """From the pages: operators."""
     return server.enabled and is_operator(user)
+
+
+def may_launch_through_token(user, server) -> bool:
+    """From the JSON API or the MCP gateway, with an API token: operators and agents."""
+    return server.enabled and (is_operator(user) or is_agent(user))
+
+
+def launches_through_token(user) -> bool:
+    """Whether a token's user may launch at all (on some enabled server): operators and agents."""
+    return is_operator(user) or is_agent(user)
 
 
 def _role_required(has_role, who: str):
@@ -151,6 +323,7 @@ def _role_required(has_role, who: str):
 approver_required = _role_required(is_approver, "approvers")
 operator_required = _role_required(is_operator, "operators")
 admin_required = _role_required(is_admin, "admins")
+signed_in_required = _role_required(lambda user: True, "people who are signed in")
 
 
 class _RoleRequiredMixin(UserPassesTestMixin):

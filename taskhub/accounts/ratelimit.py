@@ -18,12 +18,21 @@ sign-ins were all checked.
 
 While Redis cannot be reached, the counts go to the database cache table instead (logged): sign-in keeps
 working and stays limited, though guesses counted in Redis before the outage are not seen meanwhile.
+
+Few at a time: each sign-in takes a database connection for its guess (the lock, the count) and keeps it over the
+password hash; 60 guesses sent at once held 60 Postgres connections, and a burst of them ran the server out of
+connections (`too many clients`: 500s for everyone, workers included). So a web process checks at most
+LOGIN_CONCURRENT_CHECKS sign-ins at once (`one_of_few_sign_ins`); the others wait, holding no connection, and the
+connection of one that is done is closed (under ASGI a request's connection is never reused anyway).
 """
 
 import hashlib
 import logging
 import math
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +157,46 @@ def take_back(username: str, address: str, guessed_at: float) -> None:
 
 def clear_username(username: str, address: str) -> None:
     _cached("delete", username_bucket(username, address).key)
+
+
+_checks_lock = threading.Lock()
+_checks: threading.BoundedSemaphore | None = None
+_holding = threading.local()
+
+
+def _concurrent_checks() -> threading.BoundedSemaphore:
+    global _checks
+    with _checks_lock:
+        if _checks is None:
+            _checks = threading.BoundedSemaphore(max(1, settings.LOGIN_CONCURRENT_CHECKS))
+        return _checks
+
+
+@contextmanager
+def one_of_few_sign_ins() -> Iterator[None]:
+    """Held while a sign-in reads and counts its guess and checks its password (the sign-in view, and the backend
+    for other forms; nested, it is taken once): at most LOGIN_CONCURRENT_CHECKS at once in this process. A sign-in
+    waits here before its first query, so holding no connection, and on the way out its connection is closed
+    (outside a transaction), so the connections that sign-ins hold are bounded too."""
+    if getattr(_holding, "depth", 0):
+        _holding.depth += 1
+        try:
+            yield
+        finally:
+            _holding.depth -= 1
+        return
+    checks = _concurrent_checks()
+    checks.acquire()
+    _holding.depth = 1
+    try:
+        yield
+    finally:
+        _holding.depth = 0
+        try:
+            if not connection.in_atomic_block:
+                connection.close()
+        finally:
+            checks.release()
 
 
 def lockout_message(seconds: int) -> str:

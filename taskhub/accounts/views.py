@@ -13,11 +13,12 @@ class SignInView(auth_views.LoginView):
     redirect_authenticated_user = True
 
     def post(self, request, *args, **kwargs):
-        username = request.POST.get("username", "")
-        wait = ratelimit.seconds_locked(username, ratelimit.client_address(request))
-        if wait:
-            return self._locked(self.get_form(), wait)
-        return super().post(request, *args, **kwargs)
+        with ratelimit.one_of_few_sign_ins():  # a burst of sign-ins waits here, not each on a connection of its own
+            username = request.POST.get("username", "")
+            wait = ratelimit.seconds_locked(username, ratelimit.client_address(request))
+            if wait:
+                return self._locked(self.get_form(), wait)
+            return super().post(request, *args, **kwargs)
 
     def form_invalid(self, form):
         # The backend refused the guess uncounted and unchecked: the limit was reached meanwhile (concurrent

@@ -3,17 +3,20 @@ from functools import wraps
 from django.contrib.auth.views import redirect_to_login
 from ninja.security import HttpBearer
 
-from taskhub.api.tokens import user_for_token
+from taskhub.api.tokens import active_token
 
 
 class ApiTokenAuth(HttpBearer):
-    """`Authorization: Bearer thk_…`; the request then acts as the token's user, with that user's roles."""
+    """`Authorization: Bearer thk_…`; the request then acts as the token's user, with that user's roles, and
+    `request.api_token` is the token (the agent), which the services record with what it does."""
 
     def authenticate(self, request, token):
-        user = user_for_token(token)
-        if user is not None:
-            request.user = user
-        return user
+        api_token = active_token(token)
+        if api_token is None:
+            return None
+        request.user = api_token.user
+        request.api_token = api_token
+        return api_token.user
 
 
 def signed_in_or_token(view):

@@ -9,7 +9,7 @@ import uuid
 
 from django.core.exceptions import PermissionDenied
 from django.db import DataError, InterfaceError, OperationalError
-from django.db.models import Q
+from django.db.models import F, Q
 from django.http import Http404, QueryDict
 from django.urls import reverse
 from ninja import Field, NinjaAPI, Query, Schema
@@ -42,7 +42,7 @@ from taskhub.tasks.errors import (
 from taskhub.tasks.inbox_listing import inbox_listing
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequest, Task
-from taskhub.tasks.queries import TAB_STATUSES, TaskFilterForm, filtered_tasks
+from taskhub.tasks.queries import ENDED_CHOICES, NEEDS, OUTCOME_WORDS, TAB_STATUSES, TaskFilterForm, filtered_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +131,19 @@ def _task_out(task: Task) -> dict:
         "status": task.status,
         "status_message": task.status_message,
         "launched_by": task.launched_by.get_username() if task.launched_by else None,
+        "launched_via": (
+            {"token_id": task.launched_via_token_id, "label": task.launched_via_label}
+            if task.launched_by_agent
+            else None
+        ),
         "remote_task_id": task.remote_task_id,
         "created_at": task.created_at,
         "updated_at": task.updated_at,
         "finished_at": task.finished_at,
         "cancel_requested_at": task.cancel_requested_at,
+        "launch_attempts": task.launch_attempts,
+        "launch_last_error": task.launch_last_error,
+        "launch_next_try_at": task.launch_next_try_at,
         "url": reverse("tasks:detail", args=[task.id]),
     }
 
@@ -154,6 +162,10 @@ def _request_out(input_request: InputRequest) -> dict:
         "answered_at": input_request.answered_at,
         "delivered_at": input_request.delivered_at,
         "created_at": input_request.created_at,
+        "accepted_by": [
+            str(entry.get("name", "")) for entry in input_request.acceptances or [] if isinstance(entry, dict)
+        ],
+        "answer_comment": input_request.answer_comment,
     }
 
 
@@ -172,14 +184,14 @@ def _task_detail_out(task: Task) -> dict:
 
 def _visible_task(user, task_id: uuid.UUID) -> Task:
     task = Task.objects.select_related("server", "launched_by").filter(pk=task_id).first()
-    if task is None or not permissions.may_see_task(user, task):
+    if task is None or not permissions.may_see_task_through_token(user, task):
         raise Http404("No such task.")  # a task one may not see does not exist for them
     return task
 
 
 def _server_named(user, name_or_id: str) -> Server:
     lookup = Q(name=name_or_id) | (Q(pk=int(name_or_id)) if name_or_id.isdigit() else Q(pk__in=[]))
-    server = Server.objects.filter(lookup).first()
+    server = Server.objects.filter(lookup).order_by(F("removed_at").desc(nulls_first=True)).first()
     if server is None:
         raise ApiProblem(404, f"No server {name_or_id!r}.", {"server": "unknown server"})
     return server
@@ -189,29 +201,48 @@ def _server_named(user, name_or_id: str) -> Server:
 
 
 class TaskFilters(Schema):
-    status: str = ""
-    server: str = ""
-    tool: str = ""
-    launched_by: str = ""
-    q: str = ""
-    page: int = 1
-    page_size: int = 50
+    status: str = Field("", description="a status tab (running, completed, failed, …) or one status")
+    server: str = Field("", description="only this server's tasks: its name or numeric id")
+    tool: str = Field("", description="part of the tool's name, any case")
+    launched_by: str = Field("", description="the username of who launched it")
+    agent: str = Field(
+        "",
+        description="`any`: launched by an agent (an API token); `none`: by a person; or one token's id (yours, "
+        "or anyone's for admins)",
+    )
+    mine: bool = Field(False, description="only the tasks you launched")
+    q: str = Field(
+        "",
+        description=(
+            "search, any case, in every field at once: the status message, the tool, the server's task id, the"
+            " arguments and the result (as JSON text), and our task id (4 or more hex digits: a prefix is enough)"
+        ),
+    )
+    outcome: str = Field("", description=f"how it ended: {', '.join(str(value) for value in OUTCOME_WORDS)}")
+    needs: str = Field("", description=f"needing attention: {', '.join(str(value) for value, _ in NEEDS)}")
+    ended: str = Field("", description=f"ended within: {', '.join(value for value, _ in ENDED_CHOICES if value)}")
+    since: str = Field("", description="created on or after this day (YYYY-MM-DD, UTC)")
+    until: str = Field("", description="created on or before this day (YYYY-MM-DD, UTC)")
+    page: int = Field(1, description="1, 2, …")
+    page_size: int = Field(50, description=f"tasks per page, at most {PAGE_SIZE_MAX}")
 
 
 @api.get("/tasks", response={200: TaskPage, 400: Problem, 401: Problem, 403: Problem}, tags=["tasks"])
 def list_tasks(request, filters: Query[TaskFilters]):
-    """The tasks you may see, newest first, with the task list page's filters."""
+    """The tasks you may see, newest first, with the task list page's filters (an agent: the tasks it launched)."""
     roles = permissions.roles_of(request.user)
-    if not (roles.operator or roles.approver):
-        raise PermissionDenied("The task list is for operators, admins and approvers.")
+    if not (roles.operator or roles.approver or roles.agent):
+        raise PermissionDenied("The task list is for operators, admins, approvers and agents.")
     params = filters.dict()
     if params["server"] and not params["server"].isdigit():
-        server = Server.objects.filter(name=params["server"]).first()
+        server = Server.named(params["server"])
         params["server"] = str(server.pk) if server else "-1"
-    form = TaskFilterForm({k: v for k, v in params.items() if k not in ("page", "page_size")}, user=request.user)
+    form = TaskFilterForm(
+        {k: v for k, v in params.items() if k not in ("page", "page_size")}, user=request.user, through_token=True
+    )
     if not form.is_valid():
         raise ApiProblem(400, "Some filters are not valid.", {name: " ".join(e) for name, e in form.errors.items()})
-    tasks, status = filtered_tasks(form, request.user)
+    tasks, status = filtered_tasks(form, request.user, through_token=True)
     if status:
         tasks = tasks.filter(status__in=TAB_STATUSES[status])
     page_size = max(1, min(filters.page_size, PAGE_SIZE_MAX))
@@ -236,14 +267,21 @@ def get_task(request, task_id: uuid.UUID):
     tags=["tasks"],
 )
 def launch_task(request, payload: LaunchIn):
-    """Launch a tool call; its arguments are checked against the tool's input schema first."""
-    if not permissions.is_operator(request.user):
-        raise PermissionDenied("Launching tools is for operators.")
+    """Launch a tool call; its arguments are checked against the tool's input schema first. The task records the
+    token it was launched with (the agent)."""
+    if not permissions.launches_through_token(request.user):
+        raise PermissionDenied("Launching tools is for operators and agents.")
     server = _server_named(request.user, payload.server)
-    if not permissions.may_launch(request.user, server):
+    if not permissions.may_launch_through_token(request.user, server):
         raise ApiProblem(409, f"The server {server.name} is disabled: tools cannot be launched on it.")
     try:
-        task = services.launch(server=server, tool=payload.tool, arguments=payload.arguments, user=request.user)
+        task = services.launch(
+            server=server,
+            tool=payload.tool,
+            arguments=payload.arguments,
+            user=request.user,
+            token=request.api_token,
+        )
     except UnknownTool as unknown:
         raise ApiProblem(404, str(unknown)) from unknown
     except LaunchRefused as refused:
@@ -262,9 +300,9 @@ def cancel_task(request, task_id: uuid.UUID):
     """Ask the server to cancel (tasks/cancel). The task may still end otherwise; follow it to see."""
     task = _visible_task(request.user, task_id)
     if not permissions.may_cancel(request.user, task):
-        raise PermissionDenied("Cancelling tasks is for operators.")
+        raise PermissionDenied("Cancelling tasks is for operators, and agents for the tasks they launched.")
     try:
-        services.request_cancel(task=task, user=request.user)
+        services.request_cancel(task=task, user=request.user, token=request.api_token)
     except InvalidTransition as error:
         raise ApiProblem(409, str(error)) from error
     return Status(202, _task_out(_visible_task(request.user, task_id)))
@@ -277,6 +315,7 @@ class InboxFilters(Schema):
     server: str = Field("", description="only this server's requests: its name or numeric id")
     tool: str = Field("", description="only requests of tasks of this tool")
     disabled: bool = Field(False, description="include requests of disabled servers (hidden by default)")
+    mine: bool = Field(False, description="only requests whose approval policy names you or a group of yours")
     page: int = Field(1, description="1, 2, …; past the last page is an error")
     page_size: int = Field(50, description=f"requests per page, at most {PAGE_SIZE_MAX}")
 
@@ -296,13 +335,16 @@ def inbox(request, filters: Query[InboxFilters]):
     params = QueryDict(mutable=True)
     server = filters.server.strip()
     if server and not server.isdigit():
-        named = permissions.servers_user_may_approve(request.user).filter(name=server).first()
+        mine = permissions.servers_user_may_approve(request.user).filter(name=server)
+        named = mine.order_by(F("removed_at").desc(nulls_first=True)).first()  # the one in use, if any
         if named is None:
             raise ApiProblem(400, "Some filters are not valid.", {"server": f"You approve for no server {server!r}."})
         server = str(named.pk)
     params.update({"server": server, "tool": filters.tool, "page": str(filters.page)})
     if filters.disabled:
         params["disabled"] = "1"
+    if filters.mine:
+        params["mine"] = "1"
     listing = inbox_listing(request.user, params, page_size=filters.page_size)
     if listing.errors:
         raise ApiProblem(400, "Some filters are not valid.", listing.errors)
@@ -327,7 +369,7 @@ def inbox(request, filters: Query[InboxFilters]):
 def answer(request, request_id: int, payload: AnswerIn):
     """Answer an elicitation: accept (with content for a form), decline or cancel. Each request takes one answer."""
     input_request = InputRequest.objects.select_related("task__server", "answered_by").filter(pk=request_id).first()
-    if input_request is None or not permissions.may_see_task(request.user, input_request.task):
+    if input_request is None or not permissions.may_see_task_through_token(request.user, input_request.task):
         raise Http404("No such input request.")
     if not permissions.may_answer(request.user, input_request):
         raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
@@ -342,7 +384,13 @@ def answer(request, request_id: int, payload: AnswerIn):
     elif payload.action == "accept" and card.kind == "url" and not card.url.clickable:
         raise ApiProblem(400, card.url.problem or "This URL cannot be opened from taskhub; decline or cancel.")
     try:
-        answered = services.answer_input(input_request=input_request, response=response, user=request.user)
+        answered = services.answer_input(
+            input_request=input_request,
+            response=response,
+            user=request.user,
+            comment=payload.comment,
+            token=request.api_token,
+        )
     except AnswerRejected as rejected:
         raise ApiProblem(400, str(rejected), rejected.field_errors) from rejected
     except (AlreadyAnswered, InputNoLongerOpen) as closed:

@@ -26,6 +26,13 @@ class InputRequestOut(Schema):
     answered_at: datetime.datetime | None = None
     delivered_at: datetime.datetime | None = None
     created_at: datetime.datetime
+    accepted_by: list[str] = Field(default_factory=list, description="N of M: who accepted so far")
+    answer_comment: str = ""
+
+
+class LaunchedVia(Schema):
+    token_id: int | None = Field(description="the token's id; null once the token is deleted")
+    label: str = Field(description="the token's name and prefix when it launched the task")
 
 
 class TaskOut(Schema):
@@ -36,11 +43,17 @@ class TaskOut(Schema):
     status: str
     status_message: str
     launched_by: str | None
+    launched_via: LaunchedVia | None = Field(None, description="the API token (agent) it was launched with, if any")
     remote_task_id: str | None
     created_at: datetime.datetime
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None
     cancel_requested_at: datetime.datetime | None
+    launch_attempts: int = Field(
+        0, description="while launching: how many attempts could not reach the server (of 9); 0 once it launched"
+    )
+    launch_last_error: str = Field("", description="why the last of those attempts failed (capped)")
+    launch_next_try_at: datetime.datetime | None = Field(None, description="when the launch tries again")
     url: str
 
 
@@ -84,3 +97,4 @@ class LaunchIn(Schema):
 class AnswerIn(Schema):
     action: Literal["accept", "decline", "cancel"]
     content: dict[str, Any] | None = Field(None, description="the form's fields, for accept")
+    comment: str = Field("", description="why (a decline's reason); required to decline where the policy says so")

@@ -21,17 +21,21 @@ def _hash(secret: str) -> str:
 
 
 @transaction.atomic
-def create_token(*, user, name: str, created_by=None) -> tuple[ApiToken, str]:
-    """A new token for `user`; returns the row and the secret, which is never retrievable again."""
+def create_token(*, user, name: str, created_by=None, expires_at=None) -> tuple[ApiToken, str]:
+    """A new token for `user`; returns the row and the secret, which is never retrievable again. From
+    `expires_at` on (None: never) the token is refused."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
-        user=user, name=name.strip()[:100], prefix=secret[:SHOWN_CHARS], key_hash=_hash(secret)
+        user=user,
+        name=name.strip()[:100],
+        prefix=secret[:SHOWN_CHARS],
+        key_hash=_hash(secret),
+        expires_at=expires_at,
     )
-    record_event(
-        action="api_token.created",
-        user=created_by,
-        data={"token_id": token.pk, "prefix": token.prefix, "name": token.name, "for": user.get_username()},
-    )
+    data = {"token_id": token.pk, "prefix": token.prefix, "name": token.name, "for": user.get_username()}
+    if expires_at is not None:
+        data["expires_at"] = expires_at.isoformat()
+    record_event(action="api_token.created", user=created_by, data=data)
     return token, secret
 
 
@@ -51,6 +55,13 @@ def revoke_token(*, token: ApiToken, revoked_by=None) -> ApiToken:
 
 def user_for_token(secret: str):
     """The active user a presented token acts as, or None (unknown, revoked, or the user is inactive)."""
+    token = active_token(secret)
+    return token.user if token is not None else None
+
+
+def active_token(secret: str) -> ApiToken | None:
+    """The presented token, with its user, if it may be used now; else None (unknown, revoked, expired, or the user is
+    inactive). The token, not only its user, is what the services record as the agent of what it does."""
     if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
         return None
     token = (
@@ -58,9 +69,9 @@ def user_for_token(secret: str):
         .filter(key_hash=_hash(secret), revoked_at__isnull=True, user__is_active=True)
         .first()
     )
-    if token is None:
-        return None
     now = timezone.now()
+    if token is None or (token.expires_at is not None and token.expires_at <= now):
+        return None
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    return token

@@ -4,9 +4,12 @@ import datetime
 import uuid
 from collections import defaultdict
 
-from django import forms
+from django import apps, forms
+from django.db.models import F
 
 from taskhub.audit.events import AUDIT_EVENTS
+from taskhub.audit.models import agent_label
+from taskhub.servers.forms import ServerChoiceField
 from taskhub.servers.models import Server
 
 GROUP_NAMES = {
@@ -24,6 +27,29 @@ def action_choices() -> list:
     for code, description in AUDIT_EVENTS.items():
         groups[code.split(".", 1)[0]].append((code, f"{description} ({code})"))
     return [("", "any action")] + [(GROUP_NAMES.get(prefix, prefix), options) for prefix, options in groups.items()]
+
+
+ANY_AGENT = "any"
+NO_AGENT = "none"
+
+
+def agent_choices() -> list[tuple[str, str]]:
+    """Every API token (the audit page is for admins), by the model's label: the audit readers never import the API."""
+    tokens = apps.apps.get_model("api", "ApiToken").objects.select_related("user").order_by("revoked_at", "name", "pk")
+    return [
+        ("", "people and agents"),
+        (ANY_AGENT, "done through an agent"),
+        (NO_AGENT, "done without one"),
+        *(
+            (
+                str(token.pk),
+                agent_label({"name": token.name, "prefix": token.prefix})
+                + f" · {token.user.get_username()}"
+                + (" · revoked" if token.revoked_at else ""),
+            )
+            for token in tokens
+        ),
+    ]
 
 
 def parse_utc(text: str, *, end_of_day: bool) -> datetime.datetime:
@@ -71,6 +97,12 @@ class AuditFilterForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "alice, system, worker…", "autocomplete": "off"}),
     )
     actor_exact = forms.BooleanField(required=False, label="exact name")
+    agent = forms.ChoiceField(
+        required=False,
+        label="Agent (API token)",
+        choices=agent_choices,
+        error_messages={"invalid_choice": "There is no API token “%(value)s”. Choose one from the list."},
+    )
     action = forms.ChoiceField(
         required=False,
         label="Action",
@@ -79,10 +111,10 @@ class AuditFilterForm(forms.Form):
             "invalid_choice": "“%(value)s” is not an audit action taskhub records. Choose one from the list."
         },
     )
-    server = forms.ModelChoiceField(
+    server = ServerChoiceField(  # removed servers too: their history stays readable, named "(removed)"
         required=False,
         label="Server",
-        queryset=Server.objects.order_by("name"),
+        queryset=Server.objects.order_by("name", F("removed_at").desc(nulls_first=True)),
         empty_label="any server",
         error_messages={"invalid_choice": "That server does not exist (any more). Choose one from the list."},
     )

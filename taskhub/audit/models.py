@@ -1,8 +1,18 @@
 from django.conf import settings
 from django.db import models
+from django.db.models import F, Q
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from taskhub.audit.events import AUDIT_EVENTS
+
+
+def agent_label(facts: dict | None) -> str:
+    """How pages name an agent (an API token) from what the audit and a task keep of it: "CI pipeline (thk_Ab12Cd…)";
+    "" for none."""
+    if not isinstance(facts, dict) or not facts.get("prefix"):
+        return ""
+    return f"{str(facts.get('name', ''))[:100]} ({str(facts['prefix'])[:16]}…)"
 
 
 class AuditEvent(models.Model):
@@ -52,10 +62,23 @@ class AuditEvent(models.Model):
             models.Index(fields=["task", "time"], name="audit_task_time"),
             models.Index(fields=["server", "time"], name="audit_server_time"),
             models.Index(fields=["time"], name="audit_time"),
+            # The audit page's agent filter (data["agent"], record_event's `token`): partial, as most rows have none.
+            models.Index(
+                KT("data__agent__token_id"),
+                F("time").desc(),
+                name="audit_agent_time",
+                condition=Q(data__has_key="agent"),
+            ),
+            models.Index(F("time").desc(), name="audit_any_agent_time", condition=Q(data__has_key="agent")),
         )
 
     def __str__(self) -> str:
         return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action}"
+
+    @property
+    def agent(self) -> str:
+        """The API token (agent) the action came through, as pages name it; "" for none."""
+        return agent_label(self.data.get("agent") if isinstance(self.data, dict) else None)
 
     @property
     def description(self) -> str:

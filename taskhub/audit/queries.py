@@ -9,10 +9,11 @@ task, server and time-range filters and the ordering.
 from collections.abc import Mapping
 
 from django.db.models import Q, QuerySet, TextField
+from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
 from taskhub.audit.events import AUDIT_EVENTS
-from taskhub.audit.forms import AuditFilterForm
+from taskhub.audit.forms import ANY_AGENT, NO_AGENT, AuditFilterForm
 from taskhub.audit.models import AuditEvent
 
 NEWEST_FIRST = ("-time", "-id")
@@ -33,6 +34,12 @@ def events_matching(filters: Mapping) -> QuerySet[AuditEvent]:
             if filters.get("actor_exact")
             else events.filter(actor_label__icontains=actor)
         )
+    if agent := filters.get("agent"):
+        # With the has_key condition of the partial indexes audit_agent_time and audit_any_agent_time.
+        through_one = Q(data__has_key="agent")
+        events = events.exclude(through_one) if agent == NO_AGENT else events.filter(through_one)
+        if agent not in (ANY_AGENT, NO_AGENT):
+            events = events.alias(agent_token=KT("data__agent__token_id")).filter(agent_token=agent)
     if action := filters.get("action"):
         events = events.filter(action=action)
     if server := filters.get("server"):

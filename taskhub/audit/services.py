@@ -33,6 +33,12 @@ def actor_label_for(user, default: str) -> str:
     return user.get_username() if user is not None else default
 
 
+def agent_facts(token) -> dict[str, Any]:
+    """What the audit keeps of the API token (an agent) an action came through: `data["agent"]` of its row. Any object
+    with pk, name and prefix (an api.ApiToken; this layer never imports the API)."""
+    return {"token_id": token.pk, "name": token.name, "prefix": token.prefix}
+
+
 def record_event(
     *,
     action: str,
@@ -41,8 +47,13 @@ def record_event(
     task=None,
     server=None,
     data: dict[str, Any] | None = None,
+    token=None,
 ) -> AuditEvent:
+    """`token`: the API token (an agent) the action came through, kept as `data["agent"]`; the actor stays its user,
+    so filtering by actor finds what a person did by hand and through their agents alike."""
     check_action(action)
+    if token is not None:
+        data = {**(data or {}), "agent": agent_facts(token)}
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside the transaction of the change it records")
     return AuditEvent.objects.create(

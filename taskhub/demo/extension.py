@@ -142,6 +142,7 @@ class TasksExtension(Extension):
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> dict[str, Any]:
         self._admit(ctx, params.task_id)
+        self._stats.update_received(params.task_id)
         # Held before the answers are applied, and shielded: like a server that finishes what it received, the
         # answers land even when the client gives up on the request meanwhile.
         with anyio.CancelScope(shield=True):
@@ -173,6 +174,7 @@ class TasksExtension(Extension):
         tool = self._tools.get(params.name)
         if tool is None:
             return await call_next(ctx)
+        self._stats.called(tool.name)
         declared = declares_tasks(ctx)
         if not declared and not tool.sync_capable:
             raise missing_tasks_extension()

@@ -16,7 +16,9 @@ class DemoStats:
         self.polls: Counter[str] = Counter()
         self.max_concurrent_polls: Counter[str] = Counter()
         self.deliveries: Counter[str] = Counter()
+        self.updates_received: Counter[str] = Counter()  # tasks/update requests per task, counted on arrival
         self.cancels: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # tools/call per tool (of the demo's own tools only)
         self._polls_in_flight: Counter[str] = Counter()
 
     @contextmanager
@@ -32,8 +34,14 @@ class DemoStats:
             if not self._polls_in_flight[task_id]:
                 del self._polls_in_flight[task_id]
 
+    def update_received(self, task_id: str) -> None:
+        self.updates_received[task_id] += 1
+
     def delivered(self, task_id: str, key: str) -> None:
         self.deliveries[f"{task_id}/{key}"] += 1
+
+    def called(self, tool: str) -> None:
+        self.calls[tool] += 1
 
     def cancel_requested(self, task_id: str) -> None:
         self.cancels[task_id] += 1
@@ -43,5 +51,7 @@ class DemoStats:
             "polls": dict(self.polls),
             "max_concurrent_polls": dict(self.max_concurrent_polls),
             "deliveries": dict(self.deliveries),
+            "updates_received": dict(self.updates_received),
             "cancels": dict(self.cancels),
+            "calls": dict(self.calls),
         }

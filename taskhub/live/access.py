@@ -18,6 +18,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.signals import user_logged_out
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from taskhub.accounts import permissions
@@ -34,8 +35,11 @@ class LiveAccess:
     roles: permissions.Roles = permissions.NO_ROLES
 
     def may_see_task(self, task) -> bool:
+        return self.may_see_tasks_of(task.server_id)
+
+    def may_see_tasks_of(self, server_id: int) -> bool:
         # The rule of permissions.may_see_task / tasks.queries.tasks_visible_to, from what was read once.
-        return self.sees_all_tasks or task.server_id in self.approvable_server_ids
+        return self.sees_all_tasks or server_id in self.approvable_server_ids
 
 
 NO_ACCESS = LiveAccess(sees_all_tasks=False, approvable_server_ids=frozenset())
@@ -94,22 +98,52 @@ def session_expiry(session_key: str | None, user_id: int) -> datetime | None:
         return None
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     data = store.load()  # {} when the session is missing or expired
-    if (
-        str(data.get(SESSION_KEY)) != str(user_id)
-        or data.get(BACKEND_SESSION_KEY) not in settings.AUTHENTICATION_BACKENDS
-    ):
-        return None
-    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
-    session_hash = data.get(HASH_SESSION_KEY)
-    if user is None or not session_hash:
-        return None
-    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
-    if not any(constant_time_compare(session_hash, known) for known in hashes):
+    if not _signs_in(data, user_id, lambda: get_user_model().objects.filter(pk=user_id, is_active=True).first()):
         return None
     model = getattr(store, "model", None)  # the database engines: the row's own expiry
     if model is not None:
         return model.objects.filter(session_key=session_key).values_list("expire_date", flat=True).first()
     return store.get_expiry_date()
+
+
+def session_expiries(sessions: list[tuple[str | None, int]]) -> list[datetime | None]:
+    """session_expiry of each (session key, user id), for the database session engine in two queries whatever their
+    number: the sockets of a process hearing a change re-check their sessions together (every ACCESS_MAX_AGE_SECONDS),
+    one query each was thousands at fan-out (bench/fanout.py)."""
+    from django.contrib.sessions.backends.db import SessionStore as DatabaseStore
+
+    store_class = import_module(settings.SESSION_ENGINE).SessionStore
+    if store_class is not DatabaseStore:
+        return [session_expiry(session_key, user_id) for session_key, user_id in sessions]
+    keys = {session_key for session_key, _ in sessions if session_key}
+    rows = {
+        row.session_key: row
+        for row in store_class.get_model_class().objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
+    }
+    users = get_user_model().objects.filter(pk__in={user_id for _, user_id in sessions}, is_active=True)
+    users_by_id = {user.pk: user for user in users}
+    expiries = []
+    for session_key, user_id in sessions:
+        row = rows.get(session_key)
+        data = store_class().decode(row.session_data) if row is not None else {}
+        signs_in = row is not None and _signs_in(data, user_id, lambda user_id=user_id: users_by_id.get(user_id))
+        expiries.append(row.expire_date if signs_in else None)
+    return expiries
+
+
+def _signs_in(data: dict, user_id: int, active_user) -> bool:
+    """Whether session data signs this user in: theirs, by a configured backend, with their current password."""
+    if (
+        str(data.get(SESSION_KEY)) != str(user_id)
+        or data.get(BACKEND_SESSION_KEY) not in settings.AUTHENTICATION_BACKENDS
+    ):
+        return False
+    user = active_user()
+    session_hash = data.get(HASH_SESSION_KEY)
+    if user is None or not session_hash:
+        return False
+    hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+    return any(constant_time_compare(session_hash, known) for known in hashes)
 
 
 # --- telling sockets their access may have changed ----------------------------------------------------
@@ -159,6 +193,7 @@ def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None
 
 def connect_access_signals() -> None:
     """From LiveConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
+    from django.apps import apps
     from django.contrib.auth.models import Group
 
     from taskhub.servers.models import Server
@@ -170,10 +205,14 @@ def connect_access_signals() -> None:
     # A password change saves the user (above): the sockets read their access and check their session again.
     user_logged_out.connect(_signed_out, dispatch_uid=uid + "signed_out")
     m2m_changed.connect(_memberships_changed, sender=user_model.groups.through, dispatch_uid=uid + "memberships")
-    m2m_changed.connect(
-        _anyones_access_changed, sender=Server.approver_groups.through, dispatch_uid=uid + "approver_groups"
-    )
-    # Servers without approver groups are answered by every approver; deleting a group drops its memberships.
+    # Approval policies (taskhub/approvals, beside this layer: named by label, never imported) decide who answers.
+    if apps.is_installed("taskhub.approvals"):
+        policy = apps.get_model("approvals", "ApprovalPolicy")
+        post_save.connect(_anyones_access_changed, sender=policy, dispatch_uid=uid + "policy_saved")
+        post_delete.connect(_anyones_access_changed, sender=policy, dispatch_uid=uid + "policy_deleted")
+        for through in (policy.groups.through, policy.users.through):
+            m2m_changed.connect(_anyones_access_changed, sender=through, dispatch_uid=uid + through.__name__)
+    # Servers without a policy are answered by every approver; deleting a group drops its memberships.
     post_save.connect(_anyones_access_changed, sender=Server, dispatch_uid=uid + "server_saved")
     post_delete.connect(_anyones_access_changed, sender=Server, dispatch_uid=uid + "server_deleted")
     post_delete.connect(_anyones_access_changed, sender=Group, dispatch_uid=uid + "group_deleted")

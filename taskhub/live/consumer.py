@@ -5,18 +5,28 @@ connect, again when told it changed, and at the latest every ACCESS_MAX_AGE_SECO
 uuid>"} is granted only for a task the user may see, and a change is rendered for the socket's own access.
 
 One change reaches every socket of the process that hears it, so its rendering is shared (sharing.py):
-the task is read once, fragments of Sharing.AUDIENCE are rendered once per access (the same bytes for
-every socket whose user may see the same), those of Sharing.USER once per user.
+it is rendered in parts, one per kind of interest and sharing; a part of Sharing.AUDIENCE is rendered once
+per access (the same bytes for every socket whose user may see the same, whatever else each socket asks
+for), one of Sharing.USER once per user. The message says the task's server, so a socket knows its parts
+without reading the task; the parts it lacks are rendered in one trip to a live thread, which reads the
+task there (once per change).
 """
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import uuid
-from collections import deque
+import weakref
+from collections import OrderedDict, deque
+from concurrent.futures import Future
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 from django.utils import timezone
 
 from taskhub.live import publish
@@ -27,6 +37,7 @@ from taskhub.live.access import (
     connected_access,
     current_access,
     rendering_for,
+    session_expiries,
     session_expiry,
 )
 from taskhub.live.fragments import (
@@ -38,8 +49,10 @@ from taskhub.live.fragments import (
     render_user_fragments,
 )
 from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
-from taskhub.live.sharing import shared
+from taskhub.live.hub import hub_for
+from taskhub.live.sharing import shared, shared_all
 from taskhub.live.threads import on_live_thread
+from taskhub.observability import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +60,24 @@ logger = logging.getLogger(__name__)
 # so a refused socket is not retried in a loop.
 CLOSE_NOT_SIGNED_IN = 4401
 CLOSE_NO_LONGER_ALLOWED = 4403
+CLOSE_HUB_LOST = 1012  # "service restart": the htmx ws extension reconnects
 MAX_WATCHED_TASKS = 200
 # One change reaches a connection once per group it shares (tasks, task.<id>, inbox.server.<id>).
 REMEMBERED_MESSAGES = 256
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
+    async def __call__(self, scope, receive, send):
+        # channels' own __call__, but the group messages come from the process's hub (hub.py) through this
+        # socket's inbox, not through a channel of the socket's own.
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.hub = hub_for(self.channel_layer)
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.base_send = send
+        with contextlib.suppress(StopConsumer):
+            await await_many_dispatch([receive, self.inbox.get], self.dispatch)
+
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -110,10 +135,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if getattr(self, "session_timer", None) is not None:
             self.session_timer.cancel()
         for group in list(getattr(self, "groups_joined", ())):
-            try:
-                await self.channel_layer.group_discard(group, self.channel_name)
-            except Exception:
-                logger.warning("could not leave live group %s", group, exc_info=True)
+            await self.hub.leave(group, self.inbox)
 
     async def receive(self, text_data=None, bytes_data=None):
         try:
@@ -127,6 +149,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         elif "unwatch" in message:
             await self._unwatch(message["unwatch"])
 
+    @tracing.traced(
+        "taskhub.live.push",
+        kind=tracing.SpanKind.CONSUMER,
+        attributes=tracing.push_attributes,
+        parent=tracing.event_context,
+    )
     async def task_changed(self, event):
         if event.get("message_id") in self.recent_message_ids:
             return
@@ -135,13 +163,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # A read begun in the last second (by a socket of the same user hearing this change) is fresh enough.
         if now - self.access_read_at > ACCESS_MAX_AGE_SECONDS and not await self._read_access(since=now - 1):
             return
-        await self._send_html(await self._change_html(event["task_id"], event.get("message_id")))
+        await self._send_html(await self._change_html(event))
 
     async def access_changed(self, event):
         before = self.access
         if await self._read_access(since=asyncio.get_running_loop().time()) and self.access != before:
             # What the nav counts count changed with it (rare: not worth sharing).
             await self._send_html(await on_live_thread(_render_user_fragments)(self.user, self.access, None))
+
+    async def hub_lost(self, event):
+        """The process's hub could no longer read the channel layer: the page reconnects (and re-reads)."""
+        await self.close(code=CLOSE_HUB_LOST)
 
     async def session_ended(self, event):
         """The user signed out of a session; this socket closes if it was opened with it."""
@@ -168,7 +200,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         expired, deleted, or its password changed. Shared by the sockets of one session."""
         expires_at = await shared(
             ("session", self.session),
-            lambda: on_live_thread(session_expiry)(self.session_key, self.user_id),
+            lambda: _session_expiry_in_batch(self.session_key, self.user_id),
             started_after=since,
             keep=ACCESS_MAX_AGE_SECONDS,
         )
@@ -212,38 +244,47 @@ class LiveConsumer(AsyncWebsocketConsumer):
         wanted |= {inbox_group(server_id) for server_id in access.approvable_server_ids}
         for group in sorted(self.groups_joined - wanted):
             self.groups_joined.discard(group)
-            await self.channel_layer.group_discard(group, self.channel_name)
+            await self.hub.leave(group, self.inbox)
         for group in sorted(wanted - self.groups_joined):
             await self._join(group)
 
     # --- a change -----------------------------------------------------------------------------------------
 
-    async def _change_html(self, task_id: str, message_id: str | None) -> str:
-        message_id = message_id or uuid.uuid4().hex  # without an id (not from publish.py): nothing to share
-        task = await shared(("task", message_id), lambda: on_live_thread(_task_or_none)(task_id))
+    async def _change_html(self, event: dict) -> str:
+        task_id = str(event["task_id"])
+        message_id = event.get("message_id") or uuid.uuid4().hex  # without an id (not from publish.py): not shared
+        server_id = event.get("server_id")
+        task = None
+        if not isinstance(server_id, int):
+            # A message that does not say the task's server: the task is read first (once for all sockets).
+            task = await shared(("task", message_id), lambda: on_live_thread(_task_or_none)(task_id))
+            server_id = task.server_id if task is not None else None
         access = self.access
         kinds = []
-        if task is not None:
+        if server_id is not None:
             if access.sees_all_tasks:
                 kinds.append(FragmentKind.TASKS)
-            if str(task.pk) in self.watched_tasks and access.may_see_task(task):
+            if task_id in self.watched_tasks and access.may_see_tasks_of(server_id):
                 kinds.append(FragmentKind.TASK)
-            if task.server_id in access.approvable_server_ids:
+            if server_id in access.approvable_server_ids:
                 kinds.append(FragmentKind.INBOX)
             if not kinds:
                 return ""  # heard through a group the user has since lost; nothing of it is theirs
-        kinds = tuple(kinds)
+        # One part per kind and sharing, so a part is rendered once per change for its audience (or user), whatever
+        # else the socket asks: the list page's and the detail page's sockets share the list signal and the nav.
+        keys = [
+            ("change", message_id, access, kind, sharing, self.user_id if sharing == Sharing.USER else None)
+            for kind, sharing in _parts_of_change(kinds)
+        ]
         user = self.user
-        html = await shared(
-            ("audience", message_id, access, kinds),
-            lambda: on_live_thread(_render_change)(task, kinds, user, access, Sharing.AUDIENCE),
-        )
-        if has_task_fragments(kinds, Sharing.USER) or has_user_fragments(Sharing.USER):
-            html += await shared(
-                ("user", message_id, self.user_id, access, kinds),
-                lambda: on_live_thread(_render_change)(task, kinds, user, access, Sharing.USER),
-            )
-        return html
+
+        async def render(missing: list) -> dict:
+            parts = [(key[3], key[4]) for key in missing]
+            # One trip to a live thread: the task read there (once per change) and the parts rendered.
+            htmls = await on_live_thread(_render_change)(task_id, message_id, task, parts, user, access)
+            return dict(zip(missing, htmls, strict=True))
+
+        return "".join(await shared_all(keys, render))
 
     # --- watching one task --------------------------------------------------------------------------------
 
@@ -265,11 +306,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         del self.watched_tasks[str(task_id)]
         self.groups_joined.discard(task_group(task_id))
-        await self.channel_layer.group_discard(task_group(task_id), self.channel_name)
+        await self.hub.leave(task_group(task_id), self.inbox)
 
     async def _join(self, group: str) -> None:
-        await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined.add(group)
+        await self.hub.join(group, self.inbox)
 
     async def _send_html(self, html: str) -> None:
         if html:
@@ -298,10 +339,97 @@ def _render_user_fragments(user, access: LiveAccess, sharing: Sharing | None) ->
         return "".join(render_user_fragments(user, sharing=sharing))
 
 
-def _render_change(task, kinds: tuple[FragmentKind, ...], user, access: LiveAccess, sharing: Sharing) -> str:
+def _parts_of_change(kinds: list[FragmentKind]) -> list[tuple[FragmentKind | None, Sharing]]:
+    """(kind, sharing) per registered part of a change, in the order they are sent; kind None: the user fragments."""
+    return [
+        (kind, sharing)
+        for sharing in (Sharing.AUDIENCE, Sharing.USER)
+        for kind in [*kinds, None]
+        if (has_task_fragments([kind], sharing) if kind is not None else has_user_fragments(sharing))
+    ]
+
+
+def _render_change(task_id: str, message_id: str, task, parts, user, access: LiveAccess) -> list[str]:
+    return _render_parts(task or _task_of_change(task_id, message_id), parts, user, access)
+
+
+def _render_parts(task, parts: list[tuple[FragmentKind | None, Sharing]], user, access: LiveAccess) -> list[str]:
+    """Each part's HTML (a task's parts are empty once the task is gone)."""
     with rendering_for(access):
-        fragments = render_task_fragments(kinds, task, user, sharing=sharing) if task is not None else []
-        return "".join([*fragments, *render_user_fragments(user, sharing=sharing)])
+        return [
+            "".join(
+                render_user_fragments(user, sharing=sharing)
+                if kind is None
+                else render_task_fragments([kind], task, user, sharing=sharing)
+                if task is not None
+                else []
+            )
+            for kind, sharing in parts
+        ]
+
+
+# The task as read for a change (by message id), shared by the live threads rendering that change's parts.
+TASK_READS_KEPT = 64
+_task_reads: OrderedDict[str, Future] = OrderedDict()
+_task_reads_lock = threading.Lock()
+
+
+def _task_of_change(task_id: str, message_id: str):
+    with _task_reads_lock:
+        read = _task_reads.get(message_id)
+        mine = read is None
+        if mine:
+            read = _task_reads[message_id] = Future()
+            while len(_task_reads) > TASK_READS_KEPT:
+                _task_reads.popitem(last=False)
+    if mine:
+        try:
+            read.set_result(_task_or_none(task_id))
+        except BaseException as error:
+            read.set_exception(error)
+            with _task_reads_lock:
+                if _task_reads.get(message_id) is read:
+                    del _task_reads[message_id]
+    return read.result()
+
+
+# Per loop: the sessions asked about in this turn of the loop, checked together in one trip to a live thread.
+_session_batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list] = weakref.WeakKeyDictionary()
+
+
+async def _session_expiry_in_batch(session_key: str | None, user_id: int):
+    loop = asyncio.get_running_loop()
+    batch = _session_batches.get(loop)
+    if batch is None:
+        batch = _session_batches[loop] = []
+        loop.call_soon(_check_sessions, loop)  # once the sockets woken with this one have asked too
+    answer = loop.create_future()
+    batch.append((session_key, user_id, answer))
+    return await answer
+
+
+def _check_sessions(loop: asyncio.AbstractEventLoop) -> None:
+    batch = _session_batches.pop(loop, [])
+
+    async def check() -> None:
+        try:
+            expiries = await on_live_thread(session_expiries)([(key, user_id) for key, user_id, _ in batch])
+        except Exception as error:
+            expiries = [error] * len(batch)
+        for (_, _, answer), expiry in zip(batch, expiries, strict=True):
+            if answer.done():
+                continue
+            if isinstance(expiry, Exception):
+                answer.set_exception(expiry)
+            else:
+                answer.set_result(expiry)
+
+    # Kept until done: the loop holds only a weak reference to a task.
+    _session_checks.add(task := loop.create_task(check()))
+    task.add_done_callback(_session_checks.discard)
+
+
+_session_checks: set[asyncio.Task] = set()
 
 
 def _as_uuid(value) -> uuid.UUID | None:

@@ -1,9 +1,13 @@
-"""The navigation counts: running tasks (for those who see all tasks) and open requests the user may answer."""
+"""The navigation counts: running tasks (for those who see all tasks) and open requests the user may answer.
+
+Both on every page: read from the counts triggers keep per server (observability.counts), not counted over the
+tasks and requests."""
 
 from django.template.loader import render_to_string
 
 from taskhub.live.access import LiveAccess, access_in_force
-from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.observability import counts
+from taskhub.tasks.models import TaskStatus
 
 NAV_COUNTS_TEMPLATE = "live/nav_counts.html"
 RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
@@ -16,12 +20,11 @@ def nav_counts(user, access: LiveAccess | None = None, *, running: int | None = 
     if not access.sees_all_tasks:
         running = None
     elif running is None:
-        running = Task.objects.filter(status__in=RUNNING_STATUSES).count()
+        per_status = counts.tasks_per_status()
+        running = sum(per_status.get(status, 0) for status in RUNNING_STATUSES)
     open_requests = None
     if access.approvable_server_ids:
-        open_requests = InputRequest.objects.filter(
-            state=InputRequestState.OPEN, server_id__in=access.approvable_server_ids
-        ).count()
+        open_requests = counts.open_input_requests(server_ids=set(access.approvable_server_ids))
     return {"running": running, "open_requests": open_requests}
 
 

@@ -8,14 +8,15 @@ service that committed; it logs and drops.
 import asyncio
 import hashlib
 import logging
+import os
 import threading
 import uuid
 
-from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
 
 from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
+from taskhub.observability import metrics, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,24 @@ _consumer_loop: asyncio.AbstractEventLoop | None = None
 def remember_consumer_loop(loop: asyncio.AbstractEventLoop) -> None:
     global _consumer_loop
     _consumer_loop = loop
+
+
+# Every other publish of the process is sent from one event loop on a thread of its own, which keeps its
+# channel-layer connections open between changes. async_to_sync made a thread, a loop and a new Redis
+# connection for each change a worker stored (bench/freshness.py: stored → the page's socket frame).
+_publisher: tuple[int, asyncio.AbstractEventLoop] | None = None
+_publisher_lock = threading.Lock()
+
+
+def _publisher_loop() -> asyncio.AbstractEventLoop:
+    global _publisher
+    with _publisher_lock:
+        # Per process id: a forked child inherits the variable but not the thread running the loop.
+        if _publisher is None or _publisher[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="live-publisher", daemon=True).start()
+            _publisher = (os.getpid(), loop)
+        return _publisher[1]
 
 
 def publish_task_changed(task_id: uuid.UUID) -> None:
@@ -62,7 +81,9 @@ def _off_the_loop(publish, *args) -> None:
         publish(*args)
     else:
         # Called from async code: the database lookup and the sync send cannot run on this loop.
-        threading.Thread(target=_publish_from_a_thread, args=(publish, *args), name="live-publish", daemon=True).start()
+        threading.Thread(
+            target=tracing.bind(_publish_from_a_thread), args=(publish, *args), name="live-publish", daemon=True
+        ).start()
 
 
 def _publish_from_a_thread(publish, *args) -> None:
@@ -74,12 +95,18 @@ def _publish_from_a_thread(publish, *args) -> None:
         connections.close_all()
 
 
+@tracing.traced("taskhub.live.publish", kind=tracing.SpanKind.PRODUCER, attributes=tracing.publish_attributes)
 def _publish(task_id: uuid.UUID) -> None:
     try:
-        groups = groups_for_task(task_id)
-        message = {"type": TASK_CHANGED, "task_id": str(task_id), "message_id": uuid.uuid4().hex}
+        groups, server_id = audience_of_task(task_id)
+        message = {"type": TASK_CHANGED, "task_id": str(task_id), "message_id": uuid.uuid4().hex, **tracing.carrier()}
+        if server_id is not None:
+            # What a socket needs to know whether the change is its business without reading the task first.
+            message["server_id"] = server_id
         _send_to_groups(groups, message)
+        metrics.live_push(sent=True)
     except Exception:
+        metrics.live_push(sent=False)
         logger.warning("live update for task %s dropped: the channel layer did not take it", task_id, exc_info=True)
 
 
@@ -99,13 +126,23 @@ def _publish_session_ended(user_id: int, session: str) -> None:
 
 
 def groups_for_task(task_id: uuid.UUID) -> list[str]:
+    return audience_of_task(task_id)[0]
+
+
+def audience_of_task(task_id: uuid.UUID) -> tuple[list[str], int | None]:
+    """The groups a change of this task goes to, and its server's id (None: no such task), in one query."""
+    from django.db.models import Exists, OuterRef
+
     from taskhub.tasks.models import InputRequest, Task
 
     groups = [TASKS_GROUP, task_group(task_id)]
-    server_id = Task.objects.filter(pk=task_id).values_list("server_id", flat=True).first()
-    if server_id is not None and InputRequest.objects.filter(task_id=task_id).exists():
-        groups.append(inbox_group(server_id))
-    return groups
+    asks = Exists(InputRequest.objects.filter(task_id=OuterRef("pk")))
+    row = Task.objects.filter(pk=task_id).values_list("server_id", asks).first()
+    if row is None:
+        return groups, None
+    if row[1]:
+        groups.append(inbox_group(row[0]))
+    return groups, row[0]
 
 
 def _send_to_groups(groups: list[str], message: dict) -> None:
@@ -115,11 +152,11 @@ def _send_to_groups(groups: list[str], message: dict) -> None:
 
     async def send_all() -> None:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-            for group in groups:
-                await layer.group_send(group, message)
+            # At once, not one group after the other: the detail page's group is not second in line.
+            # Each names its group: a process's hub (hub.py) hands it to that group's sockets.
+            await asyncio.gather(*(layer.group_send(group, {**message, "group": group}) for group in groups))
 
     loop = _consumer_loop
-    if isinstance(layer, InMemoryChannelLayer) and loop is not None and loop.is_running():
-        asyncio.run_coroutine_threadsafe(send_all(), loop).result(timeout=SEND_TIMEOUT_SECONDS + 1)
-    else:
-        async_to_sync(send_all)()
+    if not (isinstance(layer, InMemoryChannelLayer) and loop is not None and loop.is_running()):
+        loop = _publisher_loop()
+    asyncio.run_coroutine_threadsafe(send_all(), loop).result(timeout=SEND_TIMEOUT_SECONDS + 1)

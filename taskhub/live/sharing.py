@@ -5,7 +5,7 @@ this is how it costs one rendering per audience instead of one per socket.
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 
 # A result is kept this long after it was started (then its key starts new work).
 KEEP_SECONDS = 10.0
@@ -22,12 +22,41 @@ async def shared[T](
     started = _started.setdefault(loop, {})
     entry = started.get(key)
     if entry is None or (started_after is not None and entry[0] < started_after):
-        entry = (loop.time(), loop.create_task(make()))
-        started[key] = entry
-        entry[1].add_done_callback(lambda task: _forget_on_error(started, key, entry))
-        loop.call_later(keep, _forget, started, key, entry)
+        entry = _start(loop, started, key, make(), keep)
     # A caller that is cancelled (its socket closed) does not cancel the work the others wait for.
     return await asyncio.shield(entry[1])
+
+
+async def shared_all[T](
+    keys: Sequence[Hashable],
+    make: Callable[[list[Hashable]], Awaitable[dict[Hashable, T]]],
+    *,
+    keep: float = KEEP_SECONDS,
+) -> list[T]:
+    """The results for these keys, each shared as shared() shares one. The keys nobody has started are made by
+    one make(those keys) -> {key: result}: one trip to a thread for all the parts a caller lacks, while the parts
+    another caller started already are awaited, not made again."""
+    loop = asyncio.get_running_loop()
+    started = _started.setdefault(loop, {})
+    entries = {key: started.get(key) for key in keys}
+    missing = [key for key, entry in entries.items() if entry is None]
+    if missing:
+        work = loop.create_task(make(missing))
+        for key in missing:
+            entries[key] = _start(loop, started, key, _result_of(work, key), keep)
+    return [await asyncio.shield(entries[key][1]) for key in keys]
+
+
+async def _result_of(work: asyncio.Task, key: Hashable):
+    return (await asyncio.shield(work))[key]
+
+
+def _start(loop: asyncio.AbstractEventLoop, started: dict, key: Hashable, work: Awaitable, keep: float) -> tuple:
+    entry = (loop.time(), loop.create_task(work))
+    started[key] = entry
+    entry[1].add_done_callback(lambda task: _forget_on_error(started, key, entry))
+    loop.call_later(keep, _forget, started, key, entry)
+    return entry
 
 
 def _forget(started: dict, key: Hashable, entry: tuple) -> None:

@@ -7,7 +7,11 @@ control characters and escape sequences and long strings are capped; ``--json`` 
 
 Exit status: 0 completed, 1 completed with ``isError``, 2 failed, 3 cancelled (or a cancel
 the server did not confirm within ``--cancel-wait``), 4 protocol or
-transport error, 5 bad arguments (or an input request nobody can answer).
+transport error (a tool the server describes with invalid ``x-mcp-header`` annotations, SEP-2243, is refused
+with 4 before it is called), 5 bad arguments (or an input request nobody can answer).
+
+Over HTTP, ``call`` lists the server's tools first and mirrors the tool's ``x-mcp-header`` arguments into
+``Mcp-Param-*`` headers (see :mod:`taskhub.mcp.tool_headers`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from taskhub.mcp import schema_fields, wire
+from taskhub.mcp import schema_fields, tool_headers, wire
 from taskhub.mcp.client import (
     HttpTarget,
     ServerTarget,
@@ -330,7 +334,12 @@ def argument_errors(tool: Mapping[str, Any] | None, arguments: dict[str, Any]) -
     """What is wrong with `--args` for the tool as the server lists it ("" when they fit or it is not listed)."""
     if tool is None:
         return ""
-    errors = schema_fields.validate(tool.get("inputSchema"), arguments, schema_fields.TOOL)
+    schema = tool.get("inputSchema")
+    required = schema.get("required") if isinstance(schema, dict) else None
+    required = set(required) if isinstance(required, list) and all(isinstance(n, str) for n in required) else set()
+    # A null optional argument reads as "not given" (SEP-2243 omits its header too): the server judges it.
+    checked = {name: value for name, value in arguments.items() if value is not None or name in required}
+    errors = schema_fields.validate(schema, checked, schema_fields.TOOL)
     return schema_fields.messages_of(errors)
 
 
@@ -623,7 +632,10 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
         prompter=TerminalPrompter(server=describe_target(args), err=reporter.err) if sys.stdin.isatty() else None,
     )
     async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
+        # The listing also teaches the client the tool's `x-mcp-header` parameters (mirrored into `Mcp-Param-*`
+        # headers by every `tools/call` below) and whether the tool may be called at all.
         listed = next((tool for tool in (await client.discover()).tools if tool.get("name") == args.tool), None)
+        client.check_tool(args.tool)
         if problems := argument_errors(listed, arguments):
             raise UsageError(f"the arguments do not fit the tool's input schema: {clean_text(problems, cap=1000)}")
         outcome = await call_with_mrtr(client, tool=args.tool, arguments=arguments, answerer=answerer)
@@ -678,6 +690,8 @@ async def run_discover(args: argparse.Namespace, reporter: Reporter) -> int:
     for tool in discovery.tools:
         reporter.human(f"  {clean_text(tool.get('name', '?'), cap=80)} — {clean_text(tool.get('description', ''))}")
         reporter.human(f"      args: {schema_summary(tool.get('inputSchema'))}")
+        if (problem := tool_headers.header_problem(tool.get("inputSchema"))) is not None:
+            reporter.human(f"      cannot be called: invalid x-mcp-header annotations ({clean_text(problem)})")
     return EXIT_COMPLETED
 
 

@@ -37,6 +37,7 @@ from taskhub.mcp.address_policy import AddressPolicy, PolicyTransport
 from taskhub.mcp.errors import (
     AuthorizationFailed,
     InvalidResult,
+    InvalidToolDefinition,
     McpClientError,
     ProtocolError,
     RequestTimeout,
@@ -54,7 +55,8 @@ from taskhub.mcp.extension import (
     decline_elicitation,
 )
 from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
-from taskhub.mcp.stdio import BadLine, stdio_transport
+from taskhub.mcp.stdio import BadLine, ProcessObserver, stdio_transport
+from taskhub.mcp.tool_headers import header_problem, param_headers
 from taskhub.mcp.wire import CreateTaskResult, TaskSnapshot
 
 logger = logging.getLogger(__name__)
@@ -163,6 +165,8 @@ class Discovery:
     server_info: dict[str, Any] | None
     capabilities: dict[str, Any]
     tools: list[dict[str, Any]]
+    """As listed, tools with invalid `x-mcp-header` annotations included (`tool_headers.header_problem` says
+    which: the client refuses to call them)."""
     raw: dict[str, Any]
     """The `server/discover` result (or, for an older server, the `initialize` result) as sent."""
 
@@ -430,15 +434,28 @@ class TasksClient:
     ```
     """
 
-    def __init__(self, target: ServerTarget, *, timeout: float = 30.0, client_info: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        target: ServerTarget,
+        *,
+        timeout: float = 30.0,
+        client_info: dict[str, Any] | None = None,
+        observer: ProcessObserver | None = None,
+        declare_tasks: bool = True,
+    ):
         self.target = target
+        # False: requests do not declare the Tasks extension, so the server answers as to a client without it (a
+        # result, or -32021 for a tool that needs a task); the gateway's calls for agents that did not declare it.
+        self.declare_tasks = declare_tasks
         self.timeout = timeout
+        self.observer = observer  # a stdio target's process is watched through it
         self.client_info = client_info or CLIENT_INFO
         self._extension = TasksClientExtension()
         self._connection: _Connection | None = None
         self._connect_lock = asyncio.Lock()
         self._discover_result: mcp_types.DiscoverResult | None = None
         self._last_http_refusal: int | None = None
+        self._tool_schemas: dict[str, Any] = {}
 
     async def __aenter__(self) -> TasksClient:
         return self
@@ -461,7 +478,9 @@ class TasksClient:
             stack.push_async_callback(client.aclose)
             transport: Any = streamable_http_client(target.url, http_client=client)
         else:
-            transport = stdio_transport(command=target.command, args=list(target.args), env=target.env, cwd=target.cwd)
+            transport = stdio_transport(
+                command=target.command, args=list(target.args), env=target.env, cwd=target.cwd, observer=self.observer
+            )
         # After the first successful negotiation, reconnects adopt the cached result instead of probing.
         mode = self._discover_result and wire.PROTOCOL_VERSION in self._discover_result.supported_versions
         return Client(
@@ -470,7 +489,7 @@ class TasksClient:
             client_info=mcp_types.Implementation.model_validate(self.client_info),
             elicitation_callback=decline_elicitation,
             message_handler=connection.on_message,
-            extensions=[self._extension],
+            extensions=[self._extension] if self.declare_tasks else [],
             mode=wire.PROTOCOL_VERSION if mode else "auto",
             prior_discover=self._discover_result if mode else None,
             cache=None,
@@ -603,20 +622,37 @@ class TasksClient:
             raw_tools = [tool for tool in page.get("tools") or [] if isinstance(tool, dict)]
             cursor = page.get("nextCursor") if isinstance(page.get("nextCursor"), str) else None
             try:
-                # The SDK drops tools with invalid `x-mcp-header` annotations (a 2026-07-28 MUST) and
-                # remembers the others' so that `tools/call` mirrors them into `Mcp-Param-*` headers.
+                # The session's own state (output schemas, its `Mcp-Param-*` map); the tools it drops for invalid
+                # `x-mcp-header` annotations stay in our listing, marked by `learn_tools`, and are refused by
+                # `call_tool` with the reason, not silently missing.
                 listing = mcp_types.ListToolsResult.model_validate({**page, "tools": raw_tools})
-                absorbed = sdk_private.absorb_tool_listing(session, listing, complete=cursor is None)
-                kept = {tool.name for tool in absorbed.tools}
-                raw_tools = [tool for tool in raw_tools if tool.get("name") in kept]
+                sdk_private.absorb_tool_listing(session, listing, complete=cursor is None)
             except ValidationError:
                 logger.warning("tools/list from %s does not validate; listing it as sent", self.target.describe())
             tools.extend(raw_tools)
             if not cursor:
                 break
+        self.learn_tools(tools)
         return tools
 
-    async def _send_tolerant(self, session: Any, request: Any) -> dict[str, Any]:
+    def learn_tools(self, tools: Any) -> None:
+        """Remember the input schemas of `tools` (a `tools/list` as sent or as stored, e.g. a server's catalogue:
+        untrusted), so that `call_tool` mirrors their `x-mcp-header` arguments into `Mcp-Param-*` headers and
+        refuses a tool whose annotations are invalid. A later listing wins over an earlier one."""
+        for tool in tools if isinstance(tools, list) else []:
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                self._tool_schemas[tool["name"]] = tool.get("inputSchema")
+
+    def check_tool(self, name: str) -> None:
+        """Raise InvalidToolDefinition when the tool, as last listed, must not be called (SEP-2243)."""
+        if name in self._tool_schemas and (problem := header_problem(self._tool_schemas[name])) is not None:
+            raise InvalidToolDefinition(
+                f"the tool {name[:120]!r} cannot be called: its x-mcp-header annotations are invalid ({problem})"
+            )
+
+    async def _send_tolerant(
+        self, session: Any, request: Any, *, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """`ClientSession.send_request` without its strict core-result validation.
 
         The SDK rejects a result without `resultType`, which the spec says a client MUST read as
@@ -626,6 +662,8 @@ class TasksClient:
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
         options: dict[str, Any] = {"timeout": self.timeout}
         sdk_private.stamp_request(session, data, options)
+        if headers:
+            options.setdefault("headers", {}).update(headers)
         raw = await sdk_private.send_raw_request(session, data["method"], data.get("params"), options)
         if not isinstance(raw, dict):
             raise InvalidResult(f"{data['method']}: expected an object, got {type(raw).__name__}")
@@ -639,13 +677,21 @@ class TasksClient:
         input_responses: dict[str, Any] | None = None,
         request_state: str | None = None,
     ) -> CallOutcome:
-        """Send `tools/call` once. The answer is a result, an MRTR input request, or a task."""
+        """Send `tools/call` once. The answer is a result, an MRTR input request, or a task.
+
+        A tool listed (`discover`) or learnt (`learn_tools`) with `x-mcp-header` annotations gets its arguments
+        mirrored into `Mcp-Param-*` headers on a 2026-07-28 HTTP connection; one whose annotations are invalid is
+        refused (InvalidToolDefinition) before anything is sent."""
+        self.check_tool(name)
 
         async def send(client: Client) -> CallOutcome:
             params = mcp_types.CallToolRequestParams(
                 name=name, arguments=arguments or {}, input_responses=input_responses, request_state=request_state
             )
-            raw = await self._send_tolerant(client.session, mcp_types.CallToolRequest(params=params))
+            headers = None
+            if isinstance(self.target, HttpTarget) and client.protocol_version == wire.PROTOCOL_VERSION:
+                headers = param_headers(self._tool_schemas.get(name), arguments or {})
+            raw = await self._send_tolerant(client.session, mcp_types.CallToolRequest(params=params), headers=headers)
             return parse_call_tool_result(raw)
 
         return await self._request("tools/call", send)

@@ -60,6 +60,11 @@ class InvalidResult(McpClientError):
     """The server's answer breaks the protocol (unknown resultType, a task result where none may be, …)."""
 
 
+class InvalidToolDefinition(McpClientError):
+    """The server describes the tool in a way that forbids calling it (invalid `x-mcp-header` annotations): the
+    client refuses before sending anything."""
+
+
 class RequestTimeout(McpClientError):
     """No answer within the request's timeout."""
 

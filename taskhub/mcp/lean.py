@@ -7,16 +7,23 @@ content-type and accept; `tests/test_lean_poll.py` compares the two on the wire.
 JSON body or an SSE stream carrying the response, and is read with a size cap so that a hostile
 server cannot exhaust memory. stdio servers have no HTTP to be lean on: :func:`task_getter` gives
 them the SDK-based :class:`~taskhub.mcp.client.TasksClient`.
+
+Leaner still, once aiohttp has seen a server answer plainly: the same bytes go on kept connections of the
+getter's own (`taskhub.mcp.rawhttp`, a quarter of aiohttp's CPU per request), and anything but the plain case
+goes again through aiohttp. An answer that repeats the last one about the same task (but for its JSON-RPC id)
+is handed back as the same snapshot object, not validated again: the bulk of a tracker's polls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 from typing import Any, Protocol
 
 import aiohttp
+from opentelemetry import propagate, trace
 
 from taskhub.mcp import wire
 from taskhub.mcp.address_policy import PolicyResolver
@@ -31,6 +38,7 @@ from taskhub.mcp.errors import (
     protocol_error,
 )
 from taskhub.mcp.excerpts import excerpt
+from taskhub.mcp.rawhttp import BrokeOff, RawEndpoint, RawPool, TimedOut, TooLarge, Unusual
 from taskhub.mcp.secret_urls import mask_urls_in
 from taskhub.mcp.wire import TaskSnapshot
 
@@ -40,6 +48,11 @@ MAX_RESPONSE_BYTES = wire.MAX_RESPONSE_BYTES
 # What the SDK's Streamable HTTP transport sends with every POST.
 CONTENT_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 READ_CHUNK = 64 * 1024
+# An answer byte for byte the last one about the same task (but for its JSON-RPC id) is the same snapshot: it is
+# not parsed and validated again. Kept for small answers about working tasks only, for this many tasks per getter
+# (the oldest dropped first).
+SAME_ANSWER_MAX_BYTES = 2048
+SAME_ANSWER_TASKS = 20_000
 
 
 class TaskGetter(Protocol):
@@ -82,6 +95,12 @@ class LeanTaskGetter:
         self._ids = itertools.count(1)
         self._concurrency = concurrency
         self._session: aiohttp.ClientSession | None = None
+        # The plain case on kept connections of our own (taskhub.mcp.rawhttp), once aiohttp has seen this server
+        # answer plainly; None where only aiohttp may go (credentials in the URL, odd headers).
+        self._raw_endpoint = RawEndpoint.of(target.url, {**target.all_headers(), **CONTENT_HEADERS})
+        self._raw: RawPool | None = None
+        self._raw_ok = False
+        self._last_answers: dict[str, tuple[tuple[int, bytes], TaskSnapshot]] = {}
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -100,16 +119,90 @@ class LeanTaskGetter:
         return self._session
 
     async def aclose(self) -> None:
+        if self._raw is not None:
+            await self._raw.aclose()
+            self._raw = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     async def get_task(self, task_id: str) -> TaskSnapshot:
         request_id = next(self._ids)
-        payload = self._body_head + str(request_id) + self._body_middle + json.dumps(task_id) + self._body_tail
+        payload = (self._body_head + str(request_id) + self._body_middle + json.dumps(task_id) + self._tail()).encode()
         headers = wire.task_request_headers(method=METHOD, task_id=task_id)
-        message = await self._post(payload.encode(), request_id, headers)
+        if self._raw_ok:
+            raw = await self._post_raw(payload, headers)
+            if raw is not None:
+                return self._snapshot_of(raw, request_id, task_id)
+        message = await self._post(payload, request_id, headers)
         return _result_of(message, request_id)
+
+    def _snapshot_of(self, raw: bytes, request_id: int, task_id: str) -> TaskSnapshot:
+        """The snapshot a plain answer carries; the very one of the last answer about the task when the bytes are
+        the same but for the JSON-RPC id (a working task that did not move: most polls)."""
+        key = _same_answer_key(raw, request_id) if len(raw) <= SAME_ANSWER_MAX_BYTES else None
+        if key is not None:
+            last = self._last_answers.get(task_id)
+            if last is not None and last[0] == key:
+                return last[1]
+        message = _json_rpc_message(raw, 200)
+        assert message is not None  # a 200 answer that is not JSON-RPC raised
+        snapshot = _result_of(message, request_id)
+        if (
+            key is not None
+            and snapshot.task_id == task_id
+            and snapshot.status == "working"
+            and snapshot.result is None
+            and snapshot.error is None
+            and not snapshot.input_requests
+        ):
+            answers = self._last_answers
+            if task_id not in answers and len(answers) >= SAME_ANSWER_TASKS:
+                del answers[next(iter(answers))]
+            answers[task_id] = (key, snapshot)
+        return snapshot
+
+    async def _post_raw(self, payload: bytes, headers: dict[str, str]) -> bytes | None:
+        """The plain case on a kept connection of our own; None: send it through aiohttp instead."""
+        if self._raw is not None and self._raw.in_flight >= self._concurrency:
+            return None  # past the limit, aiohttp's connector queues the request (the tracker never gets here)
+        if self._raw is None:
+            assert self._raw_endpoint is not None
+            policy = self.target.address_policy
+            self._raw = RawPool(
+                self._raw_endpoint,
+                timeout=self.timeout,
+                max_body=self.max_response_bytes,
+                resolve=PolicyResolver(policy).resolve if policy is not None else None,
+            )
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        try:
+            raw = await self._raw.post(lines.encode(), payload)
+        except Unusual:
+            self._raw_ok = False  # until aiohttp sees a plain answer again
+            return None
+        except TooLarge:
+            raise InvalidResult(f"{METHOD}: the answer is larger than {self.max_response_bytes} bytes") from None
+        except BrokeOff as broke_off:
+            where = self.target.describe()
+            raise IncompleteAnswer(f"{METHOD}: {where}: the answer broke off mid-body ({broke_off})") from None
+        except TimedOut as timed_out:
+            self._raw_ok = False
+            where = self.target.describe()
+            if timed_out.answer_started:
+                raise IncompleteAnswer(
+                    f"{METHOD}: {where} began to answer but did not finish within {self.timeout:g}s"
+                ) from None
+            raise RequestTimeout(f"{METHOD}: no answer from {where} within {self.timeout:g}s") from None
+        return raw
+
+    def _tail(self) -> str:
+        """The body's `_meta` and end; in a trace (a poll's span), with its W3C context as the SDK adds it (SEP-414)."""
+        if not trace.get_current_span().get_span_context().is_valid:  # tracing off: the body encoded once
+            return self._body_tail
+        meta = dict(self._meta)
+        propagate.inject(meta)
+        return f',"_meta":{json.dumps(meta, separators=(",", ":"))}}}}}'
 
     async def _post(self, payload: bytes, request_id: int, headers: dict[str, str]) -> dict[str, Any]:
         where = self.target.describe()
@@ -139,6 +232,17 @@ class LeanTaskGetter:
             message = await self._read_sse_response(response, request_id)
         else:
             message = await self._read_json(response)
+            if (
+                message is not None
+                and self._raw_endpoint is not None
+                and response.status == 200
+                and content_type == "application/json"
+                and response.content_length is not None
+                and response.version == aiohttp.HttpVersion11
+                and "content-encoding" not in response.headers
+                and "close" not in response.headers.get("connection", "").lower()
+            ):
+                self._raw_ok = True  # a plain answer: the next requests go on connections of our own
         if message is None:
             raise _http_failure(response.status, self.target.describe())
         return message
@@ -159,15 +263,7 @@ class LeanTaskGetter:
                     raise too_large
                 chunks.append(chunk)
             raw = b"".join(chunks)
-        try:
-            message = json.loads(raw) if raw else None
-        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
-            message = None
-        if isinstance(message, dict) and "id" in message and ("result" in message or "error" in message):
-            return message
-        if 200 <= response.status < 300:
-            raise InvalidResult(f"{METHOD}: the answer is not a JSON-RPC response")
-        return None  # an HTTP error without a JSON-RPC body (a proxy's 502, a 401 page, …)
+        return _json_rpc_message(raw, response.status)
 
     async def _read_sse_response(self, response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any] | None:
         """Read events until the response to our request; notifications before it are skipped."""
@@ -188,6 +284,30 @@ class LeanTaskGetter:
         if 200 <= response.status < 300:
             raise TransportError(f"{METHOD}: the event stream ended without a response")
         return None
+
+
+def _same_answer_key(raw: bytes, request_id: int) -> tuple[int, bytes] | None:
+    """Where the answer's `"id":<request id>` is and a digest of the rest; None unless that id is written exactly
+    so, once (no other `"id":` anywhere), before the result. Two answers with the same key are the same bytes
+    but for their ids, at the same place outside the result: the same result."""
+    needle = b'"id":' + str(request_id).encode()
+    at = raw.find(needle)
+    end = at + len(needle)
+    if at < 0 or raw[end : end + 1] not in (b",", b"}") or raw.count(b'"id":') != 1 or raw.find(b'"result"') < end:
+        return None
+    return at, hashlib.blake2b(raw[:at] + raw[end:], digest_size=16).digest()
+
+
+def _json_rpc_message(raw: bytes, status: int) -> dict[str, Any] | None:
+    try:
+        message = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
+        message = None
+    if isinstance(message, dict) and "id" in message and ("result" in message or "error" in message):
+        return message
+    if 200 <= status < 300:
+        raise InvalidResult(f"{METHOD}: the answer is not a JSON-RPC response")
+    return None  # an HTTP error without a JSON-RPC body (a proxy's 502, a 401 page, …)
 
 
 def _split_sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:

@@ -14,6 +14,10 @@ in the worker's log as is). Here:
   environment blanked out, at most `STDERR_LOG_MAX_BYTES` a minute (the rest is read and dropped, so a loud
   server never blocks on a full pipe).
 
+A long-lived process (the worker keeps one per stdio server) is watched through a `ProcessObserver`: told its
+pid when it starts, each redacted stderr line the log budget lets through, and its exit; `before_start` may
+hold a restart back (backoff) or refuse it.
+
 Process shutdown (close stdin, wait, kill the process group) and draining stdout are the SDK's own helpers
 (private ones, reached through `taskhub.mcp.sdk_private`).
 """
@@ -25,6 +29,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
+from typing import Protocol
 
 import anyio
 import anyio.lowlevel
@@ -48,6 +53,18 @@ REDACTED = "[redacted]"
 # Shorter values (a port, "true") are no credential, and blanking them would garble every line.
 MIN_REDACTED_CHARS = 4
 _WRITER_FLUSH_TIMEOUT = 0.5
+
+
+class ProcessObserver(Protocol):
+    async def before_start(self) -> None:
+        """Called before the process is started; may wait, or raise to refuse the start."""
+
+    def started(self, pid: int) -> None: ...
+
+    def stderr_line(self, text: str) -> None:
+        """A line the server wrote on stderr, redacted and capped (the lines past the log budget are not seen)."""
+
+    def exited(self, returncode: int | None) -> None: ...
 
 
 class BadLine(ValueError):
@@ -146,9 +163,10 @@ def parse_line(line: bytes | int, redact: Callable[[str], str]) -> SessionMessag
 class StderrLog:
     """Log a server's stderr lines: redacted, each line capped, at most a budget of bytes per window."""
 
-    def __init__(self, name: str, redact: Callable[[str], str]) -> None:
+    def __init__(self, name: str, redact: Callable[[str], str], also: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.redact = redact
+        self.also = also
         self._window_start = time.monotonic()
         self._logged = 0
         self._dropped = 0
@@ -170,7 +188,10 @@ class StderrLog:
         if isinstance(line, int):
             stderr_logger.warning("%s: stderr line of %d bytes dropped (too long)", self.name, line)
         else:
-            stderr_logger.warning("%s: %s", self.name, self.redact(line.decode("utf-8", "replace").rstrip()))
+            text = self.redact(line.decode("utf-8", "replace").rstrip())
+            stderr_logger.warning("%s: %s", self.name, text)
+            if self.also is not None:
+                self.also(text)
 
     def close(self) -> None:
         self._flush_dropped()
@@ -195,9 +216,16 @@ async def _log_stderr(stream: ByteReceiveStream, log: StderrLog) -> None:
 
 @asynccontextmanager
 async def stdio_transport(
-    *, command: str, args: list[str], env: Mapping[str, str] | None, cwd: str | None
+    *,
+    command: str,
+    args: list[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    observer: ProcessObserver | None = None,
 ) -> AsyncIterator[TransportStreams]:
     redact = redactor(env)
+    if observer is not None:
+        await observer.before_start()
     process = await anyio.open_process(
         [command, *args],
         env=get_default_environment() | dict(env or {}),
@@ -206,7 +234,9 @@ async def stdio_transport(
         start_new_session=True,
     )
     assert process.stdout and process.stdin and process.stderr
-    stderr_log = StderrLog(f"{command} (pid {process.pid})", redact)
+    stderr_log = StderrLog(f"{command} (pid {process.pid})", redact, observer.stderr_line if observer else None)
+    if observer is not None:
+        observer.started(process.pid)
     read_stream_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_stream_reader = anyio.create_memory_object_stream[SessionMessage](0)
     writer_done = anyio.Event()
@@ -254,10 +284,28 @@ async def stdio_transport(
         finally:
             writer_done.set()
 
+    told_exit = False
+
+    def tell_exit() -> None:
+        nonlocal told_exit
+        if observer is not None and not told_exit:
+            told_exit = True
+            observer.exited(process.returncode)
+
+    async def exit_watcher() -> None:
+        # The observer hears of an exit when it happens, not when the connection is next used or closed.
+        with suppress(Exception):
+            await process.wait()
+            with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
+                await stderr_done.wait()  # its last words first
+            tell_exit()
+
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(stdout_reader)
         tasks.start_soon(stdin_writer)
         tasks.start_soon(stderr_reader)
+        if observer is not None:
+            tasks.start_soon(exit_watcher)
         try:
             yield read_stream, write_stream
         finally:
@@ -269,6 +317,7 @@ async def stdio_transport(
                 await stop_server_process(process)
                 with anyio.move_on_after(_WRITER_FLUSH_TIMEOUT):
                     await stderr_done.wait()  # its last words, when it had any
+                tell_exit()
                 with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await process.stderr.aclose()
                 for stream in (read_stream, write_stream, read_stream_writer, write_stream_reader):

@@ -2,7 +2,8 @@
 
 Whatever shape the server sent, `tools_of` returns only entries with a string name, and every text is a
 plain string (templates escape it). `find_tool` is how the launch page decides what may be launched: only
-a tool in the stored catalogue.
+a tool in the stored catalogue, and not one whose `x-mcp-header` annotations are invalid (`header_problem`, SEP-2243:
+a client must not call it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskhub.mcp.secret_urls import mask_url
+from taskhub.mcp.tool_headers import header_problem
 from taskhub.servers.models import Server, Transport
 
 MAX_TOOLS = 1000
@@ -48,6 +50,8 @@ class ToolEntry:
     labels: list[Label] = field(default_factory=list)
     task_support: str = ""
     input_schema: Any = None
+    header_problem: str = ""
+    """Why the tool must not be called (invalid `x-mcp-header` annotations), "" when it may."""
 
     @property
     def schema_json(self) -> str:
@@ -71,6 +75,9 @@ def _entry(raw: dict[str, Any]) -> ToolEntry:
     labels = [Label(text, kind) for key, value, text, kind in HINT_LABELS if annotations.get(key) is value]
     execution = raw.get("execution") if isinstance(raw.get("execution"), dict) else {}
     support = execution.get("taskSupport")
+    problem = header_problem(raw.get("inputSchema")) or ""
+    if problem:
+        labels.insert(0, Label("cannot be called: invalid x-mcp-header", "danger"))
     return ToolEntry(
         name=raw["name"],
         title=_str(raw.get("title")) or _str(annotations.get("title")),
@@ -78,6 +85,7 @@ def _entry(raw: dict[str, Any]) -> ToolEntry:
         labels=labels,
         task_support=TASK_SUPPORT_WORDS.get(support, "") if isinstance(support, str) else "",
         input_schema=raw.get("inputSchema"),
+        header_problem=problem,
     )
 
 

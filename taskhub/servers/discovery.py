@@ -20,11 +20,16 @@ class DiscoveryFailed(Exception):
     """The server could not be asked or answered badly; the message says what happened, for people."""
 
 
-async def discover(server: Server, *, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> Discovery:
-    """server/discover (capabilities and tools/list), the whole exchange bounded by `timeout`."""
+async def discover(
+    server: Server, *, timeout: float = DISCOVERY_TIMEOUT_SECONDS, client: TasksClient | None = None
+) -> Discovery:
+    """server/discover (capabilities and tools/list), the whole exchange bounded by `timeout`. `client`: one to
+    ask through (a stdio server's long-lived process, in the worker that runs it), left open; else a new one."""
     async with asyncio.timeout(timeout):
-        async with TasksClient(server.to_target(), timeout=timeout) as client:
+        if client is not None:
             return await client.discover()
+        async with TasksClient(server.to_target(), timeout=timeout) as own:
+            return await own.discover()
 
 
 def describe_failure(error: BaseException, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> str:
@@ -35,10 +40,12 @@ def describe_failure(error: BaseException, timeout: float = DISCOVERY_TIMEOUT_SE
     return f"{type(error).__name__}: {error}"
 
 
-async def adiscover_and_record(*, server: Server, user=None, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> Discovery:
+async def adiscover_and_record(
+    *, server: Server, user=None, timeout: float = DISCOVERY_TIMEOUT_SECONDS, client: TasksClient | None = None
+) -> Discovery:
     """Discover and store the result (or the failure, on the server's health); raises DiscoveryFailed."""
     try:
-        discovery = await discover(server, timeout=timeout)
+        discovery = await discover(server, timeout=timeout, client=client)
     except Exception as error:  # whatever went wrong, the caller is told and the server's health says so
         text = describe_failure(error, timeout)
         logger.info("discovery of server %s failed: %s", server.pk, text)
@@ -48,18 +55,20 @@ async def adiscover_and_record(*, server: Server, user=None, timeout: float = DI
     return discovery
 
 
-async def adiscover_requested(*, server_id: int, requested_by: int | None) -> str:
+async def adiscover_requested(*, server_id: int, requested_by: int | None, client: TasksClient | None = None) -> str:
     """The background discovery (taskhub.worker.jobs.discover_server): what happened, for the job's log.
 
     A failure is recorded on the server and shown on its page; it is not retried (the admin asks again)."""
     server = await Server.objects.filter(pk=server_id).afirst()
     if server is None:
         return "server deleted meanwhile"
+    if server.removed_at is not None:
+        return "server removed meanwhile"
     user = None
     if requested_by is not None:
         user = await get_user_model().objects.filter(pk=requested_by).afirst()
     try:
-        discovery = await adiscover_and_record(server=server, user=user)
+        discovery = await adiscover_and_record(server=server, user=user, client=client)
     except DiscoveryFailed as failure:
         return f"discovery failed: {failure}"
     return f"discovered {len(discovery.tools)} tools"

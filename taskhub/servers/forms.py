@@ -10,7 +10,6 @@ Error messages name a line by its number, never by its content (it may hold a se
 import re
 
 from django import forms
-from django.contrib.auth.models import Group
 
 from taskhub.mcp.secret_urls import has_secrets, mask_url
 from taskhub.servers.models import Server, Transport
@@ -116,12 +115,6 @@ class ServerForm(forms.Form):
     enabled = forms.BooleanField(
         required=False, initial=True, help_text="Operators launch tools only on enabled servers."
     )
-    approver_groups = forms.ModelMultipleChoiceField(
-        queryset=Group.objects.order_by("name"),
-        required=False,
-        widget=forms.CheckboxSelectMultiple,
-        help_text="Only approvers in these groups may answer this server's questions. None ticked: every approver may.",
-    )
     max_concurrent_jobs = forms.IntegerField(
         label="Max concurrent jobs",
         required=False,
@@ -175,7 +168,6 @@ class ServerForm(forms.Form):
                 "command": server.command,
                 "args": "\n".join(str(arg) for arg in server.args or []),
                 "enabled": server.enabled,
-                "approver_groups": list(server.approver_groups.all()),
                 "max_concurrent_jobs": server.max_concurrent_jobs,
                 "call_timeout_seconds": server.call_timeout_seconds,
             }
@@ -230,7 +222,6 @@ class ServerForm(forms.Form):
             "command": data["command"],
             "args": data["args"],
             "enabled": data["enabled"],
-            "approver_groups": list(data["approver_groups"]),
             "max_concurrent_jobs": data["max_concurrent_jobs"],
             "call_timeout_seconds": data["call_timeout_seconds"],
         }
@@ -250,3 +241,34 @@ class ServerForm(forms.Form):
         elif data["remove_bearer_token"] and self.server.bearer_token:
             arguments["bearer_token"] = None
         return arguments
+
+
+class ServerChoiceField(forms.ModelChoiceField):
+    """A choice of server that names a removed one as such (its name may have been taken by a new server)."""
+
+    def label_from_instance(self, obj: Server) -> str:
+        return f"{obj.name} (removed)" if obj.removed_at is not None else obj.name
+
+
+class InUseServerSelect(forms.Select):
+    """Offers the servers in use; a removed server only when it is the chosen one (a link from its page)."""
+
+    def optgroups(self, name, value, attrs=None):
+        groups = []
+        for group_name, options, index in super().optgroups(name, value, attrs):
+            options = [option for option in options if option["selected"] or not _removed(option["value"])]
+            if options:
+                groups.append((group_name, options, index))
+        return groups
+
+
+def _removed(value) -> bool:
+    server = getattr(value, "instance", None)
+    return server is not None and server.removed_at is not None
+
+
+class ServerFilterField(ServerChoiceField):
+    """A filter by server (task list, inbox): any server of its queryset is a valid value (a removed server's tasks
+    stay readable), but a removed one is not offered in the list unless chosen."""
+
+    widget = InUseServerSelect

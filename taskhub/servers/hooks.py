@@ -14,6 +14,17 @@ from procrastinate.contrib.django.settings import settings as procrastinate_sett
 
 # The name taskhub.worker.jobs.discover_server is registered under.
 DISCOVERY_JOB = "taskhub.discover_server"
+# procrastinate's own default: the queue of every job on an HTTP server, and of the periodic sweeps.
+DEFAULT_QUEUE = "default"
+STDIO_QUEUE_PREFIX = "stdio-"
+
+
+def job_queue(server) -> str:
+    """The queue of a job that talks to `server`. A stdio server's process lives in one worker (its lease owner,
+    taskhub/worker/stdio/): its jobs go to a queue of its own, which only that worker runs."""
+    if server.transport == "stdio":
+        return f"{STDIO_QUEUE_PREFIX}{server.pk}"
+    return DEFAULT_QUEUE
 
 
 @functools.cache
@@ -28,13 +39,13 @@ def discovery_lock(server_id: int) -> str:
     return f"discover:{server_id}"
 
 
-def enqueue_discovery(server_id: int, *, requested_by: int | None) -> None:
+def enqueue_discovery(server_id: int, *, requested_by: int | None, queue: str = DEFAULT_QUEUE) -> None:
     """The discovery job asks the server for its capabilities and tools and records them, or the failure.
 
     A discovery already waiting for this server answers this request too: the second one is not queued."""
     lock = discovery_lock(server_id)
     deferrer = tasks.configure_task(
-        name=DISCOVERY_JOB, job_manager=jobs_in_django_transaction(), lock=lock, queueing_lock=lock
+        name=DISCOVERY_JOB, job_manager=jobs_in_django_transaction(), lock=lock, queueing_lock=lock, queue=queue
     )
     try:
         # A savepoint: the refused insert of a second waiting job must not break the caller's transaction.

@@ -1,4 +1,4 @@
-from django.contrib.auth.models import Group
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
@@ -6,6 +6,8 @@ from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 from taskhub.mcp.client import HttpTarget, ServerTarget, StdioTarget
 from taskhub.mcp.secret_urls import with_secrets
 from taskhub.servers.policy import server_address_policy
+
+NAME_TAKEN = "server_name_taken"
 
 
 class Transport(models.TextChoices):
@@ -23,7 +25,8 @@ class Server(models.Model):
     variable names) are not.
     """
 
-    name = models.CharField(max_length=100, unique=True)
+    # Unique among the servers in use (the constraint below): a removed server's name is free for a new server.
+    name = models.CharField(max_length=100)
     transport = models.CharField(max_length=8, choices=Transport.choices)
     # Without its secrets (a secret query value is ***; userinfo is moved into the headers): see servers.services.
     url = models.URLField(max_length=2000, blank=True, help_text="Streamable HTTP endpoint")
@@ -64,7 +67,14 @@ class Server(models.Model):
     last_error_at = models.DateTimeField(null=True, blank=True)
     unreachable_since = models.DateTimeField(null=True, blank=True)
 
-    approver_groups = models.ManyToManyField(Group, blank=True, related_name="approved_servers")
+    # Who answers its requests: its approval policies (taskhub/approvals), which replaced its approver groups.
+
+    # Removed by an admin (services.remove_server): never deleted, so its tasks, their requests and the audit
+    # trail keep their server and its name; a removed server is disabled for good (no launch, poll or delivery).
+    removed_at = models.DateTimeField(null=True, blank=True)
+    removed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -78,6 +88,13 @@ class Server(models.Model):
                 name="server_transport_has_endpoint",
                 violation_error_message="An HTTP server needs a URL; a stdio server needs a command.",
             ),
+            models.UniqueConstraint(
+                fields=("name",),
+                condition=models.Q(removed_at__isnull=True),
+                name="server_name_unique_in_use",
+                violation_error_code=NAME_TAKEN,
+                violation_error_message="Server with this Name already exists.",
+            ),
         )
 
     def __str__(self) -> str:
@@ -88,8 +105,17 @@ class Server(models.Model):
         return self.discovery_pending_since is not None
 
     @property
+    def is_removed(self) -> bool:
+        return self.removed_at is not None
+
+    @property
     def is_reachable(self) -> bool:
         return self.unreachable_since is None
+
+    @classmethod
+    def named(cls, name: str) -> "Server | None":
+        """The server people mean by this name: the one in use, else the last one removed under it."""
+        return cls.objects.filter(name=name).order_by(models.F("removed_at").desc(nulls_first=True)).first()
 
     def to_target(self) -> ServerTarget:
         if self.transport == Transport.HTTP:
@@ -100,3 +126,40 @@ class Server(models.Model):
                 address_policy=server_address_policy(),
             )
         return StdioTarget(command=self.command, args=tuple(self.args or ()), env=dict(self.env) if self.env else None)
+
+
+class ProcessState(models.TextChoices):
+    STARTING = "starting", "starting"
+    RUNNING = "running", "running"
+    RESTARTING = "restarting", "exited, restarting"
+    STOPPED = "stopped", "stopped"
+
+
+# The last lines a stdio server wrote on stderr, kept for its page (redacted, each line capped).
+STDERR_TAIL_LINES = 30
+STDERR_TAIL_LINE_CHARS = 2000
+
+
+class ServerProcess(models.Model):
+    """The one long-lived process of a stdio server, and the lease that says which worker owns it.
+
+    Exactly one worker holds an unexpired lease on a stdio server (taskhub/worker/stdio/leases.py): it runs the
+    server's process, every job on the server (their procrastinate queue, `servers.hooks.job_queue`) and the
+    tracker's polls of its tasks. The lease owner is the worker id, as in the tracker's task leases. The rest is
+    what the server page shows of the process, written by its owner."""
+
+    server = models.OneToOneField(Server, primary_key=True, on_delete=models.CASCADE, related_name="process")
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    state = models.CharField(max_length=12, choices=ProcessState.choices, default=ProcessState.STOPPED)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    next_start_at = models.DateTimeField(null=True, blank=True)
+    last_exit = models.CharField(max_length=200, blank=True)
+    last_exit_at = models.DateTimeField(null=True, blank=True)
+    stderr_tail = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"process of server {self.server_id} ({self.state})"

@@ -1,10 +1,10 @@
 """Every change to a Server, each in one transaction with its audit row."""
 
 import base64
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -13,8 +13,8 @@ from taskhub.mcp.address_policy import AddressRefused
 from taskhub.mcp.client import Discovery
 from taskhub.mcp.secret_urls import mask_urls_in, masked_parameters, split_secrets
 from taskhub.servers import hooks
-from taskhub.servers.errors import ServerConfigInvalid
-from taskhub.servers.models import Server, Transport
+from taskhub.servers.errors import ServerConfigInvalid, ServerRemoved
+from taskhub.servers.models import NAME_TAKEN, Server, Transport
 from taskhub.servers.policy import server_address_policy
 
 SECRET_FIELDS = frozenset({"env", "headers", "bearer_token", "url_secrets"})
@@ -84,7 +84,15 @@ def _validated_save(server: Server) -> None:
     try:
         server.full_clean()
     except ValidationError as error:
-        raise ServerConfigInvalid(error.message_dict) from error
+        problems = error.message_dict
+        # The name's uniqueness is a conditional constraint (among servers in use), so Django reports it for the
+        # whole form: it belongs next to the name.
+        taken = [e for e in error.error_dict.get(NON_FIELD_ERRORS, []) if e.code == NAME_TAKEN]
+        if taken:
+            problems[NON_FIELD_ERRORS] = [m for m in problems[NON_FIELD_ERRORS] if m not in taken[0].messages]
+            problems.setdefault("name", []).extend(taken[0].messages)
+            problems = {field: messages for field, messages in problems.items() if messages}
+        raise ServerConfigInvalid(problems) from error
     server.save()
 
 
@@ -101,7 +109,6 @@ def create_server(
     headers: Mapping[str, str] | None = None,
     bearer_token: str | None = None,
     enabled: bool = True,
-    approver_groups: Iterable = (),
     discover_in_background: bool = False,
     max_concurrent_jobs: int | None = None,
     call_timeout_seconds: int | None = None,
@@ -125,7 +132,6 @@ def create_server(
     _secrets_out_of_the_url(server, stored={})
     _check_address(server)
     _validated_save(server)
-    server.approver_groups.set(approver_groups)
     record_event(
         action="server.created",
         user=user,
@@ -141,23 +147,48 @@ def create_server(
 def request_discovery(*, server: Server, user) -> Server:
     """“Discover now”: the job asks the server in the background; the page shows it pending meanwhile."""
     server = Server.objects.select_for_update().get(pk=server.pk)
+    _refuse_removed(server)
     _queue_discovery(server, user)
+    return server
+
+
+def _refuse_removed(server: Server) -> None:
+    if server.removed_at is not None:
+        raise ServerRemoved(f"The server {server.name} was removed; it cannot be changed or used any more.")
+
+
+@transaction.atomic
+def remove_server(*, server: Server, user) -> Server:
+    """Remove a server from use, for good: disabled (the tracker claims none of its tasks, launches are refused),
+    marked removed (answer and cancel deliveries are not sent, it leaves the lists), its discovery forgotten. The
+    row stays, so its tasks, their requests and the audit trail stay readable with its name. Removing twice
+    changes nothing."""
+    server = Server.objects.select_for_update().get(pk=server.pk)
+    if server.removed_at is not None:
+        return server
+    server.enabled = False
+    server.removed_at = timezone.now()
+    server.removed_by = user
+    server.discovery_pending_since = None
+    server.save(update_fields=["enabled", "removed_at", "removed_by", "discovery_pending_since", "updated_at"])
+    record_event(action="server.removed", user=user, server=server, data={"name": server.name})
     return server
 
 
 def _queue_discovery(server: Server, user) -> None:
     server.discovery_pending_since = timezone.now()
     server.save(update_fields=["discovery_pending_since", "updated_at"])
-    hooks.enqueue_discovery(server.pk, requested_by=getattr(user, "pk", None))
+    hooks.enqueue_discovery(server.pk, requested_by=getattr(user, "pk", None), queue=hooks.job_queue(server))
 
 
 @transaction.atomic
-def update_server(*, server: Server, user, approver_groups: Iterable | None = None, **changes: Any) -> Server:
+def update_server(*, server: Server, user, **changes: Any) -> Server:
     """Change the given fields; the audit row names what changed, with values only for non-secret fields."""
     unknown = set(changes) - EDITABLE_FIELDS
     if unknown:
         raise TypeError(f"update_server cannot change {', '.join(sorted(unknown))}")
     server = Server.objects.select_for_update().get(pk=server.pk)
+    _refuse_removed(server)
     before = {field: getattr(server, field) for field in EDITABLE_FIELDS | SECRET_FIELDS}
     for field, value in changes.items():
         setattr(server, field, value)
@@ -166,13 +197,6 @@ def update_server(*, server: Server, user, approver_groups: Iterable | None = No
     for field, value in before.items():
         if getattr(server, field) != value:
             changed[field] = "(secret changed)" if field in SECRET_FIELDS else getattr(server, field)
-    if approver_groups is not None:
-        groups_before = set(server.approver_groups.values_list("name", flat=True))
-        groups = list(approver_groups)
-        after = {group.name for group in groups}
-        if groups_before != after:
-            server.approver_groups.set(groups)
-            changed["approver_groups"] = sorted(after)
     if not changed:
         return server
     if "url" in changed or "transport" in changed:

@@ -11,4 +11,6 @@ urlpatterns = [
     path("<int:server_id>/edit/", views.server_edit, name="edit"),
     path("<int:server_id>/discover", views.server_discover, name="discover"),
     path("<int:server_id>/discovery/", views.server_discovery, name="discovery"),
+    path("<int:server_id>/remove/", views.server_remove, name="remove"),
+    path("<int:server_id>/process/", views.server_process, name="process"),
 ]

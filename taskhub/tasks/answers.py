@@ -8,6 +8,7 @@ from typing import Any
 
 from taskhub.mcp import schema_fields
 from taskhub.tasks.errors import AnswerRejected
+from taskhub.tasks.models import GATE_METHOD
 
 ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 
@@ -18,6 +19,12 @@ def validate_response(*, method: str, params: dict[str, Any], response: Any) -> 
         raise AnswerRejected("The answer must be an object.")
     if method == "elicitation/create":
         return _validate_elicit_result(params or {}, response)
+    if method == GATE_METHOD:
+        if response.get("action") not in ELICITATION_ACTIONS:
+            raise AnswerRejected(f"The action must be accept, decline or cancel, not {response.get('action')!r}.")
+        if response.get("content") is not None:
+            raise AnswerRejected("Approving a launch carries no content.")
+        return {"action": response["action"]}
     if method == "roots/list":
         if not isinstance(response.get("roots"), list):
             raise AnswerRejected("A roots/list answer needs a list of roots.")

@@ -20,6 +20,10 @@ class AnswerRejected(TaskError):
         super().__init__(message)
 
 
+class PolicyRefused(AnswerRejected):
+    """The answer fits the request, but its approval policy does not let this person give it (now)."""
+
+
 class LaunchRefused(TaskError):
     """The call cannot be launched as asked. `field_errors` maps each argument ("" for all of them) to what is wrong."""
 

@@ -5,21 +5,30 @@ page, the live fragments. It decides nothing about permission beyond reading `ma
 check permissions.may_answer before acting.
 """
 
+import datetime
 import ipaddress
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.tasks.answers import ELICITATION_ACTIONS, content_errors
 from taskhub.tasks.errors import AnswerRejected
-from taskhub.tasks.models import InputRequest, InputRequestState
+from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState
 from taskhub.tasks.schema_forms import CANNOT_RENDER, SchemaForm, answer_form
+from taskhub.tasks.services import answerer_name, deadline_near_at
 
 MESSAGE_MAX_CHARS = 4000
+HEADLINE_MAX_CHARS = 160  # the message's first line, as the card's title
+KEY_SHOWN_CHARS = 12  # a long key is shown by its tail, which tells one request of a task from another
+TITLES_SHOWN = 6
+TITLE_MAX_CHARS = 60
+KEY_SEPARATORS = ":/#._-|"
 PARAMS_MAX_CHARS = 6000
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 ACTION_WORDS = {"accept": "accepted", "decline": "declined", "cancel": "cancelled"}
@@ -83,11 +92,42 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class DeadlineView:
+    words: str  # "answer within 4 min", "past due: taskhub applies the default now"
+    state: str  # due | near | past
+    at: datetime.datetime
+
+
+def deadline_view(input_request: InputRequest, *, now: datetime.datetime) -> DeadlineView | None:
+    """The time left to answer an open request, as of `now`: rendered on the server at each render or live update
+    (the card does not tick between them)."""
+    deadline = input_request.answer_deadline_at
+    if deadline is None or input_request.default_applied_at is not None or input_request.state != "open":
+        return None
+    left = (deadline - now).total_seconds()
+    if left <= 0:
+        return DeadlineView(words="past due: taskhub applies the default now", state="past", at=deadline)
+    near = now >= deadline_near_at(opened_at=input_request.created_at, deadline=deadline)
+    return DeadlineView(words=f"answer within {_time_left(left)}", state="near" if near else "due", at=deadline)
+
+
+def _time_left(seconds: float) -> str:
+    """Rounded up, so it never promises less time than is left: 59.2 s is "60 s", 61 s is "2 min"."""
+    if seconds <= 60:
+        return f"{math.ceil(seconds)} s"
+    if seconds <= 3600:
+        return f"{math.ceil(seconds / 60)} min"
+    if seconds <= 48 * 3600:
+        return f"{math.ceil(seconds / 3600)} h"
+    return f"{math.ceil(seconds / 86400)} days"
+
+
 @dataclass
 class Card:
     input_request: InputRequest
     kind: str  # form | url | other
-    state: str  # open | answered | delivered | superseded | ended
+    state: str  # open | answered | delivered | superseded | ended | removed (its server, while it was open)
     may_answer: bool
     message: str = ""
     form: SchemaForm | None = None
@@ -100,6 +140,25 @@ class Card:
     form_error: str = ""
     notice: str = ""
     next_url: str = ""
+    headline: str = ""  # the message's first line, capped; the whole message shows below when it says more
+    field_titles: list[str] | None = None
+    more_fields: int = 0
+    key_short: str = ""
+    answerers: str = "all approvers"  # "for: …": who the request's approval policy lets answer
+    required_accepts: int = 1  # N of M
+    accepted_by: list[str] | None = None  # who accepted so far (N of M)
+    accepted_by_you: bool = False
+    comment_on_decline: bool = False
+    submitted_comment: str = ""
+    gate_arguments: str = ""  # the gate before the call: the exact arguments the launch will send
+    deadline: "DeadlineView | None" = None  # the answer deadline of an open request, as it stands at this render
+    escalated_to: str = ""  # the group a request was handed to at its deadline
+    ordinal: int = 0  # "request 1 of 3" when the page shows several requests of one task (number_siblings)
+    siblings: int = 0
+
+    @property
+    def message_says_more(self) -> bool:
+        return self.message.strip() != self.headline
 
     @property
     def task(self):
@@ -112,10 +171,12 @@ class Card:
     @property
     def answerable(self) -> bool:
         """Buttons are shown: the request is open, the user may answer, and it is an elicitation."""
-        return self.state == "open" and self.may_answer and self.kind in ("form", "url")
+        return self.state == "open" and self.may_answer and self.kind in ("form", "url", "gate")
 
     @property
     def can_accept(self) -> bool:
+        if self.kind == "gate":
+            return True
         if self.kind == "form":
             return self.form is not None and self.form.renderable
         if self.kind == "url":
@@ -148,26 +209,98 @@ def card_for(
         notice=notice,
         next_url=next_url,
     )
+    card.headline = headline(card.message)
+    if submitted is not None:
+        card.submitted_comment = str(submitted.get("comment", ""))[:2000]
+    card.key_short = short_key(input_request.key, task=input_request.task)
     if card.kind == "form":
         card.form = answer_form(params.get("requestedSchema", {}), submitted=submitted, errors=errors)
+        if card.form.renderable:
+            titles = [_capped(field.label, TITLE_MAX_CHARS) for field in card.form.fields]
+            card.field_titles, card.more_fields = titles[:TITLES_SHOWN], max(0, len(titles) - TITLES_SHOWN)
     elif card.kind == "url":
         card.url = url_target(params.get("url"))
+    elif card.kind == "gate":
+        card.gate_arguments = _capped(_pretty(input_request.task.arguments), PARAMS_MAX_CHARS)
     else:
         card.other_what = OTHER_METHODS.get(input_request.method, "asks for something taskhub does not know")
         card.other_params = _capped(_pretty(params), PARAMS_MAX_CHARS)
+    _show_state(card, input_request, user)
+    return card
+
+
+def card_after_answer(card: Card, input_request: InputRequest, user) -> Card:
+    """`card`, built for the form just answered, showing `input_request` as the answer left it (the answer view: the
+    card is not built twice). What the request asks (its message, form, key) does not change with an answer and stays
+    as built; its state, terms, acceptances and answerer are taken from `input_request`."""
+    card.input_request = input_request
+    card.state = _state(input_request)
+    _show_state(card, input_request, user)
+    return card
+
+
+def _show_state(card: Card, input_request: InputRequest, user) -> None:
+    """What changes with answers: the policy's terms, escalation, deadline, acceptances and who answered."""
+    terms = getattr(input_request, "answer_terms", None) or permissions.answer_terms(
+        server_id=input_request.task.server_id, tool=input_request.task.tool
+    )
+    card.answerers, card.required_accepts = terms.answerers, terms.required_accepts
+    card.comment_on_decline = terms.comment_on_decline
+    if input_request.escalated_to_id is not None:
+        card.escalated_to = input_request.escalated_to.name if input_request.escalated_to else "a removed group"
+    card.deadline = deadline_view(input_request, now=timezone.now())
+    acceptances = input_request.acceptances if isinstance(input_request.acceptances, list) else []
+    card.accepted_by = [str(entry.get("name", "")) for entry in acceptances if isinstance(entry, dict)]
+    card.accepted_by_you = any(
+        isinstance(entry, dict) and entry.get("user") == getattr(user, "pk", None) for entry in acceptances
+    )
     if input_request.answered_by_id is not None or input_request.state in (
         InputRequestState.ANSWERED,
         InputRequestState.DELIVERED,
     ):
         card.answered_by_you = user is not None and input_request.answered_by_id == getattr(user, "pk", None)
-        answerer = input_request.answered_by
-        card.answered_by_name = answerer.get_username() if answerer is not None else "a deleted user"
+        card.answered_by_name = answerer_name(input_request)
         answer = input_request.answer if isinstance(input_request.answer, dict) else {}
         card.action_word = ACTION_WORDS.get(answer.get("action"), "")
-    return card
+
+
+def headline(message: str) -> str:
+    """The first non-empty line of a server's message, capped: what a card leads with."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    return _capped(first, HEADLINE_MAX_CHARS)
+
+
+def short_key(key: str, *, task) -> str:
+    """A request key as short as it can be and still tell the task's requests apart: without the task's own id in
+    front (servers mint `<taskId>:<hash>`), and a long rest by its tail."""
+    rest = key or ""
+    for task_id in (task.remote_task_id, str(task.pk)):
+        if task_id and rest.startswith(task_id) and len(rest) > len(task_id) and rest[len(task_id)] in KEY_SEPARATORS:
+            rest = rest[len(task_id) + 1 :]
+            break
+    if len(rest) <= KEY_SHOWN_CHARS + 4:
+        return rest
+    return "…" + rest[-KEY_SHOWN_CHARS:]
+
+
+def number_siblings(cards: list[Card]) -> list[Card]:
+    """Numbers the cards of one task that a page shows together ("request 2 of 3"), oldest first; a task's
+    only card is not numbered. Reads nothing: the cards are the page's."""
+    by_task: dict = {}
+    for card in cards:
+        by_task.setdefault(card.input_request.task_id, []).append(card)
+    for group in by_task.values():
+        if len(group) < 2:
+            continue
+        ordered = sorted(group, key=lambda card: (card.input_request.created_at, card.input_request.pk))
+        for number, card in enumerate(ordered, start=1):
+            card.ordinal, card.siblings = number, len(group)
+    return cards
 
 
 def _kind(input_request: InputRequest) -> str:
+    if input_request.method == GATE_METHOD:
+        return "gate"
     if input_request.method != "elicitation/create":
         return "other"
     return "url" if input_request.mode == "url" else "form"
@@ -175,7 +308,9 @@ def _kind(input_request: InputRequest) -> str:
 
 def _state(input_request: InputRequest) -> str:
     if input_request.state == InputRequestState.OPEN:
-        return "ended" if input_request.task.is_terminal else "open"
+        if input_request.task.is_terminal:
+            return "ended"
+        return "removed" if input_request.task.server.removed_at is not None else "open"
     if input_request.state == InputRequestState.SUPERSEDED:
         return "ended" if input_request.task.is_terminal else "superseded"
     return str(input_request.state)
@@ -198,8 +333,12 @@ def _pretty(value: Any) -> str:
 
 def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:
     return (
-        InputRequest.objects.filter(pk__in=ids, server__in=permissions.servers_user_may_approve(user))
-        .select_related("task__server", "answered_by")
+        InputRequest.objects.filter(
+            permissions.requests_user_may_answer(user),
+            pk__in=ids,
+            server__in=permissions.servers_user_may_approve(user),
+        )
+        .select_related("task__server", "answered_by", "escalated_to")
         .order_by("created_at", "pk")
     )
 
@@ -210,11 +349,13 @@ def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:
 def response_from_post(card: Card, data) -> dict[str, Any]:
     """The ElicitResult to record, or AnswerRejected (with field errors) before anything is recorded."""
     action = data.get("action")
+    if card.state == "removed":
+        raise AnswerRejected(f"The server {card.task.server.name} was removed; it takes no answers any more.")
     if card.kind == "other":
         raise AnswerRejected(f"taskhub cannot answer {card.input_request.method or 'this kind of'} requests here.")
     if action not in ELICITATION_ACTIONS:
         raise AnswerRejected("Choose Accept, Decline or Cancel.")
-    if action != "accept":
+    if action != "accept" or card.kind == "gate":
         return {"action": action}
     if card.kind == "url":
         if not card.url.clickable:

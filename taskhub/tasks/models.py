@@ -2,8 +2,15 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 STATUS_MESSAGE_MAX_CHARS = 4000
+# How many times the launch job tries to reach a server before the launch fails as never sent (jobs.LAUNCH_RETRY).
+LAUNCH_ATTEMPTS = 9
+# The `source` of the status change of a task cancelled before its tool call was sent (services.request_cancel).
+CANCELLED_NOT_SENT = "cancel before the tool call was sent"
+# What a task keeps of why its launch could not reach the server (a transport error's text, from the server side).
+LAUNCH_ERROR_MAX_CHARS = 500
 TRUNCATION_NOTE = " … [truncated by taskhub]"
 
 
@@ -12,6 +19,8 @@ class TaskStatus(models.TextChoices):
     LAUNCHING = "launching", "launching"
     LAUNCH_UNKNOWN = "launch_unknown", "launch outcome unknown"
     EXPIRED = "expired", "expired"
+    # a stdio server's process exited (or its worker died) and the process that replaced it does not know the task
+    LOST = "lost", "lost"
     # the server's five
     WORKING = "working", "working"
     INPUT_REQUIRED = "input_required", "input required"
@@ -20,7 +29,9 @@ class TaskStatus(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
 
 
-TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.EXPIRED})
+TERMINAL_STATUSES = frozenset(
+    {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.EXPIRED, TaskStatus.LOST}
+)
 # Statuses the tracker follows (a TaskPoll row exists) once the remote task id is known.
 LIVE_STATUSES = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
 
@@ -41,6 +52,18 @@ class Task(models.Model):
         related_name="launched_tasks",
         db_index=False,
     )
+    # The API token (an agent) it was launched with, if any; the label keeps "name (prefix…)" as it was then, so
+    # pages and the audit still say which agent after the token is gone. A string reference: tasks never import api.
+    launched_via_token = models.ForeignKey(
+        "api.ApiToken",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="launched_tasks",
+        db_index=False,  # the partial task_token_created index leads with it
+    )
+    # db_default: rows written by SQL alone (bench/pages.py) need no value either.
+    launched_via_label = models.CharField(max_length=130, blank=True, default="", db_default="")
 
     # NULL until known: many tasks may lack it, which the unique constraint allows only for NULL.
     remote_task_id = models.CharField(max_length=500, null=True, blank=True)  # noqa: DJ001
@@ -55,6 +78,13 @@ class Task(models.Model):
     # MRTR (tools/call answered input_required before any task existed): echoed exactly on the retry;
     # NULL when the server sent none, which differs from an empty string.
     mrtr_request_state = models.TextField(null=True, blank=True)  # noqa: DJ001
+
+    # While the launch job cannot reach the server and retries (services.record_launch_retry): how many attempts
+    # of the current round failed, why the last one did (untrusted text, capped), and when the next one runs.
+    # Reset when the launch gets an outcome, or starts a new (MRTR) round.
+    launch_attempts = models.PositiveSmallIntegerField(default=0)
+    launch_last_error = models.TextField(blank=True)
+    launch_next_try_at = models.DateTimeField(null=True, blank=True)
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.ForeignKey(
@@ -79,14 +109,53 @@ class Task(models.Model):
             models.Index(fields=["server", "-created_at"], name="task_server_created", include=["status"]),
             models.Index(fields=["launched_by", "-created_at"], name="task_launcher_created", include=["status"]),
             models.Index(fields=["-created_at"], name="task_created"),
+            # The list's agent filter: one token's tasks, and "launched by an agent"; partial, as few tasks have one.
+            models.Index(
+                fields=["launched_via_token", "-created_at"],
+                name="task_token_created",
+                include=["status"],
+                condition=models.Q(launched_via_token__isnull=False),
+            ),
+            models.Index(
+                fields=["-created_at"],
+                name="task_agent_created",
+                include=["status"],
+                condition=~models.Q(launched_via_label=""),
+            ),
+            # The home page's outcomes of the last 24 hours and the list's ?ended=.
+            models.Index(fields=["finished_at"], name="task_finished", condition=models.Q(finished_at__isnull=False)),
+            # The home page's "cancel requested, still running": the few tasks with a cancel request.
+            models.Index(
+                fields=["cancel_requested_at"],
+                name="task_cancel_requested",
+                condition=models.Q(cancel_requested_at__isnull=False),
+            ),
         )
 
     def __str__(self) -> str:
         return f"{self.tool} on {self.server_id} ({self.status})"
 
     @property
+    def launched_by_agent(self) -> bool:
+        return bool(self.launched_via_label)
+
+    @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def launch_retrying(self) -> bool:
+        """Still launching after at least one attempt failed to reach the server."""
+        return self.status == TaskStatus.LAUNCHING and self.launch_attempts > 0
+
+    @property
+    def launch_attempts_max(self) -> int:
+        return LAUNCH_ATTEMPTS
+
+    @property
+    def launch_next_try_waits(self) -> bool:
+        """The next attempt is still to come (else it is under way, or about to be)."""
+        return self.launch_next_try_at is not None and self.launch_next_try_at > timezone.now()
 
 
 class TaskPoll(models.Model):
@@ -115,6 +184,12 @@ class InputRequestState(models.TextChoices):
 
 
 TASK_PHASE = 0
+# The gate before the call (an approval policy's "needs approval before it runs"): taskhub's own request, answered
+# here and never sent to the server; its acceptance sends tools/call, its decline ends the task not approved.
+GATE_METHOD = "taskhub/approve_launch"
+GATE_KEY = "taskhub:approve-launch"
+# error.kind of a task whose launch was not approved at the gate (never sent).
+NOT_APPROVED = "not_approved"
 
 
 class InputRequest(models.Model):
@@ -140,11 +215,29 @@ class InputRequest(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     answered_at = models.DateTimeField(null=True, blank=True)
+    # N of M (the request's approval policy): the acceptances so far, oldest first, while more are needed
+    # ([{"user": id, "name": username, "at": ISO time, "content": …}]); the N-th makes the answer. Kept afterwards.
+    acceptances = models.JSONField(default=list, blank=True)
+    # Why the answer was given (a decline's reason); for people and the audit trail, never sent to the server.
+    answer_comment = models.TextField(blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     # Set, and committed, just before each attempt to send an answer (services.claim_delivery): a delivery that
     # finds it set may have reached the server already (the worker stopped before recording the ack), so it waits
     # for that attempt to settle and asks the server before sending again.
     delivery_attempted_at = models.DateTimeField(null=True, blank=True)
+    # The worker (its heartbeat name) that made that attempt, "" when unknown (run outside `manage.py worker`): once
+    # that worker is known dead, its attempt has settled a short grace after its death was found (worker/jobs.py).
+    delivery_attempted_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # The answer deadline of the request's approval policy, fixed when the request opens (a policy edited later moves
+    # no deadline already running); NULL: none. At it taskhub applies the policy's default once (default_applied_at),
+    # or hands the request to `escalated_to`, whose members answer it from then on. deadline_near_sent_at: the
+    # "deadline near" notice went out (once per request).
+    answer_deadline_at = models.DateTimeField(null=True, blank=True)
+    deadline_near_sent_at = models.DateTimeField(null=True, blank=True)
+    default_applied_at = models.DateTimeField(null=True, blank=True)
+    escalated_to = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -154,7 +247,20 @@ class InputRequest(models.Model):
         )
         indexes = (
             models.Index(fields=["state", "created_at"], name="input_request_state_created"),
-            models.Index(fields=["server"], condition=models.Q(state="open"), name="input_request_open_server"),
+            # The inbox's open requests per server and the escalation each has (who may answer it): an index-only
+            # scan of 100,000 open requests rather than a read of their rows.
+            models.Index(
+                fields=["server"],
+                include=["escalated_to"],
+                condition=models.Q(state="open"),
+                name="input_request_open_server",
+            ),
+            # The deadline sweep: open requests whose deadline is still to act.
+            models.Index(
+                fields=["answer_deadline_at"],
+                condition=models.Q(state="open", answer_deadline_at__isnull=False, default_applied_at__isnull=True),
+                name="input_request_open_deadline",
+            ),
         )
 
     def __str__(self) -> str:

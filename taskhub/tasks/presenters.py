@@ -18,8 +18,8 @@ from django.urls import reverse
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import AuditEvent
-from taskhub.tasks.input_cards import card_for
-from taskhub.tasks.models import LIVE_STATUSES, InputRequestState, Task, TaskStatus
+from taskhub.tasks.input_cards import card_for, number_siblings
+from taskhub.tasks.models import CANCELLED_NOT_SENT, LIVE_STATUSES, InputRequestState, Task, TaskStatus
 
 TEXT_CAP = 20_000  # characters of one text item, embedded resource text, or JSON shown
 JSON_CAP = 20_000
@@ -227,7 +227,9 @@ def event_status(action: str, data: Any) -> str:
         outcome = data.get("outcome")
         status = {"complete": "failed" if data.get("is_error") else "completed", "input_required": "input_required"}
         status = status.get(outcome) or data.get("status") or ""
-    elif action == "task.launched":
+    elif action == "task.lost":
+        status = TaskStatus.LOST
+    elif action in ("task.launched", "task.launch_retrying"):
         status = TaskStatus.LAUNCHING
     elif action == "task.launch_unknown":
         status = TaskStatus.LAUNCH_UNKNOWN
@@ -259,7 +261,7 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
         TimelineEntry(
             id=event.pk,
             time=event.time,
-            actor=event.actor_label,
+            actor=event.actor_label + (f" via {event.agent}" if event.agent else ""),
             action=event.action,
             description=event.description,
             status=event_status(event.action, event.data),
@@ -292,7 +294,8 @@ def duration_words(ms: int | None) -> str:
         return f"{seconds / 60:.3g} min"
     if seconds < 86400:
         return f"{seconds / 3600:.3g} h"
-    return f"{seconds / 86400:.3g} days"
+    days = f"{seconds / 86400:.3g}"
+    return f"{days} day" if days == "1" else f"{days} days"
 
 
 @dataclass
@@ -323,14 +326,26 @@ def facts(task: Task) -> Facts:
 # --- the cancel line of the header -------------------------------------------------------------------
 
 
+def _cancelled_not_sent(task: Task) -> bool:
+    return AuditEvent.objects.filter(
+        task=task, action="task.status_changed", data__source=CANCELLED_NOT_SENT, data__sent=False
+    ).exists()
+
+
 def cancel_state(task: Task) -> str:
-    """ "" (no cancel asked), "requested" (until the task ends), "cancelled" (it ended as asked),
-    "finished_anyway" (it completed or failed after the request), "ended" (expired after the request)."""
+    """ "" (no cancel asked), "requested" (until the task ends), "still_working" (the server was told and still
+    reports the task working), "cancelled" (it ended as asked), "finished_anyway" (it completed or failed after
+    the request), "ended" (expired after the request), "not_sent" (cancelled while launching, before the tool call
+    was sent)."""
     if task.cancel_requested_at is None:
         return ""
     if not task.is_terminal:
+        if task.cancel_delivered_at is not None and task.status == TaskStatus.WORKING:
+            return "still_working"
         return "requested"
     if task.status == TaskStatus.CANCELLED:
+        if task.remote_task_id is None and _cancelled_not_sent(task):
+            return "not_sent"
         return "cancelled"
     if task.status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
         return "finished_anyway"
@@ -361,14 +376,21 @@ def detail_context(task: Task, user) -> dict:
             and not task.is_terminal
             and task.cancel_requested_at is None
             and task.status != TaskStatus.LAUNCH_UNKNOWN
+            and task.server.removed_at is None
         ),
         "cancel_state": cancel_state(task),
+        # Run again: the launch form of the same server and tool, filled with this task's arguments.
+        "run_again_href": (
+            f"{reverse('tasks:launch_tool', args=[task.server_id, task.tool])}?again={task.pk}"
+            if permissions.may_launch(user, task.server)
+            else ""
+        ),
         # The tracker claims no task of a disabled server (taskhub/worker/tracker/leases.py, CLAIM_SQL).
         "polling_paused": (
             task.remote_task_id is not None and task.status in LIVE_STATUSES and not task.server.enabled
         ),
         "open_requests": open_requests,
-        "request_cards": [card_for(ir, user, next_url=here) for ir in shown],
+        "request_cards": number_siblings([card_for(ir, user, next_url=here) for ir in shown]),
         "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
         "result": present_result(task.result),
         "error": present_error(task.error),

@@ -1,14 +1,41 @@
-"""Which tasks a person asks for: the filters of the task list page, shared with the JSON API."""
+"""Which tasks a person asks for: the filters of the task list page (shared with the JSON API and the home page's
+links), each task's outcome, and the checks of a filter form that both the task list and the inbox report.
+
+Every filter lives in the URL. A value that does not fit is reported (filter_errors) and left out of the filter.
+"""
+
+import datetime
+import re
+import uuid
 
 from django import forms
-from django.db.models import QuerySet
+from django.db import connections
+from django.db.models import (
+    BooleanField,
+    Case,
+    Exists,
+    OuterRef,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KT
+from django.db.models.functions import Left
+from django.utils import timezone
 
 from taskhub.accounts import permissions
+from taskhub.audit.models import AuditEvent, agent_label
+from taskhub.observability import counts as kept_counts
+from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
-from taskhub.tasks.models import Task, TaskStatus
+from taskhub.tasks.models import InputRequest, Task, TaskStatus
 
 OTHER = "other"
-OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EXPIRED)
+RUNNING = "running"
+OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EXPIRED, TaskStatus.LOST)
+RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 # (value of ?status=, label, statuses it covers); "" is All.
 TABS = (
     ("", "All", None),
@@ -19,50 +46,465 @@ TABS = (
     (TaskStatus.CANCELLED.value, "Cancelled", (TaskStatus.CANCELLED,)),
     (OTHER, "Other", OTHER_STATUSES),
 )
-TAB_STATUSES = {value: statuses for value, _, statuses in TABS}
+# ?status= takes a tab, "running", or any one status (the home page links to them).
+TAB_STATUSES = {
+    **{value: statuses for value, _, statuses in TABS},
+    RUNNING: RUNNING_STATUSES,
+    **{status.value: (status,) for status in TaskStatus},
+    TaskStatus.LOST: (TaskStatus.LOST,),
+}
+STATUS_CHOICES = [(value, label) for value, label, _ in TABS] + [
+    (RUNNING, "Running"),
+    *((status.value, status.label) for status in OTHER_STATUSES if isinstance(status, TaskStatus)),
+    (TaskStatus.LOST, "lost"),
+]
+
+# --- outcomes ------------------------------------------------------------------------------------------------
 
 
-def tasks_visible_to(user) -> QuerySet[Task]:
+class Outcome:
+    COMPLETED = "completed"
+    COMPLETED_ERROR = "completed_error"
+    DECLINED = "declined"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    LOST = "lost"
+    EXPIRED = "expired"
+    UNKNOWN = "launch_unknown"
+
+
+# value, words, the statuses it can come from
+OUTCOMES = (
+    (Outcome.COMPLETED, "completed", (TaskStatus.COMPLETED,)),
+    (Outcome.COMPLETED_ERROR, "completed with error", (TaskStatus.COMPLETED,)),
+    (Outcome.DECLINED, "declined", (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)),
+    (Outcome.CANCELLED, "cancelled", (TaskStatus.CANCELLED,)),
+    (Outcome.FAILED, "failed", (TaskStatus.FAILED,)),
+    (Outcome.LOST, "lost", (TaskStatus.LOST,)),
+    (Outcome.EXPIRED, "expired", (TaskStatus.EXPIRED,)),
+    (Outcome.UNKNOWN, "launch outcome unknown", (TaskStatus.LAUNCH_UNKNOWN,)),
+)
+OUTCOME_WORDS = {value: words for value, words, _ in OUTCOMES}
+OUTCOME_STATUSES = {value: statuses for value, _, statuses in OUTCOMES}
+ENDED_STATUSES = tuple(dict.fromkeys(status for _, _, statuses in OUTCOMES for status in statuses))
+
+
+def _declined():
+    """A person declined one of the task's input requests."""
+    return Exists(InputRequest.objects.filter(task=OuterRef("pk"), answer__action="decline"))
+
+
+def is_error_filter() -> Q:
+    # `@>` is false, not NULL, where the key is missing (`result -> 'isError' = true` would be NULL there).
+    return Q(result__contains={"isError": True})
+
+
+def outcome_expression(*, declined: bool = True) -> Case:
+    """How a task ended, in SQL: "" while it runs. A task that a person declined and that did not then complete
+    cleanly is "declined"; a completed result with isError is "completed_error". The home's counts follow the same
+    rule (dashboard.outcome_counts); the list's ?outcome= uses outcome_filter, the rule as plain conditions.
+
+    `declined=False` leaves the declined ones out (they show as completed_error, failed or cancelled): an EXISTS per
+    row makes the planner cost a deep page of the list high enough for JIT; the list settles them for its page of
+    rows afterwards (settle_declined)."""
+    is_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
+    declined_when = (
+        [
+            When(is_error & _declined(), then=Value(Outcome.DECLINED)),
+            When(Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED)) & _declined(), then=Value(Outcome.DECLINED)),
+        ]
+        if declined
+        else []
+    )
+    return Case(
+        *declined_when,
+        When(is_error, then=Value(Outcome.COMPLETED_ERROR)),
+        When(status=TaskStatus.COMPLETED, then=Value(Outcome.COMPLETED)),
+        When(status=TaskStatus.CANCELLED, then=Value(Outcome.CANCELLED)),
+        When(status=TaskStatus.FAILED, then=Value(Outcome.FAILED)),
+        When(status=TaskStatus.LOST, then=Value(Outcome.LOST)),
+        When(status=TaskStatus.EXPIRED, then=Value(Outcome.EXPIRED)),
+        When(status=TaskStatus.LAUNCH_UNKNOWN, then=Value(Outcome.UNKNOWN)),
+        default=Value(""),
+    )
+
+
+DECLINABLE_OUTCOMES = frozenset({Outcome.COMPLETED_ERROR, Outcome.FAILED, Outcome.CANCELLED})
+
+
+def settle_declined(tasks: list[Task]) -> list[Task]:
+    """Marks "declined" the tasks of with_row_facts whose outcome a person's decline decided; one query."""
+    candidates = {task.pk: task for task in tasks if getattr(task, "outcome", "") in DECLINABLE_OUTCOMES}
+    if candidates:
+        declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")
+        for task_id in declined.values_list("task_id", flat=True).distinct():
+            candidates[task_id].outcome = Outcome.DECLINED
+    return tasks
+
+
+def outcome_filter(outcome: str) -> Q:
+    """The tasks whose outcome_expression() is `outcome`."""
+    completed_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
+    declined = _declined()
+    if outcome == Outcome.COMPLETED:
+        return Q(status=TaskStatus.COMPLETED) & ~is_error_filter()
+    if outcome == Outcome.COMPLETED_ERROR:
+        return completed_error & ~declined
+    if outcome == Outcome.DECLINED:
+        return (completed_error | Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED))) & declined
+    if outcome in (Outcome.CANCELLED, Outcome.FAILED):
+        return Q(status=outcome) & ~declined
+    return Q(status__in=OUTCOME_STATUSES[outcome])
+
+
+PREVIEW_CHARS = 200
+
+
+def with_row_facts(tasks: QuerySet[Task]) -> QuerySet[Task]:
+    """What a row of the list shows beyond the columns: the outcome (but "declined": settle_declined), the error code,
+    the first text of the result (at most PREVIEW_CHARS, cut by Postgres so the big JSON never leaves the database).
+    """
+    return tasks.annotate(
+        outcome=outcome_expression(declined=False),
+        error_code=Left(KT("error__code"), 40),
+        error_kind=Left(KT("error__kind"), 40),  # "not_approved": the gate before the call said no (approvals)
+        result_preview=Left(KT("result__content__0__text"), PREVIEW_CHARS),
+    )
+
+
+# --- what needs attention ------------------------------------------------------------------------------------
+
+CANCEL_SLOW_AFTER = datetime.timedelta(minutes=1)
+EXPIRING_WITHIN = datetime.timedelta(hours=1)
+PROTOCOL_ERRORS_WITHIN = datetime.timedelta(hours=24)
+
+
+class Needs:
+    LAUNCH_RETRYING = "launch_retrying"
+    LAUNCH_UNKNOWN = "launch_unknown"
+    CANCEL_NOT_HONOURED = "cancel_not_honoured"
+    PROTOCOL_ERROR = "protocol_error"
+    EXPIRING = "expiring"
+
+
+NEEDS = (
+    (Needs.LAUNCH_RETRYING, "launch retrying"),
+    (Needs.LAUNCH_UNKNOWN, "launch outcome unknown"),
+    (Needs.CANCEL_NOT_HONOURED, "cancel requested, still running"),
+    (Needs.PROTOCOL_ERROR, "protocol errors in the last 24 hours"),
+    (Needs.EXPIRING, "expiring within the hour"),
+)
+
+
+def needs_filter(kind: str, now: datetime.datetime | None = None) -> Q:
+    now = now or timezone.now()
+    if kind == Needs.LAUNCH_RETRYING:
+        # At least one attempt could not reach the server (services.record_launch_retry).
+        return Q(status=TaskStatus.LAUNCHING, launch_attempts__gt=0)
+    if kind == Needs.LAUNCH_UNKNOWN:
+        return Q(status=TaskStatus.LAUNCH_UNKNOWN)
+    if kind == Needs.CANCEL_NOT_HONOURED:
+        return Q(
+            status__in=(TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED),
+            cancel_requested_at__lt=now - CANCEL_SLOW_AFTER,
+        )
+    if kind == Needs.PROTOCOL_ERROR:
+        recent = AuditEvent.objects.filter(
+            action="task.protocol_error", time__gte=now - PROTOCOL_ERRORS_WITHIN, task_id__isnull=False
+        )
+        return Q(pk__in=recent.values("task_id"))
+    if kind == Needs.EXPIRING:
+        # created_at stands in for the server's createdAt (a string as sent): within seconds of it. Compared as
+        # migration 0014's index task_expires_at has it, so that few expiring among many running are found at once.
+        expires_before = (now + EXPIRING_WITHIN).astimezone(datetime.UTC).replace(tzinfo=None)
+        expiring = RawSQL(f"{EXPIRES_AT_SQL} < %s", (expires_before,), output_field=BooleanField())
+        return Q(status__in=(TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)) & Q(expiring)
+    raise ValueError(kind)
+
+
+# When a task expires, in UTC without a time zone: `timestamptz + interval` is not immutable (it depends on the
+# session's time zone), this is, so an index can hold it.
+EXPIRES_AT_SQL = (
+    """(("tasks_task"."created_at" AT TIME ZONE 'UTC') + "tasks_task"."ttl_ms" * interval '1 millisecond')"""
+)
+
+
+# --- the filter form -----------------------------------------------------------------------------------------
+
+
+def tasks_visible_to(user, *, through_token: bool = False) -> QuerySet[Task]:
     """The tasks this user may see: all for operators and admins, those of the servers they approve for an
-    approver, none for anyone else. The task list filters by it; the detail page and the live socket agree."""
+    approver, none for anyone else. The task list filters by it; the detail page and the live socket agree.
+
+    `through_token`: for a caller with an API token, where an agent also sees the tasks it launched
+    (permissions.may_see_task_through_token)."""
     if permissions.sees_all_tasks(user):
         return Task.objects.all()
+    own = Q(launched_by=user) if through_token and permissions.is_agent(user) else Q(pk__in=[])
     if not permissions.is_approver(user):
-        return Task.objects.none()
-    return Task.objects.filter(server__in=permissions.servers_user_may_approve(user))
+        return Task.objects.filter(own) if through_token else Task.objects.none()
+    return Task.objects.filter(Q(server__in=permissions.servers_user_may_approve(user)) | own)
+
+
+# ?agent=: launched by an agent (any API token), by a person (none), or one token's id.
+ANY_AGENT = "any"
+NO_AGENT = "none"
+
+
+def agent_tokens_for(user) -> QuerySet:
+    """The API tokens the agent filter offers: a person's own, every token for admins (as the tokens page shows). Read
+    through the Task's foreign key: tasks never import the API."""
+    tokens = Task._meta.get_field("launched_via_token").related_model.objects.select_related("user")
+    tokens = tokens.order_by("revoked_at", "name", "pk")
+    return tokens if permissions.is_admin(user) else tokens.filter(user=user)
+
+
+def agent_choices(user) -> list[tuple[str, str]]:
+    everyone = permissions.is_admin(user)
+    tokens = [
+        (
+            str(token.pk),
+            agent_label({"name": token.name, "prefix": token.prefix})
+            + (f" · {token.user.get_username()}" if everyone else "")
+            + (" · revoked" if token.revoked_at else ""),
+        )
+        for token in agent_tokens_for(user)
+    ]
+    return [("", "people and agents"), (ANY_AGENT, "launched by an agent"), (NO_AGENT, "launched by a person"), *tokens]
+
+
+def agent_filter(value: str) -> Q:
+    if value == ANY_AGENT:
+        return ~Q(launched_via_label="")  # as the partial index task_agent_created has it
+    if value == NO_AGENT:
+        return Q(launched_via_label="")
+    return Q(launched_via_token_id=int(value))
+
+
+def filter_errors(form: forms.Form) -> dict[str, str]:
+    """The fields of a bound filter form that do not fit, each with one message naming the value it got.
+    The task list and the inbox both report them this way; their valid filters still apply."""
+    if not form.is_bound:
+        return {}
+    form.is_valid()
+    return {name: " ".join(messages) for name, messages in form.errors.items()}
+
+
+def _choices(choices) -> str:
+    return ", ".join(value for value, _ in choices if value)
+
+
+# ?ended=: the tasks that ended within the last …
+ENDED_WITHIN = {
+    "1h": datetime.timedelta(hours=1),
+    "24h": datetime.timedelta(hours=24),
+    "7d": datetime.timedelta(days=7),
+}
+ENDED_CHOICES = [
+    ("", "any time"),
+    ("1h", "in the last hour"),
+    ("24h", "in the last 24 hours"),
+    ("7d", "in the last 7 days"),
+]
+
+
+# ?older=: the tasks started more than … ago (their age), e.g. to cancel the ones stuck for a day.
+OLDER_THAN = {
+    "10m": datetime.timedelta(minutes=10),
+    "1h": datetime.timedelta(hours=1),
+    "24h": datetime.timedelta(hours=24),
+    "7d": datetime.timedelta(days=7),
+}
+OLDER_CHOICES = [
+    ("", "any age"),
+    ("10m", "over 10 minutes ago"),
+    ("1h", "over an hour ago"),
+    ("24h", "over a day ago"),
+    ("7d", "over a week ago"),
+]
 
 
 class TaskFilterForm(forms.Form):
     """The filter bar; every field optional. A value that does not fit is reported and left out of the filter."""
 
-    status = forms.ChoiceField(required=False, choices=[(value, label) for value, label, _ in TABS])
-    server = forms.ModelChoiceField(required=False, queryset=Server.objects.none(), empty_label="any server")
-    tool = forms.CharField(required=False, max_length=200)
+    status = forms.ChoiceField(
+        required=False,
+        choices=STATUS_CHOICES,
+        error_messages={"invalid_choice": f"There is no status “%(value)s”: use one of {_choices(STATUS_CHOICES)}."},
+    )
+    outcome = forms.ChoiceField(
+        required=False,
+        choices=[("", "any outcome"), *((value, words) for value, words, _ in OUTCOMES)],
+        error_messages={"invalid_choice": f"There is no outcome “%(value)s”: use one of {', '.join(OUTCOME_WORDS)}."},
+    )
+    needs = forms.ChoiceField(
+        required=False,
+        choices=[("", "—"), *NEEDS],
+        label="Needs attention",
+        error_messages={"invalid_choice": f"“%(value)s” is not a kind of attention: use one of {_choices(NEEDS)}."},
+    )
+    server = ServerFilterField(
+        required=False,
+        queryset=Server.objects.none(),
+        empty_label="any server",
+        error_messages={"invalid_choice": "There is no server with that id among those whose tasks you may see."},
+    )
+    tool = forms.CharField(required=False, max_length=200, label="Tool (part of its name)")
     launched_by = forms.CharField(required=False, max_length=150, label="Launched by")
-    q = forms.CharField(required=False, max_length=200, label="Status message contains")
+    agent = forms.ChoiceField(
+        required=False,
+        label="Agent",
+        error_messages={
+            "invalid_choice": "There is no API token “%(value)s” among those you may see: choose one from the list."
+        },
+    )
+    mine = forms.BooleanField(required=False, label="My tasks")
+    q = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Search",
+        help_text="task id (ours or the server's), tool, arguments, result text, status message",
+    )
+    ended = forms.ChoiceField(
+        required=False,
+        choices=ENDED_CHOICES,
+        label="Ended",
+        error_messages={"invalid_choice": f"“Ended” takes {_choices(ENDED_CHOICES)}, not “%(value)s”."},
+    )
+    older = forms.ChoiceField(
+        required=False,
+        choices=OLDER_CHOICES,
+        label="Started",
+        error_messages={"invalid_choice": f"“Started” takes {_choices(OLDER_CHOICES)}, not “%(value)s”."},
+    )
+    since = forms.DateField(
+        required=False,
+        label="From",
+        widget=forms.DateInput(attrs={"type": "date"}),
+        error_messages={"invalid": "“From” must be a date like 2026-12-01."},
+    )
+    until = forms.DateField(
+        required=False,
+        label="To",
+        widget=forms.DateInput(attrs={"type": "date"}),
+        error_messages={"invalid": "“To” must be a date like 2026-12-01."},
+    )
 
-    def __init__(self, *args, user, **kwargs):
+    def __init__(self, *args, user, through_token: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        visible_servers = Server.objects.filter(pk__in=tasks_visible_to(user).values("server_id"))
+        visible = tasks_visible_to(user, through_token=through_token)
+        visible_servers = Server.objects.filter(pk__in=visible.values("server_id"))
+        self.fields["agent"].choices = agent_choices(user)
         self.fields["server"].queryset = visible_servers.order_by("name")
         for name in ("tool", "launched_by", "q"):
             self.fields[name].widget.attrs["autocomplete"] = "off"
+        self.fields["q"].widget.attrs["placeholder"] = "id, tool, arguments, result, message"
+        self.fields["q"].widget.attrs["title"] = self.fields["q"].help_text
+
+    def clean(self):
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            # Neither applies: which one is wrong is not known.
+            self.add_error("until", f"“To” ({until}) is before “From” ({since}); the dates were not applied.")
+            data.pop("since", None)
+        return data
 
 
-def filtered_tasks(form: TaskFilterForm, user):
+HEX_PREFIX = re.compile(r"^[0-9a-f]{4,32}$")
+
+
+def id_prefix_filter(text: str) -> Q | None:
+    """Our task ids starting with `text` (4 to 32 hex digits, dashes ignored), as a range of the primary key."""
+    digits = text.lower().replace("-", "")
+    if not HEX_PREFIX.match(digits):
+        return None
+    low = uuid.UUID(digits.ljust(32, "0"))
+    high = uuid.UUID(digits.ljust(32, "f"))
+    return Q(pk__gte=low, pk__lte=high)
+
+
+# One text of everything the search looks in, as migration 0006's trigram index task_search_trgm has it: one index
+# scan answers a search (five ORed columns made the planner read every task instead). Each ::text cast and || is
+# immutable, so Postgres can index it; a NULL column adds nothing.
+SEARCH_TEXT_SQL = (
+    "UPPER(COALESCE({t}status_message, '') || chr(10) || {t}tool::text"
+    " || chr(10) || COALESCE({t}remote_task_id::text, '')"
+    " || chr(10) || COALESCE({t}arguments::text, '')"
+    " || chr(10) || COALESCE({t}result::text, ''))"
+)
+
+
+def search(tasks: QuerySet[Task], text: str) -> QuerySet[Task]:
+    """Tasks whose status message, tool, server's task id, arguments or result contain `text` (any case), or whose
+    id (ours) starts with it."""
+    found = Q(search_text__contains=text.upper())
+    by_id = id_prefix_filter(text)
+    tasks = tasks.alias(search_text=RawSQL(SEARCH_TEXT_SQL.format(t='"tasks_task".'), ()))
+    return tasks.filter(found | by_id if by_id is not None else found)
+
+
+def _day_start(day: datetime.date) -> datetime.datetime:
+    return datetime.datetime.combine(day, datetime.time.min, tzinfo=datetime.UTC)
+
+
+def filtered_tasks(form: TaskFilterForm, user, *, through_token: bool = False):
     """The tasks `user` may see, narrowed by the form's valid filters; and the status tab asked for."""
-    tasks = tasks_visible_to(user)
+    tasks = tasks_visible_to(user, through_token=through_token)
     # A bound form's cleaned_data holds the fields that are fine; the others are reported and left out.
-    data = {}
-    if form.is_bound:
-        form.is_valid()
-        data = form.cleaned_data
+    filter_errors(form)
+    data = getattr(form, "cleaned_data", {}) if form.is_bound else {}
     if data.get("server"):
         tasks = tasks.filter(server=data["server"])
-    if data.get("tool"):
-        tasks = tasks.filter(tool=data["tool"].strip())
-    if data.get("launched_by"):
+    if data.get("tool", "").strip():
+        tasks = tasks.filter(tool__icontains=data["tool"].strip())
+    if data.get("launched_by", "").strip():
         tasks = tasks.filter(launched_by__username=data["launched_by"].strip())
-    if data.get("q"):
-        tasks = tasks.filter(status_message__icontains=data["q"].strip())
+    if data.get("mine"):
+        tasks = tasks.filter(launched_by=user)
+    if data.get("agent"):
+        tasks = tasks.filter(agent_filter(data["agent"]))
+    if data.get("q", "").strip():
+        tasks = search(tasks, data["q"].strip())
+    if data.get("since"):
+        tasks = tasks.filter(created_at__gte=_day_start(data["since"]))
+    if data.get("until"):
+        tasks = tasks.filter(created_at__lt=_day_start(data["until"] + datetime.timedelta(days=1)))
+    if data.get("older"):
+        tasks = tasks.filter(created_at__lt=timezone.now() - OLDER_THAN[data["older"]])
+    if data.get("ended"):
+        tasks = tasks.filter(finished_at__gte=timezone.now() - ENDED_WITHIN[data["ended"]])
+    if data.get("needs"):
+        tasks = tasks.filter(needs_filter(data["needs"]))
+    if data.get("outcome"):
+        tasks = tasks.filter(outcome_filter(data["outcome"]))
     return tasks, data.get("status") or ""
+
+
+# --- counting at scale ---------------------------------------------------------------------------------------
+
+# Above this many matching tasks a filtered list says "10,000+" rather than count a million rows per request.
+COUNT_CAP = 10_000
+
+
+def capped_count(tasks: QuerySet) -> int:
+    """How many rows `tasks` has, but at most COUNT_CAP + 1 (more than COUNT_CAP: the count stops there)."""
+    return tasks.order_by()[: COUNT_CAP + 1].count()
+
+
+def status_counts(tasks: QuerySet[Task], *, kept_server_ids=None, kept: bool = False) -> tuple[dict[str, int], bool]:
+    """Tasks per status among `tasks`, and whether the counts stopped at the cap.
+
+    `kept`: `tasks` are every task of the servers in `kept_server_ids` (None: of all servers), so the counts are
+    the ones triggers keep per server and status (observability.counts): exact, and no scan. Otherwise at most
+    COUNT_CAP + 1 matching tasks are read: below that the counts are exact; above it ({}, True), as which statuses
+    the first COUNT_CAP tasks have says nothing of the others."""
+    if kept:
+        return kept_counts.tasks_per_status(server_ids=kept_server_ids), False
+    sql, params = tasks.order_by().values_list("status")[: COUNT_CAP + 1].query.sql_with_params()
+    with connections[tasks.db].cursor() as cursor:
+        cursor.execute(f"SELECT matching.status, count(*) FROM ({sql}) AS matching GROUP BY 1", params)
+        counted = dict(cursor.fetchall())
+    if sum(counted.values()) > COUNT_CAP:
+        return {}, True
+    return counted, False

@@ -5,23 +5,31 @@ together (hooks.py), and announces the change after commit (signals.py; the live
 locked task first, then input requests.
 """
 
+import datetime
+import functools
 import json
+import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Max
+from django.db import connection, transaction
+from django.db.models import Max, Q
 from django.utils import timezone
 
-from taskhub.audit.models import AuditEvent
-from taskhub.audit.services import WORKER, record_event, storable
+from taskhub.accounts import permissions
+from taskhub.audit.models import AuditEvent, agent_label
+from taskhub.audit.services import SYSTEM, WORKER, agent_facts, record_event, storable
 from taskhub.mcp import schema_fields
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
+from taskhub.mcp.secret_urls import mask_urls_in
 from taskhub.mcp.wire import TaskSnapshot
+from taskhub.observability import tracing
+from taskhub.servers import services as server_services
 from taskhub.servers.catalogue import find_tool
+from taskhub.servers.hooks import job_queue
 from taskhub.servers.models import Server
 from taskhub.tasks import hooks, signals, storable_text
 from taskhub.tasks.answers import validate_response
@@ -32,11 +40,18 @@ from taskhub.tasks.errors import (
     InputNoLongerOpen,
     InvalidTransition,
     LaunchRefused,
+    PolicyRefused,
     TaskAlreadyFinished,
     UnknownTool,
 )
 from taskhub.tasks.models import (
+    CANCELLED_NOT_SENT,
+    GATE_KEY,
+    GATE_METHOD,
+    LAUNCH_ATTEMPTS,
+    LAUNCH_ERROR_MAX_CHARS,
     LIVE_STATUSES,
+    NOT_APPROVED,
     STATUS_MESSAGE_MAX_CHARS,
     TASK_PHASE,
     TERMINAL_STATUSES,
@@ -54,6 +69,17 @@ SNAPSHOT_FIELDS = ("status", "status_message", "result", "error", "ttl_ms", "pol
 TERMINAL_FIELDS = ("status", "result", "error")
 # What a protocol error note quotes of a stored or received value, at most (as JSON).
 QUOTE_MAX_CHARS = 500
+# What a log line quotes of a problem, at most: the timeline has the rest.
+LOG_PROBLEM_MAX_CHARS = 300
+
+logger = logging.getLogger(__name__)
+
+
+def _log_after_commit(message: str, task: Task, *args: Any) -> None:
+    """One WARNING line about `task` (our id, its server, the server's task id) once the change is committed: a
+    task that ended badly or a server that broke the protocol, for whoever reads the logs rather than the pages."""
+    where = (task.id, task.server_id, task.remote_task_id)
+    transaction.on_commit(lambda: logger.warning(f"task %s (server %s, remote task %r) {message}", *where, *args))
 
 
 def cap_status_message(text: str | None) -> str:
@@ -65,6 +91,11 @@ def cap_status_message(text: str | None) -> str:
 
 def _publish_after_commit(task_id: uuid.UUID) -> None:
     signals.announce_task_changed(task_id)
+
+
+def _finished(task: Task) -> None:
+    """Every service that makes a task terminal calls this: task_finished goes out once the change commits."""
+    signals.announce_task_finished(task.id, task.status)
 
 
 def _locked(task: Task) -> Task:
@@ -82,6 +113,11 @@ def check_launch(*, server: Server, tool: str, arguments: Any) -> None:
         raise UnknownTool(
             f"The server {server.name} has no tool {tool[:200]!r} in its catalogue (discover it again if it is new)."
         )
+    if entry.header_problem:
+        raise LaunchRefused(
+            f"The tool {tool[:200]!r} cannot be launched: the server {server.name} describes it with invalid "
+            f"x-mcp-header annotations ({entry.header_problem}), and a client must not call such a tool."
+        )
     # Unstorable text first: a lone surrogate would also fail the schema's checks, with a message that hides why.
     unstorable = storable_text.unstorable_fields(arguments) if isinstance(arguments, dict) else {}
     if unstorable:
@@ -92,26 +128,96 @@ def check_launch(*, server: Server, tool: str, arguments: Any) -> None:
 
 
 @transaction.atomic
-def launch(*, server: Server, tool: str, arguments: dict[str, Any], user) -> Task:
+def launch(
+    *, server: Server, tool: str, arguments: dict[str, Any], user, token=None, declares_tasks: bool = True
+) -> Task:
     """Write the task before anything is sent, so a crash can never lose a launched call unnoticed.
 
-    Only a tool of the server's catalogue, with arguments that fit its inputSchema (LaunchRefused if not).
+    Only a tool of the server's catalogue, with arguments that fit its inputSchema (LaunchRefused if not). `token`: the
+    API token (an agent) `user` launched it with, kept on the task and in its audit rows. `declares_tasks=False`:
+    tools/call goes without the Tasks extension (the gateway, for an agent without it).
     """
     server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
+    if server.removed_at is not None:
+        raise InvalidTransition(f"The server {server.name!r} was removed; its tools cannot be launched any more.")
     if not server.enabled:
         raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
     check_launch(server=server, tool=tool, arguments=arguments)
-    task = Task.objects.create(server=server, tool=tool, arguments=arguments, launched_by=user)
+    task = Task.objects.create(
+        server=server,
+        tool=tool,
+        arguments=arguments,
+        launched_by=user,
+        launched_via_token=token,
+        launched_via_label=agent_label(agent_facts(token)) if token is not None else "",
+    )
     record_event(
         action="task.launched",
         user=user,
         task=task,
         server=server,
         data={"tool": tool, "arguments": arguments, "server": server.name},
+        token=token,
     )
-    hooks.enqueue_launch(task.id)
+    terms = permissions.answer_terms(server_id=server.pk, tool=tool)
+    if terms.gate_before_call:
+        _gate(task, terms=terms)
+    else:
+        hooks.enqueue_launch(task.id, queue=job_queue(server), declares_tasks=declares_tasks)
     _publish_after_commit(task.id)
     return task
+
+
+def _gate(task: Task, *, terms) -> None:
+    """Hold the launch for an approval (the gate before the call): nothing is sent until it is accepted."""
+    task.status_message = f"waiting for approval before the call ({terms.policy})"
+    task.save(update_fields=["status_message", "updated_at"])
+    gate = InputRequest.objects.create(
+        task=task,
+        mrtr_round=TASK_PHASE,
+        key=GATE_KEY,
+        method=GATE_METHOD,
+        params={"message": f"Run {task.tool[:200]} on {task.server.name}?"},
+    )
+    _start_deadline(gate, terms=terms)
+    record_event(
+        action="task.launch_gated",
+        actor_label=WORKER,
+        task=task,
+        data={"key": GATE_KEY, "policy": terms.policy_id, "answerers": terms.answerers},
+    )
+    signals.announce_input_requests_opened(task.id, [gate.pk])
+
+
+def _pass_gate(
+    task: Task, input_request: InputRequest, *, user, comment: str, why: str = "", data=None, token=None
+) -> None:
+    """The gate's answer, which nothing delivers: accepted, the launch goes out; declined or cancelled, the task ends
+    not approved, and tools/call is never sent."""
+    input_request.state = InputRequestState.DELIVERED
+    input_request.delivered_at = input_request.answered_at
+    input_request.save(update_fields=["state", "delivered_at"])
+    if input_request.answer["action"] == "accept":
+        task.status_message = ""
+        task.save(update_fields=["status_message", "updated_at"])
+        record_event(action="task.launch_approved", user=user, task=task, data={"key": input_request.key}, token=token)
+        hooks.enqueue_launch(task.id, queue=job_queue(task.server))
+        return
+    words = "declined" if input_request.answer["action"] == "decline" else "cancelled"
+    message = f"not approved: {why or f'{words} by {_name(user)}'}" + (f" ({comment})" if comment else "")
+    task.status = TaskStatus.FAILED
+    task.error = {"message": message, "kind": NOT_APPROVED}
+    task.status_message = cap_status_message(message)
+    task.finished_at = timezone.now()
+    task.save(update_fields=["status", "error", "status_message", "finished_at", "updated_at"])
+    record_event(
+        action="task.not_approved",
+        user=user,
+        task=task,
+        data={"action": input_request.answer["action"], **({"comment": comment} if comment else {}), **(data or {})},
+        token=token,
+    )
+    _finished(task)
 
 
 @transaction.atomic
@@ -147,6 +253,7 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_
         data = {"outcome": "task", "remote_task_id": snapshot.task_id, "status": snapshot.status}
     else:
         raise TypeError(f"not a tools/call outcome: {outcome!r}")
+    _reset_launch_attempts(task)
     task.save()
     record_event(action="task.launch_answered", actor_label=WORKER, task=task, data=data)
 
@@ -161,6 +268,8 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_
     _record_problems(task, problems, source="tools/call")
     for input_request in InputRequest.objects.filter(pk__in=list(answered_request_ids)):
         _mark_delivered(input_request=input_request)
+    if task.is_terminal:
+        _finished(task)
     _publish_after_commit(task.id)
     return task
 
@@ -195,6 +304,11 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
         raise InvalidTransition(f"Task {task.id} has no remote task yet; nothing to apply a snapshot to.")
     if snapshot.task_id != task.remote_task_id:
         raise InvalidTransition(f"Snapshot of remote task {snapshot.task_id!r} given for task {task.id}.")
+    if _older_than_stored(snapshot, task):
+        # A poll sent before a notification (or another poll) whose newer state was stored first: applying it would
+        # turn the task back and supersede requests the server still asks for, which are then never reopened.
+        logger.debug("ignored a snapshot of task %s older than the stored one (%s)", task.id, source)
+        return False
     problems: list[str] = []
     wanted = snapshot_values(snapshot, task, problems=problems)
 
@@ -234,8 +348,11 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
             )
         else:
             record_event(action="task.updated", actor_label=WORKER, task=task, data=data)
+        # Announced before task_finished: its receivers (the mail outbox) run first otherwise, and the pages wait.
+        _publish_after_commit(task.id)
         if task.is_terminal:
             TaskPoll.objects.filter(task=task).delete()
+            _finished(task)
 
     outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
     outstanding = storable(outstanding)
@@ -244,7 +361,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
     opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE, problems=problems, asked_at=asked_at)
     _record_problems(task, problems, source=source)
     anything = bool(changed or superseded or confirmed or opened)
-    if anything:
+    if anything and not changed:
         _publish_after_commit(task.id)
     return anything
 
@@ -272,6 +389,21 @@ def snapshot_values(snapshot: TaskSnapshot, task: Task, *, problems: list[str] |
     }
 
 
+def _remote_time(text: str | None) -> datetime.datetime | None:
+    try:
+        moment = datetime.datetime.fromisoformat(text or "")
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def _older_than_stored(snapshot: TaskSnapshot, task: Task) -> bool:
+    """Whether the server's `lastUpdatedAt` says this snapshot predates the state stored from it. A peer's missing
+    or unreadable time (or one without a zone) never makes a snapshot stale."""
+    received, stored = _remote_time(snapshot.last_updated_at), _remote_time(task.remote_last_updated_at)
+    return received is not None and stored is not None and received < stored
+
+
 def _quote(value: Any) -> Any:
     """`value` itself when short, else its beginning as text: a note on the timeline stays small."""
     text = json.dumps(value, ensure_ascii=False, default=str)
@@ -295,6 +427,8 @@ def record_protocol_error_once(*, task: Task, data: dict[str, Any]) -> bool:
     if last is not None and last.data == storable(data):  # compared as stored (NULs replaced, …)
         return False
     record_event(action="task.protocol_error", actor_label=WORKER, task=task, data=data)
+    problem = str(data.get("problem", ""))[:LOG_PROBLEM_MAX_CHARS]
+    _log_after_commit("protocol error: %r", task, problem)  # %r: a server's words on one escaped line
     return True
 
 
@@ -347,8 +481,13 @@ def _open_requests(
             data={"key": key, "method": input_request.method, "mrtr_round": mrtr_round},
         )
         opened.append(input_request)
+    if opened:
+        terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
+        for input_request in opened:
+            _start_deadline(input_request, terms=terms)
     if refused_over_cap:
         _refuse_over_cap(task, refused=refused_over_cap)
+    signals.announce_input_requests_opened(task.id, [input_request.pk for input_request in opened])
     return opened
 
 
@@ -383,6 +522,7 @@ def _refuse_over_cap(task: Task, *, refused: int) -> None:
         task=task,
         data={"problem": problem, OVER_CAP_MARK: cap, "not_opened": refused},
     )
+    _log_after_commit("protocol error: %s", task, problem)
     now = timezone.now()
     Server.objects.filter(pk=task.server_id).update(
         last_error=f"over its open-request cap: more than {cap} requests waiting for an answer; new ones are not "
@@ -437,41 +577,161 @@ def _confirm_interrupted_deliveries(task: Task, *, keep: set[str], asked_at) -> 
 # --- answers ----------------------------------------------------------------------------------------
 
 
+@tracing.traced("taskhub.answer.submit", attributes=tracing.answer_attributes, result_attributes=tracing.answered)
 @transaction.atomic
-def answer_input(*, input_request: InputRequest, response: dict[str, Any], user) -> InputRequest:
-    """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first."""
-    # Lock order task → input request, as apply_snapshot does; the second of two answers waits here.
-    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=input_request.task_id)
+def answer_input(
+    *,
+    input_request: InputRequest,
+    response: dict[str, Any],
+    user,
+    comment: str = "",
+    token=None,
+    as_agent: bool = False,
+) -> InputRequest:
+    """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first. `token`: the API
+    token (an agent) it came through, named in the audit rows.
+
+    The request's approval policy (permissions.answer_terms) applies here, whichever page or API calls: who may
+    answer, self-approval, a comment on decline, and N of M, where an acceptance before the N-th is recorded (the
+    request stays open) and only the N-th makes the answer sent; a decline or a cancel by any of them ends it.
+    `as_agent`: the gateway passes a request through to the agent that made the call (no policy applies, or its
+    policy says `input_from` agent): `user` is that agent, whose one answer is the answer; the rules about people
+    do not apply."""
+    # Lock order task → input request, as apply_snapshot does; the second of two answers waits here. One statement:
+    # Postgres locks the rows of `FOR UPDATE OF` in the order it names them (the task's, then the request's). Only
+    # locked rows are read again when a lock was waited for, so who answered (or the escalation group) is not joined
+    # here: the rare paths that show them read them after the lock.
     input_request = (
-        InputRequest.objects.select_for_update(of=("self",)).select_related("answered_by").get(pk=input_request.pk)
+        InputRequest.objects.select_for_update(of=("task", "self"))
+        .select_related("task__server")
+        .get(pk=input_request.pk)
     )
+    task = input_request.task
     if input_request.state in (InputRequestState.ANSWERED, InputRequestState.DELIVERED):
         raise AlreadyAnswered(
             key=input_request.key,
-            answered_by=_name(input_request.answered_by),
+            answered_by=answerer_name(input_request),
             answered_at=input_request.answered_at,
         )
     if input_request.state == InputRequestState.SUPERSEDED:
         raise InputNoLongerOpen(f"The server no longer asks {input_request.key!r}; the answer was not recorded.")
     if task.is_terminal:
         raise InputNoLongerOpen(f"The task is {task.get_status_display()}; it takes no more answers.")
+    if task.server.removed_at is not None:
+        raise InputNoLongerOpen(f"The server {task.server.name!r} was removed; it takes no more answers.")
     _refuse_unstorable_answer(response)
     answer = validate_response(method=input_request.method, params=input_request.params, response=response)
+    comment = _checked_comment(comment)
+    terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
+    if not as_agent:
+        _check_policy(task=task, input_request=input_request, answer=answer, user=user, terms=terms, comment=comment)
+    now = timezone.now()
+    answered = {
+        "key": input_request.key,
+        "mrtr_round": input_request.mrtr_round,
+        "answer": answer,
+        **({"policy": terms.policy_id} if terms.policy_id is not None else {}),
+        **({"answered_as": "agent"} if as_agent else {}),
+    }
+    commented = {"comment": comment} if comment else {}
+    if answer["action"] == "accept" and terms.required_accepts > 1 and not as_agent:
+        accepted = [*input_request.acceptances, _acceptance(user, answer, now, comment)]
+        input_request.acceptances = accepted
+        if len(accepted) < terms.required_accepts:
+            input_request.save(update_fields=["acceptances"])
+            record_event(
+                action="input.accepted",
+                user=user,
+                task=task,
+                data={**answered, "accepted": len(accepted), "required": terms.required_accepts, **commented},
+                token=token,
+            )
+            _publish_after_commit(task.id)
+            input_request.task = task
+            input_request.answer_terms = terms  # the card shows them without reading the policy again
+            return input_request
     input_request.state = InputRequestState.ANSWERED
     input_request.answer = answer
     input_request.answered_by = user
-    input_request.answered_at = timezone.now()
-    input_request.save(update_fields=["state", "answer", "answered_by", "answered_at"])
+    input_request.answered_at = now
+    input_request.answer_comment = comment
+    input_request.save(update_fields=["state", "answer", "answered_by", "answered_at", "answer_comment", "acceptances"])
+    accepted_by = [entry.get("name") for entry in input_request.acceptances]
     record_event(
         action="input.answered",
         user=user,
         task=task,
-        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "answer": answer},
+        data={
+            **answered,
+            **({"accepted_by": accepted_by, "required": terms.required_accepts} if accepted_by else {}),
+            **commented,
+        },
+        token=token,
     )
-    hooks.enqueue_answer_delivery(input_request.pk)
+    if input_request.method == GATE_METHOD:
+        _pass_gate(task, input_request, user=user, comment=comment, token=token)
+    else:
+        hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
     _publish_after_commit(task.id)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
+    input_request.answer_terms = terms
     return input_request
+
+
+COMMENT_MAX_CHARS = 2000
+SELF_APPROVAL_RULE = "no self-approval"
+
+
+def _checked_comment(comment: str) -> str:
+    comment = (comment or "").strip()
+    if len(comment) > COMMENT_MAX_CHARS:
+        raise AnswerRejected(f"The comment is too long: at most {COMMENT_MAX_CHARS} characters.")
+    problem = storable_text.value_problem(comment)
+    if problem:
+        raise AnswerRejected(f"The comment {problem}.")
+    return comment
+
+
+def _check_policy(*, task: Task, input_request: InputRequest, answer, user, terms, comment: str) -> None:
+    """Raise PolicyRefused, naming the rule, when the request's policy does not let `user` give this answer now."""
+    if user is None:
+        return
+    if input_request.escalated_to_id is not None:
+        if not permissions.in_escalation_group(user, input_request):
+            group = input_request.escalated_to.name if input_request.escalated_to else "another group"
+            raise PolicyRefused(
+                f"This request was escalated to {group} when nobody answered it by its deadline; only they answer it "
+                "now."
+            )
+    elif not permissions.policy_allows(user, server_id=task.server_id, tool=task.tool):
+        raise PolicyRefused(f"Only {terms.answerers} may answer this request ({terms.policy}).")
+    if not terms.self_approval and task.launched_by_id == user.pk:
+        raise PolicyRefused(
+            f"You launched this task, so you cannot answer its requests: {terms.policy} does not allow "
+            f"self-approval (rule: {SELF_APPROVAL_RULE}). Someone else among {terms.answerers} must answer."
+        )
+    if answer["action"] == "decline" and terms.comment_on_decline and not comment:
+        raise PolicyRefused(f"A decline needs a comment saying why ({terms.policy} asks for one).")
+    if answer["action"] == "accept" and terms.required_accepts > 1:
+        earlier = input_request.acceptances or []
+        if any(entry.get("user") == user.pk for entry in earlier):
+            raise PolicyRefused(
+                f"You accepted this request already; {terms.policy} needs {terms.required_accepts} different "
+                "people to accept it."
+            )
+        if earlier and earlier[0].get("content") != answer.get("content"):
+            raise PolicyRefused(
+                f"{earlier[0].get('name')} accepted with other values; accept with the same values, or decline."
+            )
+
+
+def _acceptance(user, answer, now, comment: str) -> dict[str, Any]:
+    entry = {"user": user.pk, "name": user.get_username(), "at": now.isoformat()}
+    if "content" in answer:
+        entry["content"] = answer["content"]
+    if comment:
+        entry["comment"] = comment
+    return entry
 
 
 def _refuse_unstorable_answer(response: Any) -> None:
@@ -488,18 +748,94 @@ def _name(user) -> str:
     return user.get_username() if user is not None else "a deleted user"
 
 
-def claim_delivery(*, input_request: InputRequest) -> bool:
+DEFAULT_ANSWERER = "taskhub, at the deadline"
+
+
+def answerer_name(input_request: InputRequest) -> str:
+    """Who gave a request's answer: a person, or taskhub when it applied the policy's default at the deadline."""
+    if input_request.answered_by_id is None and input_request.default_applied_at is not None:
+        return DEFAULT_ANSWERER
+    return _name(input_request.answered_by)
+
+
+def claim_delivery(*, input_request: InputRequest, attempted_by: str = "", only_if: Q | None = None) -> bool:
     """Commit, before sending, that this answer may reach the server (see InputRequest.delivery_attempted_at).
 
     A compare-and-set on the attempt time the caller read: of two jobs delivering one answer at once (a job
-    recovered as stalled while its worker still runs it), only one may send. False: another attempt won.
+    recovered as stalled while its worker still runs it), only one may send. False: another attempt won, or
+    `only_if` (a condition checked in the same statement: the worker's own heartbeat is fresh) did not hold. On
+    success `input_request` carries the new attempt time, so the same caller can claim again (renew) before sending.
     """
-    claimed = InputRequest.objects.filter(
+    attempted_at = timezone.now()
+    claims = InputRequest.objects.filter(
         pk=input_request.pk,
         state=InputRequestState.ANSWERED,
         delivery_attempted_at=input_request.delivery_attempted_at,
-    ).update(delivery_attempted_at=timezone.now())
-    return claimed == 1
+    )
+    if only_if is not None:
+        claims = claims.filter(only_if)
+    claimed = claims.update(delivery_attempted_at=attempted_at, delivery_attempted_by=attempted_by) == 1
+    if claimed:
+        input_request.delivery_attempted_at = attempted_at
+        input_request.delivery_attempted_by = attempted_by
+    return claimed
+
+
+def claim_first_delivery(
+    *, input_request_id: int, attempted_by: str = "", only_if: tuple[str, Sequence[Any]] | None = None
+) -> InputRequest | None:
+    """claim_delivery for the first attempt to send a task-phase answer, in one statement that also reads what the
+    sending needs: the request with its task and server, as claimed (no lookup before the claim: the delivery job's
+    hot path). None when it is not that (delivered already, an MRTR round's answer, a task with no remote id yet, an
+    attempt made before) or `only_if` (SQL of a condition and its parameters) did not hold: the caller then reads
+    the request and decides, as before."""
+    sql = _first_claim_sql() + (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + _first_claim_columns()
+    params = [timezone.now(), attempted_by, input_request_id, TASK_PHASE, *(only_if[1] if only_if else ())]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    input_request, task, server = _instances(row, (InputRequest, Task, Server))
+    task._state.fields_cache["server"] = server
+    input_request._state.fields_cache["task"] = task
+    return input_request
+
+
+@functools.cache
+def _first_claim_sql() -> str:
+    request, task, server = (model._meta.db_table for model in (InputRequest, Task, Server))
+    return (
+        f'UPDATE "{request}" AS request SET delivery_attempted_at = %s, delivery_attempted_by = %s '
+        f'FROM "{task}" AS task JOIN "{server}" AS server ON server.id = task.server_id '
+        f"WHERE request.id = %s AND task.id = request.task_id AND request.state = '{InputRequestState.ANSWERED}' "
+        "AND request.delivery_attempted_at IS NULL AND request.mrtr_round = %s AND task.remote_task_id IS NOT NULL"
+    )
+
+
+@functools.cache
+def _first_claim_columns() -> str:
+    return ", ".join(
+        f'{alias}."{field.column}"'
+        for alias, model in (("request", InputRequest), ("task", Task), ("server", Server))
+        for field in model._meta.concrete_fields
+    )
+
+
+def _instances(row: Sequence[Any], models: Sequence[type]) -> list:
+    """Model instances from a row holding each model's concrete columns in turn, converted as the ORM converts them
+    (JSON, encrypted fields)."""
+    instances, start = [], 0
+    for model in models:
+        fields = model._meta.concrete_fields
+        values = []
+        for field, value in zip(fields, row[start : start + len(fields)], strict=True):
+            for converter in field.get_db_converters(connection):
+                value = converter(value, None, connection)
+            values.append(value)
+        instances.append(model.from_db(connection.alias, [field.attname for field in fields], values))
+        start += len(fields)
+    return instances
 
 
 @transaction.atomic
@@ -540,12 +876,181 @@ def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = N
     return True
 
 
+# --- answer deadlines --------------------------------------------------------------------------------
+
+NO_ANSWER_IN_TIME = "no answer before the deadline"
+DEADLINE_NEAR_AT_MOST = datetime.timedelta(minutes=5)
+
+
+def deadline_near_at(*, opened_at, deadline):
+    """When a request's deadline counts as near: in its last 20%, or its last 5 minutes, whichever is shorter (a
+    request given a day gets its notice 5 minutes before; one given 10 minutes, 2 minutes before)."""
+    return deadline - min((deadline - opened_at) * 0.2, DEADLINE_NEAR_AT_MOST)
+
+
+def _start_deadline(input_request: InputRequest, *, terms) -> None:
+    """Fix the request's answer deadline, counted from when it opened, and defer the jobs that act on it."""
+    if terms.answer_within is None:
+        return
+    deadline = input_request.created_at + terms.answer_within
+    input_request.answer_deadline_at = deadline
+    input_request.save(update_fields=["answer_deadline_at"])
+    near = deadline_near_at(opened_at=input_request.created_at, deadline=deadline)
+    hooks.enqueue_deadline_checks(input_request.pk, at=[near, deadline])
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadlineDefault:
+    """What a request's approval policy does at its deadline (taskhub.approvals builds it from the policy)."""
+
+    policy_id: int | None
+    at_deadline: str  # decline | cancel | answer | escalate
+    answer: Any = None  # the fixed answer, for "answer"
+    group: Any = None  # the escalation group (a Group), for "escalate"
+
+
+@transaction.atomic
+def apply_deadline_default(*, input_request_id: int, default: DeadlineDefault, now) -> str | None:
+    """Apply the default of a request nobody answered by its deadline, with taskhub as the actor; once only.
+
+    Returns what was done ("declined", "cancelled", "answered", "escalated", "not approved"), or None when nothing
+    was due: answered meanwhile (a person who answers at the same instant waits on the lock, then wins or finds it
+    answered), already applied, not yet due, ended, or its server removed. A fixed answer that does not fit the
+    request's form, or a request that cannot be declined, is recorded with why and replaced by a decline (or by
+    cancelling the task)."""
+    task_id = InputRequest.objects.filter(pk=input_request_id).values_list("task_id", flat=True).first()
+    if task_id is None:
+        return None
+    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=task_id)
+    input_request = InputRequest.objects.select_for_update(of=("self",)).get(pk=input_request_id)
+    if (
+        input_request.state != InputRequestState.OPEN
+        or input_request.default_applied_at is not None
+        or input_request.answer_deadline_at is None
+        or input_request.answer_deadline_at > now
+        or task.is_terminal
+        or task.server.removed_at is not None  # it takes no answers any more (answer_input says so too)
+    ):
+        return None
+    terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
+    input_request.default_applied_at = now
+    data: dict[str, Any] = {
+        "key": input_request.key,
+        "mrtr_round": input_request.mrtr_round,
+        "policy": default.policy_id,
+        "at_deadline": default.at_deadline,
+        "deadline": input_request.answer_deadline_at.isoformat(),
+    }
+    if input_request.acceptances:
+        accepted = len(input_request.acceptances)
+        data["partial"] = (
+            f"{accepted} of {terms.required_accepts} acceptances before the deadline: not enough, the default applies"
+        )
+    problems: list[str] = []
+    at_deadline = default.at_deadline
+    if at_deadline == "escalate" and default.group is None:
+        problems.append("the policy escalates to a group that no longer exists; declined instead")
+        at_deadline = "decline"
+    if at_deadline == "escalate":
+        input_request.escalated_to = default.group
+        input_request.save(update_fields=["default_applied_at", "escalated_to"])
+        return _default_applied(task, "escalated", {**data, "escalated_to": default.group.name}, problems)
+    if input_request.method == GATE_METHOD:
+        # The gate before the call is never passed by a default: whatever the policy says, the launch is not sent.
+        _answer_by_default(input_request, {"action": "decline"}, now)
+        _pass_gate(
+            task, input_request, user=None, comment="", why=NO_ANSWER_IN_TIME, data={"policy": default.policy_id}
+        )
+        return _default_applied(task, "not approved", data, problems)
+    response = {"action": "decline"}
+    if at_deadline == "answer":
+        try:
+            response = validate_response(
+                method=input_request.method, params=input_request.params, response=default.answer
+            )
+        except AnswerRejected as rejected:
+            problems.append(f"the fixed answer does not fit this request ({rejected}); declined instead")
+    elif at_deadline == "cancel":
+        return _cancel_by_default(task, input_request, data, problems)
+    try:
+        response = validate_response(method=input_request.method, params=input_request.params, response=response)
+    except AnswerRejected:
+        problems.append(f"a {input_request.method or 'request'} cannot be declined; the task is cancelled instead")
+        return _cancel_by_default(task, input_request, data, problems)
+    _answer_by_default(input_request, response, now)
+    hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
+    outcome = "answered" if response["action"] == "accept" else ACTION_OUTCOMES[response["action"]]
+    return _default_applied(task, outcome, {**data, "answer": response}, problems)
+
+
+ACTION_OUTCOMES = {"decline": "declined", "cancel": "cancelled"}
+
+
+def _cancel_by_default(task: Task, input_request: InputRequest, data: dict[str, Any], problems: list[str]) -> str:
+    input_request.save(update_fields=["default_applied_at"])
+    try:
+        request_cancel(task=task, user=None)
+    except InvalidTransition as refused:  # e.g. its launch outcome is unknown: there is nothing to cancel
+        problems.append(f"the task could not be cancelled: {refused}")
+        return _default_applied(task, "nothing", data, problems)
+    return _default_applied(task, "cancelled", data, problems)
+
+
+def _answer_by_default(input_request: InputRequest, response: dict[str, Any], now) -> None:
+    input_request.state = InputRequestState.ANSWERED
+    input_request.answer = response
+    input_request.answered_by = None
+    input_request.answered_at = now
+    input_request.answer_comment = NO_ANSWER_IN_TIME
+    input_request.save(
+        update_fields=["state", "answer", "answered_by", "answered_at", "answer_comment", "default_applied_at"]
+    )
+
+
+def _default_applied(task: Task, outcome: str, data: dict[str, Any], problems: list[str]) -> str:
+    record_event(
+        action="input.default_applied",
+        actor_label=SYSTEM,
+        task=task,
+        data={**data, "outcome": outcome, **({"problem": "; ".join(problems)} if problems else {})},
+    )
+    _publish_after_commit(task.id)
+    return outcome
+
+
+@transaction.atomic
+def mark_deadline_near(*, input_request_id: int, now) -> bool:
+    """Whether the "deadline near" notice of this request is due now and not sent before (then it is marked sent)."""
+    input_request = (
+        InputRequest.objects.select_for_update()
+        .filter(
+            pk=input_request_id,
+            state=InputRequestState.OPEN,
+            deadline_near_sent_at__isnull=True,
+            default_applied_at__isnull=True,
+            answer_deadline_at__gt=now,
+        )
+        .first()
+    )
+    if input_request is None:
+        return False
+    if now < deadline_near_at(opened_at=input_request.created_at, deadline=input_request.answer_deadline_at):
+        return False
+    input_request.deadline_near_sent_at = now
+    input_request.save(update_fields=["deadline_near_sent_at"])
+    return True
+
+
 # --- cancel and expiry ------------------------------------------------------------------------------
 
 
 @transaction.atomic
-def request_cancel(*, task: Task, user) -> Task:
-    """Record the wish to cancel; the cancel job sends tasks/cancel. Asking twice is asking once."""
+def request_cancel(*, task: Task, user, bulk_action: int | None = None, lane: str | None = None, token=None) -> Task:
+    """Record the wish to cancel; the cancel job sends tasks/cancel. Asking twice is asking once.
+
+    `bulk_action`: the audit row of the bulk cancel this one is part of (bulk.py), named in this task's row;
+    `lane`: the bulk's job lane for the task's server (hooks.enqueue_cancel_delivery); `token`: the API token (an
+    agent) the cancel came through, named in its audit rows."""
     task = _locked(task)
     if task.is_terminal:
         raise TaskAlreadyFinished(f"The task is already {task.get_status_display()}; there is nothing to cancel.")
@@ -555,11 +1060,69 @@ def request_cancel(*, task: Task, user) -> Task:
         )
     if task.cancel_requested_at is not None:
         return task
+    if task.status == TaskStatus.LAUNCHING and task.input_requests.filter(method=GATE_METHOD, state="open").exists():
+        return _cancel_at_the_gate(task, user=user, bulk_action=bulk_action, token=token)
     task.cancel_requested_at = timezone.now()
     task.cancel_requested_by = user
     task.save(update_fields=["cancel_requested_at", "cancel_requested_by", "updated_at"])
-    record_event(action="task.cancel_requested", user=user, task=task, data={"status": task.status})
-    hooks.enqueue_cancel_delivery(task.id)
+    data = {"status": task.status, **({"bulk_action": bulk_action} if bulk_action is not None else {})}
+    record_event(action="task.cancel_requested", user=user, task=task, data=data, token=token)
+    if task.status == TaskStatus.LAUNCHING and not launch_was_sent(task=task):
+        _cancel_before_sending(task)
+    else:
+        hooks.enqueue_cancel_delivery(task.id, queue=job_queue(task.server), lane=lane)
+    _publish_after_commit(task.id)
+    return task
+
+
+def _cancel_before_sending(task: Task) -> None:
+    """A launch whose tool call (of its current round) is not sent yet ends here, cancelled, and is never sent.
+
+    The task is locked, and the launch job writes its `task.launch_sent` marker under that lock before it sends
+    (mark_launch_sent): so either the marker is there and the call may be under way (then the cancel waits for its
+    outcome, which may be unknown), or the job will find the task cancelled and send nothing. Its waiting retry is
+    dropped."""
+    task.status = TaskStatus.CANCELLED
+    task.finished_at = timezone.now()
+    task.mrtr_request_state = None
+    task.launch_next_try_at = None
+    task.save(update_fields=["status", "finished_at", "mrtr_request_state", "launch_next_try_at", "updated_at"])
+    record_event(
+        action="task.status_changed",
+        actor_label=WORKER,
+        task=task,
+        data={
+            "from": TaskStatus.LAUNCHING,
+            "to": TaskStatus.CANCELLED,
+            "source": CANCELLED_NOT_SENT,
+            "sent": False,
+            "attempts": task.launch_attempts,
+        },
+    )
+    _supersede_open_requests(task, reason="the tool call was cancelled")
+    hooks.drop_pending_launch(task.id)
+    _finished(task)
+
+
+def _cancel_at_the_gate(task: Task, *, user, bulk_action: int | None = None, token=None) -> Task:
+    """A launch still waiting for its approval was never sent: it ends here, cancelled, with nothing to tell."""
+    now = timezone.now()
+    task.cancel_requested_at = task.cancel_delivered_at = task.finished_at = now
+    task.cancel_requested_by = user
+    task.status = TaskStatus.CANCELLED
+    task.status_message = "cancelled before the call was approved"
+    task.save()
+    data = {"status": TaskStatus.LAUNCHING, **({"bulk_action": bulk_action} if bulk_action is not None else {})}
+    record_event(action="task.cancel_requested", user=user, task=task, data=data, token=token)
+    record_event(
+        action="task.status_changed",
+        user=user,
+        task=task,
+        data={"from": TaskStatus.LAUNCHING, "to": TaskStatus.CANCELLED, "source": "cancel before the approval"},
+        token=token,
+    )
+    _supersede_open_requests(task, reason="the launch was cancelled before its approval")
+    _finished(task)
     _publish_after_commit(task.id)
     return task
 
@@ -598,7 +1161,51 @@ def expire(*, task: Task) -> bool:
         task=task,
         data={"from": previous_status, "ttl_ms": task.ttl_ms, "remote_created_at": task.remote_created_at},
     )
+    _log_after_commit("expired (was %s, ttl %s ms)", task, previous_status, task.ttl_ms)
     _supersede_open_requests(task, reason="the task expired")
+    _finished(task)
+    _publish_after_commit(task.id)
+    return True
+
+
+LOST_MESSAGE = "the server process that held this task exited"
+
+
+def sent_before(*, task: Task, moment) -> bool:
+    """Whether the tools/call that created the task's remote task was sent before `moment` (read-only).
+
+    A stdio server keeps its tasks in its process: a task sent before the current process started lived in
+    an earlier one. A task with no marker at all (launched before markers existed) counts as sent before."""
+    sent_at = (
+        AuditEvent.objects.filter(task=task, action="task.launch_sent")
+        .order_by("-time")
+        .values_list("time", flat=True)
+        .first()
+    )
+    return sent_at is None or sent_at < moment
+
+
+@transaction.atomic
+def mark_lost(*, task: Task, process_started_at, exit_detail: str = "") -> bool:
+    """End a live task whose stdio server process exited: the process now running was started after the task
+    was sent to the server and does not know it (it said so). Never before that: a task the current process
+    created and forgot is the server's fault, handled like any other not-found answer. Returns whether it ended.
+    """
+    task = _locked(task)
+    if task.is_terminal or task.remote_task_id is None or not sent_before(task=task, moment=process_started_at):
+        return False
+    previous_status = task.status
+    task.status = TaskStatus.LOST
+    task.status_message = LOST_MESSAGE
+    task.finished_at = timezone.now()
+    task.save(update_fields=["status", "status_message", "finished_at", "updated_at"])
+    TaskPoll.objects.filter(task=task).delete()
+    data = {"from": previous_status, "message": LOST_MESSAGE, "process_started_at": process_started_at.isoformat()}
+    if exit_detail:
+        data["exit"] = exit_detail[:500]
+    record_event(action="task.lost", actor_label=WORKER, task=task, data=data)
+    _supersede_open_requests(task, reason=LOST_MESSAGE)
+    _finished(task)
     _publish_after_commit(task.id)
     return True
 
@@ -662,8 +1269,10 @@ def mark_launch_sent(*, task: Task) -> LaunchCall | None:
 
 
 @transaction.atomic
-def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool) -> bool:
-    """tools/call ended without any outcome: the server refused it with an error, or it was never sent."""
+def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool, unreachable: str | None = None) -> bool:
+    """tools/call ended without any outcome: the server refused it with an error, or it was never sent.
+
+    `unreachable`: why the server could not be reached at all (its last attempt); that counts against its health."""
     task = _locked(task)
     if task.status != TaskStatus.LAUNCHING:
         return False
@@ -671,8 +1280,66 @@ def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool) -> b
     task.error = error
     task.status_message = cap_status_message(str(error.get("message") or ""))
     task.finished_at = timezone.now()
-    task.save(update_fields=["status", "error", "status_message", "finished_at", "updated_at"])
+    if unreachable is not None:
+        task.launch_attempts += 1
+        task.launch_last_error = _launch_error(unreachable)
+    task.launch_next_try_at = None
+    task.save(update_fields=["status", "error", "status_message", "finished_at", *LAUNCH_ATTEMPT_FIELDS, "updated_at"])
     record_event(action="task.launch_failed", actor_label=WORKER, task=task, data={"error": error, "sent": sent})
+    if unreachable is not None:
+        _count_against_server(task, unreachable)
+    _finished(task)
+    _publish_after_commit(task.id)
+    return True
+
+
+LAUNCH_ATTEMPT_FIELDS = ("launch_attempts", "launch_last_error", "launch_next_try_at")
+
+
+def _launch_error(text: str) -> str:
+    text = mask_urls_in(storable(str(text)) or "")  # a credential in a URL of the error goes no further
+    if len(text) <= LAUNCH_ERROR_MAX_CHARS:
+        return text
+    return text[: LAUNCH_ERROR_MAX_CHARS - len(TRUNCATION_NOTE)] + TRUNCATION_NOTE
+
+
+def _count_against_server(task: Task, error: str) -> None:
+    """A launch that could not reach its server counts against the server's health (the servers pages, home)."""
+    why = f"A launch could not reach it: {error}"
+    server_services.record_server_failure(server=Server(pk=task.server_id), error=why)
+
+
+def _reset_launch_attempts(task: Task) -> None:
+    task.launch_attempts = 0
+    task.launch_last_error = ""
+    task.launch_next_try_at = None
+
+
+@transaction.atomic
+def record_launch_retry(*, task: Task, attempt: int, error: str, next_try_at) -> bool:
+    """Attempt `attempt` of the launch (of LAUNCH_ATTEMPTS) could not reach the server, so nothing was sent;
+    the job tries again at `next_try_at`. The task and its list row say so, the timeline has one entry per attempt,
+    and the failure counts against the server's health. False: the task is no longer launching (cancelled, or its
+    outcome recorded meanwhile), and the job must not try again."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        return False
+    task.launch_attempts = attempt
+    task.launch_last_error = _launch_error(error)
+    task.launch_next_try_at = next_try_at
+    task.save(update_fields=[*LAUNCH_ATTEMPT_FIELDS, "updated_at"])
+    record_event(
+        action="task.launch_retrying",
+        actor_label=WORKER,
+        task=task,
+        data={
+            "attempt": attempt,
+            "of": LAUNCH_ATTEMPTS,
+            "error": task.launch_last_error,
+            "next_try_at": next_try_at.isoformat() if next_try_at else None,
+        },
+    )
+    _count_against_server(task, error)
     _publish_after_commit(task.id)
     return True
 
@@ -709,9 +1376,10 @@ def schedule_mrtr_retry(*, task: Task, mrtr_round: int) -> bool:
     if any(state != InputRequestState.ANSWERED for _, state in requests):
         return False
     task.status = TaskStatus.LAUNCHING
-    task.save(update_fields=["status", "updated_at"])
+    _reset_launch_attempts(task)
+    task.save(update_fields=["status", *LAUNCH_ATTEMPT_FIELDS, "updated_at"])
     record_event(action="task.launch_retry_scheduled", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
-    hooks.enqueue_launch(task.id, carries_answers=True)
+    hooks.enqueue_launch(task.id, carries_answers=True, queue=job_queue(task.server))
     _publish_after_commit(task.id)
     return True
 
@@ -763,6 +1431,7 @@ def cancel_before_remote_task(*, task: Task) -> bool:
         data={"from": TaskStatus.INPUT_REQUIRED, "to": TaskStatus.CANCELLED, "source": "cancel before any server task"},
     )
     _supersede_open_requests(task, reason="the tool call was cancelled")
+    _finished(task)
     _publish_after_commit(task.id)
     return True
 

@@ -15,3 +15,28 @@ def announce_task_changed(task_id: uuid.UUID) -> None:
     rolls back. The change is committed by then, so a receiver that fails is logged (django.dispatch), not raised
     into the service that made it."""
     transaction.on_commit(lambda: task_changed.send_robust(sender=None, task_id=task_id))
+
+
+# Sent once the transaction that opened input requests has committed, with task_id=<uuid.UUID> and
+# input_request_ids=[<int>, ...] (a gate before the call is one of them). Notifications (mail, webhooks) listen.
+input_requests_opened = Signal()
+
+
+def announce_input_requests_opened(task_id: uuid.UUID, input_request_ids: list[int]) -> None:
+    """Tell input_requests_opened's receivers after the current transaction commits, never if it rolls back."""
+    if not input_request_ids:
+        return
+    ids = list(input_request_ids)
+    transaction.on_commit(
+        lambda: input_requests_opened.send_robust(sender=None, task_id=task_id, input_request_ids=ids)
+    )
+
+
+# Sent once the transaction that ended a task (completed, failed, cancelled, expired, lost) has committed, with
+# task_id=<uuid.UUID> and status=<str>. Notifications ("a task I launched finished") listen.
+task_finished = Signal()
+
+
+def announce_task_finished(task_id: uuid.UUID, status: str) -> None:
+    """Tell task_finished's receivers after the current transaction commits, never if it rolls back."""
+    transaction.on_commit(lambda: task_finished.send_robust(sender=None, task_id=task_id, status=str(status)))

@@ -5,14 +5,23 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from taskhub.accounts.permissions import is_admin
+from taskhub.tasks.dashboard import dashboard
 from taskhub.web.health import database_status
 
 
 @require_GET
 def home(request):
-    # htmx refreshes only the status fragment; a plain request gets the whole page.
-    template = "web/home.html#system-status" if request.htmx else "web/home.html"
-    return render(request, template, {"database": database_status(with_version=_admin(request))})
+    """Anonymous visitors get the public page; signed-in people their dashboard (taskhub/tasks/dashboard.py).
+    htmx refreshes a fragment: the dashboard (?fragment=dashboard, after a live change) or the system status."""
+    signed_in = request.user.is_authenticated
+    if signed_in and request.GET.get("fragment") == "dashboard":
+        return render(request, "web/dashboard.html#dashboard", {"board": dashboard(request.user)})
+    context = {"database": database_status(with_version=_admin(request))}
+    if request.htmx:
+        return render(request, "web/home.html#system-status", context)
+    if signed_in:
+        return render(request, "web/dashboard.html", {**context, "board": dashboard(request.user)})
+    return render(request, "web/home.html", context)
 
 
 @require_GET

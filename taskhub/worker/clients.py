@@ -5,7 +5,8 @@ answer: 12-45 ms of the 90-140 ms from an approver's click to the server's `task
 against 3 ms for a connected client. A `TasksClient` may serve concurrent requests (the SDK matches answers to
 requests by id; the client connects once, under its own lock) and, after a transport failure, connects again on
 its next call, so jobs share one. The key is the whole target, credentials included: a server whose token or
-headers changed gets a new client. stdio targets are never kept (each client is a server process of its own).
+headers changed gets a new client. stdio targets are never kept here (each client is a server process of its own):
+in a worker, a stdio server's one process is in worker/stdio/, and jobs pass its client as `owned`.
 
 Outside a worker (`shared_clients` not entered on the running loop) every job gets a client of its own, as before.
 """
@@ -121,8 +122,15 @@ async def shared_clients() -> AsyncIterator[ClientPool]:
 
 
 @contextlib.asynccontextmanager
-async def job_client(target: ServerTarget, *, timeout: float) -> AsyncIterator[JobClient]:
-    """A kept client in a worker (HTTP targets), else a client of the job's own, closed when the job is done."""
+async def job_client(
+    target: ServerTarget, *, timeout: float, owned: TasksClient | None = None
+) -> AsyncIterator[JobClient]:
+    """A kept client in a worker (HTTP targets), else a client of the job's own, closed when the job is done.
+    `owned`: the client of a stdio server's process that this worker runs (worker/stdio/), used and left open;
+    never retried on a fresh connection, which would be a process that knows none of the server's tasks."""
+    if owned is not None:
+        yield JobClient(client=owned, reused=False)
+        return
     pool = _pools.get(asyncio.get_running_loop())
     if pool is not None and isinstance(target, HttpTarget):
         async with pool.client(target, timeout=timeout) as kept:

@@ -10,7 +10,14 @@ most once. Before sending, `services.mark_launch_sent` commits an (immutable) `t
 audit row for the round; a job that finds that row already there — because the worker died after
 sending, or the job was recovered as stalled — marks the launch outcome unknown instead of sending.
 Only a failure to reach the server at all, found by connecting before the row is written, is
-retried: then nothing can have been sent.
+retried: then nothing can have been sent. Each such attempt is recorded on the task (attempt n of 9, its error,
+the next try: `services.record_launch_retry`) and counts against the server's health. A cancel before the marker
+ends the task there (`services.request_cancel`, under the task's lock): the job then finds it no longer launching
+and sends nothing; a cancel after it waits for the outcome (`LaunchPending`), which may be unknown.
+
+A stdio server's jobs run in the worker that runs its one process (`stdio/`): they are deferred to the server's
+own queue, and each talks through that process's client (`stdio.owned_client`). One that lands in another worker
+raises `NotOwner` before anything is claimed, marked or sent, and is retried on the server's queue at once.
 
 Fairness between servers (`slots.py`): a job takes one of its server's share of this worker's slots just before
 it talks to the server — for a first delivery, before its claim — and a job whose server's share is taken raises
@@ -21,11 +28,14 @@ count as an attempt (`give_back_attempt`), so a job waiting behind a slow server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import random
+import smtplib
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +48,21 @@ from procrastinate.contrib.django import app
 from procrastinate.jobs import Job
 from procrastinate.retry import BaseRetryStrategy
 
+from taskhub.approvals.notifications import digest
+from taskhub.approvals.notifications import outbox as notification_outbox
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
+from taskhub.observability import metrics, tracing
 from taskhub.servers import discovery
 from taskhub.servers import hooks as server_hooks
+from taskhub.servers import services as server_services
+from taskhub.servers.models import Server
 from taskhub.tasks import hooks, services
-from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.tasks.models import LAUNCH_ATTEMPTS, TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
+from taskhub.worker.stdio import NotOwner
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +72,15 @@ DELIVERY_TIMEOUT_SECONDS = settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS
 # be under way: the server may apply a request it holds after the client gave up. The next attempt waits this
 # long after it before asking the server whether the answer arrived, and sends it again only if it did not.
 DELIVERY_SETTLE_SECONDS = settings.TASKHUB_DELIVERY_SETTLE_SECONDS
+# ...unless the worker that made it is known dead (heartbeats.py took it over): a dead worker's connections closed
+# when it died, so what it sent has reached the server, at the latest, by the time its silence was noticed (at least
+# TASKHUB_STALLED_WORKER_SECONDS minus one beat after the death). Its attempt settles this long after that, time for
+# the server to apply a request it was still processing.
+DEAD_WORKER_GRACE_SECONDS = settings.TASKHUB_DEAD_WORKER_GRACE_SECONDS
 CONFIRMED_AFTER_INTERRUPTION = "tasks/get after an interrupted delivery"
 # A job whose server's share of the slots is taken runs again after about this long (procrastinate also polls
 # for due jobs every 5 s, so the wait may be longer).
 BUSY_RETRY_SECONDS = 1.0
-
-
-class ServerUnreachable(Exception):
-    """The server could not be reached before anything was sent; retrying is safe."""
 
 
 class LaunchPending(Exception):
@@ -75,6 +93,11 @@ class NotBefore(Exception):
     def __init__(self, message: str, *, retry_at: datetime.datetime) -> None:
         super().__init__(message)
         self.retry_at = retry_at
+
+
+class ServerUnreachable(NotBefore):
+    """The server could not be reached before anything was sent; retrying (at `retry_at`, which the task shows as
+    its next try) is safe."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +115,9 @@ class Backoff(BaseRetryStrategy):
     retry_priority: int | None = None  # None keeps the job's own
 
     def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
+        if isinstance(exception, NotOwner):  # nothing was done; to the worker running the server's process
+            wait = 0.0 if exception.queue != job.queue else BUSY_RETRY_SECONDS
+            return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait), queue=exception.queue)
         if isinstance(exception, ServerBusy):  # nothing was done; its attempt is given back (give_back_attempt)
             wait = BUSY_RETRY_SECONDS * random.uniform(0.5, 1.5)
             return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
@@ -99,8 +125,12 @@ class Backoff(BaseRetryStrategy):
             return None
         if isinstance(exception, NotBefore):
             return RetryDecision(retry_at=exception.retry_at, priority=self.retry_priority)
-        wait = min(self.cap_seconds, self.first_seconds * 2**job.attempts) * random.uniform(0.8, 1.2)
-        return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait), priority=self.retry_priority)
+        return RetryDecision(retry_at=self.next_try_at(job.attempts), priority=self.retry_priority)
+
+    def next_try_at(self, attempts: int) -> datetime.datetime:
+        """When to run a job again after its attempt number `attempts + 1` failed."""
+        wait = min(self.cap_seconds, self.first_seconds * 2**attempts) * random.uniform(0.8, 1.2)
+        return timezone.now() + datetime.timedelta(seconds=wait)
 
     def is_last(self, job: Job) -> bool:
         return job.attempts >= self.max_attempts
@@ -110,7 +140,8 @@ class Backoff(BaseRetryStrategy):
 STOPPED = (asyncio.CancelledError,)
 UNREACHABLE = (TransportError, RequestTimeout, DatabaseError, *STOPPED)
 # About four minutes of attempts to reach the server before a launch is given up as never sent.
-LAUNCH_RETRY = Backoff(max_attempts=8, retry_exceptions=(ServerUnreachable, DatabaseError, *STOPPED))
+# Each attempt that cannot reach the server is recorded on the task (services.record_launch_retry) with its next try.
+LAUNCH_RETRY = Backoff(max_attempts=LAUNCH_ATTEMPTS - 1, retry_exceptions=(ServerUnreachable, DatabaseError, *STOPPED))
 # About two hours (capped at 5 minutes apart): answers and cancels ride out a server outage. Their first attempt
 # goes ahead of launches (hooks.DELIVERY_PRIORITY); a retry, for a server in trouble, queues with them instead,
 # so many answers to a dead server cannot hold every launch back for those two hours.
@@ -161,11 +192,17 @@ def error_object(error: Exception) -> dict[str, Any]:
 
 
 @app.task(name=hooks.LAUNCH_JOB, pass_context=True, retry=LAUNCH_RETRY)
-async def launch_task(context, task_id: str) -> str:
+@tracing.job
+async def launch_task(context, task_id: str, declares_tasks: bool = True) -> str:
     last_attempt = LAUNCH_RETRY.is_last(context.job)
     try:
-        return await launch(uuid.UUID(task_id), last_attempt=last_attempt)
-    except ServerBusy:
+        return await launch(
+            uuid.UUID(task_id),
+            last_attempt=last_attempt,
+            attempts_before=context.job.attempts,
+            declares_tasks=declares_tasks,
+        )
+    except (ServerBusy, NotOwner):
         await give_back_attempt(context.job)
         raise
     except (Exception, asyncio.CancelledError) as error:
@@ -189,8 +226,13 @@ def _launching(task_id: uuid.UUID) -> tuple[Task | None, bool]:
     return task, services.launch_was_sent(task=task)
 
 
-async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
-    """Send tools/call for a launching task (first call or MRTR retry) and record what came back."""
+async def launch(
+    task_id: uuid.UUID, *, last_attempt: bool = True, attempts_before: int = 0, declares_tasks: bool = True
+) -> str:
+    """Send tools/call for a launching task (first call or MRTR retry) and record what came back.
+
+    `attempts_before`: how many attempts of this job came before this one (each failed to reach the server).
+    `declares_tasks=False`: without the Tasks extension (over HTTP; a stdio server's owned client always has it)."""
     task, already_sent = await db(_launching, task_id=task_id)
     if task is None:
         return "not launching"
@@ -201,27 +243,70 @@ async def launch(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         error = {"message": f"The tool call was not sent: the server {task.server.name!r} is disabled."}
         await db(services.record_launch_failure, task=task, error=error, sent=False)
         return "server disabled"
+    owned = stdio.owned_client(task.server)  # a stdio server's process, if this worker runs it; else NotOwner
     slot = SLOTS.slot(task.server)
     await slot.take()
     try:
-        return await _send_launch(task, last_attempt=last_attempt)
+        return await _send_launch(
+            task, last_attempt=last_attempt, attempts_before=attempts_before, owned=owned, declares_tasks=declares_tasks
+        )
     finally:
         slot.release()
 
 
-async def _send_launch(task: Task, *, last_attempt: bool) -> str:
-    async with TasksClient(task.server.to_target(), timeout=launch_timeout(task.server)) as client:
+@contextlib.asynccontextmanager
+async def _launch_client(
+    task: Task, owned: TasksClient | None, *, declares_tasks: bool = True
+) -> AsyncIterator[TasksClient]:
+    if owned is not None:  # the stdio server's long-lived process: used, never closed here
+        yield owned
+        return
+    timeout = launch_timeout(task.server)
+    async with TasksClient(task.server.to_target(), timeout=timeout, declare_tasks=declares_tasks) as client:
+        yield client
+
+
+async def _send_launch(
+    task: Task,
+    *,
+    last_attempt: bool,
+    attempts_before: int,
+    owned: TasksClient | None = None,
+    declares_tasks: bool = True,
+) -> str:
+    async with _launch_client(task, owned, declares_tasks=declares_tasks) as client:
+        # The stored catalogue tells the client the tool's `x-mcp-header` parameters (mirrored into `Mcp-Param-*`
+        # headers, SEP-2243); a live listing, when one is fetched, wins.
+        client.learn_tools(task.server.tools)
         try:
             # Reach the server before the marker is written: a failure here cannot have sent anything.
             await client.discover()
+            client.check_tool(task.tool)  # invalid `x-mcp-header` annotations: never called (lands below)
         except (TransportError, RequestTimeout) as error:
-            if not last_attempt:
-                raise ServerUnreachable(str(error)) from error
-            await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
-            return "not sent"
+            why = str(error) or type(error).__name__
+            if last_attempt:
+                failure = _not_sent(error)
+                await db(services.record_launch_failure, task=task, error=failure, sent=False, unreachable=why)
+                return "not sent"
+            retry_at = LAUNCH_RETRY.next_try_at(attempts_before)
+            attempt = attempts_before + 1
+            if not await db(services.record_launch_retry, task=task, attempt=attempt, error=why, next_try_at=retry_at):
+                return "not launching"  # cancelled (or ended) meanwhile: no retry
+            logger.warning(
+                "launch of task %s: attempt %d of %d could not reach server %s (%r); next try at %s",
+                task.id,
+                attempt,
+                LAUNCH_ATTEMPTS,
+                task.server_id,
+                why[:300],
+                retry_at.isoformat(),
+            )
+            raise ServerUnreachable(why, retry_at=retry_at) from error
         except Exception as error:  # refused credentials, a broken discovery answer…: retrying will not help
             await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
             return "not sent"
+        if task.server.unreachable_since is not None:  # a launch reached it: its outage is over
+            await db(server_services.record_server_success, server=task.server)
 
         call = await db(services.mark_launch_sent, task=task)
         if call is None:
@@ -251,20 +336,41 @@ def _not_sent(error: Exception) -> dict[str, Any]:
 
 
 @app.task(name=hooks.ANSWER_DELIVERY_JOB, pass_context=True, retry=DELIVERY_RETRY)
-async def deliver_answer(context, input_request_id: int) -> str:
+@tracing.job
+async def deliver_answer(context, input_request_id: int, server_id: int | None = None) -> str:
     try:
-        return await deliver(input_request_id, last_attempt=DELIVERY_RETRY.is_last(context.job))
-    except ServerBusy:
+        last_attempt = DELIVERY_RETRY.is_last(context.job)
+        return await deliver(input_request_id, last_attempt=last_attempt, server_id=server_id)
+    except (ServerBusy, NotOwner):
         await give_back_attempt(context.job)
         raise
 
 
-def _answer_to_deliver(input_request_id: int) -> tuple[InputRequest | None, bool, Slot | None]:
-    """The answer to deliver, whether it is claimed already, and its server's slot (taken if claimed).
+def _answer_to_deliver(
+    input_request_id: int, owner: str, server_id: int | None = None
+) -> tuple[InputRequest | None, bool, Slot | None]:
+    """The answer to deliver, whether it is claimed already (by `owner`, this worker), and its server's slot (taken
+    if claimed).
 
     A first attempt to send a task-phase answer has nothing to ask the server before its claim, so it claims in
     the same trip to the database (one thread hop and connection check less before the answer goes out) — if it
-    gets a slot of its server's share: an answer claimed and not sent would wait for the settle time."""
+    gets a slot of its server's share: an answer claimed and not sent would wait for the settle time. With its
+    server's id (the job carries it) and that server's share known here, the slot is taken first and the claim is
+    the one statement that also reads the answer, its task and server (services.claim_first_delivery)."""
+    slot = SLOTS.slot_by_id(server_id) if server_id is not None else None
+    if slot is not None and slot.try_take():
+        try:
+            only_if = heartbeats.beating_sql(owner) if owner else None
+            input_request = services.claim_first_delivery(
+                input_request_id=input_request_id, attempted_by=owner, only_if=only_if
+            )
+        except BaseException:
+            slot.release()
+            raise
+        if input_request is not None:
+            SLOTS.share(input_request.task.server)  # its share as it is now, for the next job
+            return input_request, True, slot
+        slot.release()  # not a first send, or not beating: read and decide below, as without the server's id
     input_request = InputRequest.objects.select_related("task__server").filter(pk=input_request_id).first()
     if input_request is None or input_request.state != InputRequestState.ANSWERED:
         return None, False, None  # delivered already (the job ran twice), or nothing to deliver
@@ -275,16 +381,26 @@ def _answer_to_deliver(input_request_id: int) -> tuple[InputRequest | None, bool
         and input_request.delivery_attempted_at is None
     )
     try:
-        claimed = first_send and slot.try_take() and services.claim_delivery(input_request=input_request)
+        claimed = first_send and slot.try_take() and _claim(input_request, owner=owner)
         return input_request, claimed, slot
     except BaseException:
         slot.release()
         raise
 
 
-async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
+def _claim(input_request: InputRequest, *, owner: str) -> bool:
+    """Claim the delivery for this worker: only while its own heartbeat is fresh (see _send_answer)."""
+    only_if = heartbeats.beating(owner) if owner else None
+    return services.claim_delivery(input_request=input_request, attempted_by=owner, only_if=only_if)
+
+
+async def deliver(input_request_id: int, *, last_attempt: bool = True, server_id: int | None = None) -> str:
     """Send one answer: tasks/update with that key alone, or (MRTR) resend tools/call once the round is complete."""
-    loading = asyncio.ensure_future(db(_answer_to_deliver, input_request_id=input_request_id))
+    owner = heartbeats.RUNNING_AS.get()
+    claim_started = claim_clock()  # a claim made in this load holds from (after) this moment
+    loading = asyncio.ensure_future(
+        db(_answer_to_deliver, input_request_id=input_request_id, owner=owner, server_id=server_id)
+    )
     try:
         input_request, claimed, slot = await asyncio.shield(loading)
     except asyncio.CancelledError:  # the worker stops: the thread still finishes, and may have taken a slot
@@ -293,7 +409,8 @@ async def deliver(input_request_id: int, *, last_attempt: bool = True) -> str:
     if input_request is None or slot is None:
         return "nothing to deliver"
     try:
-        return await _deliver(input_request, claimed=claimed, slot=slot, last_attempt=last_attempt)
+        claimed_at = claim_started if claimed else None
+        return await _deliver(input_request, claimed_at=claimed_at, owner=owner, slot=slot, last_attempt=last_attempt)
     finally:
         slot.release()
 
@@ -303,33 +420,53 @@ def _release_loaded_slot(loading: asyncio.Future) -> None:
         slot.release()
 
 
-async def _deliver(input_request: InputRequest, *, claimed: bool, slot: Slot, last_attempt: bool) -> str:
+async def _deliver(
+    input_request: InputRequest, *, claimed_at: float | None, owner: str, slot: Slot, last_attempt: bool
+) -> str:
+    """`claimed_at`: the claim_clock() when this job's claim was made, if it is claimed already."""
     task = input_request.task
+    tracing.annotate_task(task)
+    if task.server.removed_at is not None:  # removed after the answer was given: nobody to tell any more
+        error = {"message": f"The answer was not sent: the server {task.server.name!r} was removed."}
+        await db(services.record_delivery_failure, input_request=input_request, error=error)
+        return "server removed"
     if input_request.mrtr_round != TASK_PHASE:
         # The launch job sends the whole round; this answer may be the one that completes it.
         scheduled = await db(services.schedule_mrtr_retry, task=task, mrtr_round=input_request.mrtr_round)
         return "round complete, retry scheduled" if scheduled else "waiting for the rest of the round"
     if task.remote_task_id is None:
         raise services.InvalidTransition(f"Task {task.id} has no remote task to deliver {input_request.key!r} to.")
-    if input_request.delivery_attempted_at is not None and not last_attempt:
-        settled_at = input_request.delivery_attempted_at + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
-        if timezone.now() < settled_at:
-            raise NotBefore(f"an earlier attempt to deliver {input_request.pk} may be under way", retry_at=settled_at)
+    # An earlier attempt was cut off (its worker died or stopped, or the server did not answer in time). The server
+    # is asked first: a key it no longer asks for was received, whenever that is asked. A key it still asks for may be
+    # in a request it holds, so it is sent again only once that attempt has settled: in a moment if its worker is
+    # known dead (waited for here, holding no slot of the server's share), else on a retry.
+    interrupted = claimed_at is None and input_request.delivery_attempted_at is not None
+    settling_until = None
+    if interrupted and not last_attempt:
+        settling_until = await db(_attempt_settles_at, input_request=input_request)
+        if settling_until is not None:
+            wait = (settling_until - timezone.now()).total_seconds()
+            if wait <= DEAD_WORKER_GRACE_SECONDS:
+                await asyncio.sleep(max(wait, 0.0))
+                settling_until = None
 
+    owned = stdio.owned_client(task.server)
     await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
-    async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
+    async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS, owned=owned) as client:
         try:
-            if input_request.delivery_attempted_at is not None and await _already_received(client, input_request):
+            if interrupted and await _already_received(client, input_request):
                 await db(
                     services.mark_delivered, input_request=input_request, confirmed_by=CONFIRMED_AFTER_INTERRUPTION
                 )
                 return "already received"
-            if not claimed and not await db(services.claim_delivery, input_request=input_request):
-                retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
-                raise NotBefore(f"another job is delivering {input_request.pk}", retry_at=retry_at)
-            logger.info("tasks/update of task %s: sending the answer to input request %s", task.id, input_request.pk)
-            answer = {input_request.key: input_request.answer}
-            await client.request(lambda tasks: tasks.update_task(task.remote_task_id, answer))
+            if settling_until is not None:
+                message = f"an earlier attempt to deliver {input_request.pk} may be under way"
+                raise NotBefore(message, retry_at=settling_until)
+            if claimed_at is None:
+                claimed_at = claim_clock()
+                if not await db(_claim, input_request=input_request, owner=owner):
+                    raise await _not_claimed(input_request, owner=owner)
+            await _send_answer(client, input_request, claimed_at=claimed_at, owner=owner)
         except ProtocolError as error:
             # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.
             await db(services.record_delivery_failure, input_request=input_request, error=error.to_error_object())
@@ -340,7 +477,68 @@ async def _deliver(input_request: InputRequest, *, claimed: bool, slot: Slot, la
             await db(services.record_delivery_failure, input_request=input_request, error=_gave_up(error))
             return "gave up"
     await db(services.mark_delivered, input_request=input_request)
+    metrics.answer_delivered(input_request.answered_at)
     return "delivered"
+
+
+def claim_clock() -> float:
+    """Seconds, for how old a claim is: CLOCK_BOOTTIME where there is one (Linux), which, unlike the monotonic clock,
+    also counts the time the machine was suspended; never set back."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
+def _attempt_settles_at(*, input_request: InputRequest) -> datetime.datetime | None:
+    """When the interrupted attempt to deliver `input_request` can no longer reach the server; None: it cannot now.
+
+    A live (or unknown) worker's attempt may still be in a request it holds open: it settles once the delivery
+    timeout has surely passed (DELIVERY_SETTLE_SECONDS). A dead worker's settles DEAD_WORKER_GRACE_SECONDS after its
+    death was found: the worker taken over cannot claim again before it beats again, which clears `taken_over_at`
+    (then it is alive, and the long settle applies to what it claims)."""
+    attempted_at = input_request.delivery_attempted_at
+    settles_at = attempted_at + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
+    found_dead_at = heartbeats.taken_over_at(input_request.delivery_attempted_by)
+    if found_dead_at is not None:
+        grace = datetime.timedelta(seconds=DEAD_WORKER_GRACE_SECONDS)
+        settles_at = min(settles_at, max(found_dead_at, attempted_at) + grace)
+    return settles_at if timezone.now() < settles_at else None
+
+
+async def _not_claimed(input_request: InputRequest, *, owner: str) -> NotBefore:
+    """Why a claim failed, as the retry to make: another attempt won it (it settles first), or this worker's own
+    heartbeat is late (then it tries again in a beat)."""
+    if owner and not await db(heartbeats.is_beating, owner=owner):
+        retry_at = timezone.now() + heartbeats.FRESH_BEAT
+        return NotBefore(f"worker {owner} is not beating: it may not claim {input_request.pk}", retry_at=retry_at)
+    retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
+    return NotBefore(f"another job is delivering {input_request.pk}", retry_at=retry_at)
+
+
+async def _send_answer(client: JobClient, input_request: InputRequest, *, claimed_at: float, owner: str) -> None:
+    """tasks/update with this one key, sent only while this job's claim holds.
+
+    Exactly once, with a worker that was only paused (SIGSTOP, a frozen VM, a long GC) rather than dead: while it
+    sleeps the others find it silent, take its delivery over and, after the grace, may send the answer themselves.
+    A claim is a compare-and-set on `delivery_attempted_at` made only while the claimant's own beat is fresh
+    (heartbeats.beating: beat within FRESH_BEAT, not taken over), so the takeover's claim and a woken worker's claim
+    cannot both succeed: the later one finds the attempt time changed. What is left is the moment between a claim and
+    the request going out. Another worker can claim no sooner than TASKHUB_STALLED_WORKER_SECONDS - FRESH_BEAT +
+    the grace after this worker's fresh claim, so the request goes out only within CLAIM_HOLDS_SECONDS (half of that)
+    of the claim, by claim_clock(), which runs on through a pause: a job that finds its claim older (it was
+    paused, or connecting took long) claims again, and a woken worker's renewal fails once its delivery was taken
+    over (or, before that, while its beat is not yet fresh again): it sends nothing. Outside `manage.py worker`
+    (owner "") nobody can find this process dead, and the long settle alone protects its attempts.
+    """
+    task = input_request.task
+    if owner and claim_clock() - claimed_at > heartbeats.CLAIM_HOLDS_SECONDS:
+        renewed_at = claim_clock()
+        if not await db(_claim, input_request=input_request, owner=owner):
+            raise await _not_claimed(input_request, owner=owner)
+        if claim_clock() - renewed_at > heartbeats.CLAIM_HOLDS_SECONDS:  # paused again meanwhile: its own retry decides
+            retry_at = timezone.now() + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
+            raise NotBefore(f"the claim on {input_request.pk} was renewed too slowly to send", retry_at=retry_at)
+    logger.info("tasks/update of task %s: sending the answer to input request %s", task.id, input_request.pk)
+    answer = {input_request.key: input_request.answer}
+    await client.request(lambda tasks: tasks.update_task(task.remote_task_id, answer))
 
 
 async def _already_received(client: JobClient, input_request: InputRequest) -> bool:
@@ -361,10 +559,11 @@ def _gave_up(error: McpClientError) -> dict[str, Any]:
 
 
 @app.task(name=hooks.CANCEL_DELIVERY_JOB, pass_context=True, retry=CANCEL_RETRY)
+@tracing.job
 async def deliver_cancel(context, task_id: str) -> str:
     try:
         return await cancel(uuid.UUID(task_id), last_attempt=CANCEL_RETRY.is_last(context.job))
-    except ServerBusy:
+    except (ServerBusy, NotOwner):
         await give_back_attempt(context.job)
         raise
 
@@ -374,6 +573,10 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
     task = await db(Task.objects.select_related("server").filter(pk=task_id).first)
     if task is None or task.cancel_delivered_at is not None or task.is_terminal:
         return "nothing to cancel"
+    if task.server.removed_at is not None:
+        error = {"message": f"The cancel was not sent: the server {task.server.name!r} was removed."}
+        await db(services.record_cancel_failure, task=task, error=error)
+        return "server removed"
     if task.remote_task_id is None:
         if task.status == TaskStatus.INPUT_REQUIRED:
             await db(services.cancel_before_remote_task, task=task)
@@ -384,16 +587,17 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         await db(services.record_cancel_failure, task=task, error=error)
         return "no remote task"
 
+    owned = stdio.owned_client(task.server)
     slot = SLOTS.slot(task.server)
     await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
     try:
-        return await _send_cancel(task, last_attempt=last_attempt)
+        return await _send_cancel(task, last_attempt=last_attempt, owned=owned)
     finally:
         slot.release()
 
 
-async def _send_cancel(task: Task, *, last_attempt: bool) -> str:
-    async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS) as client:
+async def _send_cancel(task: Task, *, last_attempt: bool, owned: TasksClient | None = None) -> str:
+    async with job_client(task.server.to_target(), timeout=DELIVERY_TIMEOUT_SECONDS, owned=owned) as client:
         try:
             await client.request(lambda tasks: tasks.cancel_task(task.remote_task_id))
         except ProtocolError as error:
@@ -411,10 +615,32 @@ async def _send_cancel(task: Task, *, last_attempt: bool) -> str:
 # --- discover a server --------------------------------------------------------------------------------
 
 
-@app.task(name=server_hooks.DISCOVERY_JOB)
+# A discovery of a stdio server runs where its process does (NotOwner moves it there); nothing else is retried.
+DISCOVERY_RETRY = Backoff(max_attempts=0, retry_exceptions=())
+
+
+@app.task(name=server_hooks.DISCOVERY_JOB, retry=DISCOVERY_RETRY)
 async def discover_server(server_id: int, requested_by: int | None = None) -> str:
     """server/discover (or initialize + tools/list) for a server just added or on "Discover now", recorded by
     servers.discovery like the terminal's discovery. The job's lock (hooks.discovery_lock) keeps two discoveries
-    of one server from running at once; this job talks to the server, so a per-server job limit applies to it."""
-    await db(lambda: None)  # db() drops a connection that died while the worker waited
-    return await discovery.adiscover_requested(server_id=server_id, requested_by=requested_by)
+    of one server from running at once; this job talks to the server, so a per-server job limit applies to it.
+    A stdio server is asked through its process in the worker that runs it (NotOwner: retried there, whatever
+    the attempts)."""
+    server = await db(Server.objects.filter(pk=server_id).first)  # db() drops a connection that died meanwhile
+    owned = stdio.owned_client(server) if server is not None else None
+    return await discovery.adiscover_requested(server_id=server_id, requested_by=requested_by, client=owned)
+
+
+# --- mail digests (taskhub/approvals/notifications) ----------------------------------------------------------------
+
+# A mail server that is down or refuses is tried again for about an hour (capped at 10 minutes apart); the events
+# stay unsent meanwhile, and past that the periodic sweep (sweeps.py) queues the digest again.
+MAIL_RETRY = Backoff(
+    max_attempts=14, retry_exceptions=(smtplib.SMTPException, OSError, DatabaseError, *STOPPED), cap_seconds=600
+)
+
+
+@app.task(name=notification_outbox.MAIL_DIGEST_JOB, retry=MAIL_RETRY)
+async def send_mail_digest(user_id: int) -> str:
+    """One person's digest: everything waiting for them in the outbox, in one mail."""
+    return await db(digest.send_digest, user_id=user_id)

@@ -41,15 +41,27 @@ class ServerSlots:
         self._lock = threading.Lock()
         self._taken: Counter[int] = Counter()
         self._waiters: defaultdict[int, list[asyncio.Future]] = defaultdict(list)
+        self._limits: dict[int, int | None] = {}  # each server's max_concurrent_jobs, as this worker last read it
         self.concurrency = DEFAULT_CONCURRENCY
 
     def share(self, server: Server) -> int:
         """How many of this worker's jobs for `server` may run at once: at least 1, at most all of them."""
-        limit = server.max_concurrent_jobs or settings.TASKHUB_MAX_JOBS_PER_SERVER or self.concurrency // 4
+        self._limits[server.pk] = server.max_concurrent_jobs
+        return self._share(server.max_concurrent_jobs)
+
+    def _share(self, max_concurrent_jobs: int | None) -> int:
+        limit = max_concurrent_jobs or settings.TASKHUB_MAX_JOBS_PER_SERVER or self.concurrency // 4
         return max(1, min(limit, self.concurrency))
 
     def slot(self, server: Server) -> Slot:
         return Slot(slots=self, server_id=server.pk, share=self.share(server))
+
+    def slot_by_id(self, server_id: int) -> Slot | None:
+        """A slot of a server this worker has read before (its share as it was then), without reading it now: a
+        delivery takes it before the claim that also reads the server. None for a server not read yet."""
+        if server_id not in self._limits:
+            return None
+        return Slot(slots=self, server_id=server_id, share=self._share(self._limits[server_id]))
 
     def taken(self, server_id: int) -> int:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Periodic jobs: expire tasks past their TTL, delete old finished tasks, recover stalled jobs."""
+"""Periodic jobs: expire tasks past their TTL, act on answer deadlines, delete old finished tasks, recover stalled
+jobs, requeue mail digests."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ import datetime
 import logging
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 from procrastinate.contrib.django import app
 
-from taskhub.tasks import services
+from taskhub.approvals import deadlines
+from taskhub.approvals import webhooks as approval_webhooks
+from taskhub.approvals.notifications import outbox as notification_outbox
+from taskhub.tasks import hooks, services
 from taskhub.tasks.models import LIVE_STATUSES, Task
+from taskhub.worker import heartbeats
 from taskhub.worker.jobs import db
 
 logger = logging.getLogger(__name__)
@@ -18,8 +24,6 @@ logger = logging.getLogger(__name__)
 # The server may end a task right at its deadline; give the tracker time to see that first.
 EXPIRY_GRACE = datetime.timedelta(seconds=60)
 PURGE_BATCH = 500
-# Jobs of a worker silent this long are taken over (workers beat every TASKHUB_WORKER_HEARTBEAT_SECONDS).
-STALLED_WORKER_SECONDS = settings.TASKHUB_STALLED_WORKER_SECONDS
 
 
 def remote_deadline(task: Task) -> datetime.datetime | None:
@@ -74,12 +78,30 @@ async def expire_overdue_tasks(timestamp: int) -> int:
     return len(expired)
 
 
+@app.task(name=hooks.ANSWER_DEADLINE_JOB)
+async def answer_deadline(input_request_id: int) -> str | None:
+    """Deferred for the moment a request's deadline is near, and for the moment it passes."""
+    return await db(deadlines.check_deadline, input_request_id=input_request_id)
+
+
+# The safety net of the deferred jobs above (one lost, or deferred before a restore of the database).
+@app.periodic(cron="* * * * *")
+@app.task(name="taskhub.sweep_answer_deadlines", queueing_lock="taskhub.sweep_answer_deadlines")
+async def sweep_answer_deadlines(timestamp: int) -> int:
+    applied = await db(deadlines.sweep)
+    if applied:
+        logger.info("applied the deadline default of %d input request(s)", applied)
+    return applied
+
+
 @app.periodic(cron="17 * * * *")
 @app.task(name="taskhub.purge_old_tasks", queueing_lock="taskhub.purge_old_tasks", pass_context=True)
 async def purge_old_tasks(context, timestamp: int) -> int:
     days = settings.TASKHUB_RETENTION_DAYS
     purged = await db(purge_finished, now=timezone.now(), retention_days=days)
     if days > 0:
+        cutoff = timezone.now() - datetime.timedelta(days=days)
+        await db(approval_webhooks.purge_old_deliveries, created_before=cutoff)
         await context.app.job_manager.delete_old_jobs(
             nb_hours=days * 24, include_failed=True, include_cancelled=True, include_aborted=True
         )
@@ -88,13 +110,26 @@ async def purge_old_tasks(context, timestamp: int) -> int:
     return purged
 
 
+def retry_stalled() -> list[tuple[int, str]]:
+    with connection.cursor() as cursor:
+        return heartbeats.retry_stalled_jobs_sql(cursor)
+
+
+# Every worker already does this on each heartbeat (heartbeats.py); this sweep is the safety net.
 @app.periodic(cron=settings.TASKHUB_STALLED_SWEEP_CRON)
 @app.task(name="taskhub.retry_stalled_jobs", queueing_lock="taskhub.retry_stalled_jobs", pass_context=True)
 async def retry_stalled_jobs(context, timestamp: int) -> int:
     """Requeue jobs whose worker died. A recovered launch then finds its marker and reports "outcome unknown"."""
-    manager = context.app.job_manager
-    stalled = list(await manager.get_stalled_jobs(seconds_since_heartbeat=STALLED_WORKER_SECONDS))
-    for job in stalled:
-        logger.warning("retrying job %s (%s): its worker stopped", job.id, job.task_name)
-        await manager.retry_job(job)
-    return len(stalled)
+    retried = await db(retry_stalled)
+    heartbeats.log_retried(retried)
+    return len(retried)
+
+
+# Each digest job retries a failing mail server for about an hour; events still unsent after that get a new one here.
+@app.periodic(cron="*/5 * * * *")
+@app.task(name="taskhub.requeue_mail_digests", queueing_lock="taskhub.requeue_mail_digests")
+async def requeue_mail_digests(timestamp: int) -> int:
+    queued = await db(notification_outbox.schedule_forgotten_digests)
+    if queued:
+        logger.info("mail: queued the digest of %d person(s) again, whose events were still unsent", queued)
+    return queued

@@ -46,7 +46,7 @@ def rows(page):
 def test_an_admin_filters_by_action_and_downloads_exactly_that_as_csv(daphne_server, history, new_page):
     page = new_page()
     sign_in(page, daphne_server.url, "alex", TEST_PASSWORD)
-    page.get_by_role("link", name="Audit").click()
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Audit").click()
     expect(page).to_have_title("Audit · taskhub")
     expect(rows(page)).to_have_count(12)
     expect(page.get_by_role("status").filter(has_text="12 events")).to_be_visible()

@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 from taskhub.accounts.groups import APPROVERS
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, InputRequestState
+from tests.approval_fixtures import add_approver_groups
 
 SCHEMA = {
     "type": "object",
@@ -66,7 +67,7 @@ def url_request(url: str) -> dict:
 @pytest.fixture
 def server(transactional_db):
     server = create_server(name="billing", transport="http", url="http://billing.example/mcp", user=None)
-    server.approver_groups.add(Group.objects.create(name="finance"))
+    add_approver_groups(server, Group.objects.create(name="finance"))
     return server
 
 
@@ -92,6 +93,7 @@ def test_two_approvers_on_one_inbox_see_each_others_answers_live(daphne_server, 
         expect(pages[name].locator("#live-indicator")).to_have_attribute("data-state", "live")
     ada, dana = pages["ada"], pages["dana"]
     expect(ada.locator(".ir-card")).to_have_count(2)
+    expect(card(ada, first).locator(".ir-ordinal")).to_have_text("request 1 of 2")
 
     # Ada starts typing in the second card; a request that arrives meanwhile must not wipe it.
     card(ada, second).get_by_label("Reason").fill("half typed")
@@ -105,6 +107,9 @@ def test_two_approvers_on_one_inbox_see_each_others_answers_live(daphne_server, 
 
     expect(card(ada, first)).to_contain_text("answered by dana")
     expect(card(ada, first)).to_contain_text("(accepted)")
+    # The cards put in place of the shown ones (Dana's by htmx, Ada's live) keep their number.
+    expect(card(dana, first).locator(".ir-ordinal")).to_have_text("request 1 of 2")
+    expect(card(ada, first).locator(".ir-ordinal")).to_have_text("request 1 of 2")
     expect(card(ada, request_of(later, "invoice"))).to_be_visible()  # the live marker made the list re-fetch
     expect(card(ada, second).get_by_label("Reason")).to_have_value("half typed")
     first.refresh_from_db()
@@ -288,7 +293,7 @@ def test_screenshot_of_an_empty_inbox(daphne_server, page, server):
 def test_a_flooding_server_is_grouped_and_the_inbox_filters_by_server_and_pages(daphne_server, page, server):
     approver("ada")
     ops = create_server(name="ops", transport="http", url="http://ops.example/mcp", user=None)
-    ops.approver_groups.add(Group.objects.get(name="finance"))
+    add_approver_groups(ops, Group.objects.get(name="finance"))
     flood = task_asking(server, {"k0": APPROVE}, tool="bulk_refund")
     InputRequest.objects.bulk_create(
         InputRequest(task=flood, server=server, key=f"k{n}", method="elicitation/create", params=APPROVE["params"])

@@ -11,7 +11,7 @@ from demo_process import DemoServer, free_port
 from playwright.sync_api import expect
 from stack_fixtures import Workers, worker_environment
 
-from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.servers.models import Server
 from taskhub.tasks.models import Task
 
@@ -59,7 +59,7 @@ def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_to
     # --- the admin registers the demo server ---
     admin = new_page()
     sign_in(admin, base, "alex", TEST_PASSWORD)
-    admin.get_by_role("link", name="Servers").click()
+    admin.get_by_role("navigation", name="Main").get_by_role("link", name="Servers").click()
     expect(admin.get_by_role("heading", name="No servers yet")).to_be_visible()
     screenshot(admin, "servers-empty")
     admin.get_by_role("link", name="Add a server").click()
@@ -69,7 +69,6 @@ def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_to
     expect(admin.get_by_label("Command")).to_be_hidden()  # only the chosen transport's fields
     admin.get_by_label("Bearer token").fill("a-token-nobody-sees")
     admin.get_by_label("Extra HTTP headers").fill("X-Demo-Key: also-secret")
-    admin.get_by_label(APPROVERS).check()
     screenshot(admin, "servers-form")
     admin.get_by_role("button", name="Add server").click()
 
@@ -120,10 +119,12 @@ def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_to
     admin.goto(f"{base}/servers/add/")
     admin.get_by_label("Name").fill("Local tool")
     admin.get_by_label("stdio").check()
+    expect(admin.get_by_text("taskhub keeps one process of this program running")).to_be_visible()
     admin.get_by_label("Command").fill("python3")
     admin.get_by_label("Arguments").fill("-m\ntaskhub.demo\n--stdio")
     admin.get_by_role("button", name="Add server").click()
     expect(admin.locator("#server-discovery").get_by_role("status")).to_contain_text("Discovering…")
+    expect(admin.get_by_role("region", name="Process")).to_contain_text("no worker has taken this server yet")
     admin.get_by_role("navigation", name="Main").get_by_role("link", name="Servers").click()
     table = admin.get_by_role("table")
     expect(table.get_by_role("row", name=re.compile("Demo server"))).to_contain_text("reachable")
@@ -140,7 +141,7 @@ def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_to
     # --- the operator launches ---
     operator = new_page()
     sign_in(operator, base, "olga", TEST_PASSWORD)
-    operator.get_by_role("link", name="Launch").click()
+    operator.get_by_role("navigation", name="Main").get_by_role("link", name="Launch").click()
     demo_section = operator.get_by_role("region", name="Demo server")
     expect(demo_section.get_by_role("link", name="approval")).to_be_visible()
     expect(operator.get_by_role("region", name="Local tool")).to_contain_text("has not been discovered yet")

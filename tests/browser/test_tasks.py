@@ -20,13 +20,15 @@ from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
 from playwright.sync_api import expect
 
-from taskhub.accounts.groups import APPROVERS, OPERATORS
+from taskhub.accounts.groups import AGENTS, APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token
 from taskhub.live import publish
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.settings import channel_layers_from_env
 from taskhub.tasks import services
+from tests.approval_fixtures import set_approver_groups
 
 pytestmark = pytest.mark.slow
 
@@ -203,9 +205,11 @@ def test_the_detail_cancels_then_finishes_anyway_without_a_reload(live_site, new
     expect(header.locator(".pill")).to_have_text("working")
     expect(page.locator(f"#task-{task.pk}-message")).to_contain_text(f"server says: building {HOSTILE}")
 
-    page.get_by_role("button", name="Cancel task").click()
+    page.get_by_role("link", name="Cancel task…").click()  # the confirm step opens under the header
+    page.get_by_role("button", name="Yes, cancel the task").click()
     expect(header).to_contain_text("Cancel requested by olga")
-    expect(page.get_by_role("button", name="Cancel task")).to_have_count(0)
+    expect(page.get_by_role("link", name="Cancel task…")).to_have_count(0)
+    expect(page.get_by_role("button", name="Yes, cancel the task")).to_have_count(0)
     services.apply_snapshot(task=task, snapshot=snapshot("r-9", statusMessage="stopping soon", pollIntervalMs=2000))
     expect(page.locator(f"#task-{task.pk}-message")).to_contain_text("stopping soon")
     expect(header).to_contain_text("Cancel requested by olga")
@@ -260,7 +264,7 @@ def test_someone_made_an_approver_while_a_page_is_open_gets_the_inbox_link_and_i
     expect(inbox).to_have_count(0)  # not an approver: the item is there for the socket, hidden
 
     alpha_approvers = Group.objects.create(name="alpha-approvers")
-    alpha.approver_groups.set([alpha_approvers])
+    set_approver_groups(alpha, [alpha_approvers])
     olga.groups.add(Group.objects.get_or_create(name=APPROVERS)[0], alpha_approvers)
     services.apply_snapshot(task=task, snapshot=snapshot("r-1", "input_required", inputRequests={"ok": ASK}))
     expect(inbox).to_be_visible()
@@ -285,4 +289,50 @@ def test_someone_made_an_approver_while_a_page_is_open_gets_the_inbox_link_and_i
     page.evaluate(COUNT_INBOX_PUSHES)
     services.mark_delivered(input_request=request)
     page.wait_for_function("() => window.__inboxPushes > 0")
+    assert not console_errors.seen, console_errors.report()
+
+
+def test_an_agents_task_is_marked_in_the_list_live_filtered_by_agent_and_named_on_its_page(
+    live_site, new_page, console_errors
+):
+    olga = make_user("olga", OPERATORS, password=TEST_PASSWORD)
+    bot = make_user("ci-bot", AGENTS, password=TEST_PASSWORD)
+    token, _ = create_token(user=bot, name=f"nightly {HOSTILE}")
+    alpha = with_tools(create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None), "deploy")
+    by_hand = services.launch(server=alpha, tool="deploy", arguments={}, user=olga)
+
+    page = new_page()
+    sign_in(page, live_site.url, "olga", TEST_PASSWORD)
+    page.goto(f"{live_site.url}/tasks/")
+    wait_until_live(page)
+    expect(page.locator(f"#task-row-{by_hand.pk} [data-agent]")).to_have_count(0)
+
+    # A task an agent launches slides in live, marked, the token named on hover.
+    by_bot = services.launch(server=alpha, tool="deploy", arguments={}, user=bot, token=token)
+    marker = page.locator(f"#task-row-{by_bot.pk} [data-agent]")
+    expect(marker).to_have_text("agent")
+    expect(marker).to_have_attribute("title", f"via the API token nightly {HOSTILE} ({token.prefix}…)")
+
+    page.get_by_label("Agent").select_option("any")
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"/tasks/\?.*agent=any"))
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator("tbody tr").first).to_have_id(f"task-row-{by_bot.pk}")
+    screenshot(page, "tasks-list-agents")
+
+    page.locator(f"#task-row-{by_bot.pk} a").first.click()
+    expect(page.locator(".task-byline")).to_contain_text(f"Launched by ci-bot via nightly {HOSTILE} ({token.prefix}…)")
+    screenshot(page, "task-launched-by-agent")
+    assert page.evaluate("window.__xss") is None
+    assert not console_errors.seen, console_errors.report()
+
+    # The agent's own account, signed in: its home says what it is for; no task list in its nav.
+    agent_page = new_page()
+    sign_in(agent_page, live_site.url, "ci-bot", TEST_PASSWORD)
+    agent_page.goto(f"{live_site.url}/")
+    expect(agent_page.locator("#dash-agent")).to_contain_text("agents group")
+    nav = agent_page.get_by_role("navigation", name="Main")
+    expect(nav.get_by_role("link", name=re.compile("^Tasks"))).to_have_count(0)
+    expect(nav.get_by_role("link", name="API tokens")).to_be_visible()
+    screenshot(agent_page, "agent-home")
     assert not console_errors.seen, console_errors.report()

@@ -16,10 +16,18 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts.permissions import approver_required, may_answer, may_see_task
-from taskhub.tasks import services
+from taskhub.tasks import like_requests, services
+from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
 from taskhub.tasks.inbox_listing import InboxListing, inbox_listing
-from taskhub.tasks.input_cards import card_for, requests_user_may_see, response_from_post
+from taskhub.tasks.input_cards import (
+    card_after_answer,
+    card_for,
+    number_siblings,
+    requests_user_may_see,
+    response_from_post,
+    short_key,
+)
 from taskhub.tasks.models import InputRequest
 
 INBOX_TEMPLATE = "tasks/inbox.html"
@@ -43,10 +51,14 @@ def inbox(request):
         shown = {ir.pk for ir in requests}
         extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
         requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
-        cards = [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
-        return render(request, f"{INBOX_TEMPLATE}#card-list", _page_context(listing, cards))
-    cards = [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
-    return render(request, INBOX_TEMPLATE, _page_context(listing, cards))
+        cards = number_siblings(
+            [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
+        )
+        return render(request, f"{INBOX_TEMPLATE}#card-list", _page_context(listing, cards, request.user))
+    cards = number_siblings(
+        [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
+    )
+    return render(request, INBOX_TEMPLATE, _page_context(listing, cards, request.user))
 
 
 def _back_to(listing: InboxListing) -> str:
@@ -55,10 +67,16 @@ def _back_to(listing: InboxListing) -> str:
     return f"{reverse('tasks:inbox')}{here}" if here else ""
 
 
-def _page_context(listing: InboxListing, cards) -> dict:
+def _page_context(listing: InboxListing, cards, user, *, refused_group=None) -> dict:
     here = listing.query()
+    groups = like_requests.like_groups(cards, user, next_url=_back_to(listing))
+    if refused_group is not None:
+        groups = [refused_group if group.likeness == refused_group.likeness else group for group in groups]
+        if all(group.likeness != refused_group.likeness for group in groups):
+            groups.insert(0, refused_group)
     return {
         "cards": cards,
+        "like_groups": groups,
         "listing": listing,
         "form": listing.form,
         "more": listing.more,
@@ -89,7 +107,9 @@ def answer(request, request_id):
     card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
     try:
         response = response_from_post(card, request.POST)
-        answered = services.answer_input(input_request=input_request, response=response, user=request.user)
+        answered = services.answer_input(
+            input_request=input_request, response=response, user=request.user, comment=request.POST.get("comment", "")
+        )
     except AnswerRejected as refused:
         problem = (
             str(refused)
@@ -116,7 +136,10 @@ def answer(request, request_id):
         return _refused(request, card_for(input_request, request.user, may_answer=True, notice=notice), status=409)
 
     if request.htmx:
-        return render(request, CARD_TEMPLATE, {"card": card_for(answered, request.user, may_answer=True)})
+        return render(request, CARD_TEMPLATE, {"card": card_after_answer(card, answered, request.user)})
+    if answered.state == "open":  # N of M: recorded, more acceptances needed
+        messages.success(request, f"Accepted: {len(answered.acceptances)} of the acceptances needed are in.")
+        return redirect(next_url or reverse("tasks:inbox"))
     action = (answered.answer or {}).get("action", "answer")
     words = {"accept": "Accepted", "decline": "Declined", "cancel": "Cancelled"}.get(action, "Answered")
     messages.success(request, f"{words}: the answer to {answered.task.server.name} is recorded and being delivered.")
@@ -141,5 +164,120 @@ def _refused(request, card, *, status: int):
     cards = [card if other.pk == card.pk else other for other in cards]
     if all(other.pk != card.pk for other in cards):
         cards.insert(0, card)
-    context = {**_page_context(listing, cards), "page_notice": card.notice or card.form_error}
+    number_siblings(cards)
+    context = {**_page_context(listing, cards, request.user), "page_notice": card.notice or card.form_error}
     return render(request, INBOX_TEMPLATE, context, status=status)
+
+
+# --- like requests, answered with one form (taskhub/tasks/like_requests.py) ----------------------------------------
+
+FAILURES_LISTED = 10
+ACTION_DONE = {"accept": "Accepted", "decline": "Declined", "cancel": "Cancelled"}
+
+
+@approver_required
+@require_POST
+def answer_like(request):
+    """One answer for each selected request; each goes through the answer service on its own (its checks, its
+    audit row, its delivery), and what fails is reported per request without undoing the others."""
+    next_url = _safe_next(request)
+    back = next_url or reverse("tasks:inbox")
+    ids = _ids(",".join(request.POST.getlist("request")))
+    if not ids:
+        messages.error(request, "Select at least one request to answer; nothing was answered.")
+        return redirect(back)
+    if len(ids) > like_requests.MAX_ANSWERED_AT_ONCE:
+        messages.error(
+            request,
+            f"At most {like_requests.MAX_ANSWERED_AT_ONCE} requests can be answered at once; nothing was answered.",
+        )
+        return redirect(back)
+    # Only requests of servers the user approves for are found: others do not exist for them (as in answer()).
+    chosen = list(requests_user_may_see(request.user, ids))
+    missing = len(set(ids)) - len(chosen)
+    if not chosen:
+        messages.error(request, "None of the selected requests is one you may answer; nothing was answered.")
+        return redirect(back)
+    if len({like_requests.likeness(ir) for ir in chosen}) != 1 or like_requests.likeness(chosen[0]) is None:
+        messages.error(request, "The selected requests do not all ask the same thing; nothing was answered.")
+        return redirect(back)
+
+    lead = chosen[0]
+    try:
+        response = response_from_post(card_for(lead, request.user, may_answer=True), request.POST)
+        # The form is one for all: an answer that does not fit it fits none, so it is refused once, up front.
+        response = validate_response(method=lead.method, params=lead.params, response=response)
+    except AnswerRejected as refused:
+        return _group_refused(request, lead, refused, next_url=next_url)
+
+    outcomes = like_requests.answer_each(
+        input_requests=chosen,
+        response=response,
+        user=request.user,
+        may_answer=lambda input_request: may_answer(request.user, input_request),
+        comment=request.POST.get("comment", ""),
+    )
+    waiting = [outcome for outcome in outcomes if outcome.waiting_for_more]
+    done = [outcome for outcome in outcomes if outcome.answered and not outcome.waiting_for_more]
+    failed = [outcome for outcome in outcomes if not outcome.answered]
+    if done:
+        words = ACTION_DONE.get(response.get("action"), "Answered")
+        many = f"{len(done)} request{'s' if len(done) != 1 else ''}"
+        messages.success(
+            request, f"{words} {many} from {lead.task.server.name}: each answer is recorded and being delivered."
+        )
+    if waiting:
+        many = f"{len(waiting)} request{'s' if len(waiting) != 1 else ''}"
+        counts = sorted({f"{outcome.accepted} of {outcome.required}" for outcome in waiting})
+        messages.success(
+            request,
+            f"Your acceptance is recorded for {many} ({', '.join(counts)} accepted): each waits for more acceptances "
+            "before anything is sent.",
+        )
+    if failed or missing:
+        not_answered = len(failed) + missing
+        lines = [_failure_line(outcome) for outcome in failed[:FAILURES_LISTED]]
+        if len(failed) > FAILURES_LISTED:
+            lines.append(f"and {len(failed) - FAILURES_LISTED} more")
+        if missing:
+            lines.append(
+                f"{missing} selected request{'s are' if missing != 1 else ' is'} not among those you may answer"
+            )
+        messages.error(request, f"{not_answered} not answered: " + "; ".join(lines) + ".")
+    return redirect(back)
+
+
+def _failure_line(outcome: like_requests.Outcome) -> str:
+    ir = outcome.input_request
+    return f"request {short_key(ir.key, task=ir.task) or ir.pk} of task {str(ir.task_id)[:8]}: {outcome.problem}"
+
+
+def _group_refused(request, lead: InputRequest, refused: AnswerRejected, *, next_url: str):
+    """The inbox again, with the group's form showing what the person typed and what is wrong; nothing recorded."""
+    problem = (
+        str(refused) if not refused.field_errors else "Nothing was answered: please correct the fields marked below."
+    )
+    target = urlsplit(next_url)
+    filters = QueryDict(target.query) if target.path == reverse("tasks:inbox") else QueryDict()
+    listing = inbox_listing(request.user, filters, page_size=CARDS_SHOWN)
+    cards = number_siblings(
+        [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in listing.requests]
+    )
+    group = like_requests.like_groups(cards, request.user, next_url=_back_to(listing))
+    likeness = like_requests.likeness(lead)
+    refused_group = next((g for g in group if g.likeness == likeness), None)
+    card = card_for(
+        lead,
+        request.user,
+        may_answer=True,
+        submitted=request.POST,
+        errors=refused.field_errors,
+        form_error=problem,
+        next_url=next_url,
+    )
+    if refused_group is None:
+        refused_group = like_requests.LikeGroup(likeness=likeness, card=card, requests=[lead])
+    refused_group.card = card
+    refused_group.selected = {int(pk) for pk in _ids(",".join(request.POST.getlist("request")))}
+    context = _page_context(listing, cards, request.user, refused_group=refused_group)
+    return render(request, INBOX_TEMPLATE, {**context, "page_notice": problem}, status=400)

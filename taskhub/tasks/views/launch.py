@@ -5,17 +5,19 @@ inputSchema); this view turns its LaunchRefused into errors on the fields, then 
 """
 
 import json
+import uuid
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 
-from taskhub.accounts.permissions import is_admin, may_launch, operator_required
+from taskhub.accounts.permissions import is_admin, may_launch, may_see_task, operator_required
 from taskhub.mcp.schema_fields import messages_of
 from taskhub.servers.catalogue import find_tool, health_of, tools_of
 from taskhub.servers.models import Server
 from taskhub.tasks import services
 from taskhub.tasks.errors import LaunchRefused, TaskError
+from taskhub.tasks.models import Task
 from taskhub.tasks.schema_forms import launch_form
 
 MAX_JSON_CHARS = 1_000_000
@@ -25,7 +27,7 @@ MAX_JSON_CHARS = 1_000_000
 def choose_tool(request):
     servers = [
         {"server": server, "tools": tools_of(server), "health": health_of(server)}
-        for server in Server.objects.filter(enabled=True).prefetch_related("approver_groups")
+        for server in Server.objects.filter(enabled=True)
     ]
     return render(
         request,
@@ -54,6 +56,17 @@ def _parse_json(text: str):
     return value, ""
 
 
+def _run_again(request, server: Server, tool: str) -> Task | None:
+    """The task of `?again=<task id>` whose launch this form repeats: one the user may see, of this server and tool.
+    Anything else (a bad id, a task of another tool) is ignored: the form starts from the schema's defaults."""
+    try:
+        task_id = uuid.UUID(request.GET.get("again", ""))
+    except ValueError:
+        return None
+    task = Task.objects.filter(pk=task_id, server=server, tool=tool).first()
+    return task if task is not None and may_see_task(request.user, task) else None
+
+
 @operator_required
 def launch_tool(request, server_id, tool):
     server = get_object_or_404(Server, pk=server_id)
@@ -65,6 +78,7 @@ def launch_tool(request, server_id, tool):
     form = launch_form(entry.input_schema)
     mode = "json" if not form.renderable else request.GET.get("mode", "form")
     json_text = _as_json(form.defaults)
+    again = _run_again(request, server, entry.name) if request.method == "GET" else None
     json_error = ""
     form_error = ""
     status = 200
@@ -104,6 +118,14 @@ def launch_tool(request, server_id, tool):
             except TaskError as error:
                 form_error = str(error)
             status = 400
+    elif again is not None:
+        # The form shows the earlier task's arguments; JSON where the form cannot hold them all.
+        arguments = again.arguments if isinstance(again.arguments, dict) else {}
+        json_text = _as_json(arguments)
+        if form.renderable and set(arguments) <= {field.name for field in form.answerable_fields}:
+            form.show(arguments)
+        else:
+            mode = "json"
     elif mode == "json":
         json_text = _as_json(form.defaults)
 
@@ -120,6 +142,7 @@ def launch_tool(request, server_id, tool):
             "json_error": json_error,
             "form_error": form_error,
             "has_field_errors": has_field_errors,
+            "again": again,
         },
         status=status,
     )

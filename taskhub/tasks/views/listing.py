@@ -7,7 +7,6 @@ from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -21,9 +20,23 @@ from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.models import Task
 from taskhub.tasks.presenters import detail_context
-from taskhub.tasks.queries import TAB_STATUSES, TABS, TaskFilterForm, filtered_tasks
+from taskhub.tasks.queries import (
+    COUNT_CAP,
+    NEEDS,
+    STATUS_CHOICES,
+    TAB_STATUSES,
+    TABS,
+    TaskFilterForm,
+    capped_count,
+    filter_errors,
+    filtered_tasks,
+    settle_declined,
+    status_counts,
+    with_row_facts,
+)
 
 PAGE_SIZE = 50
+TAB_VALUES = frozenset(value for value, _, _ in TABS)
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
 # What a row of the list shows (the task-row partial): the big JSON columns (arguments, result, error) stay behind.
@@ -32,10 +45,31 @@ ROW_FIELDS = (
     "status_message",
     "tool",
     "cancel_requested_at",
+    "launch_attempts",
+    "launch_last_error",
+    "launch_next_try_at",
     "created_at",
     "updated_at",
+    "finished_at",
     "server__name",
     "launched_by__username",
+    "launched_via_label",
+    "cancel_requested_by__username",
+)
+# The filters a page of the list keeps in its links (tabs, pager, clear), besides the status.
+FILTER_NAMES = (
+    "server",
+    "tool",
+    "launched_by",
+    "agent",
+    "mine",
+    "q",
+    "older",
+    "since",
+    "until",
+    "ended",
+    "outcome",
+    "needs",
 )
 
 
@@ -61,16 +95,22 @@ def task_list(request):
         return refusal
     form = TaskFilterForm(request.GET or None, user=request.user)
     tasks, status = filtered_tasks(form, request.user)
+    errors = filter_errors(form)
 
-    # COUNT(*), not COUNT(id): under a server or launcher filter the (…, created_at) INCLUDE (status) index answers
-    # alone (an index-only scan); id is not in it.
-    counts = dict(tasks.order_by().values_list("status").annotate(n=Count("*")))
-    filters = {key: request.GET.get(key, "") for key in ("server", "tool", "launched_by", "q")}
+    filters = {key: request.GET.get(key, "") for key in FILTER_NAMES if key not in errors}
+    counts, capped = _status_counts(request.user, form, filters, tasks)
+    over_cap = f"{COUNT_CAP:,}+"
+
+    def tab_count(statuses) -> int | str:
+        if capped:  # only "All" is known: more than the cap
+            return over_cap if statuses is None else ""
+        return sum(counts.values()) if statuses is None else sum(counts.get(s, 0) for s in statuses)
+
     tabs = [
         {
             "value": value,
             "label": label,
-            "count": sum(counts.values()) if statuses is None else sum(counts.get(s, 0) for s in statuses),
+            "count": tab_count(statuses),
             "href": _query(filters, status=value),
             "current": value == status,
         }
@@ -78,17 +118,33 @@ def task_list(request):
     ]
     if status:
         tasks = tasks.filter(status__in=TAB_STATUSES[status])
-    tasks = tasks.select_related("server", "launched_by").only(*ROW_FIELDS).order_by("-created_at")
+    if capped:
+        # The tab asked for, on its own: the pager's count, and the tab's when it is below the cap.
+        listed = capped_count(tasks) if status else COUNT_CAP + 1
+        listed_capped = listed > COUNT_CAP
+        for tab in tabs:
+            if tab["current"] and status:
+                tab["count"] = over_cap if listed_capped else listed
+    else:
+        listed = sum(counts.get(s, 0) for s in TAB_STATUSES[status]) if status else sum(counts.values())
+        listed_capped = False
+    tasks = (
+        with_row_facts(tasks)
+        .select_related("server", "launched_by", "cancel_requested_by")
+        .only(*ROW_FIELDS)
+        .order_by("-created_at")
+    )
     paginator = Paginator(tasks, PAGE_SIZE, allow_empty_first_page=True)
-    # The current tab's count is the paginator's: no second COUNT over the same tasks.
-    paginator.count = next(tab["count"] for tab in tabs if tab["value"] == status)
+    # The count is the tabs': no second COUNT over the same tasks. Past the cap the pages stop at the cap's.
+    paginator.count = listed
     if not any(filters.values()) and permissions.sees_all_tasks(request.user):
-        # The counts cover every task, so they hold the nav's running count too: no third scan.
+        # The counts cover every task, so they hold the nav's running count too.
         running = sum(counts.get(s, 0) for s in RUNNING_STATUSES)
         extra_context = {"nav_counts": SimpleLazyObject(lambda: nav_counts(request.user, running=running))}
     else:
         extra_context = {}
     page = paginator.get_page(request.GET.get("page"))
+    page.object_list = settle_declined(list(page.object_list))
     here = {**filters, "status": status}
     context = {
         "form": form,
@@ -97,14 +153,42 @@ def task_list(request):
         "tasks": page.object_list,
         "status": status,
         "filtered": any(filters.values()),
+        "counts_capped": capped,
+        "listed_capped": listed_capped,
+        "count_cap": f"{COUNT_CAP:,}",
+        "errors": errors,
+        # A status that is no tab (?status=running, launching…, from the home page) is named above the tabs.
+        "status_chip": "" if status in TAB_VALUES else dict(STATUS_CHOICES).get(status, ""),
         "previous_href": _query(here, page=page.previous_page_number()) if page.has_previous() else "",
         "next_href": _query(here, page=page.next_page_number()) if page.has_next() else "",
         "clear_href": _query({}, status=status),
+        "clear_status_href": _query(filters),
+        "needs_words": dict(NEEDS).get(filters.get("needs", ""), ""),
+        # Operators tick rows or take the filter's matches to cancel many (views/bulk.py).
+        "selectable": permissions.is_operator(request.user),
+        "bulk_query": _query(here),
+        "bulk_filters": {key: value for key, value in here.items() if value},
         **extra_context,
     }
     if request.htmx and not request.htmx.boosted:
         return render(request, f"{LIST_TEMPLATE}#task-results", context)
     return render(request, LIST_TEMPLATE, context)
+
+
+def _status_counts(user, form, filters: dict, tasks) -> tuple[dict[str, int], bool]:
+    """The tabs' counts: those the database keeps where the list is every visible task, or those of one server;
+    under any other filter a capped count (queries.status_counts)."""
+    if any(value for key, value in filters.items() if key != "server"):
+        return status_counts(tasks)
+    visible = None if permissions.sees_all_tasks(user) else set(servers_user_may_approve_ids(user))
+    server = form.cleaned_data.get("server") if form.is_bound else None
+    if server is not None:
+        visible = {server.pk} & visible if visible is not None else {server.pk}
+    return status_counts(tasks, kept=True, kept_server_ids=visible)
+
+
+def servers_user_may_approve_ids(user) -> list[int]:
+    return list(permissions.servers_user_may_approve(user).values_list("pk", flat=True))
 
 
 # --- detail ------------------------------------------------------------------------------------------
@@ -146,9 +230,26 @@ def task_cancel(request, task_id):
     if request.htmx:
         task = visible_task_or_404(request.user, task_id)
         context = {**detail_context(task, request.user), "cancel_error": cancel_error}
-        return render(request, f"{DETAIL_TEMPLATE}#header", context)
+        return render(request, f"{DETAIL_TEMPLATE}#cancel-answer", context)
     if cancel_error:
         messages.error(request, f"The task was not cancelled: {cancel_error}")
     else:
         messages.success(request, "Cancel requested: the server is being asked to stop the task.")
     return redirect("tasks:detail", task_id=task_id)
+
+
+CONFIRM_TEMPLATE = "tasks/cancel_confirm.html"
+
+
+@require_GET
+def task_cancel_confirm(request, task_id):
+    """The confirm step before a single cancel: a page of its own without JS, a box under the header with htmx."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    task = visible_task_or_404(request.user, task_id)
+    if not permissions.may_cancel(request.user, task):
+        raise PermissionDenied("Only operators may cancel tasks.")
+    context = detail_context(task, request.user)
+    if request.htmx:
+        return render(request, f"{CONFIRM_TEMPLATE}#confirm", context)
+    return render(request, CONFIRM_TEMPLATE, context)

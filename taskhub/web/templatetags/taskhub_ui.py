@@ -7,7 +7,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
-from taskhub.tasks.models import TaskStatus
+from taskhub.tasks.models import NOT_APPROVED, TaskStatus
+from taskhub.tasks.queries import OUTCOME_WORDS, Outcome
 
 register = template.Library()
 
@@ -32,7 +33,8 @@ def reltime(value: datetime.datetime | None) -> str:
         return format_html('<span class="muted">{}</span>', "—")
     now = timezone.now()
     exact = value.astimezone(datetime.UTC)
-    if abs((now - value).total_seconds()) < 45:
+    # Under a minute is "just now" both ways: timesince counts whole minutes, and would say "0 minutes".
+    if abs((now - value).total_seconds()) < 60:
         words = "just now"
     elif value <= now:
         words = f"{timesince(value, now, depth=1)} ago"
@@ -61,3 +63,59 @@ def short_id(value, length: int = 8) -> str:
         text,
         text,
     )
+
+
+@register.simple_tag
+def outcome_badge(task) -> str:
+    """How a finished task ended, in a colour and words: "completed with error", "cancelled by dana", "failed
+    (-32603)", "not approved"… `task` carries the list's annotations (queries.with_row_facts); a running task shows
+    a dash."""
+    outcome = getattr(task, "outcome", "") or ""
+    if not outcome:
+        return format_html('<span class="muted">{}</span>', "—")
+    words = OUTCOME_WORDS.get(outcome, outcome)
+    detail = ""
+    if outcome == Outcome.CANCELLED:
+        who = task.cancel_requested_by.get_username() if task.cancel_requested_by_id else ""
+        detail = f"by {who}" if who else "by the server"
+    elif outcome == Outcome.FAILED and getattr(task, "error_code", None):
+        detail = f"({task.error_code})"
+    if getattr(task, "error_kind", None) == NOT_APPROVED:
+        words, detail = "not approved", ""  # ended at the gate before the call: tools/call was never sent
+    return format_html(
+        '<span class="outcome outcome-{}" data-outcome="{}">{}</span>{}',
+        outcome,
+        outcome,
+        words,
+        format_html(' <span class="outcome-detail">{}</span>', detail) if detail else "",
+    )
+
+
+def duration_text(seconds: float) -> str:
+    """3.2 s, 4 min 10 s, 2 h 5 min, 3 days 4 h: two units at most, "1 day" not "1 days"."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        text = f"{days} day{'s' if days != 1 else ''}"
+        return f"{text} {hours} h" if hours else text
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
+
+
+@register.filter
+def task_duration(task) -> str:
+    """From launch to the end (finished_at); "running" for a task that runs (its start is in the next column, and a
+    live row is rendered once for many pages, so it holds nothing that ages)."""
+    if task.finished_at and task.created_at:
+        return duration_text(max(0.0, (task.finished_at - task.created_at).total_seconds()))
+    return "" if task.status in TERMINAL_STATUS_VALUES else "running"
+
+
+TERMINAL_STATUS_VALUES = frozenset({"completed", "failed", "cancelled", "expired", "lost", "launch_unknown"})

@@ -7,6 +7,10 @@ How it shares the work (Postgres alone coordinates):
   it holds between polls. A worker that dies stops renewing; once its leases expire another worker's
   claim takes the rows over. On stop the worker finishes its in-flight polls and releases its leases
   (`lease_owner = ''`, the column is not nullable), so another worker can take them at once.
+- A stdio server's tasks live in its one process, which runs in the worker holding the server's lease
+  (taskhub/worker/stdio/): a tracker given the worker's stdio processes (`stdio`) claims those tasks only
+  there, and polls and subscribes through that process. When the server says it does not know a task that
+  was sent before the current process started, the task is `lost` (`services.mark_lost`), not expired.
 - A claim moves the row's `next_poll_at` one lease ahead, so no claim (ours included) picks up a
   row while it is being polled; the reschedule then sets the real time. If somebody moved
   `next_poll_at` earlier in the meantime (a job that wants a task polled at once), the earlier
@@ -21,7 +25,9 @@ stay within its own limit, so one slow server does not hold up the others' polls
 through `services.apply_snapshot` (the Django ORM, in a small thread pool) only when it differs from
 the last one this worker stored for the task: the comparison is a digest of the snapshot without
 `lastUpdatedAt` (some peers bump it on every read), kept in memory and forgotten when the task
-changes hands. So an unchanged poll costs its share of one reschedule.
+changes hands. So an unchanged poll costs its share of one reschedule. The request itself is the lean
+getter's (taskhub/mcp/lean.py): pre-encoded bytes on kept connections, and an answer that repeats the last
+one is neither validated nor digested again.
 
 Failures:
 - The server cannot be reached (transport error, timeout, HTTP 401/403): the task is not failed; its
@@ -56,8 +62,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
+from taskhub.mcp.client import StdioTarget, TasksClient
 from taskhub.mcp.errors import (
     AuthorizationFailed,
     IncompleteAnswer,
@@ -70,6 +77,8 @@ from taskhub.mcp.errors import (
 )
 from taskhub.mcp.lean import TaskGetter, task_getter
 from taskhub.mcp.wire import TaskSnapshot
+from taskhub.observability import metrics, tracing
+from taskhub.worker.stdio import ProcessElsewhere
 from taskhub.worker.tracker import orm
 from taskhub.worker.tracker.leases import Claimed, Leases
 from taskhub.worker.tracker.pollers import PollerPool
@@ -90,13 +99,39 @@ from taskhub.worker.tracker.polling import (
     poll_delay_ms,
     short,
     snapshot_digest,
-    wait,
 )
 from taskhub.worker.tracker.subscriptions import Subscriptions
+from taskhub.worker.waiting import wait
 
 __all__ = ["Tracker"]
 
 logger = logging.getLogger(__name__)
+
+
+class StdioProcesses(Protocol):
+    """What the tracker asks the worker's stdio supervisor (taskhub.worker.stdio.supervisor)."""
+
+    def client(self, server_id: int) -> TasksClient: ...
+
+    def process_started_at(self, server_id: int) -> datetime | None: ...
+
+
+class OwnedProcessGetter:
+    """`tasks/get` and `subscriptions/listen` through the worker's process of a stdio server, whichever process
+    runs it at the moment (it is replaced when it exits); closing it leaves the process alone."""
+
+    def __init__(self, stdio: StdioProcesses, server_id: int) -> None:
+        self._stdio = stdio
+        self._server_id = server_id
+
+    async def get_task(self, task_id: str) -> TaskSnapshot:
+        return await self._stdio.client(self._server_id).get_task(task_id)
+
+    def listen(self, task_ids):
+        return self._stdio.client(self._server_id).listen(task_ids)
+
+    async def aclose(self) -> None:
+        pass
 
 
 @dataclass
@@ -131,6 +166,7 @@ class Tracker:
         backoff_cap_seconds: float = BACKOFF_CAP_SECONDS,
         service_threads: int = 4,
         listen: bool = True,
+        stdio: StdioProcesses | None = None,
     ) -> None:
         if not worker_id:
             raise ValueError("a tracker needs a worker_id (it is the lease owner)")
@@ -146,6 +182,9 @@ class Tracker:
         self.backoff_base_seconds = backoff_base_seconds
         self.backoff_cap_seconds = backoff_cap_seconds
         self.listen = listen
+        # The worker's stdio servers (worker/stdio/): their tasks are claimed only where their process runs, and
+        # polled through it. None: each stdio server gets a process of the tracker's own (a tracker on its own).
+        self.stdio = stdio
         self.stats = TrackerStats()
         self._service_threads = service_threads
         self._executor: ThreadPoolExecutor | None = None
@@ -153,6 +192,8 @@ class Tracker:
         self._servers: dict[int, ServerLink] = {}
         self._server_lock = asyncio.Lock()
         self._digests: dict[uuid.UUID, bytes] = {}
+        # Each task's last snapshot and its digest: a getter that hands back the same object is not digested again.
+        self._last_snapshots: dict[uuid.UUID, tuple[TaskSnapshot, bytes]] = {}
         self._not_found: dict[uuid.UUID, int] = {}
         self._background: set[asyncio.Task] = set()
         self._stopping = False
@@ -162,6 +203,7 @@ class Tracker:
             claim_ahead=self.claim_ahead,
             stats=self.stats,
             connection_params=partial(self._in_thread, orm.database_params),
+            stdio_leases=stdio is not None,
         )
         # Twice the request limit: a poller storing a change (an ORM thread) leaves requests to the others.
         self._pollers = PollerPool(pollers_per_server=2 * per_server_concurrency, poll=self._poll)
@@ -187,6 +229,8 @@ class Tracker:
                 asyncio.create_task(self._leases.flush_loop(flushing), name="tracker-flush"),
                 asyncio.create_task(self._leases.renew_loop(stop), name="tracker-renew"),
             ]
+            if self.listen:
+                helpers.append(asyncio.create_task(self._lost_leases_loop(stop), name="tracker-lost-leases"))
             if STATS_LOG_SECONDS > 0:
                 helpers.append(asyncio.create_task(self._stats_loop(stop), name="tracker-stats"))
             await self._claim_loop(stop)
@@ -235,6 +279,32 @@ class Tracker:
         while not await wait(stop, STATS_LOG_SECONDS):
             logger.info("tracker %s stats %s", self.worker_id, json.dumps(self.stats.as_dict()))
 
+    async def _lost_leases_loop(self, stop: asyncio.Event) -> None:
+        """A subscription moves with its task's lease: stop listening for tasks another worker now holds."""
+        while not await wait(stop, self.lease.total_seconds() / 3):
+            try:
+                lost = await self._leases.not_held(self._subscriptions.followed_task_ids())
+            except Exception:
+                logger.exception("tracker %s: checking its leases failed", self.worker_id)
+                continue
+            if lost:
+                self.lost_leases(lost)
+
+    def lost_leases(self, owners: dict[uuid.UUID, str | None]) -> None:
+        """Stop following tasks this worker no longer holds (`owners`: each one's owner now, None if it ended)."""
+        moved = sum(1 for owner in owners.values() if owner is not None)
+        if moved:
+            logger.info(
+                "tracker %s: %d task(s) it followed are held by another worker now; it stops listening for them",
+                self.worker_id,
+                moved,
+            )
+        self._subscriptions.release(set(owners))
+        for task_id in owners:
+            self._digests.pop(task_id, None)
+            self._last_snapshots.pop(task_id, None)
+            self._not_found.pop(task_id, None)
+
     # -- claiming ---------------------------------------------------------------------------------
 
     async def _claim_loop(self, stop: asyncio.Event) -> None:
@@ -262,12 +332,14 @@ class Tracker:
         if claimed.previous_owner != self.worker_id:
             # It comes from another worker (or from nobody): what we remember of it may be stale.
             self._digests.pop(claimed.task_id, None)
+            self._last_snapshots.pop(claimed.task_id, None)
             self._not_found.pop(claimed.task_id, None)
         self.stats.claimed += 1
         self._pollers.add(claimed)
 
     # -- polling ----------------------------------------------------------------------------------
 
+    @tracing.traced("taskhub.tracker.poll", attributes=tracing.poll_attributes, new_trace=True)
     async def _poll(self, claimed: Claimed) -> None:
         try:
             link = await self._link(claimed.server_id)
@@ -278,6 +350,8 @@ class Tracker:
                 raise InvalidResult(f"tasks/get answered about another task, {snapshot.task_id[:80]!r}")
         except IncompleteAnswer as error:
             await self._bad_answer(claimed, error)  # it answered: a broken answer, not an outage
+        except ProcessElsewhere:
+            self._back_off(claimed)  # a stdio server's lease moved meanwhile: not an outage; the owner polls it
         except (TransportError, RequestTimeout, AuthorizationFailed) as error:
             await self._server_trouble(claimed, error)
         except TaskNotFound as error:
@@ -289,6 +363,7 @@ class Tracker:
             logger.exception("tracker %s: polling task %s failed", self.worker_id, claimed.task_id)
             self._back_off(claimed)
             self.stats.failures += 1
+            metrics.poll_failed(claimed.server_id, "error")
         else:
             try:
                 await self._answered(claimed, snapshot, asked_at)
@@ -304,7 +379,12 @@ class Tracker:
     async def _answered(self, claimed: Claimed, snapshot: TaskSnapshot, asked_at: datetime) -> None:
         await self._note_reachable(claimed.server_id)
         self._not_found.pop(claimed.task_id, None)
-        digest = snapshot_digest(snapshot)
+        last = self._last_snapshots.get(claimed.task_id)
+        if last is not None and last[0] is snapshot:
+            digest = last[1]  # the getter's very object: the same answer as last time (lean.LeanTaskGetter)
+        else:
+            digest = snapshot_digest(snapshot)
+            self._last_snapshots[claimed.task_id] = (snapshot, digest)
         known = self._digests.get(claimed.task_id)
         if known is None and claimed.stored_as(snapshot):
             # The first poll since the claim, and the row already says all of it: nothing to store.
@@ -331,6 +411,7 @@ class Tracker:
 
     async def _server_trouble(self, claimed: Claimed, error: McpClientError) -> None:
         self.stats.failures += 1
+        metrics.poll_failed(claimed.server_id, "unreachable")
         link = self._servers.get(claimed.server_id)
         if link is not None and link.reachable is not False:
             link.reachable = False
@@ -339,7 +420,15 @@ class Tracker:
 
     async def _not_found_answer(self, claimed: Claimed, error: TaskNotFound) -> None:
         self.stats.failures += 1
+        metrics.poll_failed(claimed.server_id, "not_found")
         await self._note_reachable(claimed.server_id)
+        started_at = self.stdio.process_started_at(claimed.server_id) if self.stdio is not None else None
+        if started_at is not None:
+            # A stdio server's process that started after the task was sent never knew it: the task is lost.
+            lost = await self._service(partial(orm.mark_lost, claimed.task_id, started_at), "marking a task lost")
+            if lost:
+                self._forget(claimed.task_id, claimed.server_id, claimed.remote_task_id)
+                return
         if claimed.ttl_passed(datetime.now(UTC)):
             await self._give_up(claimed)
             return
@@ -363,6 +452,7 @@ class Tracker:
 
     async def _bad_answer(self, claimed: Claimed, error: McpClientError) -> None:
         self.stats.failures += 1
+        metrics.poll_failed(claimed.server_id, "protocol")
         await self._note_reachable(claimed.server_id)
         problem: dict[str, Any] = {"problem": "tasks/get answered something the protocol does not allow"}
         if isinstance(error, IncompleteAnswer):
@@ -382,6 +472,7 @@ class Tracker:
 
     def _forget(self, task_id: uuid.UUID, server_id: int, remote_task_id: str) -> None:
         self._digests.pop(task_id, None)
+        self._last_snapshots.pop(task_id, None)
         self._not_found.pop(task_id, None)
         self._subscriptions.forget(task_id, server_id, remote_task_id)
 
@@ -415,11 +506,11 @@ class Tracker:
             if link is not None:
                 # Its settings changed: polls in flight finish on the old getter, closed with the tracker.
                 link.retired.append(link.getter)
-                link.getter = self._getter(target)
+                link.getter = self._getter(target, server_id)
                 link.target, link.loaded_at = target, time.monotonic()
                 return link
             link = ServerLink(
-                getter=self._getter(target),
+                getter=self._getter(target, server_id),
                 semaphore=asyncio.Semaphore(self.per_server_concurrency),
                 target=target,
                 loaded_at=time.monotonic(),
@@ -427,7 +518,9 @@ class Tracker:
             self._servers[server_id] = link
             return link
 
-    def _getter(self, target) -> TaskGetter:
+    def _getter(self, target, server_id: int) -> TaskGetter:
+        if isinstance(target, StdioTarget) and self.stdio is not None:
+            return OwnedProcessGetter(self.stdio, server_id)
         return task_getter(target, timeout=self.request_timeout, concurrency=self.per_server_concurrency)
 
     # -- the ORM, off the event loop ------------------------------------------------------------------
@@ -435,7 +528,7 @@ class Tracker:
     async def _in_thread(self, work: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._executor, orm.in_fresh_connection, work, self._thread_connections, self.stats
+            self._executor, tracing.bind(orm.in_fresh_connection), work, self._thread_connections, self.stats
         )
 
     async def _service(self, work: Callable[[], Any], what: str) -> Any:

@@ -21,7 +21,8 @@ import psycopg
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.tasks import services
 from taskhub.tasks.models import LIVE_STATUSES, Task, TaskStatus
-from taskhub.worker.tracker.polling import DEFAULT_POLL_INTERVAL_MS, TrackerStats, wait
+from taskhub.worker.tracker.polling import DEFAULT_POLL_INTERVAL_MS, TrackerStats
+from taskhub.worker.waiting import wait
 
 logger = logging.getLogger(__package__)
 
@@ -31,6 +32,8 @@ FLUSH_COALESCE_SECONDS = 0.05
 # A row is due when its time has come and nobody else holds a live lease on it; the rows this
 # worker holds are claimed again by the same statement when they fall due. Rows of a disabled server
 # are left where they are (their time passed, so they are claimed at once when it is enabled again).
+# With `stdio_leases` (a worker running stdio servers' processes, worker/stdio/), a stdio server's rows are
+# claimed only by the worker holding that server's lease: its polls must reach the process that has the task.
 CLAIM_SQL = """
 UPDATE tasks_taskpoll AS poll
 SET lease_owner = %(owner)s,
@@ -42,7 +45,10 @@ FROM (
     WHERE next_poll_at <= now() + %(ahead)s
       AND (lease_owner = '' OR lease_owner = %(owner)s OR lease_expires_at IS NULL OR lease_expires_at < now())
       AND EXISTS (SELECT 1 FROM tasks_task AS task JOIN servers_server AS server ON server.id = task.server_id
-                  WHERE task.id = tasks_taskpoll.task_id AND server.enabled)
+                  WHERE task.id = tasks_taskpoll.task_id AND server.enabled
+                    AND (NOT %(stdio_leases)s OR server.transport <> 'stdio' OR EXISTS (
+                        SELECT 1 FROM servers_serverprocess AS process WHERE process.server_id = server.id
+                        AND process.lease_owner = %(owner)s AND process.lease_expires_at > now())))
     ORDER BY next_poll_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -82,6 +88,14 @@ UPDATE tasks_taskpoll AS poll
 SET next_poll_at = LEAST(poll.next_poll_at, now() + COALESCE(task.poll_interval_ms, %(default_ms)s) * interval '1 ms')
 FROM tasks_task AS task
 WHERE task.id = poll.task_id AND poll.task_id = ANY(%(ids)b::uuid[]) AND poll.lease_owner = %(owner)s
+"""
+
+# Of the tasks this worker follows, those it no longer holds: another worker took the lease (this one was thought
+# dead, or let it expire; the new owner is named), or the task ended (no owner: its row is gone).
+NOT_HELD_SQL = """
+SELECT followed.task_id, poll.lease_owner FROM unnest(%(ids)b::uuid[]) AS followed(task_id)
+LEFT JOIN tasks_taskpoll AS poll ON poll.task_id = followed.task_id
+WHERE poll.lease_owner IS DISTINCT FROM %(owner)s
 """
 
 RELEASE_SQL = "UPDATE tasks_taskpoll SET lease_owner = '', lease_expires_at = NULL WHERE lease_owner = %(owner)s"
@@ -163,8 +177,10 @@ class Leases:
         claim_ahead: timedelta,
         stats: TrackerStats,
         connection_params: Callable[[], Awaitable[dict[str, Any]]],
+        stdio_leases: bool = False,
     ) -> None:
         self.owner = owner
+        self.stdio_leases = stdio_leases
         self.lease = lease
         self.claim_ahead = claim_ahead
         self.stats = stats
@@ -193,6 +209,7 @@ class Leases:
 
     async def claim(self, limit: int) -> list[Claimed]:
         params = {"owner": self.owner, "lease": self.lease, "limit": limit, "ahead": self.claim_ahead}
+        params["stdio_leases"] = self.stdio_leases
         rows = await self.execute(CLAIM_SQL, params)
         self.stats.claim_statements += 1
         return [Claimed(*row) for row in rows]
@@ -245,6 +262,13 @@ class Leases:
         if task_ids:
             params = {"ids": task_ids, "owner": self.owner, "default_ms": DEFAULT_POLL_INTERVAL_MS}
             await self.execute(PULL_IN_SQL, params)
+
+    async def not_held(self, task_ids: list[uuid.UUID]) -> dict[uuid.UUID, str | None]:
+        """Those of `task_ids` this worker no longer holds, each with its owner now (None: the task ended)."""
+        if not task_ids:
+            return {}
+        rows = await self.execute(NOT_HELD_SQL, {"ids": task_ids, "owner": self.owner})
+        return dict(rows)
 
     async def release(self) -> None:
         await self.execute(RELEASE_SQL, {"owner": self.owner})

@@ -40,6 +40,10 @@ def apply(task_id: uuid.UUID, snapshot: TaskSnapshot, asked_at: datetime | None 
     return services.apply_snapshot(task=Task(pk=task_id), snapshot=snapshot, source=source, asked_at=asked_at)
 
 
+def mark_lost(task_id: uuid.UUID, process_started_at: datetime) -> bool:
+    return services.mark_lost(task=Task(pk=task_id), process_started_at=process_started_at)
+
+
 def expire(task_id: uuid.UUID) -> bool:
     return services.expire(task=Task(pk=task_id))
 

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from taskhub.observability import metrics
 from taskhub.worker.tracker.leases import Claimed
 
 
@@ -73,6 +74,7 @@ class PollerPool:
             delay = due - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            metrics.poll_sent(claimed.server_id, loop.time() - due)
             try:
                 await self._poll(claimed)
             finally:

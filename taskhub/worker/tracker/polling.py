@@ -3,7 +3,6 @@ quoted, the counters, and waiting for an event or a timeout."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import random
@@ -88,14 +87,3 @@ def snapshot_digest(snapshot: TaskSnapshot) -> bytes:
 
 def short(text: str) -> str:
     return text if len(text) <= PROBLEM_TEXT_MAX_CHARS else text[: PROBLEM_TEXT_MAX_CHARS - 1] + "…"
-
-
-async def wait(stop: asyncio.Event, seconds: float, *others: asyncio.Event) -> bool:
-    """Sleep up to `seconds`, less if `stop` (or another event) is set; True when `stop` is set."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in (stop, *others)]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-    return stop.is_set()

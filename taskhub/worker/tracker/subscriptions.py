@@ -1,6 +1,11 @@
 """The tracker's task subscriptions (`subscriptions/listen` with `taskIds`): per server, the held live tasks are
 subscribed in batches; a notified snapshot is stored like a polled one, and a covered task is polled only as a
-safety net. A server that cannot listen is polled."""
+safety net. A server that cannot listen is polled.
+
+A subscription moves with its task's lease: a task whose lease another worker took (this one was thought dead) is
+dropped here (`release`), and a subscription left with none of its tasks ends; the new owner subscribes on its first
+poll. A notification about a task this worker followed before (another worker holds it now, or it ended) is dropped,
+logged at DEBUG only; one about a task it never followed here is logged once per subscription (a server's mistake)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, MethodNotFound, MissingCapability
 from taskhub.mcp.lean import TaskGetter
 from taskhub.mcp.wire import TaskSnapshot
+from taskhub.observability import metrics, tracing
 from taskhub.worker.tracker import orm
 from taskhub.worker.tracker.leases import Claimed
 from taskhub.worker.tracker.polling import TrackerStats, short, snapshot_digest
@@ -24,6 +30,9 @@ from taskhub.worker.tracker.polling import TrackerStats, short, snapshot_digest
 logger = logging.getLogger(__package__)
 
 SUBSCRIBE_COALESCE_SECONDS = 0.2
+# How many tasks a watch remembers it followed before (released or ended), so that their late notifications are
+# dropped quietly.
+FORMER_TASKS_KEPT = 10_000
 
 
 @dataclass
@@ -38,9 +47,17 @@ class ServerWatch:
     asked: set[str] = field(default_factory=set)  # in a subscription that is being opened or is open
     covered: set[str] = field(default_factory=set)  # acknowledged by a live subscription
     refused: set[str] = field(default_factory=set)  # left out of an acknowledgement: polled, never asked again
+    former: dict[str, None] = field(default_factory=dict)  # followed before, oldest first (FORMER_TASKS_KEPT at most)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task | None = None
-    subscriptions: set[asyncio.Task] = field(default_factory=set)
+    subscriptions: dict[asyncio.Task, list[str]] = field(default_factory=dict)  # each one and the tasks it asked
+
+
+def remember_former(watch: ServerWatch, remote_task_id: str) -> None:
+    watch.former.pop(remote_task_id, None)
+    watch.former[remote_task_id] = None
+    while len(watch.former) > FORMER_TASKS_KEPT:
+        del watch.former[next(iter(watch.former))]
 
 
 class Subscriptions:
@@ -75,6 +92,27 @@ class Subscriptions:
         watches = self._watches.values()
         return [watch.wanted[remote] for watch in watches for remote in watch.covered if remote in watch.wanted]
 
+    def followed_task_ids(self) -> list[uuid.UUID]:
+        """The tasks this worker listens for or wants to: those it believes it holds the lease of."""
+        return [task_id for watch in self._watches.values() for task_id in watch.wanted.values()]
+
+    def release(self, task_ids: set[uuid.UUID]) -> None:
+        """Stop following tasks this worker no longer holds: forget them, and end each subscription left with none
+        of its tasks (its notifications would all be dropped)."""
+        for watch in self._watches.values():
+            gone = [remote for remote, task_id in watch.wanted.items() if task_id in task_ids]
+            for remote in gone:
+                self._notification_problems.pop(watch.wanted.pop(remote), None)
+                remember_former(watch, remote)
+                # Should the task come back to this worker, it is subscribed afresh.
+                for ids in (watch.queued, watch.asked, watch.covered, watch.refused):
+                    ids.discard(remote)
+            if not gone:
+                continue
+            for subscription, asked in list(watch.subscriptions.items()):
+                if not any(remote in watch.wanted for remote in asked):
+                    subscription.cancel()
+
     def covers(self, claimed: Claimed) -> bool:
         watch = self._watches.get(claimed.server_id)
         return watch is not None and claimed.remote_task_id in watch.covered
@@ -89,6 +127,7 @@ class Subscriptions:
         if watch.supported is False or any(remote_task_id in ids for ids in (watch.queued, watch.asked, watch.refused)):
             return
         watch.wanted[remote_task_id] = claimed.task_id
+        watch.former.pop(remote_task_id, None)
         watch.queued.add(remote_task_id)
         watch.wake.set()
 
@@ -99,13 +138,14 @@ class Subscriptions:
             watch.wanted.pop(remote_task_id, None)
             watch.queued.discard(remote_task_id)
             watch.refused.discard(remote_task_id)
+            remember_former(watch, remote_task_id)
 
     async def stop(self, server_id: int) -> None:
         """End the server's subscriptions, and close its listening client when it is not the server's getter."""
         watch = self._watches.pop(server_id, None)
         if watch is None:
             return
-        tasks = [task for task in (watch.runner, *watch.subscriptions) if task is not None]
+        tasks = [task for task in (watch.runner, *list(watch.subscriptions)) if task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -114,9 +154,10 @@ class Subscriptions:
                 await watch.client.aclose()
 
     def _new_watch(self, getter: TaskGetter, target: Any) -> ServerWatch:
-        # A stdio getter is already an SDK client, and a second one would start a second server process.
-        if isinstance(getter, TasksClient):
-            return ServerWatch(client=getter, owns_client=False)
+        # A stdio getter is already an SDK client (or the worker's client of the server's process), and a second
+        # one would start a second server process.
+        if isinstance(getter, TasksClient) or hasattr(getter, "listen"):
+            return ServerWatch(client=getter, owns_client=False)  # type: ignore[arg-type]
         return ServerWatch(client=TasksClient(target, timeout=self.request_timeout), owns_client=True)
 
     async def _watch_loop(self, server_id: int, watch: ServerWatch) -> None:
@@ -130,30 +171,41 @@ class Subscriptions:
                 continue
             watch.asked.update(batch)
             subscription = asyncio.create_task(self._subscribe(server_id, watch, batch), name="tracker-subscription")
-            watch.subscriptions.add(subscription)
-            subscription.add_done_callback(watch.subscriptions.discard)
+            watch.subscriptions[subscription] = batch
+            subscription.add_done_callback(lambda done: watch.subscriptions.pop(done, None))
 
     async def _subscribe(self, server_id: int, watch: ServerWatch, task_ids: list[str]) -> None:
         accepted: set[str] = set()
         not_ours = 0
         try:
-            async with watch.client.listen(task_ids) as subscription:
+            async with metrics.subscription_open(server_id, watch.client.listen(task_ids)) as subscription:
                 subscription.on_problem = partial(self._notification_problem, watch, server_id)
                 watch.supported = True
                 accepted = set(subscription.accepted_task_ids) & set(task_ids)
                 watch.covered |= accepted
                 watch.refused |= set(task_ids) - accepted
                 async for snapshot in subscription:
-                    if not await self._notified(watch, snapshot):
-                        not_ours += 1
-                        if not_ours == 1:
-                            logger.info(
-                                "tracker %s: ignored a task notification from server %s about %.80r, "
-                                "a task it does not follow (further ones counted when the subscription ends)",
-                                self.worker_id,
-                                server_id,
-                                snapshot.task_id,
-                            )
+                    if await self._notified(watch, snapshot):
+                        continue
+                    if snapshot.task_id in watch.former:
+                        # Another worker holds it now (or it ended): that worker follows it.
+                        logger.debug(
+                            "tracker %s: dropped a task notification from server %s about %.80r, a task it no longer"
+                            " follows",
+                            self.worker_id,
+                            server_id,
+                            snapshot.task_id,
+                        )
+                        continue
+                    not_ours += 1
+                    if not_ours == 1:
+                        logger.info(
+                            "tracker %s: ignored a task notification from server %s about %.80r, "
+                            "a task it does not follow (further ones counted when the subscription ends)",
+                            self.worker_id,
+                            server_id,
+                            snapshot.task_id,
+                        )
         except (MethodNotFound, MissingCapability) as error:
             watch.supported = False
             logger.info("tracker %s: server %s cannot listen for tasks (%s); polling", self.worker_id, server_id, error)
@@ -180,6 +232,7 @@ class Subscriptions:
             logger.exception("tracker %s: rescheduling tasks after a subscription ended failed", self.worker_id)
 
     def _notification_problem(self, watch: ServerWatch, server_id: int, remote_task_id: Any, problem: str) -> None:
+        metrics.notification_problem(server_id)
         task_id = watch.wanted.get(remote_task_id) if isinstance(remote_task_id, str) else None
         if task_id is None:
             logger.info(
@@ -201,6 +254,7 @@ class Subscriptions:
         self._background.add(recording)
         recording.add_done_callback(self._background.discard)
 
+    @tracing.traced("taskhub.tracker.notification", attributes=tracing.notification_attributes, new_trace=True)
     async def _notified(self, watch: ServerWatch, snapshot: TaskSnapshot) -> bool:
         """Store a notified snapshot of a task this worker follows; False when it follows no such task."""
         task_id = watch.wanted.get(snapshot.task_id)
@@ -220,4 +274,5 @@ class Subscriptions:
         if snapshot.is_terminal:
             self._digests.pop(task_id, None)
             watch.wanted.pop(snapshot.task_id, None)
+            remember_former(watch, snapshot.task_id)
         return True

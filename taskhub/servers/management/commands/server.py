@@ -7,12 +7,12 @@ header values and stdio environment values are read from environment variables n
 import json
 import os
 
-from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import F
 
 from taskhub.servers.catalogue import endpoint_of, health_of
 from taskhub.servers.discovery import DiscoveryFailed, discover_and_record
-from taskhub.servers.errors import ServerConfigInvalid
+from taskhub.servers.errors import ServerConfigInvalid, ServerRemoved
 from taskhub.servers.models import Server, Transport
 from taskhub.servers.services import create_server, update_server
 
@@ -44,33 +44,31 @@ class Command(BaseCommand):
             sub.add_argument("--bearer-token-env", metavar="VAR", help="read the bearer token from $VAR")
             sub.add_argument("--header-env", action="append", default=[], metavar="NAME=VAR", help="HTTP header")
             sub.add_argument("--env-var", action="append", default=[], metavar="NAME=VAR", help="stdio env")
-            sub.add_argument("--approver-group", action="append", default=None, metavar="GROUP")
             sub.add_argument("--enabled", choices=["true", "false"], help="enable or disable")
             sub.add_argument("--discover", action="store_true", help="discover it afterwards")
         discover = actions.add_parser("discover", help="ask a server for its capabilities and tools")
         discover.add_argument("name")
         listing = actions.add_parser("list", help="the registered servers")
         listing.add_argument("--json", action="store_true")
+        listing.add_argument("--all", action="store_true", help="removed servers too, marked removed")
 
     def handle(self, *args, action, **options):
         if action == "list":
-            return self._list(as_json=options["json"])
+            return self._list(as_json=options["json"], removed_too=options["all"])
         if action == "discover":
             return self._discover(self._server(options["name"]))
         changes = self._changes(options)
         try:
             if action == "add":
-                if Server.objects.filter(name=options["name"]).exists():
+                if Server.objects.filter(name=options["name"], removed_at__isnull=True).exists():
                     raise CommandError(f"A server named {options['name']!r} exists; use `server update`.")
-                groups = changes.pop("approver_groups", [])
-                server = create_server(name=options["name"], user=None, approver_groups=groups, **changes)
+                server = create_server(name=options["name"], user=None, **changes)
                 self.stdout.write(f"added {server.name} ({endpoint_of(server)})")
             else:
                 server = self._server(options["name"])
-                groups = changes.pop("approver_groups", None)
-                server = update_server(server=server, user=None, approver_groups=groups, **changes)
+                server = update_server(server=server, user=None, **changes)
                 self.stdout.write(f"updated {server.name}")
-        except ServerConfigInvalid as invalid:
+        except (ServerConfigInvalid, ServerRemoved) as invalid:
             raise CommandError(f"Not saved: {invalid}") from invalid
         if options["discover"]:
             self._discover(server)
@@ -94,16 +92,10 @@ class Command(BaseCommand):
             changes["env"] = _from_env(options["env_var"], "environment variable")
         if options["enabled"]:
             changes["enabled"] = options["enabled"] == "true"
-        if options["approver_group"] is not None:
-            groups = list(Group.objects.filter(name__in=options["approver_group"]))
-            missing = set(options["approver_group"]) - {group.name for group in groups}
-            if missing:
-                raise CommandError(f"No such group: {', '.join(sorted(missing))}")
-            changes["approver_groups"] = groups
         return changes
 
     def _server(self, name: str) -> Server:
-        server = Server.objects.filter(name=name).first()
+        server = Server.named(name)
         if server is None:
             raise CommandError(f"No server named {name!r}.")
         return server
@@ -116,7 +108,10 @@ class Command(BaseCommand):
         names = ", ".join(str(tool.get("name")) for tool in discovery.tools)
         self.stdout.write(f"discovered {server.name}: {len(discovery.tools)} tools ({names})")
 
-    def _list(self, *, as_json: bool) -> None:
+    def _list(self, *, as_json: bool, removed_too: bool) -> None:
+        servers = Server.objects.order_by("name", F("removed_at").desc(nulls_first=True))
+        if not removed_too:
+            servers = servers.filter(removed_at__isnull=True)
         rows = [
             {
                 "name": server.name,
@@ -125,12 +120,13 @@ class Command(BaseCommand):
                 "enabled": server.enabled,
                 "health": health_of(server),
                 "tools": [tool.get("name") for tool in server.tools or [] if isinstance(tool, dict)],
+                "removed_at": server.removed_at.isoformat() if server.removed_at else None,
             }
-            for server in Server.objects.order_by("name")
+            for server in servers
         ]
         if as_json:
             self.stdout.write(json.dumps(rows, indent=2))
             return
         for row in rows:
-            state = "enabled" if row["enabled"] else "disabled"
+            state = "removed" if row["removed_at"] else "enabled" if row["enabled"] else "disabled"
             self.stdout.write(f"{row['name']}\t{row['endpoint']}\t{state}\t{row['health']}\t{len(row['tools'])} tools")

@@ -32,7 +32,7 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None or not permissions.is_operator(user):
             raise CommandError(f"{username!r} is not an active operator.")
-        target = Server.objects.filter(name=server).first()
+        target = Server.named(server)
         if target is None:
             raise CommandError(f"No server named {server!r}.")
         try:

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from taskhub.servers.models import Server
 from taskhub.tasks.models import Task
-from taskhub.tasks.queries import TAB_STATUSES
+from taskhub.tasks.queries import TAB_STATUSES, search
 
 
 class Command(BaseCommand):
@@ -17,7 +17,9 @@ class Command(BaseCommand):
         parser.add_argument("--server")
         parser.add_argument("--tool")
         parser.add_argument("--launched-by")
-        parser.add_argument("--q", help="text in the status message")
+        parser.add_argument(
+            "--q", help="search as the page does: task id (ours or the server's), tool, arguments, result, message"
+        )
         parser.add_argument("--limit", type=int, default=50)
         parser.add_argument("--json", action="store_true")
 
@@ -34,7 +36,7 @@ class Command(BaseCommand):
         if options["launched_by"]:
             tasks = tasks.filter(launched_by__username=options["launched_by"])
         if options["q"]:
-            tasks = tasks.filter(status_message__icontains=options["q"])
+            tasks = search(tasks, options["q"].strip())
         rows = [
             {
                 "id": str(task.pk),
@@ -42,6 +44,7 @@ class Command(BaseCommand):
                 "tool": task.tool,
                 "server": task.server.name,
                 "launched_by": task.launched_by.get_username() if task.launched_by else None,
+                "launched_via": task.launched_via_label or None,  # the API token (agent): its name and prefix
                 "status_message": task.status_message,
                 "created_at": task.created_at.isoformat(),
             }

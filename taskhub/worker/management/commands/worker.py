@@ -1,7 +1,8 @@
 """`python manage.py worker`: background jobs (procrastinate) and the tracker, in one process.
 
 Any number can run at once on one database: jobs are claimed by procrastinate, tasks to poll by the
-tracker's leases. SIGTERM or SIGINT finishes in-flight work, releases the leases and exits.
+tracker's leases. Each beats a heartbeat row and takes over the leases and jobs of a worker that stopped beating
+(heartbeats.py). SIGTERM or SIGINT finishes in-flight work, releases the leases and exits.
 """
 
 from __future__ import annotations
@@ -13,14 +14,21 @@ import os
 import signal
 import socket
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 from procrastinate.contrib.django import app
 
+from taskhub.observability import jobs as observability_jobs
+from taskhub.servers.hooks import DEFAULT_QUEUE
+from taskhub.worker import health
 from taskhub.worker.clients import shared_clients
+from taskhub.worker.heartbeats import RUNNING_AS, Heartbeat
 from taskhub.worker.slots import SLOTS
+from taskhub.worker.stdio.supervisor import StdioSupervisor
 from taskhub.worker.tracker import Tracker
+from taskhub.worker.tracker.orm import database_params
 
 logger = logging.getLogger("taskhub.worker")
 
@@ -35,7 +43,8 @@ class Command(BaseCommand):
             "--lease-seconds",
             type=float,
             default=30.0,
-            help="how long a claimed task stays this worker's without renewal; a dead worker's tasks move on after it",
+            help="how long a claimed task stays this worker's without renewal; a dead worker's tasks move on after it,"
+            " or sooner: once its heartbeat has been silent for TASKHUB_STALLED_WORKER_SECONDS",
         )
         parser.add_argument(
             "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight jobs get on stop (default 30)"
@@ -71,31 +80,81 @@ async def run(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+    RUNNING_AS.set(worker_id)  # the jobs record it on the deliveries they attempt (jobs.py)
+    heartbeat = Heartbeat(owner=worker_id, connection_params=sync_to_async(database_params))
+    await heartbeat.beat()  # its row exists before it holds anything another worker may have to take over
+    beating_stop = asyncio.Event()  # the heartbeat goes on until the jobs and the tracker have finished
+    beating = asyncio.create_task(heartbeat.run(beating_stop), name="heartbeat")
+    try:
+        await run_parts(
+            worker_id=worker_id,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            shutdown_timeout=shutdown_timeout,
+            stop=stop,
+        )
+    finally:
+        beating_stop.set()
+        await asyncio.gather(beating, return_exceptions=True)
+
+
+async def run_parts(
+    *, worker_id: str, concurrency: int, lease_seconds: float, shutdown_timeout: float, stop: asyncio.Event
+) -> None:
+    async def run_queue(queue: str, queue_stop: asyncio.Event) -> None:
+        # A stdio server's jobs, on its own queue, while this worker holds the server's lease (and runs it).
+        await run_jobs(
+            worker_id=f"{worker_id} {queue}",
+            concurrency=concurrency,
+            shutdown_timeout=shutdown_timeout,
+            stop=queue_stop,
+            queues=[queue],
+        )
+
     async with app.open_async(), shared_clients():
         jobs = asyncio.create_task(
-            run_jobs(worker_id=worker_id, concurrency=concurrency, shutdown_timeout=shutdown_timeout, stop=stop),
+            run_jobs(
+                worker_id=worker_id,
+                concurrency=concurrency,
+                shutdown_timeout=shutdown_timeout,
+                stop=stop,
+                queues=[DEFAULT_QUEUE],
+            ),
             name="jobs",
         )
+        supervisor = StdioSupervisor(worker_id=worker_id, lease_seconds=lease_seconds, run_queue=run_queue)
+        stdio_stop = asyncio.Event()  # set once the tracker and the other jobs are done with the processes
+        stdio_servers = asyncio.create_task(supervisor.run(stdio_stop), name="stdio servers")
         tracker = asyncio.create_task(
             Tracker(
                 worker_id=worker_id,
                 lease_seconds=lease_seconds,
                 backoff_cap_seconds=settings.TASKHUB_POLL_BACKOFF_CAP_SECONDS,
+                stdio=supervisor,
             ).run(stop),
             name="tracker",
         )
-        print(f"worker {worker_id} running (jobs and tracker)", flush=True)
+        health_file = asyncio.create_task(health.beat(stop=stop, is_well=database_answers), name="health file")
+        print(f"worker {worker_id} running (jobs, stdio servers and tracker)", flush=True)
         stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({jobs, tracker, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({jobs, stdio_servers, tracker, stopping}, return_when=asyncio.FIRST_COMPLETED)
         for finished in done - {stopping}:
             if finished.exception() is not None:
                 logger.error("%s stopped unexpectedly", finished.get_name(), exc_info=finished.exception())
         stop.set()
-        results = await asyncio.gather(jobs, tracker, return_exceptions=True)
+        # The tracker first (its polls go through the stdio processes), then the processes and their queues.
+        results = await asyncio.gather(jobs, tracker, health_file, return_exceptions=True)
+        stdio_stop.set()
+        results += await asyncio.gather(stdio_servers, return_exceptions=True)
         stopping.cancel()
         for result in results:
             if isinstance(result, Exception):
                 logger.error("worker part failed: %r", result)
+
+
+async def database_answers() -> None:
+    """The worker's health (taskhub/worker/health.py): its job connection reaches the database."""
+    await app.connector.execute_query_one_async("SELECT 1 AS one")
 
 
 # Between two starts of the job runner after it stopped on a database error: doubling, capped.
@@ -106,12 +165,19 @@ RESTART_CAP_SECONDS = 30.0
 FETCH_POLL_SECONDS = 1.0
 
 
-async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float, stop: asyncio.Event) -> None:
-    """procrastinate's job runner until `stop`, started again whenever it stops by itself.
+async def run_jobs(
+    *,
+    worker_id: str,
+    concurrency: int,
+    shutdown_timeout: float,
+    stop: asyncio.Event,
+    queues: list[str] | None = None,
+) -> None:
+    """procrastinate's job runner on `queues` (None: all) until `stop`, started again whenever it stops by itself.
 
     It stops when its database connection fails (its job fetch raises, its LISTEN connection ends it), e.g.
     on a Postgres restart; the process must not exit for that. Jobs it was running when it stopped are
-    finished or, if its heartbeat ended first, retried by `retry_stalled_jobs`.
+    finished or, if its heartbeat ended first, queued again by another worker's heartbeat (heartbeats.py).
     """
     SLOTS.concurrency = concurrency  # each server's share of the slots is a part of it
     delay = RESTART_FIRST_SECONDS
@@ -119,12 +185,14 @@ async def run_jobs(*, worker_id: str, concurrency: int, shutdown_timeout: float,
         runner = asyncio.create_task(
             app.run_worker_async(
                 name=worker_id,
+                queues=queues,
                 concurrency=concurrency,
                 install_signal_handlers=False,
                 shutdown_graceful_timeout=shutdown_timeout,
                 update_heartbeat_interval=settings.TASKHUB_WORKER_HEARTBEAT_SECONDS,
                 fetch_job_polling_interval=FETCH_POLL_SECONDS,
                 stalled_worker_timeout=settings.TASKHUB_STALLED_WORKER_SECONDS,
+                worker_middleware=observability_jobs.worker_middleware(),
             ),
             name="job runner",
         )

@@ -1,0 +1,82 @@
+"""The MCP conformance suite's client under test: `python -m taskhub.mcp`, driven per scenario.
+
+The suite (`conformance client --command "PYTHON scripts/conformance_client.py"`) starts a scenario server and runs
+this with the server's URL as the last argument, the scenario's name in MCP_CONFORMANCE_SCENARIO and its context
+(the tool calls to make, when it has any) in MCP_CONFORMANCE_CONTEXT. Every call goes through the real command line
+(`python -m taskhub.mcp call --url URL TOOL --args JSON`), one process per call, as a person would run it.
+
+- http-custom-headers: makes the context's tool calls; the server checks their `Mcp-Param-*` headers.
+- http-invalid-tool-headers: lists the tools and calls each one, with placeholder values for required
+  arguments; the command line must call the valid tool and refuse the others (exit 4) before sending anything.
+
+Exit status: 0 when every call ended as the command line's exit-status table allows for it (0, or 4 for a
+refused tool), 1 otherwise, 2 for an unknown scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+CLI = [sys.executable, "-m", "taskhub.mcp"]
+PLACEHOLDERS = {"string": "conformance", "integer": 1, "boolean": True, "number": 1}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    process = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
+    lines = [f"$ python -m taskhub.mcp {' '.join(args)}", f"-> exit {process.returncode}"]
+    lines += [stream.rstrip() for stream in (process.stdout, process.stderr) if stream.strip()]
+    print("\n".join(lines), flush=True)
+    return process
+
+
+def call(url: str, tool: str, arguments: dict[str, Any]) -> int:
+    return run_cli("call", "--url", url, tool, "--args", json.dumps(arguments), "--timeout", "30").returncode
+
+
+def placeholder_arguments(tool: dict[str, Any]) -> dict[str, Any]:
+    schema = tool.get("inputSchema") if isinstance(tool.get("inputSchema"), dict) else {}
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    arguments = {}
+    for name in schema.get("required") or []:
+        spec = properties.get(name) if isinstance(properties.get(name), dict) else {}
+        kind = spec.get("type")
+        arguments[name] = PLACEHOLDERS.get(kind, "conformance") if isinstance(kind, str) else "conformance"
+    return arguments
+
+
+def custom_headers(url: str, context: dict[str, Any]) -> int:
+    statuses = [call(url, item["name"], item.get("arguments") or {}) for item in context.get("toolCalls") or []]
+    return 0 if statuses and all(status == 0 for status in statuses) else 1
+
+
+def invalid_tool_headers(url: str, context: dict[str, Any]) -> int:
+    listing = run_cli("discover", "--url", url, "--json")
+    if listing.returncode != 0:
+        return 1
+    tools = json.loads(listing.stdout.splitlines()[-1])["tools"]
+    # One process per call, a few at a time: most of each is Python starting up.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        statuses = list(pool.map(lambda tool: call(url, tool["name"], placeholder_arguments(tool)), tools))
+    return 0 if statuses and all(status in (0, 4) for status in statuses) else 1
+
+
+SCENARIOS = {"http-custom-headers": custom_headers, "http-invalid-tool-headers": invalid_tool_headers}
+
+
+def main() -> int:
+    url = sys.argv[-1]
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
+    context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    if scenario not in SCENARIOS:
+        print(f"conformance_client: no driver for scenario {scenario!r}", file=sys.stderr)
+        return 2
+    return SCENARIOS[scenario](url, context)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

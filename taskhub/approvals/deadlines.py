@@ -1,0 +1,104 @@
+"""Answer deadlines: what an approval policy does when nobody answered a request in time, and the notices around it.
+
+A request's deadline is fixed when it opens (tasks.services._start_deadline); two jobs look at it then, one when the
+deadline is near and one when it passes (taskhub.answer_deadline, deferred at those moments), and a sweep every
+minute catches whatever they missed. Both call check_deadline, which is safe to repeat: the default is applied once
+(tasks.services.apply_deadline_default locks the request) and the "near" notice is sent once (a column).
+
+What happens at the deadline is what the request's policy says then; if the policy was removed meanwhile, or no
+longer sets a deadline, the request is declined (its deadline still holds: a policy edited later moves no deadline
+already running).
+"""
+
+import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from taskhub.approvals import signals
+from taskhub.approvals.models import AtDeadline
+from taskhub.approvals.rules import effective_policy
+from taskhub.tasks import services as task_services
+from taskhub.tasks.models import TERMINAL_STATUSES, InputRequest, InputRequestState
+
+SWEEP_BATCH = 500
+
+
+def default_of(input_request: InputRequest) -> task_services.DeadlineDefault:
+    policy = effective_policy(input_request.server_id, input_request.task.tool)
+    if policy is None or policy.answer_within is None:
+        return task_services.DeadlineDefault(
+            policy_id=policy.pk if policy else None, at_deadline=AtDeadline.DECLINE.value
+        )
+    return task_services.DeadlineDefault(
+        policy_id=policy.pk,
+        at_deadline=policy.at_deadline,
+        answer=policy.deadline_answer,
+        group=policy.escalation_group,
+    )
+
+
+def check_deadline(*, input_request_id: int, now: datetime.datetime | None = None) -> str | None:
+    """Send the "deadline near" notice, or apply the default, if either is due now. Returns what was done at the
+    deadline (tasks.services.apply_deadline_default), or None."""
+    now = now or timezone.now()
+    input_request = (
+        InputRequest.objects.select_related("task")
+        .filter(pk=input_request_id, state=InputRequestState.OPEN, default_applied_at__isnull=True)
+        .exclude(answer_deadline_at__isnull=True)
+        .first()
+    )
+    if input_request is None:
+        return None
+    if input_request.answer_deadline_at > now:
+        _send_near_if_due(input_request, now=now)
+        return None
+    default = default_of(input_request)
+    with transaction.atomic():
+        outcome = task_services.apply_deadline_default(input_request_id=input_request.pk, default=default, now=now)
+        if outcome is not None:
+            transaction.on_commit(
+                lambda: signals.default_applied.send_robust(
+                    sender=None, input_request_id=input_request.pk, policy_id=default.policy_id, outcome=outcome
+                )
+            )
+    return outcome
+
+
+def _send_near_if_due(input_request: InputRequest, *, now: datetime.datetime) -> bool:
+    with transaction.atomic():
+        if not task_services.mark_deadline_near(input_request_id=input_request.pk, now=now):
+            return False
+        policy = effective_policy(input_request.server_id, input_request.task.tool)
+        deadline = input_request.answer_deadline_at
+        transaction.on_commit(
+            lambda: signals.deadline_near.send_robust(
+                sender=None,
+                input_request_id=input_request.pk,
+                policy_id=policy.pk if policy else None,
+                deadline=deadline,
+            )
+        )
+    return True
+
+
+def sweep(*, now: datetime.datetime | None = None) -> int:
+    """Every open request whose deadline is near or past and not yet acted on; how many defaults were applied."""
+    now = now or timezone.now()
+    due = (
+        InputRequest.objects.filter(
+            state=InputRequestState.OPEN,
+            default_applied_at__isnull=True,
+            answer_deadline_at__lte=now + task_services.DEADLINE_NEAR_AT_MOST,
+            server__removed_at__isnull=True,
+        )
+        .exclude(task__status__in=TERMINAL_STATUSES)
+        .order_by("answer_deadline_at")
+        .values_list("pk", "answer_deadline_at", "deadline_near_sent_at")[:SWEEP_BATCH]
+    )
+    applied = 0
+    for pk, deadline, near_sent in list(due):
+        if deadline > now and near_sent is not None:
+            continue
+        applied += check_deadline(input_request_id=pk, now=now) is not None
+    return applied

@@ -1,0 +1,42 @@
+from django import forms
+
+from taskhub.approvals.models import NotificationKind
+
+
+class PreferencesForm(forms.Form):
+    email = forms.EmailField(
+        required=False,
+        max_length=254,
+        label="Email address",
+        help_text="Where the mails go. Empty: taskhub mails you nothing.",
+    )
+    request_waiting = forms.BooleanField(
+        required=False,
+        label="A request waits for me",
+        help_text="A server (or a gated launch) asks a question that you may answer.",
+    )
+    deadline_near = forms.BooleanField(
+        required=False,
+        label="Its answer deadline is near",
+        help_text="A request you may answer will soon get its policy's default answer.",
+    )
+    default_applied = forms.BooleanField(
+        required=False,
+        label="A default was applied",
+        help_text="Nobody answered in time, and taskhub did what the policy says, on a request you could answer.",
+    )
+    task_finished = forms.BooleanField(
+        required=False,
+        label="A task I launched finished",
+        help_text="Completed, failed, cancelled, expired or lost. Off unless you turn it on.",
+    )
+
+    SWITCHES = tuple(kind.value for kind in NotificationKind)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for name in self.SWITCHES:  # each box is described by its hint (the page renders it under the label)
+            self.fields[name].widget.attrs["aria-describedby"] = f"id_{name}-hint"
+
+    def switches(self) -> dict[str, bool]:
+        return {name: self.cleaned_data[name] for name in self.SWITCHES}

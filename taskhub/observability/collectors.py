@@ -1,0 +1,234 @@
+"""What `/metrics` reads from Postgres at each scrape: the same figures from whichever web process is scraped,
+whatever the number of web and worker processes and hosts (so in Prometheus, aggregate them with max, not sum).
+
+Every figure is exact as of the scrape's transaction (the leases as far as the workers' heartbeats tell, below),
+and no read grows with the number of tasks kept (bench/metrics_scrape.py):
+- tasks by server and status, input requests open and answered by server, poll rows by lease owner and failing
+  ones by server and failures in a row: the few rows of changes that triggers keep (counts.py);
+- the oldest open input request (the (state, created_at) index) and the oldest answer not yet delivered (the
+  partial index of migration 0002): one index entry each;
+- the job queue: procrastinate's jobs waiting or running by kind (its partial index on todo/doing: grows with the
+  queue, not with the jobs kept), and per kind the oldest due job's wait since it was deferred or scheduled (the
+  partial index of 0002, the first few jobs of each kind);
+- leases held by worker: the owners' rows of changes, told apart by the workers' heartbeats (an owner whose
+  heartbeat stopped holds nothing; one without a heartbeat row, such as a tracker run outside `manage.py worker`,
+  has its unexpired leases counted);
+- servers: reachable, last success, and their names (`taskhub_server_info`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from prometheus_client.core import GaugeMetricFamily
+
+from taskhub.observability import counts
+from taskhub.observability.jobs import job_kind
+
+logger = logging.getLogger(__name__)
+
+OLDEST_OPEN_SQL = "SELECT extract(epoch FROM now() - min(created_at)) FROM tasks_inputrequest WHERE state = 'open'"
+OLDEST_ANSWER_SQL = (
+    "SELECT extract(epoch FROM now() - min(answered_at)) FROM tasks_inputrequest WHERE state = 'answered'"
+)
+JOBS_SQL = """
+SELECT task_name, status::text, count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing') GROUP BY 1, 2
+"""
+# Per kind, the first few due jobs in the order they became due: unscheduled ones by id (the order they were
+# deferred, give or take the length of the deferring transactions, which the few absorb), scheduled ones (a retry,
+# a later start) by scheduled_at; their wait counts from the later of scheduled_at and the `deferred` event.
+JOB_WAITS_SQL = """
+SELECT kind.task_name, extract(epoch FROM now() - min(greatest(due.scheduled_at, deferred.at)))
+FROM unnest(%s::text[]) AS kind (task_name)
+CROSS JOIN LATERAL (
+    (SELECT id, scheduled_at FROM procrastinate_jobs
+     WHERE status = 'todo' AND task_name = kind.task_name AND scheduled_at IS NULL ORDER BY id LIMIT 10)
+    UNION ALL
+    (SELECT id, scheduled_at FROM procrastinate_jobs
+     WHERE status = 'todo' AND task_name = kind.task_name AND scheduled_at <= now() ORDER BY scheduled_at LIMIT 10)
+) AS due
+LEFT JOIN LATERAL (
+    SELECT min(event.at) AS at FROM procrastinate_events AS event
+    WHERE event.job_id = due.id AND event.type = 'deferred'
+) AS deferred ON true
+GROUP BY 1
+"""
+# Whether each lease owner's worker beats (see taskhub.worker.heartbeats): NULL for an owner without a row.
+OWNERS_ALIVE_SQL = """
+SELECT owner.name, beat.beat_at >= now() - %s * interval '1 second'
+FROM unnest(%s::text[]) AS owner (name) LEFT JOIN worker_heartbeat AS beat ON beat.owner = owner.name
+"""
+UNEXPIRED_LEASES_SQL = """
+SELECT lease_owner, count(*) FROM tasks_taskpoll WHERE lease_owner = ANY(%s) AND lease_expires_at > now() GROUP BY 1
+"""
+SERVERS_SQL = """
+SELECT id, name, transport, enabled, unreachable_since IS NULL,
+       extract(epoch FROM last_success_at), extract(epoch FROM now() - unreachable_since)
+FROM servers_server
+"""
+
+
+class DatabaseCollector:
+    """A prometheus-client collector: its figures are read at each `collect()`, in one transaction (folding the
+    rows of changes of counts.py is its only write). If the database cannot be read, the scrape still serves the
+    processes' own metrics, with `taskhub_metrics_database_up` 0."""
+
+    def collect(self):
+        started = time.perf_counter()
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                families = list(self._read(cursor))
+        except DatabaseError:
+            logger.warning("/metrics: the database figures could not be read", exc_info=True)
+            families = []
+        up = GaugeMetricFamily("taskhub_metrics_database_up", "1 if this scrape could read the database figures")
+        up.add_metric([], 1 if families else 0)
+        cost = GaugeMetricFamily(
+            "taskhub_metrics_database_read_seconds", "How long this scrape took to read the database figures"
+        )
+        cost.add_metric([], time.perf_counter() - started)
+        return [*families, up, cost]
+
+    def _read(self, cursor):
+        cursor.execute(SERVERS_SQL)
+        servers = [row for row in cursor.fetchall() if row[3]]  # enabled ones
+        tasks = GaugeMetricFamily("taskhub_tasks", "Tasks kept, by server and status", labels=["server", "status"])
+        for server, status, count in counts.task_counts(cursor):
+            tasks.add_metric([str(server), status], count)
+        yield tasks
+
+        yield from _inbox(cursor, [row[0] for row in servers])
+        yield from _jobs(cursor)
+
+        yield _leases(cursor)
+        most_failures: dict[int, int] = {}
+        for server, failures, _ in counts.poll_failure_counts(cursor):
+            most_failures[server] = max(most_failures.get(server, 0), failures)
+        yield from _servers(servers, most_failures)
+
+
+def _inbox(cursor, server_ids: list[int]):
+    """Per enabled server (0 included, so that a graph shows 0 rather than nothing), and the oldest of each state."""
+    open_requests = GaugeMetricFamily(
+        "taskhub_input_requests_open", "Input requests waiting for a person, by server", labels=["server"]
+    )
+    answered = GaugeMetricFamily(
+        "taskhub_answers_undelivered",
+        "Answers stored and not yet acknowledged by the server (tasks/update), by server",
+        labels=["server"],
+    )
+    oldest = GaugeMetricFamily(
+        "taskhub_input_request_oldest_age_seconds",
+        "Age of the oldest input request still open (state=open), of the oldest answer not yet delivered"
+        " (state=answered); 0 when there is none",
+        labels=["state"],
+    )
+    by_state: dict[str, dict[int, int]] = {"open": {}, "answered": {}}
+    for server, state, count in counts.input_request_counts(cursor):
+        by_state[state][server] = count
+    cursor.execute(OLDEST_OPEN_SQL)
+    oldest.add_metric(["open"], float(cursor.fetchone()[0] or 0))
+    cursor.execute(OLDEST_ANSWER_SQL)
+    oldest.add_metric(["answered"], float(cursor.fetchone()[0] or 0))
+    for server in sorted({*server_ids, *by_state["open"], *by_state["answered"]}):
+        open_requests.add_metric([str(server)], by_state["open"].get(server, 0))
+        answered.add_metric([str(server)], by_state["answered"].get(server, 0))
+    yield from (open_requests, answered, oldest)
+
+
+def _jobs(cursor):
+    queued = GaugeMetricFamily(
+        "taskhub_jobs", "Jobs waiting (todo) or running (doing), by kind", labels=["kind", "status"]
+    )
+    waiting = GaugeMetricFamily(
+        "taskhub_job_oldest_wait_seconds",
+        "How long the longest-waiting due job of each kind has waited since it was deferred or scheduled (of the"
+        " first 10 due, in the order they were deferred, and the first 10 in the order they were scheduled)",
+        labels=["kind"],
+    )
+    totals: dict[tuple[str, str], int] = {}
+    waits: dict[str, float] = {}
+    cursor.execute(JOBS_SQL)
+    rows = cursor.fetchall()
+    for task_name, status, count in rows:
+        kind = job_kind(task_name)
+        totals[kind, status] = totals.get((kind, status), 0) + count
+    cursor.execute(JOB_WAITS_SQL, [sorted({task_name for task_name, status, _ in rows if status == "todo"})])
+    for task_name, wait in cursor.fetchall():
+        kind = job_kind(task_name)
+        waits[kind] = max(waits.get(kind, 0.0), float(wait or 0))
+    for kind in ("launch", "answer_delivery", "cancel"):  # always present, so the dashboard shows a 0
+        totals.setdefault((kind, "todo"), 0)
+        waits.setdefault(kind, 0.0)
+    for kind, status in totals:
+        if status == "todo":  # due later: 0, as for a kind with nothing queued
+            waits.setdefault(kind, 0.0)
+    for (kind, status), count in sorted(totals.items()):
+        queued.add_metric([kind, status], count)
+    for kind, wait in sorted(waits.items()):
+        waiting.add_metric([kind], wait)
+    yield queued
+    yield waiting
+
+
+def _leases(cursor) -> GaugeMetricFamily:
+    """A live worker renews its leases before they expire and a stopped one is taken over (its leases released) by
+    the others once its heartbeat is TASKHUB_STALLED_WORKER_SECONDS old: so a worker whose heartbeat is live holds
+    every row naming it, one whose heartbeat is too old holds none (even before the take-over), and only an owner
+    without a heartbeat row has its rows' expiry read."""
+    leases = GaugeMetricFamily(
+        "taskhub_tracker_leases_held",
+        "Live tasks whose poll row a worker holds now, by worker (0 once its heartbeat is older than"
+        " TASKHUB_STALLED_WORKER_SECONDS)",
+        labels=["worker"],
+    )
+    named = dict(counts.lease_counts(cursor))
+    if not named:
+        return leases
+    cursor.execute(OWNERS_ALIVE_SQL, [settings.TASKHUB_STALLED_WORKER_SECONDS, list(named)])
+    alive = dict(cursor.fetchall())
+    held = {owner: count for owner, count in named.items() if alive.get(owner)}
+    unknown = [owner for owner in named if alive.get(owner) is None]
+    if unknown:
+        cursor.execute(UNEXPIRED_LEASES_SQL, [unknown])
+        held.update(cursor.fetchall())
+    for owner, count in sorted(held.items()):
+        if count:
+            leases.add_metric([owner], count)
+    return leases
+
+
+def _servers(servers: list[tuple], failing: dict[int, int]):
+    info = GaugeMetricFamily(
+        "taskhub_server_info", "1 per registered server: its name and transport", labels=["server", "name", "transport"]
+    )
+    reachable = GaugeMetricFamily(
+        "taskhub_server_reachable", "1 if the server answered its last request, 0 if not", labels=["server"]
+    )
+    last_success = GaugeMetricFamily(
+        "taskhub_server_last_success_timestamp_seconds",
+        "When the server last answered (Unix time); absent if it never did",
+        labels=["server"],
+    )
+    unreachable_for = GaugeMetricFamily(
+        "taskhub_server_unreachable_seconds",
+        "How long the server has been unreachable; 0 if reachable",
+        labels=["server"],
+    )
+    failures = GaugeMetricFamily(
+        "taskhub_server_consecutive_failures",
+        "The most polls in a row that failed for one of the server's live tasks",
+        labels=["server"],
+    )
+    for server_id, name, transport, _, is_reachable, success_at, down_for in servers:
+        server = str(server_id)
+        info.add_metric([server, name, transport], 1)
+        reachable.add_metric([server], 1 if is_reachable else 0)
+        unreachable_for.add_metric([server], float(down_for or 0))
+        if success_at is not None:
+            last_success.add_metric([server], float(success_at))
+        failures.add_metric([server], failing.get(server_id, 0))
+    yield from (info, reachable, last_success, unreachable_for, failures)

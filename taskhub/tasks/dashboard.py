@@ -1,0 +1,202 @@
+"""The signed-in home page: what waits for this person, their running tasks, what needs attention, servers in
+trouble and how the last day's tasks ended. Reads only; every item carries the link to the list that shows it
+(the task list's filters, queries.TaskFilterForm, or the inbox).
+"""
+
+import datetime
+from dataclasses import dataclass, field
+from urllib.parse import urlencode
+
+from django.db.models import Count, F, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from taskhub.accounts import permissions
+from taskhub.servers.models import Server
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.tasks.queries import (
+    COUNT_CAP,
+    ENDED_WITHIN,
+    NEEDS,
+    OUTCOMES,
+    RUNNING,
+    RUNNING_STATUSES,
+    Outcome,
+    capped_count,
+    is_error_filter,
+    needs_filter,
+    outcome_filter,
+    tasks_visible_to,
+)
+
+MY_RUNNING_SHOWN = 5
+SERVERS_SHOWN = 10
+OUTCOME_WINDOW = "24h"
+
+
+def tasks_href(**filters) -> str:
+    kept = {name: value for name, value in filters.items() if value not in ("", None)}
+    return reverse("tasks:list") + (f"?{urlencode(kept)}" if kept else "")
+
+
+def count_text(count: int) -> str:
+    """A count of queries.capped_count as the page shows it: past the cap, "10,000+"."""
+    return f"{COUNT_CAP:,}+" if count > COUNT_CAP else str(count)
+
+
+@dataclass
+class Item:
+    label: str
+    count: int
+    href: str
+    kind: str = ""
+
+    @property
+    def count_text(self) -> str:
+        return count_text(self.count)
+
+
+@dataclass
+class Waiting:
+    count: int
+    oldest: datetime.datetime | None
+    href: str
+
+    @property
+    def count_text(self) -> str:
+        return count_text(self.count)
+
+
+@dataclass
+class TroubledServer:
+    server: Server
+    state: str  # "unreachable" or "failing"
+    since: datetime.datetime | None
+    error: str
+    href: str
+
+
+@dataclass
+class Dashboard:
+    waiting: Waiting | None = None  # None: not an approver
+    my_running: list[Task] = field(default_factory=list)
+    my_running_count: int = 0
+    my_running_href: str = ""
+    attention: list[Item] = field(default_factory=list)
+    servers: list[TroubledServer] = field(default_factory=list)
+    outcomes: list[Item] = field(default_factory=list)
+    sees_tasks: bool = False
+    launches: bool = False  # an operator: has tasks of their own
+    sees_servers: bool = False
+    agent: bool = False  # in `agents`: launches through API tokens, its tasks are not on the pages
+
+    @property
+    def my_running_count_text(self) -> str:
+        return count_text(self.my_running_count)
+
+    @property
+    def attention_total(self) -> int:
+        return sum(item.count for item in self.attention)
+
+
+def _waiting(user) -> Waiting | None:
+    if not permissions.is_approver(user):
+        return None
+    open_requests = InputRequest.objects.filter(
+        permissions.requests_user_may_answer(user),
+        state=InputRequestState.OPEN,
+        server__in=permissions.servers_user_may_approve(user),
+        server__enabled=True,
+    )
+    # The oldest from the (state, created_at) index; the count capped, as 100,000 open requests are not counted
+    # on every visit.
+    oldest = open_requests.order_by("created_at").values_list("created_at", flat=True).first()
+    return Waiting(count=capped_count(open_requests), oldest=oldest, href=reverse("tasks:inbox"))
+
+
+def _troubled_servers(user) -> list[TroubledServer]:
+    """Enabled servers that are unreachable, or whose last contact failed after their last success."""
+    since_success = Q(last_success_at__isnull=True) | Q(last_error_at__gt=F("last_success_at"))
+    failing = Q(last_error_at__isnull=False) & since_success
+    servers = Server.objects.filter(enabled=True).filter(Q(unreachable_since__isnull=False) | failing)
+    admin = permissions.is_admin(user)
+    troubled = []
+    for server in servers.order_by("name")[:SERVERS_SHOWN]:
+        unreachable = server.unreachable_since is not None
+        troubled.append(
+            TroubledServer(
+                server=server,
+                state="unreachable" if unreachable else "failing",
+                since=server.unreachable_since if unreachable else server.last_error_at,
+                error=(server.last_error or "")[:300],
+                href=reverse("servers:detail", args=[server.pk]) if admin else tasks_href(server=server.pk),
+            )
+        )
+    return troubled
+
+
+def outcome_counts(ended) -> dict[str, int]:
+    """How many of `ended` had each outcome (queries.outcome_expression), from two plain aggregates: per status with
+    its isError results, and the declined ones per status. (Grouping by the CASE itself costs a subplan per row.)"""
+    per_status = {
+        status: (n, errors)
+        for status, n, errors in ended.order_by()
+        .values_list("status")
+        .annotate(n=Count("*"), errors=Count("pk", filter=Q(status=TaskStatus.COMPLETED) & is_error_filter()))
+    }
+    declined = dict(
+        ended.filter(outcome_filter(Outcome.DECLINED)).order_by().values_list("status").annotate(n=Count("*"))
+    )
+
+    def total(status):
+        return per_status.get(status, (0, 0))[0]
+
+    errors = per_status.get(TaskStatus.COMPLETED, (0, 0))[1]
+    return {
+        Outcome.COMPLETED: total(TaskStatus.COMPLETED) - errors,
+        Outcome.COMPLETED_ERROR: errors - declined.get(TaskStatus.COMPLETED, 0),
+        Outcome.DECLINED: sum(declined.values()),
+        Outcome.CANCELLED: total(TaskStatus.CANCELLED) - declined.get(TaskStatus.CANCELLED, 0),
+        Outcome.FAILED: total(TaskStatus.FAILED) - declined.get(TaskStatus.FAILED, 0),
+        Outcome.LOST: total(TaskStatus.LOST),
+        Outcome.EXPIRED: total(TaskStatus.EXPIRED),
+    }
+
+
+def dashboard(user, *, now: datetime.datetime | None = None) -> Dashboard:
+    now = now or timezone.now()
+    board = Dashboard(waiting=_waiting(user))
+    visible = tasks_visible_to(user)
+    board.sees_tasks = permissions.is_operator(user) or permissions.is_approver(user)
+    board.agent = permissions.is_agent(user)
+    if not board.sees_tasks:
+        return board
+
+    board.launches = permissions.is_operator(user)
+    if board.launches:
+        mine = visible.filter(launched_by=user, status__in=RUNNING_STATUSES)
+        board.my_running_count = capped_count(mine)
+        board.my_running = list(mine.select_related("server").order_by("-created_at")[:MY_RUNNING_SHOWN])
+        board.my_running_href = tasks_href(mine="on", status=RUNNING)
+
+    board.attention = [
+        Item(
+            label=label,
+            count=capped_count(visible.filter(needs_filter(kind, now))),
+            href=tasks_href(needs=kind),
+            kind=kind,
+        )
+        for kind, label in NEEDS
+    ]
+
+    counts = outcome_counts(visible.filter(finished_at__gte=now - ENDED_WITHIN[OUTCOME_WINDOW]))
+    board.outcomes = [
+        Item(label=words, count=counts.get(value, 0), href=tasks_href(outcome=value, ended=OUTCOME_WINDOW), kind=value)
+        for value, words, _ in OUTCOMES
+        if value != Outcome.UNKNOWN  # it never ends (no finished_at): "needs attention" counts it
+    ]
+
+    board.sees_servers = permissions.sees_all_tasks(user)
+    if board.sees_servers:
+        board.servers = _troubled_servers(user)
+    return board

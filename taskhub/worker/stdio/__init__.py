@@ -1,0 +1,72 @@
+"""stdio servers in the worker: one long-lived process per enabled stdio server, in the worker that holds its lease.
+
+- `leases`: the lease on each stdio server (`servers.ServerProcess`), claimed and renewed in Postgres.
+- `processes`: the process of one server, its client, its restarts with backoff, and what its page shows.
+- `supervisor`: per worker, claims leases and, for each server it holds, runs the process and a procrastinate
+  loop on the server's own job queue (`servers.hooks.job_queue`), so that every job on the server runs here;
+  the tracker of the same worker claims the server's tasks (tracker/leases.py) and polls them through the process.
+
+Why a queue per server: procrastinate already routes, locks, retries and recovers stalled jobs; a job on a
+stdio server is deferred to its queue, which only the lease owner listens to, so nothing new has to hand work
+over. A job that still lands in a worker that does not own its server (deferred before the lease moved, or on
+the default queue) raises `NotOwner` before it does anything, and is retried on the server's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from taskhub.mcp.errors import TransportError
+from taskhub.servers.hooks import job_queue
+
+if TYPE_CHECKING:
+    from taskhub.mcp.client import TasksClient
+    from taskhub.servers.models import Server
+    from taskhub.worker.stdio.supervisor import StdioSupervisor
+
+_supervisors: dict[asyncio.AbstractEventLoop, StdioSupervisor] = {}
+
+
+class NotOwner(Exception):
+    """This worker does not run the stdio server's process: the job goes to the server's queue. Nothing was done."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(f"server {server.pk}'s process runs in another worker")
+        self.queue = job_queue(server)
+
+
+class ProcessElsewhere(TransportError):
+    """The tracker asked for a stdio server's process in a worker that does not (or no longer) run it."""
+
+
+def register(supervisor: StdioSupervisor) -> None:
+    _supervisors[asyncio.get_running_loop()] = supervisor
+
+
+def unregister(supervisor: StdioSupervisor) -> None:
+    loop = asyncio.get_running_loop()
+    if _supervisors.get(loop) is supervisor:
+        del _supervisors[loop]
+
+
+def current() -> StdioSupervisor | None:
+    """The supervisor of the worker running on this loop; None outside a worker (a test calling a job directly)."""
+    try:
+        return _supervisors.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
+
+
+def owned_client(server: Server) -> TasksClient | None:
+    """The client of the stdio server's process in this worker; None for an HTTP server, or outside a worker
+    (then the caller starts a process of its own, as before). Raises NotOwner in a worker that does not own it."""
+    if server.transport != "stdio":
+        return None
+    supervisor = current()
+    if supervisor is None:
+        return None
+    process = supervisor.process(server.pk)
+    if process is None:
+        raise NotOwner(server)
+    return process.client

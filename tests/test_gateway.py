@@ -1,0 +1,428 @@
+"""The MCP gateway (taskhub/gateway) through Django's test client, without a worker: who may call, what tools each
+endpoint offers, how a call becomes a task, and how tasks/get|update|cancel read and write Postgres only.
+The real stack (worker, demo server, conformance suite) is tests/test_gateway_stack.py's."""
+
+import asyncio
+import json
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+from helpers import snapshot
+
+from taskhub.accounts.groups import AGENTS, APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token, revoke_token
+from taskhub.audit.models import AuditEvent
+from taskhub.gateway import calls
+from taskhub.mcp.client import TaskCreated, ToolCompleted, ToolInputRequired
+from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from tests.approval_fixtures import set_approver_groups
+
+TASKS = "io.modelcontextprotocol/tasks"
+DECLARING = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "extensions": {TASKS: {}}},
+}
+PLAIN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+# A tool as a server sent it: annotations, an output schema and x-mcp-header metadata are passed on untouched.
+DEPLOY = {
+    "name": "deploy",
+    "title": "Deploy",
+    "description": "Deploy <b>it</b>",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"target": {"type": "string", "x-mcp-header": "Target"}},
+        "required": ["target"],
+    },
+    "annotations": {"destructiveHint": True},
+    "_meta": {"vendor/x": 1},
+}
+QUESTION = {
+    "method": "elicitation/create",
+    "params": {
+        "message": "Go?",
+        "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    },
+}
+
+
+def make_user(name: str, *groups: str):
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_user(name)
+    for group in groups:
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+    return user
+
+
+@pytest.fixture
+def world(db, settings):
+    settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS = 0  # no worker here: answer with the task at once
+    alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
+    Server.objects.filter(pk=alpha.pk).update(tools=[DEPLOY], discovered_at=timezone.now())
+    agent = make_user("agent", OPERATORS)
+    token, secret = create_token(user=agent, name="agent")
+    return {"server": alpha, "agent": agent, "token": secret, "token_row": token}
+
+
+def agent_of(event: AuditEvent) -> int | None:
+    """The API token an audit row names as the agent of what was done."""
+    return (event.data.get("agent") or {}).get("token_id")
+
+
+def rpc(token, method, params=None, *, path="/mcp/servers/alpha", meta=DECLARING, headers=None, request_id=1):
+    body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": meta}}
+    client = Client(headers={**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})})
+    response = client.post(path, json.dumps(body), content_type="application/json")
+    return response.status_code, response.json() if response.content else None
+
+
+def remembered() -> tuple[int, int]:
+    return Task.objects.count(), AuditEvent.objects.count()
+
+
+@pytest.mark.parametrize("token", [None, "thk_not-a-token", "Basic abc"])
+def test_without_a_valid_token_the_answer_is_401_and_nothing_is_recorded(world, token):
+    before = remembered()
+    status, body = rpc(token, "tools/call", {"name": "deploy", "arguments": {"target": "x"}})
+    assert status == 401
+    assert body["error"]["code"] == -32000 and body["id"] == 1
+    assert remembered() == before
+
+
+def test_a_revoked_token_is_refused_and_a_valid_one_marks_when_it_was_used(world):
+    token_row = world["agent"].api_tokens.get()
+    assert token_row.last_used_at is None
+    assert rpc(world["token"], "ping")[0] == 200
+    token_row.refresh_from_db()
+    assert token_row.last_used_at is not None
+    revoke_token(token=token_row)
+    before = remembered()
+    assert rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}})[0] == 401
+    assert remembered() == before
+
+
+def test_discover_declares_the_tasks_extension_and_tools_list_is_the_catalogue_as_sent(world):
+    status, body = rpc(world["token"], "server/discover")
+    assert status == 200
+    assert body["result"]["capabilities"]["extensions"] == {TASKS: {}}
+    assert body["result"]["capabilities"]["tools"] == {"listChanged": True}
+    assert body["result"]["supportedVersions"] == ["2026-07-28"]
+    status, body = rpc(world["token"], "tools/list")
+    assert body["result"]["tools"] == [DEPLOY]
+
+
+def test_the_aggregate_endpoint_names_tools_after_their_server_and_skips_unusable_server_names(world, caplog):
+    beta = create_server(name="beta srv", transport="http", url="http://127.0.0.1:9/beta", user=None)
+    Server.objects.filter(pk=beta.pk).update(tools=[DEPLOY], discovered_at=timezone.now())
+    off = create_server(name="off", transport="http", url="http://127.0.0.1:9/off", user=None)
+    Server.objects.filter(pk=off.pk).update(tools=[DEPLOY], enabled=False)
+    _status, body = rpc(world["token"], "tools/list", path="/mcp")
+    assert [tool["name"] for tool in body["result"]["tools"]] == ["alpha__deploy"]
+    assert body["result"]["tools"][0]["inputSchema"] == DEPLOY["inputSchema"]
+    assert "'beta srv' skipped" in caplog.text
+
+    _status, body = rpc(
+        world["token"], "tools/call", {"name": "alpha__deploy", "arguments": {"target": "x"}}, path="/mcp"
+    )
+    task = Task.objects.get()
+    assert (task.server, task.tool, body["result"]["taskId"]) == (world["server"], "deploy", str(task.id))
+    assert rpc(world["token"], "tasks/get", {"taskId": str(task.id)}, path="/mcp")[1]["result"]["taskId"] == str(
+        task.id
+    )
+
+
+def test_a_call_is_a_launch_by_the_tokens_user_answered_with_the_task(world):
+    _status, body = rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "prod"}})
+    task = Task.objects.get()
+    assert task.launched_by == world["agent"] and task.arguments == {"target": "prod"}
+    assert task.status == TaskStatus.LAUNCHING
+    assert task.launched_via_token == world["token_row"] and task.launched_via_label.startswith("agent (thk_")
+    launched_row = AuditEvent.objects.get(action="task.launched", actor=world["agent"], task=task)
+    assert agent_of(launched_row) == world["token_row"].pk
+    result = body["result"]
+    assert result["resultType"] == "task" and result["taskId"] == str(task.id)
+    assert result["status"] == "working" and result["statusMessage"].startswith("launching")
+    assert result["createdAt"].endswith("Z") and result["ttlMs"] is None and result["pollIntervalMs"] == 1000
+    assert not {"result", "error", "inputRequests", "requestState"} & set(result)
+
+
+def test_bad_calls_are_refused_with_a_clear_error_and_launch_nothing(world):
+    refusals = [
+        ({"name": "nope", "arguments": {}}, "has no tool 'nope'"),
+        ({"name": "deploy", "arguments": {"target": 5}}, "do not fit the tool's input schema"),
+        ({"name": "deploy", "arguments": "x"}, "must be an object"),
+    ]
+    for params, message in refusals:
+        _status, body = rpc(world["token"], "tools/call", params)
+        assert body["error"]["code"] == -32602 and message in body["error"]["message"], body
+    assert Task.objects.count() == 0
+
+
+def test_only_users_who_may_launch_call_tools(world):
+    approver = make_user("amy", APPROVERS)
+    _, secret = create_token(user=approver, name="amy")
+    assert rpc(secret, "tools/list")[1]["result"]["tools"] == []
+    status, body = rpc(secret, "tools/call", {"name": "deploy", "arguments": {"target": "x"}})
+    assert status == 403 and body["error"]["code"] == -32001
+    assert Task.objects.count() == 0
+
+    # An account of the agents group (no page roles) calls tools through its token.
+    robot = make_user("robot", AGENTS)
+    _, robot_secret = create_token(user=robot, name="robot")
+    assert [tool["name"] for tool in rpc(robot_secret, "tools/list")[1]["result"]["tools"]] == ["deploy"]
+    _status, body = rpc(robot_secret, "tools/call", {"name": "deploy", "arguments": {"target": "x"}})
+    assert body["result"]["taskId"] == str(Task.objects.get(launched_by=robot).id)
+
+
+def test_routing_headers_must_match_the_body(world):
+    status, body = rpc(world["token"], "tools/call", {"name": "deploy"}, headers={"Mcp-Method": "tasks/get"})
+    assert (status, body["error"]["code"]) == (400, -32020)
+    status, body = rpc(
+        world["token"], "tasks/get", {"taskId": "a"}, headers={"Mcp-Method": "tasks/get", "Mcp-Name": "b"}
+    )
+    assert (status, body["error"]["code"]) == (400, -32020)
+    assert Task.objects.count() == 0
+
+
+def test_requests_need_their_meta_and_tasks_methods_need_the_extension(world):
+    status, body = rpc(world["token"], "tools/list", meta={})
+    assert (status, body["error"]["code"]) == (400, -32602)
+    for method in ("tasks/get", "tasks/cancel"):
+        status, body = rpc(world["token"], method, {"taskId": "x"}, meta=PLAIN)
+        assert body["error"]["code"] == -32021
+        assert body["error"]["data"] == {"requiredCapabilities": {"extensions": {TASKS: {}}}}
+    for method in ("tasks/result", "tasks/list", "resources/list"):
+        assert rpc(world["token"], method)[1]["error"]["code"] == -32601
+
+
+def launched(world, *, user=None, outcome=None) -> Task:
+    task = services.launch(
+        server=world["server"], tool="deploy", arguments={"target": "x"}, user=user or world["agent"]
+    )
+    if outcome is not None:
+        task = services.record_launch_outcome(task=task, outcome=outcome)
+    return task
+
+
+def get(world, task, token=None):
+    return rpc(token or world["token"], "tasks/get", {"taskId": str(task.id)})[1]
+
+
+def test_tasks_get_shows_only_the_agents_own_tasks(world):
+    operator = make_user("olga", OPERATORS)
+    theirs = launched(world, user=operator)
+    assert get(world, theirs)["error"] == {"code": -32602, "message": "Failed to retrieve task: Task not found"}
+    assert rpc(world["token"], "tasks/get", {"taskId": "not-a-uuid"})[1]["error"]["code"] == -32602
+    mine = launched(world)
+    assert get(world, mine)["result"]["taskId"] == str(mine.id)
+    other = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
+    assert rpc(world["token"], "tasks/get", {"taskId": str(mine.id)}, path=f"/mcp/servers/{other.name}")[1]["error"]
+
+
+def test_statuses_map_onto_the_wire(world):
+    completed = launched(world, outcome=ToolCompleted(result={"content": [{"type": "text", "text": "ok"}]}))
+    answer = get(world, completed)["result"]
+    assert answer["status"] == "completed" and answer["result"]["content"][0]["text"] == "ok"
+    assert answer["resultType"] == "complete"
+
+    failing = launched(world, outcome=TaskCreated(task=snapshot("working")))
+    services.apply_snapshot(task=failing, snapshot=snapshot("failed", error={"code": -32603, "message": "boom"}))
+    answer = get(world, failing)["result"]
+    assert answer["status"] == "failed" and answer["error"] == {"code": -32603, "message": "boom"}
+
+    lost = launched(world, outcome=TaskCreated(task=snapshot("working", task_id="r2")))
+    Task.objects.filter(pk=lost.pk).update(status=TaskStatus.LOST, status_message="")
+    answer = get(world, lost)["result"]
+    assert answer["status"] == "failed" and answer["error"]["message"].startswith("lost")
+
+    Task.objects.filter(pk=completed.pk).update(status=TaskStatus.LAUNCH_UNKNOWN)
+    assert get(world, completed)["result"]["status"] == "failed"
+
+
+def test_input_without_a_policy_is_the_agents_to_answer_and_its_answer_is_audited(world):
+    task = launched(world, outcome=TaskCreated(task=snapshot("working")))
+    services.apply_snapshot(task=task, snapshot=snapshot("input_required", inputRequests={"go": QUESTION}))
+    answer = get(world, task)["result"]
+    assert answer["status"] == "input_required" and answer["inputRequests"] == {"go": QUESTION}
+
+    _status, body = rpc(
+        world["token"],
+        "tasks/update",
+        {
+            "taskId": str(task.id),
+            "inputResponses": {"go": {"action": "accept", "content": {"ok": True, "x": 1}}, "zz": {}},
+        },
+    )
+    assert body["result"] == {"resultType": "complete"}
+    request = InputRequest.objects.get(task=task, key="go")
+    assert request.state == InputRequestState.ANSWERED and request.answered_by == world["agent"]
+    assert request.answer == {"action": "accept", "content": {"ok": True}}  # a field not asked for is dropped
+    answered = AuditEvent.objects.get(action="input.answered", actor=world["agent"], task=task)
+    assert agent_of(answered) == world["token_row"].pk
+    assert get(world, task)["result"]["status"] == "working"  # the answer is on its way
+
+
+def test_an_answer_that_does_not_fit_is_refused_and_changes_nothing(world):
+    task = launched(world, outcome=TaskCreated(task=snapshot("working")))
+    services.apply_snapshot(task=task, snapshot=snapshot("input_required", inputRequests={"go": QUESTION}))
+    _status, body = rpc(
+        world["token"], "tasks/update", {"taskId": str(task.id), "inputResponses": {"go": {"action": "maybe"}}}
+    )
+    assert body["error"]["code"] == -32602
+    assert InputRequest.objects.get(task=task, key="go").state == InputRequestState.OPEN
+
+
+def test_with_a_policy_people_answer_and_the_agent_sees_working(world):
+    set_approver_groups(world["server"], [Group.objects.create(name="deployers")])
+    task = launched(world, outcome=TaskCreated(task=snapshot("working")))
+    services.apply_snapshot(task=task, snapshot=snapshot("input_required", inputRequests={"go": QUESTION}))
+    answer = get(world, task)["result"]
+    assert answer["status"] == "working" and answer["statusMessage"].startswith("waiting for approvers of ")
+    assert "inputRequests" not in answer
+    rpc(world["token"], "tasks/update", {"taskId": str(task.id), "inputResponses": {"go": {"action": "accept"}}})
+    assert InputRequest.objects.get(task=task, key="go").state == InputRequestState.OPEN
+
+
+def test_mrtr_input_is_passed_through_and_the_retry_answers_the_round(world):
+    task = launched(world, outcome=ToolInputRequired(input_requests={"name": QUESTION}, request_state="upstream"))
+    launched_call = calls.Launched(task_id=task.id, declared=True, after_round=0)
+    reply = calls.call_answer(launched_call, world["agent"])
+    assert reply["resultType"] == "input_required" and reply["inputRequests"] == {"name": QUESTION}
+    assert "upstream" not in reply["requestState"]
+    retry = {
+        "name": "deploy",
+        "arguments": {"target": "x"},
+        "inputResponses": {"name": {"action": "accept", "content": {"ok": True}}},
+        "requestState": reply["requestState"],
+    }
+    _status, body = rpc(world["token"], "tools/call", retry)
+    assert body["result"]["taskId"] == str(task.id)
+    assert InputRequest.objects.get(task=task, key="name").answered_by == world["agent"]
+
+    forged = {**retry, "requestState": reply["requestState"][:-2] + "xx"}
+    assert rpc(world["token"], "tools/call", forged)[1]["error"]["code"] == -32602
+
+
+def test_cancel_goes_through_the_cancel_service_and_a_finished_task_is_acknowledged(world):
+    task = launched(world, outcome=TaskCreated(task=snapshot("working")))
+    assert rpc(world["token"], "tasks/cancel", {"taskId": str(task.id)})[1]["result"] == {"resultType": "complete"}
+    task.refresh_from_db()
+    assert task.cancel_requested_by == world["agent"]
+    assert agent_of(AuditEvent.objects.get(action="task.cancel_requested", task=task)) == world["token_row"].pk
+    done = launched(world, outcome=ToolCompleted(result={"content": []}))
+    assert rpc(world["token"], "tasks/cancel", {"taskId": str(done.id)})[1]["result"] == {"resultType": "complete"}
+
+
+def test_a_gated_tool_needs_the_extension(world):
+    policy = set_approver_groups(world["server"], [Group.objects.create(name="deployers")])
+    type(policy).objects.filter(pk=policy.pk).update(gate_before_call=True)
+    _status, body = rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}}, meta=PLAIN)
+    assert body["error"]["code"] == -32021 and Task.objects.count() == 0
+    _status, body = rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}})
+    assert body["result"]["statusMessage"].startswith("waiting for approval before the call")
+
+
+def sse_messages(chunk: bytes) -> list[dict]:
+    return [json.loads(line[len(b"data: ") :]) for line in chunk.splitlines() if line.startswith(b"data: ")]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_when_they_end(settings):
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
+    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    other = await sync_to_async(make_user)("olga", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    launch = sync_to_async(services.launch)
+    task = await launch(server=alpha, tool="deploy", arguments={"target": "x"}, user=agent)
+    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
+    theirs = await launch(server=alpha, tool="deploy", arguments={"target": "x"}, user=other)
+
+    body = {
+        "jsonrpc": "2.0",
+        "id": "listen-1",
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"taskIds": [str(task.pk), str(theirs.pk), "nope"]}, "_meta": DECLARING},
+    }
+    response = await AsyncClient().post(
+        "/mcp/servers/alpha",
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {secret}"},  # AsyncClient(headers=...) does not reach an ASGI scope
+    )
+    assert response["Content-Type"] == "text/event-stream", response.content
+    stream = aiter(response.streaming_content)
+    (ack,) = sse_messages(await anext(stream))
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["notifications"] == {"taskIds": [str(task.pk)]}  # only the agent's own task is granted
+    assert ack["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": "listen-1"}
+    (now,) = sse_messages(await anext(stream))
+    assert now["method"] == "notifications/tasks" and now["params"]["status"] == "working"
+
+    done = snapshot("completed", result={"content": [{"type": "text", "text": "done"}], "isError": False})
+    await sync_to_async(services.apply_snapshot)(task=task, snapshot=done)
+    (changed,) = sse_messages(await asyncio.wait_for(anext(stream), 10))
+    assert changed["params"]["status"] == "completed" and changed["params"]["result"]["content"][0]["text"] == "done"
+    assert "resultType" not in changed["params"]
+    (ended,) = sse_messages(await asyncio.wait_for(anext(stream), 10))
+    assert ended == {
+        "jsonrpc": "2.0",
+        "id": "listen-1",
+        "result": {"resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": "listen-1"}},
+    }
+    await sync_to_async(connections.close_all)()  # the sync_to_async thread's, or the test database stays in use
+
+
+@pytest.mark.django_db
+def test_listening_to_tasks_needs_the_extension(world):
+    _status, body = rpc(world["token"], "subscriptions/listen", {"notifications": {"taskIds": []}}, meta=PLAIN)
+    assert body["error"]["code"] == -32021
+
+
+def test_a_policy_may_pass_requests_to_the_agent_whatever_it_says_about_people(world):
+    policy = set_approver_groups(world["server"], [Group.objects.create(name="deployers")])  # no self-approval
+    type(policy).objects.filter(pk=policy.pk).update(input_from="agent")
+    task = launched(world, outcome=TaskCreated(task=snapshot("working")))
+    services.apply_snapshot(task=task, snapshot=snapshot("input_required", inputRequests={"go": QUESTION}))
+    assert get(world, task)["result"]["inputRequests"] == {"go": QUESTION}
+    answer = {"taskId": str(task.id), "inputResponses": {"go": {"action": "accept", "content": {"ok": True}}}}
+    assert rpc(world["token"], "tasks/update", answer)[1]["result"] == {"resultType": "complete"}
+    request = InputRequest.objects.get(task=task, key="go")
+    assert request.state == InputRequestState.ANSWERED and request.answered_by == world["agent"]
+    answered = AuditEvent.objects.get(action="input.answered", task=task)
+    assert answered.data["answered_as"] == "agent" and answered.actor == world["agent"]
+
+
+def test_malformed_requests_get_json_rpc_errors_and_change_nothing(world):
+    client = Client(headers={"Authorization": f"Bearer {world['token']}"})
+    url = "/mcp/servers/alpha"
+    before = remembered()
+    nested = "[" * 100_000 + "]" * 100_000
+    cases = [
+        (b"{not json", 400, -32700),
+        (nested.encode(), 400, -32700),
+        (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', 400, -32600),  # no batches any more
+        (b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}', 400, -32600),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": [1]}', 400, -32602),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}, "pad": "' + b"x" * 1_100_000 + b'"}',
+            413,
+            -32600,
+        ),
+    ]
+    for payload, status, code in cases:
+        response = client.post(url, payload, content_type="application/json")
+        assert (response.status_code, response.json()["error"]["code"]) == (status, code), payload[:80]
+    assert client.get(url).status_code == 405
+    notification = b'{"jsonrpc": "2.0", "method": "notifications/initialized", "params": {}}'
+    assert client.post(url, notification, content_type="application/json").status_code == 202
+    assert remembered() == before

@@ -1,0 +1,183 @@
+"""The gateway in the real stack: daphne, a worker and the demo server with its conformance fixtures behind it.
+
+- The conformance suite's nine Tasks server scenarios pass against `/mcp/servers/<demo>` (the suite sends no
+  credentials: tests/bearer_proxy.py adds the agent's token on the way).
+- An agent's polls never reach the server: 1,000 `tasks/get` through the gateway, and the demo server counts no
+  more polls of that task than the worker's own.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from account_fixtures import TEST_PASSWORD, make_user
+from bearer_proxy import BearerProxy
+from browser_fixtures import running_daphne
+from demo_process import DemoServer
+from django.contrib.auth.models import Group
+from stack_fixtures import SignedIn, Workers, demo_stats, register_and_discover, worker_environment
+from test_conformance import SCENARIOS
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token
+from taskhub.audit.models import AuditEvent
+from taskhub.servers.models import Server
+from taskhub.tasks.models import InputRequest, Task
+from tests.approval_fixtures import set_approver_groups
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+POLL_INTERVAL_MS = 200
+META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+}
+
+
+@pytest.fixture(scope="module")
+def gateway_processes(django_db_setup, django_db_blocker):
+    """The demo server (conformance fixtures), one worker and daphne, for the module; each test registers the
+    server and its agent anew (its rows are flushed after it)."""
+    with DemoServer("--conformance", "--poll-interval-ms", str(POLL_INTERVAL_MS)) as demo:
+        with django_db_blocker.unblock():
+            workers = Workers(worker_environment())
+        try:
+            workers.start(f"gateway-{demo.port}")
+            with django_db_blocker.unblock(), running_daphne() as web:
+                yield demo, web
+        finally:
+            workers.stop_all()
+
+
+@pytest.fixture
+def gateway(gateway_processes):
+    demo, web = gateway_processes
+    admin = make_user("ada", ADMINS)
+    agent = make_user("agent", OPERATORS)
+    server = register_and_discover(demo, admin)
+    _, token = create_token(user=agent, name="conformance")
+    return {"demo": demo, "url": f"{web.url}/mcp/servers/{server.name}", "base": web.url, "token": token,
+            "path": f"/mcp/servers/{server.name}", "agent": agent}  # fmt: skip
+
+
+@pytest.mark.conformance
+def test_the_gateway_passes_the_tasks_conformance_scenarios(gateway, tmp_path):
+    with BearerProxy(gateway["base"], gateway["token"]) as proxy:
+        env = {
+            **os.environ,
+            "PYTHON": sys.executable,
+            "CONFORMANCE_RESULTS": str(tmp_path / "conformance"),
+            "CONFORMANCE_SERVER_URL": proxy.url + gateway["path"],
+        }
+        run = subprocess.run(
+            [str(PROJECT_DIR / "scripts" / "conformance.sh"), "server"],
+            cwd=PROJECT_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report
+    for scenario in SCENARIOS:
+        assert f"PASS {scenario}:" in run.stdout, report
+    # Every call of the suite was a taskhub task launched by the token's user.
+    assert Task.objects.filter(launched_by=gateway["agent"]).count() >= 20
+
+
+async def rpc(session: aiohttp.ClientSession, url: str, method: str, params: dict, request_id: int = 1) -> dict:
+    body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": META}}
+    async with session.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as response:
+        return await response.json()
+
+
+def test_a_thousand_agent_polls_cause_no_upstream_request(gateway):
+    headers = {"Authorization": f"Bearer {gateway['token']}"}
+
+    async def call(method: str, params: dict, times: int = 1) -> list[dict]:
+        async with aiohttp.ClientSession(headers=headers) as session:
+            concurrency = asyncio.Semaphore(8)
+
+            async def one(n: int) -> dict:
+                async with concurrency:
+                    return await rpc(session, gateway["url"], method, params, request_id=n)
+
+            return await asyncio.gather(*(one(n) for n in range(times)))
+
+    (created,) = asyncio.run(call("tools/call", {"name": "slow_compute", "arguments": {"seconds": 600}}))
+    task_id = created["result"]["taskId"]
+    deadline = time.monotonic() + 30
+    while Task.objects.filter(pk=task_id, remote_task_id__isnull=True).exists():
+        assert time.monotonic() < deadline, "the worker did not launch the task"
+        time.sleep(0.1)
+    remote = Task.objects.get(pk=task_id).remote_task_id
+
+    before, started = demo_stats(gateway["demo"])["polls"].get(remote, 0), time.monotonic()
+    answers = asyncio.run(call("tasks/get", {"taskId": task_id}, times=1000))
+    elapsed = time.monotonic() - started
+    upstream_polls = demo_stats(gateway["demo"])["polls"].get(remote, 0) - before
+    asyncio.run(call("tasks/cancel", {"taskId": task_id}))
+    while Task.objects.filter(pk=task_id).exclude(status="cancelled").exists():  # over before the rows are flushed
+        assert time.monotonic() < started + elapsed + 30, "the cancel did not reach the server"
+        time.sleep(0.1)
+
+    assert all(answer["result"]["status"] == "working" for answer in answers), answers[:3]
+    # The worker's own polling (every 200 ms at most, one more at each end) is all the server saw.
+    assert upstream_polls <= elapsed / (POLL_INTERVAL_MS / 1000) + 2, (upstream_polls, elapsed)
+
+
+def test_the_cli_calls_through_the_aggregate_endpoint_and_answers_a_passed_through_question(gateway):
+    """No approval policy applies: the server's question is the agent's, answered with --answer; the task, the
+    answer and its delivery are taskhub's, under the agent's name."""
+    tool = gateway["path"].rsplit("/", 1)[1] + "__confirm_delete"
+    command = [
+        sys.executable, "-m", "taskhub.mcp", "call", "--url", gateway["base"] + "/mcp", "--bearer", gateway["token"],
+        tool, "--args", '{"filename": "notes.txt"}', "--answer", '*={"action": "accept", "content": {"confirm": true}}',
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Deleted notes.txt" in run.stdout
+    task = Task.objects.get(launched_by=gateway["agent"], tool="confirm_delete")
+    assert task.status == "completed"
+    answered = AuditEvent.objects.get(task=task, action="input.answered")
+    assert answered.actor == gateway["agent"] and answered.data["answer"]["content"] == {"confirm": True}
+    assert AuditEvent.objects.filter(task=task, action="input.delivered").exists()
+
+
+def test_with_a_people_policy_the_cli_waits_until_an_approver_answers_in_the_inbox(
+    gateway, production_password_hashers
+):
+    """The issue's end to end: an agent's call of `approval`, held while the policy's approvers answer in the
+    inbox (the agent sees working, "waiting for approvers of …"); the CLI ends completed; the audit trail names
+    the agent (launch) and the approver (answer)."""
+    approver = make_user("arun", APPROVERS, password=TEST_PASSWORD)
+    server_name = gateway["path"].rsplit("/", 1)[1]
+    set_approver_groups(Server.objects.get(name=server_name), [Group.objects.get(name=APPROVERS)])
+    command = [
+        sys.executable, "-m", "taskhub.mcp", "call", "--url", gateway["base"] + "/mcp", "--bearer", gateway["token"],
+        f"{server_name}__approval", "--args", '{"action": "deploy"}',
+    ]  # fmt: skip
+    cli = subprocess.Popen(command, cwd=PROJECT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (question := InputRequest.objects.filter(task__tool="approval", state="open").first()):
+            assert time.monotonic() < deadline and cli.poll() is None, "the question did not reach the inbox"
+            time.sleep(0.2)
+        inbox = SignedIn(gateway["base"], "arun", TEST_PASSWORD)
+        inbox.post(f"/inbox/{question.pk}/answer", {"action": "accept", "f:approved": "on", "f:reason": "go"})
+        output, _ = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 0, output
+    assert "approved: deploy" in output
+    task = question.task
+    assert AuditEvent.objects.get(task=task, action="task.launched").actor == gateway["agent"]
+    assert AuditEvent.objects.get(task=task, action="input.answered").actor == approver
