@@ -44,6 +44,7 @@ from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from taskhub.worker.models import WorkerHeartbeat
 
 pytestmark = pytest.mark.slow
 
@@ -115,11 +116,24 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
             workers.start("pg-beta")
             wait_until(lambda: statuses(before_progress).get("working") == 4, timeout=60, what="4 working tasks")
             wait_until(lambda: len(open_requests(before_approvals)) == 3, timeout=60, what="3 open requests")
+            # Both are running (one alone can do the work above; the other may still be starting on a loaded machine).
+            wait_until(
+                lambda: WorkerHeartbeat.objects.filter(owner__in=["pg-alpha", "pg-beta"]).count() == 2,
+                timeout=60,
+                what="both workers beating",
+            )
             # Answer one now, so that its delivery may be in flight when the database goes away.
             services.answer_input(input_request=open_requests(before_approvals)[0], response=APPROVE, user=approver)
 
             fault_postgres.stop()
+            # A worker started while the database is gone waits for it instead of exiting.
+            workers.start("pg-late")
             time.sleep(3)  # the workers' polls, claims and jobs now fail against a database that is gone
+            wait_until(
+                lambda: "waiting for the database" in (PROJECT_ROOT / "test-output" / "worker-pg-late.log").read_text(),
+                timeout=60,
+                what="pg-late to wait for the database",
+            )
             fault_postgres.start()
             connections["default"].close()  # this test's own connection died with the server too
 
@@ -146,6 +160,9 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
                 what="every delivery recorded",
             )
             assert_still_running(workers)
+            wait_until(
+                lambda: WorkerHeartbeat.objects.filter(owner="pg-late").exists(), timeout=60, what="pg-late beating"
+            )
             stats = demo_stats(demo)
         finally:
             workers.stop_all()

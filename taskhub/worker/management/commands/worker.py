@@ -13,11 +13,12 @@ import logging
 import os
 import signal
 import socket
+import time
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import connection
+from django.db import OperationalError, connection
 from procrastinate.contrib.django import app
 
 from taskhub.observability import jobs as observability_jobs
@@ -53,7 +54,7 @@ class Command(BaseCommand):
     def handle(self, *args, name=None, concurrency=20, lease_seconds=30.0, shutdown_timeout=30.0, **options):
         worker_id = name or f"{socket.gethostname()}-{os.getpid()}"
         # The worker connector reads the connection parameters, which an embedded Postgres only knows once started.
-        connection.ensure_connection()
+        wait_for_database(worker_id)
         with app.replace_connector(app.connector.get_worker_connector()):
             asyncio.run(
                 run(
@@ -82,7 +83,9 @@ async def run(
             loop.add_signal_handler(signum, stop.set)
     RUNNING_AS.set(worker_id)  # the jobs record it on the deliveries they attempt (jobs.py)
     heartbeat = Heartbeat(owner=worker_id, connection_params=sync_to_async(database_params))
-    await heartbeat.beat()  # its row exists before it holds anything another worker may have to take over
+    # Its row exists before it holds anything another worker may have to take over.
+    if not await first_beat(heartbeat, stop=stop):
+        return
     beating_stop = asyncio.Event()  # the heartbeat goes on until the jobs and the tracker have finished
     beating = asyncio.create_task(heartbeat.run(beating_stop), name="heartbeat")
     try:
@@ -96,6 +99,43 @@ async def run(
     finally:
         beating_stop.set()
         await asyncio.gather(beating, return_exceptions=True)
+
+
+# Between two tries to reach the database while the worker starts: doubling, capped.
+START_RETRY_FIRST_SECONDS = 0.25
+START_RETRY_CAP_SECONDS = 5.0
+
+
+def wait_for_database(worker_id: str) -> None:
+    """Return once the database answers. A worker started before Postgres is ready (a container deployment
+    starting everything at once) or while it restarts waits for it instead of exiting."""
+    delay = START_RETRY_FIRST_SECONDS
+    while True:
+        try:
+            connection.ensure_connection()
+            return
+        except OperationalError as error:
+            if delay == START_RETRY_FIRST_SECONDS:  # once, not at every try
+                logger.warning("worker %s: waiting for the database (%s)", worker_id, str(error).strip())
+            connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, START_RETRY_CAP_SECONDS)
+
+
+async def first_beat(heartbeat: Heartbeat, *, stop: asyncio.Event) -> bool:
+    """Beat once, trying again while the database does not answer; False when `stop` came first."""
+    delay = START_RETRY_FIRST_SECONDS
+    while not stop.is_set():
+        try:
+            await heartbeat.beat()
+            return True
+        except Exception as error:
+            logger.warning("worker %s: first heartbeat failed (%s); retrying", heartbeat.owner, error)
+            await heartbeat.aclose()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        delay = min(delay * 2, START_RETRY_CAP_SECONDS)
+    return False
 
 
 async def run_parts(
