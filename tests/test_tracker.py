@@ -150,8 +150,13 @@ def test_with_a_subscription_polling_is_only_a_safety_net(demo):
     # Every step the polls did not bring came as a notification (a subscription acknowledged late, on a loaded
     # machine, leaves a step or two to the polls before it).
     assert running.tracker.stats.notifications >= 3 * 4 - running.tracker.stats.polls
+    # Once followed, no step is missed. The steps before that are lost (a notification is sent only to subscribers)
+    # when the tracker starts late on a loaded machine.
     steps = AuditEvent.objects.filter(task_id=tasks[0].pk, action="task.updated").values_list("data", flat=True)
-    assert [data["status_message"] for data in steps] == [f"step {n} of 5" for n in range(2, 6)]
+    messages = [data["status_message"] for data in steps]
+    first = int(messages[0].split()[1]) if messages else 0
+    assert 2 <= first <= 4, messages
+    assert messages == [f"step {n} of 5" for n in range(first, 6)]
 
 
 # --- leases -----------------------------------------------------------------------------------------------
