@@ -12,7 +12,7 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
-from taskhub.live import publish
+from taskhub.live import consumer, publish
 from taskhub.live.access import session_expiries, session_expiry
 from taskhub.live.consumer import CLOSE_NOT_SIGNED_IN
 
@@ -113,6 +113,19 @@ async def test_a_session_deleted_without_a_message_is_found_when_the_access_is_r
     assert await still_open(socket)
     # ... until it reads its access again (on access.changed, or on a change once its read is 30 s old).
     await sync_to_async(publish.publish_access_changed)(user_ids=[operator.pk])
+    assert await closed_with(socket) == CLOSE_NOT_SIGNED_IN
+
+
+async def test_a_session_deleted_without_a_message_is_found_by_the_background_read_with_no_change(
+    operator, open_socket, monkeypatch
+):
+    """Each process reads its sockets' access and sessions again before they are too old for a change to use, so
+    that a change never waits for those reads (bench/fanout.py); here after 0.2 s instead of 15 s."""
+    monkeypatch.setattr(consumer, "ACCESS_REFRESH_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(consumer, "ACCESS_SWEEP_SECONDS", 0.2)
+    client = await database_sync_to_async(signed_in_client)(operator)
+    socket = await open_socket(client)
+    await database_sync_to_async(Session.objects.filter(session_key=client.session.session_key).delete)()
     assert await closed_with(socket) == CLOSE_NOT_SIGNED_IN
 
 

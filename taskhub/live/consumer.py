@@ -109,6 +109,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return
         await self.accept()
         self._close_at_expiry(expires_at)
+        _refreshed_in_background(self)
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
         # Sockets of one audience connecting together share a rendering begun after they joined their groups.
         audience_html = await shared(
@@ -132,6 +133,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code):
+        _access_refreshes.get(asyncio.get_running_loop(), _NO_SOCKETS).sockets.discard(self)
         if getattr(self, "session_timer", None) is not None:
             self.session_timer.cancel()
         for group in list(getattr(self, "groups_joined", ())):
@@ -391,6 +393,50 @@ def _task_of_change(task_id: str, message_id: str):
                 if _task_reads.get(message_id) is read:
                     del _task_reads[message_id]
     return read.result()
+
+
+# --- access read again in the background ------------------------------------------------------------------
+#
+# A change is pushed only under an access read in the last ACCESS_MAX_AGE_SECONDS. Read on the change's path,
+# that made the first change after a quiet spell wait for every socket's read and session check (a second at
+# 2,000 sockets: bench/fanout.py). Each process therefore reads its sockets' access again before it gets that old,
+# all together (one read per user, the sessions in batches), and a change finds it fresh.
+ACCESS_REFRESH_AFTER_SECONDS = ACCESS_MAX_AGE_SECONDS / 2
+ACCESS_SWEEP_SECONDS = ACCESS_MAX_AGE_SECONDS / 6
+
+
+class _AccessRefresh:
+    def __init__(self) -> None:
+        self.sockets: weakref.WeakSet[LiveConsumer] = weakref.WeakSet()
+        self.task: asyncio.Task | None = None
+
+
+_access_refreshes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AccessRefresh] = weakref.WeakKeyDictionary()
+_NO_SOCKETS = _AccessRefresh()
+
+
+def _refreshed_in_background(socket: LiveConsumer) -> None:
+    loop = asyncio.get_running_loop()
+    refresh = _access_refreshes.get(loop)
+    if refresh is None:
+        refresh = _access_refreshes[loop] = _AccessRefresh()
+    refresh.sockets.add(socket)
+    if refresh.task is None or refresh.task.done():
+        refresh.task = loop.create_task(_sweep_access(refresh), name="live access refresh")
+
+
+async def _sweep_access(refresh: _AccessRefresh) -> None:
+    loop = asyncio.get_running_loop()
+    while refresh.sockets:
+        await asyncio.sleep(ACCESS_SWEEP_SECONDS)
+        now = loop.time()
+        due = [socket for socket in refresh.sockets if now - socket.access_read_at > ACCESS_REFRESH_AFTER_SECONDS]
+        if not due:
+            continue
+        results = await asyncio.gather(*(socket._read_access(since=now) for socket in due), return_exceptions=True)
+        failed = [result for result in results if isinstance(result, Exception)]
+        if failed:  # the change's own check reads it again: nothing is pushed under an access too old
+            logger.warning("live: reading the access of %d socket(s) again failed: %r", len(failed), failed[0])
 
 
 # Per loop: the sessions asked about in this turn of the loop, checked together in one trip to a live thread.
