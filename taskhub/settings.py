@@ -184,6 +184,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "taskhub.web.middleware.middleware_on_one_thread",  # last: see its docstring
 ]
 
 ROOT_URLCONF = "taskhub.urls"

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from channels.testing import HttpCommunicator
 from django.core.asgi import get_asgi_application
 from django.core.signals import request_finished
@@ -55,6 +55,28 @@ async def test_requests_one_after_another_use_one_thread_and_one_database_connec
         await asyncio.to_thread(app.close_connections)
     assert len(seen) == 4 and seen[0][1] is not None
     assert set(seen) == {seen[0]}, seen
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_goes_to_its_thread_a_few_times_not_once_per_middleware(monkeypatch):
+    """taskhub.web.middleware.middleware_on_one_thread: the middleware chain runs on the request's thread in one
+    trip, not a trip from the event loop per process_request and process_response (18 before it)."""
+    trips = []
+    call = SyncToAsync.__call__
+
+    async def counted(self, *args, **kwargs):
+        trips.append(getattr(self.func, "__qualname__", repr(self.func)))
+        return await call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyncToAsync, "__call__", counted)
+    app = KeptRequestThreads(get_asgi_application())
+    try:
+        assert await get(app, "/accounts/login/") == 200
+    finally:
+        monkeypatch.undo()
+        await asyncio.to_thread(app.close_connections)
+    # request_started, the middleware chain, CSRF process_view, the view, the template response, close
+    assert len(trips) <= 6, trips
 
 
 async def test_concurrent_requests_run_on_threads_of_their_own():
