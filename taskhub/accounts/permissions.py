@@ -264,8 +264,11 @@ def may_answer(user, input_request) -> bool:
 
 
 def in_escalation_group(user, input_request) -> bool:
+    """Whether `user` is in the group an escalated request was handed to (may_answer's question, roles aside: the
+    same key, so the answer service's check under the lock reuses the view's answer)."""
+    task = input_request.task
     return input_request.escalated_to_id is not None and _named(
-        user, server_id=0, tool="", escalated_to_id=input_request.escalated_to_id
+        user, server_id=task.server_id, tool=task.tool, escalated_to_id=input_request.escalated_to_id
     )
 
 
