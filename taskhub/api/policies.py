@@ -16,7 +16,7 @@ from taskhub.api.endpoints import ApiProblem, api
 from taskhub.api.schemas import Problem
 from taskhub.approvals import services, webhooks
 from taskhub.approvals.models import MAX_ANSWER_WITHIN, MIN_ANSWER_WITHIN, ApprovalPolicy, AtDeadline, PolicyWebhook
-from taskhub.approvals.rules import answerers
+from taskhub.approvals.rules import answerer_names
 from taskhub.servers.models import Server
 
 
@@ -51,7 +51,7 @@ def _admin(request) -> None:
 
 
 def _out(policy: ApprovalPolicy) -> dict:
-    return {"id": policy.pk, **services.describe_policy(policy), "answered_by": answerers(policy)}
+    return {"id": policy.pk, **services.describe_policy(policy), "answered_by": answerer_names(policy)}
 
 
 def _named(model, field: str, names: list[str], what: str) -> list:

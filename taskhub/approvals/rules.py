@@ -59,7 +59,7 @@ def effective_policy(server_id: int, tool: str) -> ApprovalPolicy | None:
     return policies.get(tool or "") or policies.get("")
 
 
-def answerers(policy: ApprovalPolicy) -> str:
+def answerer_names(policy: ApprovalPolicy) -> str:
     """ "finance, olga": the groups, then the named users; "all approvers" when it names none."""
     names = sorted(group.name for group in policy.groups.all()) + sorted(
         user.get_username() for user in policy.users.all()

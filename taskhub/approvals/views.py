@@ -9,7 +9,7 @@ from taskhub.accounts.permissions import admin_required
 from taskhub.approvals import services, webhooks
 from taskhub.approvals.forms import PolicyForm, WebhookForm
 from taskhub.approvals.models import ApprovalPolicy, PolicyWebhook
-from taskhub.approvals.rules import answerers, deadline_words
+from taskhub.approvals.rules import answerer_names, deadline_words
 
 LIST_TEMPLATE = "approvals/list.html"
 FORM_TEMPLATE = "approvals/form.html"
@@ -22,7 +22,8 @@ def policy_list(request):
     if server.isdigit():
         policies = policies.filter(server_id=int(server))
     rows = [
-        {"policy": policy, "answerers": answerers(policy), "deadline": deadline_words(policy)} for policy in policies
+        {"policy": policy, "answerers": answerer_names(policy), "deadline": deadline_words(policy)}
+        for policy in policies
     ]
     return render(request, LIST_TEMPLATE, {"rows": rows})
 

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from taskhub.approvals import services, webhooks
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline, PolicyWebhook, WebhookFormat, parse_answer_within
-from taskhub.approvals.rules import answerers, deadline_words
+from taskhub.approvals.rules import answerer_names, deadline_words
 from taskhub.servers.models import Server
 
 
@@ -105,7 +105,7 @@ class Command(BaseCommand):
         except services.PolicyInvalid as invalid:
             raise CommandError(f"Not saved: {invalid}") from invalid
         self.stdout.write(
-            f"{policy}: for {answerers(policy)}, {policy.required_accepts} acceptance(s) needed, "
+            f"{policy}: for {answerer_names(policy)}, {policy.required_accepts} acceptance(s) needed, "
             f"{deadline_words(policy)}"
         )
         return None
@@ -143,7 +143,7 @@ class Command(BaseCommand):
             "groups", "users"
         )
         rows = [
-            {**services.describe_policy(policy), "for": answerers(policy), "deadline": deadline_words(policy)}
+            {**services.describe_policy(policy), "for": answerer_names(policy), "deadline": deadline_words(policy)}
             for policy in policies
         ]
         if as_json:
