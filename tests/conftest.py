@@ -2,6 +2,7 @@
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,15 @@ def browser_tests_hash_passwords_as_in_production(request):
     # Every browser test signs in to a daphne that runs taskhub.settings.
     if request.node.get_closest_marker("browser"):
         request.getfixturevalue("production_password_hashers")
+
+
+@pytest.fixture(autouse=True)
+def live_publishes_end_before_the_database_is_flushed():
+    """A publish from async code runs on a thread of its own and reads the task. Left running, that read can
+    deadlock with the TRUNCATE of a transactional test's teardown (which runs after this fixture's end)."""
+    yield
+    from taskhub.live.publish import PUBLISH_THREAD_NAME
+
+    for thread in threading.enumerate():
+        if thread.name == PUBLISH_THREAD_NAME:
+            thread.join(timeout=10)

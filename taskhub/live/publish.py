@@ -25,6 +25,7 @@ ACCESS_CHANGED = "access.changed"  # handled by LiveConsumer.access_changed
 SESSION_ENDED = "session.ended"  # handled by LiveConsumer.session_ended
 # A layer that cannot be reached (Redis stopped or unreachable) costs the caller this long at most.
 SEND_TIMEOUT_SECONDS = 2.0
+PUBLISH_THREAD_NAME = "live-publish"  # a publish called from async code runs on a thread of this name
 
 # The loop the in-process consumers run on (daphne's). The in-memory layer's queues belong to it and are
 # not thread-safe, so a publish from another thread with its own loop (a worker thread) is handed to it.
@@ -82,7 +83,7 @@ def _off_the_loop(publish, *args) -> None:
     else:
         # Called from async code: the database lookup and the sync send cannot run on this loop.
         threading.Thread(
-            target=tracing.bind(_publish_from_a_thread), args=(publish, *args), name="live-publish", daemon=True
+            target=tracing.bind(_publish_from_a_thread), args=(publish, *args), name=PUBLISH_THREAD_NAME, daemon=True
         ).start()
 
 
