@@ -7,11 +7,13 @@ them all in one or two small queries and builds its filter in Python.
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import cache
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import Count, Exists, Q, QuerySet, Subquery
 
 from taskhub.accounts.permissions import AnswerTerms
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline, say_duration
@@ -19,17 +21,6 @@ from taskhub.servers.models import Server
 from taskhub.tasks.models import InputRequest, InputRequestState
 
 NOTHING = Q(pk__in=[])
-# What AnswerTerms needs of a policy (and its __str__, of its server).
-TERMS_FIELDS = (
-    "tool",
-    "required_accepts",
-    "allow_self_approval",
-    "comment_required_on_decline",
-    "gate_before_call",
-    "answer_within",
-    "input_from",
-    "server__name",
-)
 
 
 @dataclass(frozen=True)
@@ -140,41 +131,16 @@ class PolicyRules:
         return (mine & Q(escalated_to__isnull=True)) | Q(escalated_to__in=_group_ids(user))
 
     def terms(self, server_id: int, tool: str) -> AnswerTerms:
-        return _terms(self._effective_with_names(server_id, tool))
+        policy = _effective_with_names(server_id, tool, user_id=None)
+        return _terms(policy) if policy is not None else AnswerTerms()
 
     def terms_and_allows(self, user, server_id: int, tool: str) -> tuple[AnswerTerms, bool]:
         """terms() and allows() in one query: the answer view asks both on the approver's click."""
-        policy = self._effective_with_names(server_id, tool, user=user)
+        policy = _effective_with_names(server_id, tool, user_id=user.pk)
         if policy is None:
             return AnswerTerms(), True
         names_anyone = policy.group_names or policy.user_names
         return _terms(policy), not names_anyone or policy.names_user or policy.names_group_of_user
-
-    def _effective_with_names(self, server_id: int, tool: str, *, user=None) -> ApprovalPolicy | None:
-        # One query (an answer reads it on the approver's click): the policy's terms, its server's name and the names
-        # of the groups and users it lists, as `answerers` says them; with `user`, whether it names them or a group of
-        # theirs. Only the columns the terms need: a whole server row is its catalogue and four encrypted fields.
-        user_model = get_user_model()
-        policies = (
-            ApprovalPolicy.objects.filter(server_id=server_id, tool__in=["", tool or ""])
-            .select_related("server")
-            .only(*TERMS_FIELDS)
-            .order_by()
-            .annotate(
-                group_names=ArraySubquery(Group.objects.filter(approval_policies=OuterRef("pk")).values("name")),
-                user_names=ArraySubquery(
-                    user_model.objects.filter(approval_policies=OuterRef("pk")).values(user_model.USERNAME_FIELD)
-                ),
-            )
-        )
-        if user is not None:
-            users, groups = ApprovalPolicy.users.through.objects, ApprovalPolicy.groups.through.objects
-            policies = policies.annotate(
-                names_user=Exists(users.filter(approvalpolicy=OuterRef("pk"), user=user.pk)),
-                names_group_of_user=Exists(groups.filter(approvalpolicy=OuterRef("pk"), group__user=user.pk)),
-            )
-        by_tool = {policy.tool: policy for policy in policies}
-        return by_tool.get(tool or "") or by_tool.get("")
 
     def answerers(self, server_id: int, tool: str) -> Q:
         # No query of its own: the effective policy (the tool's, else the server's, as effective_policy) is a
@@ -192,9 +158,66 @@ class PolicyRules:
         )
 
 
-def _terms(policy: ApprovalPolicy | None) -> AnswerTerms:
-    if policy is None:
-        return AnswerTerms()
+@dataclass(frozen=True)
+class _EffectivePolicy:
+    """What AnswerTerms needs of a policy, with the names it lists and whether they take one user."""
+
+    pk: int
+    tool: str
+    required_accepts: int
+    allow_self_approval: bool
+    comment_required_on_decline: bool
+    gate_before_call: bool
+    answer_within: timedelta | None
+    input_from: str
+    server_name: str
+    group_names: list[str]
+    user_names: list[str]
+    names_user: bool
+    names_group_of_user: bool
+
+    def __str__(self) -> str:  # as ApprovalPolicy.__str__
+        return f"{self.server_name} · {self.tool}" if self.tool else f"{self.server_name} (every tool)"
+
+
+@cache
+def _effective_policy_sql() -> str:
+    """The tool's and the server's policy (both, if any), their terms, server name and the names they list, and
+    whether they name a user (%(user)s, NULL for nobody) or a group of theirs.
+
+    Plain SQL, not the ORM: this is read on every answer, and building the same query with its four subqueries
+    through the ORM took 2.5 ms of Python each time against 0.7 ms for Postgres to run it (issue 18, item 1)."""
+    user_model = get_user_model()
+    policy, server = ApprovalPolicy._meta.db_table, Server._meta.db_table
+    policy_users = ApprovalPolicy.users.through._meta.db_table
+    policy_groups = ApprovalPolicy.groups.through._meta.db_table
+    user_groups = user_model.groups.through._meta.db_table
+    users, groups = user_model._meta.db_table, Group._meta.db_table
+    username = user_model._meta.get_field(user_model.USERNAME_FIELD).column
+    return f"""
+        SELECT p.id, p.tool, p.required_accepts, p.allow_self_approval, p.comment_required_on_decline,
+               p.gate_before_call, p.answer_within, p.input_from, s.name,
+               ARRAY(SELECT g.name FROM "{groups}" g JOIN "{policy_groups}" pg ON pg.group_id = g.id
+                     WHERE pg.approvalpolicy_id = p.id),
+               ARRAY(SELECT u."{username}" FROM "{users}" u JOIN "{policy_users}" pu ON pu.user_id = u.id
+                     WHERE pu.approvalpolicy_id = p.id),
+               EXISTS(SELECT 1 FROM "{policy_users}" pu WHERE pu.approvalpolicy_id = p.id AND pu.user_id = %(user)s),
+               EXISTS(SELECT 1 FROM "{policy_groups}" pg JOIN "{user_groups}" ug ON ug.group_id = pg.group_id
+                      WHERE pg.approvalpolicy_id = p.id AND ug.user_id = %(user)s)
+        FROM "{policy}" p JOIN "{server}" s ON s.id = p.server_id
+        WHERE p.server_id = %(server)s AND p.tool IN ('', %(tool)s)
+    """
+
+
+def _effective_with_names(server_id: int, tool: str, *, user_id: int | None) -> _EffectivePolicy | None:
+    """The effective policy (the tool's, else the server's) in one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(_effective_policy_sql(), {"server": server_id, "tool": tool or "", "user": user_id})
+        by_tool = {row[1]: _EffectivePolicy(*row) for row in cursor.fetchall()}
+    return by_tool.get(tool or "") or by_tool.get("")
+
+
+def _terms(policy: _EffectivePolicy) -> AnswerTerms:
     names = sorted(policy.group_names) + sorted(policy.user_names)
     return AnswerTerms(
         policy_id=policy.pk,
