@@ -5,7 +5,7 @@ whether its policy names the user (permissions.policy_allows: the answer view an
 from asgiref.sync import iscoroutinefunction
 from django.utils.decorators import sync_and_async_middleware
 
-from taskhub.accounts.permissions import allowed_this_request, roles_this_request, terms_this_request
+from taskhub.accounts.permissions import read_once
 
 
 @sync_and_async_middleware
@@ -13,23 +13,13 @@ def roles_once_per_request(get_response):
     if iscoroutinefunction(get_response):
 
         async def async_middleware(request):
-            token, terms, allowed = roles_this_request.set({}), terms_this_request.set({}), allowed_this_request.set({})
-            try:
+            with read_once():
                 return await get_response(request)
-            finally:
-                allowed_this_request.reset(allowed)
-                terms_this_request.reset(terms)
-                roles_this_request.reset(token)
 
         return async_middleware
 
     def middleware(request):
-        token, terms, allowed = roles_this_request.set({}), terms_this_request.set({}), allowed_this_request.set({})
-        try:
+        with read_once():
             return get_response(request)
-        finally:
-            allowed_this_request.reset(allowed)
-            terms_this_request.reset(terms)
-            roles_this_request.reset(token)
 
     return middleware

@@ -24,6 +24,8 @@ finished): the services decide that.
 """
 
 import datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import wraps
@@ -226,21 +228,35 @@ allowed_this_request: ContextVar[dict[tuple[int, int, str, int | None], bool] | 
 )
 
 
+@contextmanager
+def read_once() -> Iterator[None]:
+    """Inside, roles, answer terms and whether a policy names a user are each read once: for one HTTP request
+    (accounts.middleware) or one live change rendered for its sockets (live.access.rendering_for), which ask
+    each of them once per card."""
+    roles, terms, allowed = roles_this_request.set({}), terms_this_request.set({}), allowed_this_request.set({})
+    try:
+        yield
+    finally:
+        allowed_this_request.reset(allowed)
+        terms_this_request.reset(terms)
+        roles_this_request.reset(roles)
+
+
 def _named(user, *, server_id: int, tool: str, escalated_to_id: int | None) -> bool:
-    """Whether users_who_may_answer's choice of people takes `user`, roles aside (one query, once per HTTP request)."""
+    """Whether users_who_may_answer's choice of people takes `user`, roles aside (one query, once per HTTP request
+    or live rendering: read_once)."""
     known = allowed_this_request.get()
     key = (user.pk, server_id, tool, escalated_to_id)
     if known is not None and key in known:
         return known[key]
-    policies, terms_known = answer_policies(), terms_this_request.get()
-    if (
-        escalated_to_id is None
-        and policies is not None
-        and known is not None
-        and terms_known is not None
-        and ((server_id, tool) not in terms_known)
-    ):  # an HTTP request that asks may also show the terms (the answer view does): both in one query
-        terms_known[(server_id, tool)], allowed = policies.terms_and_allows(user, server_id, tool)
+    policies = answer_policies()
+    if escalated_to_id is None and policies is not None:
+        # The same people as _named_to_answer's filter; one plain statement that also reads the terms, which the
+        # answer view, a card and the answer service then ask for.
+        terms, allowed = policies.terms_and_allows(user, server_id, tool)
+        terms_known = terms_this_request.get()
+        if terms_known is not None:
+            terms_known.setdefault((server_id, tool), terms)
     else:
         named = _named_to_answer(server_id=server_id, tool=tool, escalated_to_id=escalated_to_id)
         allowed = get_user_model().objects.filter(named, pk=user.pk).exists()

@@ -64,7 +64,8 @@ def rendering_for(access: LiveAccess) -> Iterator[None]:
     """Fragments rendered inside are for sockets with this access (an audience), whatever the user's is now."""
     token = _rendering_for.set(access)
     try:
-        yield
+        with permissions.read_once():
+            yield
     finally:
         _rendering_for.reset(token)
 
