@@ -162,6 +162,41 @@ def test_only_the_people_a_policy_names_answer_and_a_tools_policy_replaces_the_s
     assert card_for(other, people["rosa"]).answerers == "finance"
 
 
+def test_who_may_answer_is_the_same_in_the_permission_check_and_in_the_mails(server, people):
+    # may_answer asks one plain statement (approvals.rules), the mails users_who_may_answer's ORM filter: for each
+    # shape of policy they choose the same people.
+    finance = Group.objects.create(name="finance")
+    people["rosa"].groups.add(finance)
+    people["quinn"].groups.add(finance)
+    requests = {tool: open_request(server, tool=tool) for tool in ("open", "by-user", "by-group", "both", "server")}
+    create_policy(server=server, groups=[finance], user=None)  # the server's, for "server"
+    create_policy(server=server, tool="open", user=None)  # names nobody: every approver
+    create_policy(server=server, tool="by-user", users=[people["olga"]], user=None)
+    create_policy(server=server, tool="by-group", groups=[finance], user=None)
+    create_policy(server=server, tool="both", groups=[finance], users=[people["pete"]], user=None)
+    other = create_server(name="other", transport="http", url="http://127.0.0.1:8766/mcp", user=None)
+    requests["no policy"] = open_request(other)
+
+    chosen = {}
+    for tool, request in requests.items():
+        mailed = set(
+            permissions.users_who_may_answer(server_id=request.task.server_id, tool=request.task.tool).values_list(
+                "username", flat=True
+            )
+        )
+        checked = {name for name, user in people.items() if permissions.may_answer(user, request)}
+        assert checked == mailed, tool
+        chosen[tool] = checked
+    assert chosen == {
+        "open": {"olga", "pete", "quinn", "rosa"},
+        "by-user": {"olga"},
+        "by-group": {"quinn", "rosa"},
+        "both": {"pete", "quinn", "rosa"},
+        "server": {"quinn", "rosa"},
+        "no policy": {"olga", "pete", "quinn", "rosa"},
+    }
+
+
 def test_for_me_keeps_the_requests_whose_policy_names_me(server, people, django_user_model):
     other_server = create_server(name="other", transport="http", url="http://127.0.0.1:8766/mcp", user=None)
     create_policy(server=server, users=[people["olga"]], user=None)

@@ -209,10 +209,12 @@ def _named_to_answer(*, server_id: int, tool: str, escalated_to_id: int | None) 
 
 
 def users_who_may_answer(*, server_id: int, tool: str, escalated_to_id: int | None = None) -> QuerySet:
-    """Who may answer a request of `tool` on the server (escalated to a group, or not): the one query behind
-    may_answer, policy_allows and the people mailed about the request (taskhub.approvals.notifications.recipients),
-    so that they cannot disagree. Active approvers only. Self-approval is not decided here: the launcher may answer
-    in this sense, and the answer service refuses their answer where the policy says so."""
+    """Who may answer a request of `tool` on the server (escalated to a group, or not): the people mailed about the
+    request (taskhub.approvals.notifications.recipients). may_answer and policy_allows ask the same of one user in
+    the plain statement that also reads the terms (approvals.rules), for an escalated request with this filter;
+    test_approval_rules holds the two to the same people. Active approvers only. Self-approval is not decided
+    here: the launcher may answer in this sense, and the answer service refuses their answer where the policy says
+    so."""
     approvers = get_user_model().groups.through.objects.filter(group__name=APPROVERS).values("user_id")
     return (
         get_user_model()
