@@ -46,17 +46,22 @@
     }
   }
 
-  function notifying() {
-    return supported() && optedIn() && window.Notification.permission === "granted";
+  // Chromium answers Notification.permission with a synchronous call to its browser process: it is read once per
+  // update, and an update runs once per socket message (queueUpdate), not once per element the message swaps.
+  function permission() {
+    return supported() ? window.Notification.permission : "denied";
   }
 
-  function showButton() {
+  function notifying(granted) {
+    return granted === "granted" && optedIn();
+  }
+
+  function showButton(granted) {
     var button = document.querySelector("[data-notify-me]");
     if (!button) return;
     // Offered to approvers whose browser can notify and has not been told never to.
-    var offered = supported() && waiting() !== null && window.Notification.permission !== "denied";
-    button.hidden = !offered;
-    var on = notifying();
+    button.hidden = !(supported() && waiting() !== null && granted !== "denied");
+    var on = notifying(granted);
     button.setAttribute("aria-pressed", on ? "true" : "false");
     button.textContent = on ? "Notifications on" : "Notify me";
     button.title = on
@@ -89,30 +94,45 @@
 
   function update() {
     var count = waiting();
+    var granted = permission();
     showTitle(count);
-    if (count !== null && lastCount !== null && count > lastCount && notifying()) notify(count, count - lastCount);
+    if (count !== null && lastCount !== null && count > lastCount && notifying(granted)) {
+      notify(count, count - lastCount);
+    }
     if (count !== null) lastCount = count;
-    showButton();
+    showButton(granted);
+  }
+
+  // A socket message swaps many elements out of band: the count is read once after them all.
+  var updateQueued = false;
+  function queueUpdate() {
+    if (updateQueued) return;
+    updateQueued = true;
+    window.queueMicrotask(function () {
+      updateQueued = false;
+      update();
+    });
   }
 
   // Permission is asked for only here, after a click on "Notify me", never on page load.
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-notify-me]");
     if (!button || !supported()) return;
-    if (notifying()) {
+    if (notifying(permission())) {
       remember(false);
-      showButton();
+      showButton(permission());
       return;
     }
-    window.Notification.requestPermission().then(function (permission) {
-      remember(permission === "granted");
-      showButton();
+    window.Notification.requestPermission().then(function (answer) {
+      remember(answer === "granted");
+      showButton(answer);
     });
   });
 
-  // After any pushed swap, and after each socket message as a whole: reading the count twice changes nothing.
-  document.addEventListener("htmx:oobAfterSwap", update);
-  document.addEventListener("htmx:wsAfterMessage", update);
+  // After any pushed swap (a socket message, or a response carrying the nav counts out of band), and after each
+  // socket message as a whole: reading the count twice changes nothing.
+  document.addEventListener("htmx:oobAfterSwap", queueUpdate);
+  document.addEventListener("htmx:wsAfterMessage", queueUpdate);
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", update);
   else update();

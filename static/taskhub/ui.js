@@ -85,8 +85,16 @@
   document.addEventListener("htmx:afterSettle", function (event) {
     apply(event.target);
   });
-  document.addEventListener("htmx:oobAfterSwap", function (event) {
-    if (event.detail && event.detail.target) apply(event.detail.target.parentNode || document);
+  // A socket message swaps many elements out of band: the times are applied once after them all, not per swap
+  // (the replaced element is out of the page by then, so its parent is often not there to narrow the walk).
+  var applyQueued = false;
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    if (applyQueued) return;
+    applyQueued = true;
+    window.queueMicrotask(function () {
+      applyQueued = false;
+      apply(document);
+    });
   });
   document.addEventListener("DOMContentLoaded", function () {
     apply(document);
