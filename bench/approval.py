@@ -231,6 +231,11 @@ def main() -> None:
     say(f"approval latency: {args.samples} approvals; machine shared (load {load_start})")
     prefix = f"benchapproval{os.getpid()}"
     env = prepare(args.database_url, args.redis_url, prefix)
+    from taskhub.tasks.views.inbox import CARDS_SHOWN
+
+    if args.samples > CARDS_SHOWN:  # each approval is clicked on the inbox's first page
+        drop(args.database_url)
+        parser.error(f"--samples is at most {CARDS_SHOWN}: the inbox shows that many cards on a page")
     control = ControlServer()
     results: dict[str, dict] = {}
     try:
