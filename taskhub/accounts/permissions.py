@@ -67,12 +67,21 @@ def roles_of(user) -> Roles:
     known = roles_this_request.get()
     if known is not None and user.pk in known:
         return known[user.pk]
-    names = set(user.groups.filter(name__in=ROLE_GROUPS).values_list("name", flat=True))
-    admin = user.is_superuser or ADMINS in names
-    roles = Roles(admin=admin, operator=admin or OPERATORS in names, approver=APPROVERS in names, agent=AGENTS in names)
+    roles = roles_from(user, set(user.groups.filter(name__in=ROLE_GROUPS).values_list("name", flat=True)))
     if known is not None:
         known[user.pk] = roles
     return roles
+
+
+def roles_from(user, group_names: set[str]) -> Roles:
+    """The roles of a user in these groups (only ROLE_GROUPS count)."""
+    admin = user.is_superuser or ADMINS in group_names
+    return Roles(
+        admin=admin,
+        operator=admin or OPERATORS in group_names,
+        approver=APPROVERS in group_names,
+        agent=AGENTS in group_names,
+    )
 
 
 def with_roles_read_once(user):

@@ -577,8 +577,24 @@ def _confirm_interrupted_deliveries(task: Task, *, keep: set[str], asked_at) -> 
 # --- answers ----------------------------------------------------------------------------------------
 
 
+def locked_for_answer(*, input_request_id: int) -> InputRequest:
+    """The input request with its task and server, locked for answering until the caller's transaction ends
+    (InputRequest.DoesNotExist if there is none). answer_input reads it so; a view that must read the request
+    before it answers (to check who may, to read the form) reads it with this, in a transaction around both, and
+    passes `locked=True`: answer_input does not read it again, one statement less before the answer is stored.
+
+    Lock order task → input request, as apply_snapshot does; the second of two answers waits here. One statement:
+    Postgres locks the rows of `FOR UPDATE OF` in the order it names them (the task's, then the request's). Only
+    locked rows are read again when a lock was waited for, so who answered (or the escalation group) is not joined
+    here: the rare paths that show them read them after the lock."""
+    return (
+        InputRequest.objects.select_for_update(of=("task", "self"))
+        .select_related("task__server")
+        .get(pk=input_request_id)
+    )
+
+
 @tracing.traced("taskhub.answer.submit", attributes=tracing.answer_attributes, result_attributes=tracing.answered)
-@transaction.atomic
 def answer_input(
     *,
     input_request: InputRequest,
@@ -587,9 +603,14 @@ def answer_input(
     comment: str = "",
     token=None,
     as_agent: bool = False,
+    locked: bool = False,
 ) -> InputRequest:
     """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first. `token`: the API
     token (an agent) it came through, named in the audit rows.
+
+    In a transaction of its own (a savepoint inside the caller's), where it reads the request locked; or with
+    `locked`, in the caller's, where the caller read it with locked_for_answer: an error raised here then ends
+    the caller's transaction too (it must not go on in it), which has changed nothing before.
 
     The request's approval policy (permissions.answer_terms) applies here, whichever page or API calls: who may
     answer, self-approval, a comment on decline, and N of M, where an acceptance before the N-th is recorded (the
@@ -597,15 +618,18 @@ def answer_input(
     `as_agent`: the gateway passes a request through to the agent that made the call (no policy applies, or its
     policy says `input_from` agent): `user` is that agent, whose one answer is the answer; the rules about people
     do not apply."""
-    # Lock order task → input request, as apply_snapshot does; the second of two answers waits here. One statement:
-    # Postgres locks the rows of `FOR UPDATE OF` in the order it names them (the task's, then the request's). Only
-    # locked rows are read again when a lock was waited for, so who answered (or the escalation group) is not joined
-    # here: the rare paths that show them read them after the lock.
-    input_request = (
-        InputRequest.objects.select_for_update(of=("task", "self"))
-        .select_related("task__server")
-        .get(pk=input_request.pk)
-    )
+    answering = dict(response=response, user=user, comment=comment, token=token, as_agent=as_agent)
+    if locked:
+        if not connection.in_atomic_block:  # the caller's transaction ended, and its lock with it
+            raise transaction.TransactionManagementError("locked=True: read with locked_for_answer in this transaction")
+        return _answer(input_request=input_request, **answering)
+    with transaction.atomic():
+        return _answer(input_request=locked_for_answer(input_request_id=input_request.pk), **answering)
+
+
+def _answer(
+    *, input_request: InputRequest, response: dict[str, Any], user, comment: str, token, as_agent: bool
+) -> InputRequest:
     task = input_request.task
     if input_request.state in (InputRequestState.ANSWERED, InputRequestState.DELIVERED):
         raise AlreadyAnswered(

@@ -9,8 +9,9 @@ from urllib.parse import urlsplit
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import Http404, QueryDict
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -96,20 +97,29 @@ def _ids(text: str) -> list[int]:
 @approver_required
 @require_POST
 def answer(request, request_id):
-    input_request = get_object_or_404(InputRequest.objects.select_related("task__server"), pk=request_id)
-    if not may_answer(request.user, input_request):
-        # As in the API: a request whose task the user may not see does not exist for them (a 403 would say it
-        # does). Asked only on refusal, so an answer costs no extra query.
-        if not may_see_task(request.user, input_request.task):
-            raise Http404("No such input request.")
-        raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
     next_url = _safe_next(request)
-    card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
     try:
-        response = response_from_post(card, request.POST)
-        answered = services.answer_input(
-            input_request=input_request, response=response, user=request.user, comment=request.POST.get("comment", "")
-        )
+        # The request is read once, locked, for the checks here and for the answer (services.locked_for_answer).
+        with transaction.atomic():
+            try:
+                input_request = services.locked_for_answer(input_request_id=request_id)
+            except InputRequest.DoesNotExist:
+                raise Http404("No such input request.") from None
+            if not may_answer(request.user, input_request):
+                # As in the API: a request whose task the user may not see does not exist for them (a 403 would say
+                # it does). Asked only on refusal, so an answer costs no extra query.
+                if not may_see_task(request.user, input_request.task):
+                    raise Http404("No such input request.")
+                raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
+            card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
+            response = response_from_post(card, request.POST)
+            answered = services.answer_input(
+                input_request=input_request,
+                response=response,
+                user=request.user,
+                comment=request.POST.get("comment", ""),
+                locked=True,
+            )
     except AnswerRejected as refused:
         problem = (
             str(refused)
