@@ -3,19 +3,22 @@
 import gc
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskhub.settings")
 
-# Set up Django (and its app registry) before importing anything that touches models.
-django_http_app = get_asgi_application()
+# Set up Django (and its app registry) before importing anything that touches models, as get_asgi_application does.
+django.setup(set_prefix=False)
+
+from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler  # noqa: E402
+
+django_http_app = OneTripHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from taskhub.live.origin import SameOriginValidator  # noqa: E402
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
-from taskhub.web.request_threads import KeptRequestThreads  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -9,11 +9,10 @@ import time
 import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
 from channels.testing import HttpCommunicator
-from django.core.asgi import get_asgi_application
 from django.core.signals import request_finished
 from django.db import connection
 
-from taskhub.web.request_threads import KeptRequestThreads
+from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler
 
 
 async def get(app, path: str = "/healthz") -> int:
@@ -40,7 +39,7 @@ def sync_app(handle):
 
 @pytest.mark.django_db(transaction=True)
 async def test_requests_one_after_another_use_one_thread_and_one_database_connection():
-    app = KeptRequestThreads(get_asgi_application())
+    app = KeptRequestThreads(OneTripHandler())
     seen = []
 
     def record(**kwargs):
@@ -58,9 +57,10 @@ async def test_requests_one_after_another_use_one_thread_and_one_database_connec
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_request_goes_to_its_thread_a_few_times_not_once_per_middleware(monkeypatch):
-    """taskhub.web.middleware.middleware_on_one_thread: the middleware chain runs on the request's thread in one
-    trip, not a trip from the event loop per process_request and process_response (18 before it)."""
+async def test_a_request_goes_to_its_thread_three_times_not_once_per_middleware(monkeypatch):
+    """taskhub.web.request_threads.OneTripHandler: the middleware chain and the view run on the request's thread in
+    one trip, not a trip from the event loop per process_request and process_response (18 with Django's handler
+    alone, 6 with taskhub.web.middleware.middleware_on_one_thread)."""
     trips = []
     call = SyncToAsync.__call__
 
@@ -69,14 +69,35 @@ async def test_a_request_goes_to_its_thread_a_few_times_not_once_per_middleware(
         return await call(self, *args, **kwargs)
 
     monkeypatch.setattr(SyncToAsync, "__call__", counted)
-    app = KeptRequestThreads(get_asgi_application())
+    app = KeptRequestThreads(OneTripHandler())
     try:
         assert await get(app, "/accounts/login/") == 200
     finally:
         monkeypatch.undo()
         await asyncio.to_thread(app.close_connections)
-    # request_started, the middleware chain, CSRF process_view, the view, the template response, close
-    assert len(trips) <= 6, trips
+    # request_started, the middleware chain with CSRF's process_view, the view and its template response, close
+    assert len(trips) == 3, trips
+    assert any(trip.endswith("BaseHandler.get_response") for trip in trips), trips
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_async_view_keeps_djangos_async_chain(monkeypatch):
+    """The gateway's views are async: they run on the event loop, not in the sync chain's trip to the thread."""
+    trips = []
+    call = SyncToAsync.__call__
+
+    async def counted(self, *args, **kwargs):
+        trips.append(getattr(self.func, "__qualname__", repr(self.func)))
+        return await call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyncToAsync, "__call__", counted)
+    app = KeptRequestThreads(OneTripHandler())
+    try:
+        assert await get(app, "/mcp") == 405  # the gateway's answer to a GET: POST JSON-RPC requests
+    finally:
+        monkeypatch.undo()
+        await asyncio.to_thread(app.close_connections)
+    assert not any(trip.endswith("BaseHandler.get_response") for trip in trips), trips
 
 
 async def test_concurrent_requests_run_on_threads_of_their_own():

@@ -36,11 +36,11 @@ def _host_allowed(request) -> bool:
 
 def middleware_on_one_thread(get_response):
     """Last in MIDDLEWARE, and sync only: every middleware above it then runs synchronously on the request's
-    thread, in one trip from daphne's event loop.
+    thread, in one trip from daphne's event loop, in Django's async chain, which taskhub's ASGI handler keeps for
+    async views (the gateway; every other request runs the sync chain: taskhub.web.request_threads.OneTripHandler).
 
     Under ASGI, Django runs a middleware that can run both ways asynchronously, and MiddlewareMixin's async path
     sends each process_request and process_response to the request's thread and back: about 18 trips through
-    the event loop for one request here, each waiting behind whatever else the loop does (live sockets, other
-    requests). Our views are sync, so nothing is gained by the async path: with this one below the others, Django
-    adapts the chain to sync once at the top: 6 trips in all (tests/test_request_threads.py)."""
+    the event loop for one request, each waiting behind whatever else the loop does (live sockets, other
+    requests). With this one below the others, Django adapts the chain to sync once at the top."""
     return get_response

@@ -10,14 +10,24 @@ This wraps the HTTP application in a ThreadSensitiveContext whose executor is on
 executors (Django's handler then reuses that context), as a threaded WSGI server keeps its threads: a request
 still runs all its sync code on one thread of its own, concurrent requests on different threads, and a kept
 thread's connection lives CONN_MAX_AGE (request_started / request_finished check it, as under WSGI).
+
+OneTripHandler is Django's ASGI handler, but a request to a sync view (every page, the API, the answer view) runs
+its whole middleware chain and the view in one trip to that thread, as WSGI runs them. Django's async chain sends
+the request back to the event loop at its bottom (its async get_response) and then to the thread again for the
+view, for CSRF's process_view and for a template response: six trips in all, each waiting its turn on an event
+loop that also serves every live socket (about 1 ms of every answer before the view begins: bench/approval.py);
+now three (request_started, the chain with its view, and close). Async views (the gateway) keep Django's chain.
 """
 
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.base import BaseHandler
 from django.db import connections
+from django.urls import Resolver404, get_resolver
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +83,23 @@ class KeptRequestThreads:
 
 def _nothing() -> None:
     pass
+
+
+class OneTripHandler(ASGIHandler):
+    def __init__(self):
+        super().__init__()  # Django's async middleware chain, for async views
+        self.sync_handler = BaseHandler()
+        self.sync_handler.load_middleware(is_async=False)
+
+    async def get_response_async(self, request):
+        if _async_view(request.path_info):
+            return await super().get_response_async(request)
+        return await sync_to_async(self.sync_handler.get_response, thread_sensitive=True)(request)
+
+
+def _async_view(path_info: str) -> bool:
+    try:
+        match = get_resolver().resolve(path_info)
+    except Resolver404:
+        return False
+    return iscoroutinefunction(match.func)
