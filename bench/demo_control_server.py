@@ -15,6 +15,10 @@ On top of the demo server as `python -m taskhub.demo --http` serves it (same eng
 - `GET /bench/watched?task=ID`: `{"watched": true}` while a listen stream watches the task;
 - `GET /bench/updates`: `{"<task id>": <time.time()>}`, when the HTTP request of the first `tasks/update`
   naming that task reached the ASGI application (its body's first chunk; before the SDK parses it);
+- `GET /bench/next-poll?task=ID&after=T`: waits (up to 10 s) for a `tasks/get` of that task arriving after T
+  (time.time()) and answers `{"at": <its arrival>}`, or `{"at": null}`; `GET /bench/polls`: every `tasks/get`
+  arrival, `{"<task id>": [<time.time()>, ...]}`. So a benchmark can make a change at a chosen moment after a
+  poll (the poll's phase, the same for every client), and tell the poll that saw it;
 - `--no-listen`: `subscriptions/listen` is answered -32601 (a server that cannot push), so clients poll.
 
 Times are `time.time()` of this machine, comparable with the browser's `Date.now()` and the benchmark's own.
@@ -56,13 +60,27 @@ def hold_script(facts: Facts, now: float) -> Phase:
 SCRIPTS[HOLD_TOOL] = hold_script
 
 
+class PollLog:
+    """Every `tasks/get` arrival per task; `polled` is set (and replaced) at each."""
+
+    def __init__(self) -> None:
+        self.arrivals: dict[str, list[float]] = {}
+        self.polled = anyio.Event()
+
+    def add(self, task_id: str, arrived: float) -> None:
+        self.arrivals.setdefault(task_id, []).append(arrived)
+        self.polled.set()
+        self.polled = anyio.Event()
+
+
 class ArrivalClock:
     """ASGI wrapper: timestamps the first `tasks/update` of each task; answers listen -32601 if told to."""
 
-    def __init__(self, app, *, listen: bool, updates: dict[str, float]) -> None:
+    def __init__(self, app, *, listen: bool, updates: dict[str, float], polls: PollLog) -> None:
         self.app = app
         self.listen = listen
         self.updates = updates
+        self.polls = polls
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/mcp":
@@ -71,7 +89,8 @@ class ArrivalClock:
         first = await receive()
         arrived = time.time()
         body = first.get("body", b"")
-        if b'"tasks/update"' in body or (not self.listen and b'"subscriptions/listen"' in body):
+        read = (b'"tasks/update"', b'"tasks/get"') + (() if self.listen else (b'"subscriptions/listen"',))
+        if any(method in body for method in read):
             while first.get("more_body"):  # the whole body, to read the task id (tiny requests: one chunk)
                 more = await receive()
                 first = {**first, "body": body + more.get("body", b""), "more_body": more.get("more_body", False)}
@@ -79,6 +98,8 @@ class ArrivalClock:
             message = json.loads(body)
             if message.get("method") == "tasks/update":
                 self.updates.setdefault(str(message.get("params", {}).get("taskId")), arrived)
+            elif message.get("method") == "tasks/get":
+                self.polls.add(str(message.get("params", {}).get("taskId")), arrived)
             elif message.get("method") == "subscriptions/listen":
                 error = {"code": -32601, "message": "Method not found: subscriptions/listen"}
                 await JSONResponse({"jsonrpc": "2.0", "id": message.get("id"), "error": error})(scope, receive, send)
@@ -119,12 +140,27 @@ def build(config: DemoConfig, *, listen: bool):
         return JSONResponse({"watched": bool(engine._watchers.get(request.query_params["task"]))})
 
     arrivals: dict[str, float] = {}
+    polls = PollLog()
 
     @demo.mcp.custom_route("/bench/updates", methods=["GET"])
     async def updates(request: Request) -> Response:
         return JSONResponse(arrivals)
 
-    return demo, ArrivalClock(demo.mcp.streamable_http_app(host=config.host), listen=listen, updates=arrivals)
+    @demo.mcp.custom_route("/bench/polls", methods=["GET"])
+    async def all_polls(request: Request) -> Response:
+        return JSONResponse(polls.arrivals)
+
+    @demo.mcp.custom_route("/bench/next-poll", methods=["GET"])
+    async def next_poll(request: Request) -> Response:
+        task_id, after = request.query_params["task"], float(request.query_params["after"])
+        with anyio.move_on_after(10):
+            while not (seen := [at for at in polls.arrivals.get(task_id, []) if at > after]):
+                await polls.polled.wait()
+            return JSONResponse({"at": seen[0]})
+        return JSONResponse({"at": None})
+
+    app = demo.mcp.streamable_http_app(host=config.host)  # after the custom routes: it takes them as they are
+    return demo, ArrivalClock(app, listen=listen, updates=arrivals, polls=polls)
 
 
 async def serve(config: DemoConfig, *, listen: bool) -> None:

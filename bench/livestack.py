@@ -167,6 +167,13 @@ class ControlServer:
     def updates(self) -> dict[str, float]:
         return self._call("/bench/updates")
 
+    def next_poll(self, task_id: str, after: float) -> float | None:
+        """When the first `tasks/get` of the task after `after` (time.time()) reached the server (waits for it)."""
+        return self._call(f"/bench/next-poll?task={task_id}&after={after!r}")["at"]
+
+    def polls(self) -> dict[str, list[float]]:
+        return self._call("/bench/polls")
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(10)
