@@ -56,11 +56,9 @@ async def test_requests_one_after_another_use_one_thread_and_one_database_connec
     assert set(seen) == {seen[0]}, seen
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_a_request_goes_to_its_thread_three_times_not_once_per_middleware(monkeypatch):
-    """taskhub.web.request_threads.OneTripHandler: the middleware chain and the view run on the request's thread in
-    one trip, not a trip from the event loop per process_request and process_response (18 with Django's handler
-    alone, 6 with taskhub.web.middleware.middleware_on_one_thread)."""
+async def trips_to_threads(monkeypatch, path: str) -> tuple[int, list[str]]:
+    """The status of a request to `path` through taskhub's HTTP application, and the functions it sent to a thread
+    (each SyncToAsync call: one trip from the event loop and back)."""
     trips = []
     call = SyncToAsync.__call__
 
@@ -71,10 +69,20 @@ async def test_a_request_goes_to_its_thread_three_times_not_once_per_middleware(
     monkeypatch.setattr(SyncToAsync, "__call__", counted)
     app = KeptRequestThreads(OneTripHandler())
     try:
-        assert await get(app, "/accounts/login/") == 200
+        status = await get(app, path)
     finally:
         monkeypatch.undo()
         await asyncio.to_thread(app.close_connections)
+    return status, trips
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_goes_to_its_thread_three_times_not_once_per_middleware(monkeypatch):
+    """taskhub.web.request_threads.OneTripHandler: the middleware chain and the view run on the request's thread in
+    one trip, not a trip from the event loop per process_request and process_response (18 with Django's handler
+    alone, 6 with taskhub.web.middleware.middleware_on_one_thread)."""
+    status, trips = await trips_to_threads(monkeypatch, "/accounts/login/")
+    assert status == 200
     # request_started, the middleware chain with CSRF's process_view, the view and its template response, close
     assert len(trips) == 3, trips
     assert any(trip.endswith("BaseHandler.get_response") for trip in trips), trips
@@ -83,20 +91,8 @@ async def test_a_request_goes_to_its_thread_three_times_not_once_per_middleware(
 @pytest.mark.django_db(transaction=True)
 async def test_an_async_view_keeps_djangos_async_chain(monkeypatch):
     """The gateway's views are async: they run on the event loop, not in the sync chain's trip to the thread."""
-    trips = []
-    call = SyncToAsync.__call__
-
-    async def counted(self, *args, **kwargs):
-        trips.append(getattr(self.func, "__qualname__", repr(self.func)))
-        return await call(self, *args, **kwargs)
-
-    monkeypatch.setattr(SyncToAsync, "__call__", counted)
-    app = KeptRequestThreads(OneTripHandler())
-    try:
-        assert await get(app, "/mcp") == 405  # the gateway's answer to a GET: POST JSON-RPC requests
-    finally:
-        monkeypatch.undo()
-        await asyncio.to_thread(app.close_connections)
+    status, trips = await trips_to_threads(monkeypatch, "/mcp")
+    assert status == 405  # the gateway's answer to a GET: POST JSON-RPC requests
     assert not any(trip.endswith("BaseHandler.get_response") for trip in trips), trips
 
 
