@@ -55,6 +55,12 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
         return _publisher[1]
 
 
+def close_layer_connections(layer, *, timeout: float = 10.0) -> None:
+    """Close a channel layer's connections on the loop that opened them (this process's publishes): a test that
+    gave the publishes a layer of its own. Another loop cannot close them ("attached to a different loop")."""
+    asyncio.run_coroutine_threadsafe(layer.close_pools(), _publisher_loop()).result(timeout=timeout)
+
+
 def publish_task_changed(task_id: uuid.UUID) -> None:
     """Tell the pages showing this task (list, detail, inbox, nav counts) to re-render it. Never raises."""
     _off_the_loop(_publish, task_id)

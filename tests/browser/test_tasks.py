@@ -4,12 +4,10 @@ daphne runs in a subprocess; the changes are made in this process, so both use o
 (with a prefix of this run's, so other runs on the same Redis do not hear these messages).
 """
 
-import asyncio
 import base64
 import datetime
 import re
 import struct
-import threading
 import zlib
 
 import pytest
@@ -75,10 +73,7 @@ def live_site(daphne_server, live_channel_env, monkeypatch):
         layer = RedisChannelLayer(**channel_layers_from_env()["default"]["CONFIG"])
     monkeypatch.setattr(publish, "get_channel_layer", lambda: layer)
     yield daphne_server
-    # Playwright keeps a loop running in this thread; closing gets a thread and a loop of its own.
-    closer = threading.Thread(target=lambda: asyncio.run(layer.close_pools()))
-    closer.start()
-    closer.join(timeout=10)
+    publish.close_layer_connections(layer)
 
 
 def durable(server, user, tool: str, remote_id: str, **fields):
