@@ -86,6 +86,22 @@ def seen_by_poll(polls: dict[str, list[float]], task_id: str, changed: float) ->
     return min((at for at in polls.get(task_id, []) if at > changed), default=None)
 
 
+PHASE_SPAN = "change → the poll that saw it (its phase)"
+
+
+def poll_spans(changes: dict[str, tuple], polls: dict[str, list[float]], labels: list[str]) -> dict[str, list[float]]:
+    """By remote task id, (change, then the moment each of `labels` had it): change → the poll that saw it, and
+    that poll → each of them."""
+    spans: dict[str, list[float]] = {PHASE_SPAN: [], **{f"that poll → {label}": [] for label in labels}}
+    for task_id, (changed, *seen) in changes.items():
+        if (poll := seen_by_poll(polls, task_id, changed)) is None:
+            continue
+        spans[PHASE_SPAN].append(ms(poll - changed))
+        for label, at in zip(labels, seen, strict=True):
+            spans[f"that poll → {label}"].append(ms(at - poll))
+    return spans
+
+
 # --- the floor: a bare SDK client on the same server ----------------------------------------------------------
 
 
@@ -144,14 +160,13 @@ def browser_samples(
 ):
     """Per task: open its detail page, complete it on the server (`phases`: each at its phase after a poll; else
     after a pause in `pause_s`), stamp when the detail header and the list row show it. Returns (detail latencies,
-    list latencies, missing count, {task id: (change, frame, detail seen, list seen) in s}, {task id: remote id})."""
+    list latencies, missing count, {task id: (change, frame, detail seen, list seen) in s})."""
     listing = context.new_page()
     listing.goto(f"{base_url}/tasks/?server={server_id}")
     wait_live(listing)
     detail = context.new_page()
-    detail_ms, list_ms, missing, moments, remote = [], [], 0, {}, {}
+    detail_ms, list_ms, missing, moments = [], [], 0, {}
     for n, (remote_id, task_id) in enumerate(seeded.items()):
-        remote[task_id] = remote_id
         detail.goto(f"{base_url}/tasks/{task_id}/")
         wait_live(detail, messages=2)  # the nav counts on connect, then the watched task's sections
         header, row = f"task-{task_id}-header", f"task-row-{task_id}"
@@ -175,33 +190,32 @@ def browser_samples(
         detail_ms.append(ms(detail_seen - changed))
         list_ms.append(ms(list_seen - changed))
         moments[task_id] = (changed, frame, detail_seen, list_seen)
-    return detail_ms, list_ms, missing, moments, remote
+    return detail_ms, list_ms, missing, moments
 
 
-def stages(moments: dict, polls: dict[str, list[float]] | None = None, remote: dict | None = None):
+def stages(moments: dict, polls: dict[str, list[float]] | None = None, seeded: dict | None = None):
     """Where the time went: the change stored by the worker (the task's finished_at, set by apply_snapshot in its
     transaction), then the pages showing it (publish, channel layer, daphne rendering, socket, htmx swap). Polled
-    (`polls`, by remote task id): the poll that saw the change first."""
+    (`polls` and `seeded`, by remote task id): first the poll that saw the change."""
     from taskhub.tasks.models import Task
 
     stored = dict(Task.objects.filter(pk__in=list(moments)).values_list("pk", "finished_at"))
-    spans: dict[str, list[float]] = {}
+    polled: dict[str, list[float]] = {}
     if polls is not None:
-        for task_id, (changed, *_rest, _list_seen) in moments.items():
-            if (poll := seen_by_poll(polls, remote[task_id], changed)) is not None and stored.get(task_id):
-                spans.setdefault("change → the poll that saw it (its phase)", []).append(ms(poll - changed))
-                spans.setdefault("that poll → stored (the tracker's request, apply_snapshot)", []).append(
-                    ms(stored[task_id].timestamp() - poll)
-                )
-                spans.setdefault("that poll → detail page", []).append(ms(moments[task_id][2] - poll))
-    spans |= {
+        changes = {
+            remote_id: (moments[task_id][0], stored[task_id].timestamp(), moments[task_id][2])
+            for remote_id, task_id in seeded.items()
+            if task_id in moments and stored.get(task_id) is not None
+        }
+        polled = poll_spans(changes, polls, ["stored (the tracker's request, apply_snapshot)", "detail page"])
+    spans: dict[str, list[float]] = {
         "change → stored": [],
         "stored → detail page's socket frame (publish, Redis, daphne renders, sends)": [],
         "detail page's socket frame → DOM (htmx swaps)": [],
         "stored → detail page": [],
         "stored → list page (the signal with the row; before a1bc4db: signal, table re-fetch)": [],
     }
-    names = [name for name in spans if not spans[name]]
+    names = list(spans)
     for task_id, (changed, frame, detail_seen, list_seen) in moments.items():
         if stored.get(task_id) is None:
             continue
@@ -210,7 +224,7 @@ def stages(moments: dict, polls: dict[str, list[float]] | None = None, remote: d
             names, (at - changed, frame - at, detail_seen - frame, detail_seen - at, list_seen - at), strict=False
         ):
             spans[name].append(ms(value))
-    return spans
+    return polled | spans
 
 
 def wait_until(check, what: str, timeout: float = 60.0) -> None:
@@ -263,7 +277,6 @@ def main() -> None:
 
         connections.close_all()
         moments: dict[str, dict] = {}
-        remotes: dict[str, dict] = {}
         profiles: list[str] = []
         with web_and_worker(env, f"bench-fresh-{os.getpid()}") as (web, worker):
             say(f"daphne on {web.url}, worker running; waiting for the worker to subscribe to the pushed tasks")
@@ -278,7 +291,7 @@ def main() -> None:
                     spied = {"daphne": web.process.pid, "worker": worker.pid} if mode == "notifications" else {}
                     phases = poll_phases(len(seeded), interval) if mode == "polling" else None
                     with profiled(spied, args.profile if spied else "") as files:
-                        detail_ms, list_ms, missing, moments[mode], remotes[mode] = browser_samples(
+                        detail_ms, list_ms, missing, moments[mode] = browser_samples(
                             context, web.url, control, server_id, seeded, pause, phases
                         )
                     profiles += files
@@ -290,18 +303,10 @@ def main() -> None:
                     )
         polls = polled.polls()
         breakdown = {
-            "polling": stages(moments["polling"], polls, remotes["polling"]),
+            "polling, SDK client (floor)": poll_spans(floor_moments, polls, ["the client has it"]),
+            "polling": stages(moments["polling"], polls, modes["polling"][2]),
             "notifications": stages(moments["notifications"]),
         }
-        floor_spans: dict[str, list[float]] = {
-            "change → the poll that saw it (its phase)": [],
-            "that poll → the client has it": [],
-        }
-        for task_id, (changed, had) in floor_moments.items():
-            if (poll := seen_by_poll(polls, task_id, changed)) is not None:
-                floor_spans["change → the poll that saw it (its phase)"].append(ms(poll - changed))
-                floor_spans["that poll → the client has it"].append(ms(had - poll))
-        breakdown = {"polling, SDK client (floor)": floor_spans, **breakdown}
     finally:
         polled.stop()
         pushed.stop()
