@@ -118,9 +118,10 @@
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-notify-me]");
     if (!button || !supported()) return;
-    if (notifying(permission())) {
+    var granted = permission();
+    if (notifying(granted)) {
       remember(false);
-      showButton(permission());
+      showButton(granted);
       return;
     }
     window.Notification.requestPermission().then(function (answer) {
