@@ -33,13 +33,12 @@ class RateLimitedModelBackend(ModelBackend):
 
     def get_user(self, user_id):
         role_groups = Group.objects.filter(user=OuterRef("pk"), name__in=ROLE_GROUPS).values("name")
-        user = (
-            get_user_model()
-            ._default_manager.annotate(role_group_names=ArraySubquery(role_groups))
-            .filter(pk=user_id)
-            .first()
-        )
-        if user is None or not self.user_can_authenticate(user):
+        users = get_user_model()._default_manager.annotate(role_group_names=ArraySubquery(role_groups))
+        try:
+            user = users.get(pk=user_id)
+        except users.model.DoesNotExist:
+            return None
+        if not self.user_can_authenticate(user):
             return None
         user.taskhub_roles = permissions.roles_from(user, set(user.role_group_names))
         return user
