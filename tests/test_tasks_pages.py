@@ -617,6 +617,40 @@ def test_the_list_signal_targets_body_with_no_swap_and_carries_the_row(alpha, ol
     assert task_fragments.list_signal_for_approver(task, make_user("amy", APPROVERS)) == html
 
 
+ROW_FACT_SHAPES = [
+    ("working", None, None),
+    ("completed", {"content": [{"type": "text", "text": "ok " + "é" * 300}]}, None),
+    ("completed", {"content": [{"type": "text", "text": "no"}], "isError": True}, None),
+    ("completed", {"content": [], "isError": "true"}, None),  # only JSON true is an error
+    ("completed", {"content": "a string, not a list"}, None),
+    ("completed", {"content": [{"type": "image", "data": "x"}, {"type": "text", "text": "second"}]}, None),
+    ("completed", {"content": [{"type": "text", "text": 42}]}, None),
+    ("completed", ["a list"], None),
+    ("failed", None, {"code": -32603, "message": "boom"}),
+    ("failed", None, {"code": "E" * 60, "kind": "not_approved"}),
+    ("failed", None, {"code": None, "kind": True}),
+    ("failed", None, {"code": 1.5, "kind": {"nested": [1, "two"]}}),
+    ("failed", None, "an error that is a string"),
+    ("cancelled", None, None),
+    ("lost", None, None),
+    ("expired", None, None),
+    ("launch_unknown", None, None),
+    ("input_required", None, None),
+]
+
+
+def test_the_row_facts_worked_out_in_python_are_the_list_querys(alpha, olga):
+    # The live list signal works the row's facts out from the task it has (queries.with_row_facts_of); the list's
+    # query annotates them in SQL (queries.with_row_facts): the same values for every shape of result and error.
+    task = durable(alpha, olga)
+    for status, result, error in ROW_FACT_SHAPES:
+        Task.objects.filter(pk=task.pk).update(status=status, result=result, error=error)
+        annotated = queries.with_row_facts(Task.objects.filter(pk=task.pk)).get()
+        worked_out = queries.with_row_facts_of(Task.objects.get(pk=task.pk))
+        for fact in queries.ROW_FACTS:
+            assert getattr(worked_out, fact) == getattr(annotated, fact), (status, result, error, fact)
+
+
 def test_the_detail_renderer_sends_every_section_out_of_band(alpha, olga, ben):
     task = durable(alpha, olga, statusMessage=XSS)
     html = task_fragments.detail_sections(task, olga)

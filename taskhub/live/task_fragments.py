@@ -20,24 +20,18 @@ from taskhub.accounts import permissions
 from taskhub.live.access import access_in_force
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
 from taskhub.tasks.live_inbox import inbox_fragment
-from taskhub.tasks.models import Task
 from taskhub.tasks.presenters import detail_context
-from taskhub.tasks.queries import settle_declined, with_row_facts
+from taskhub.tasks.queries import settle_declined, with_row_facts_of
 
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
 
 
 def list_signal(task, user) -> str:
-    # The row as the list shows it: with the outcome, error code and result preview the list's query adds.
-    row = (
-        with_row_facts(Task.objects.filter(pk=task.pk))
-        .select_related("server", "launched_by", "cancel_requested_by")
-        .first()
-    )
-    if row is not None:
-        settle_declined([row])
-    return render_to_string(f"{LIST_TEMPLATE}#live-signal", {"task": row or task})
+    # The row as the list shows it: with the outcome, error code and result preview the list's query adds, worked
+    # out from the task as read for the change (with its server, launcher and who asked to cancel).
+    [row] = settle_declined([with_row_facts_of(task)])
+    return render_to_string(f"{LIST_TEMPLATE}#live-signal", {"task": row})
 
 
 def list_signal_for_approver(task, user) -> str:
