@@ -25,7 +25,7 @@ from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
 from taskhub.live.consumer import CLOSE_HUB_LOST, CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
-from taskhub.live.groups import TASKS_GROUP, user_group
+from taskhub.live.groups import TASKS_GROUP, inbox_group, task_group, user_group
 from taskhub.live.hub import hub_for
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
@@ -514,6 +514,28 @@ async def test_a_role_lost_without_a_message_stops_changes_once_the_access_is_re
     await apply_snapshot(task=live_task, snapshot=snapshot(statusMessage="unseen again"))
     assert await communicator.receive_nothing(timeout=QUIET_SECONDS)
     await communicator.disconnect()
+
+
+# --- whom a change goes to ------------------------------------------------------------------------------------
+
+
+def test_a_change_goes_to_the_inbox_only_for_a_task_that_asks_and_a_caller_that_knows_it_asks_no_query(
+    live_task, monkeypatch
+):
+    sent = []
+    monkeypatch.setattr(publish, "_send_to_groups", lambda groups, message: sent.append((groups, message["server_id"])))
+    everyone = [TASKS_GROUP, task_group(live_task.pk)]
+    publish.publish_task_changed(live_task.pk)  # no input request yet: not the inbox's business
+    assert sent[-1] == (everyone, live_task.server_id)
+    services.apply_snapshot(task=live_task, snapshot=snapshot("input_required", inputRequests={"ok": APPROVAL_REQUEST}))
+    publish.publish_task_changed(live_task.pk)
+    asking = ([*everyone, inbox_group(live_task.server_id)], live_task.server_id)
+    assert sent[-1] == asking
+    # The answer and its delivery hold the request, and say so: the same groups, without looking the task up.
+    with CaptureQueriesContext(connection) as asked:
+        publish.publish_task_changed(live_task.pk, asking_on_server=live_task.server_id)
+    assert not asked.captured_queries
+    assert sent[-1] == asking
 
 
 # --- publishing never breaks a service ---------------------------------------------------------------

@@ -61,9 +61,10 @@ def close_layer_connections(layer, *, timeout: float = 10.0) -> None:
     asyncio.run_coroutine_threadsafe(layer.close_pools(), _publisher_loop()).result(timeout=timeout)
 
 
-def publish_task_changed(task_id: uuid.UUID) -> None:
-    """Tell the pages showing this task (list, detail, inbox, nav counts) to re-render it. Never raises."""
-    _off_the_loop(_publish, task_id)
+def publish_task_changed(task_id: uuid.UUID, *, asking_on_server: int | None = None) -> None:
+    """Tell the pages showing this task (list, detail, inbox, nav counts) to re-render it. Never raises.
+    `asking_on_server`: the task's server, where the caller knows the task has input requests: no lookup."""
+    _off_the_loop(_publish, task_id, asking_on_server)
 
 
 def publish_access_changed(*, user_ids: list[int] | None) -> None:
@@ -103,9 +104,12 @@ def _publish_from_a_thread(publish, *args) -> None:
 
 
 @tracing.traced("taskhub.live.publish", kind=tracing.SpanKind.PRODUCER, attributes=tracing.publish_attributes)
-def _publish(task_id: uuid.UUID) -> None:
+def _publish(task_id: uuid.UUID, asking_on_server: int | None = None) -> None:
     try:
-        groups, server_id = audience_of_task(task_id)
+        if asking_on_server is None:
+            groups, server_id = audience_of_task(task_id)
+        else:
+            groups, server_id = _audience(task_id, server_id=asking_on_server, asks=True), asking_on_server
         message = {"type": TASK_CHANGED, "task_id": str(task_id), "message_id": uuid.uuid4().hex, **tracing.carrier()}
         if server_id is not None:
             # What a socket needs to know whether the change is its business without reading the task first.
@@ -142,14 +146,16 @@ def audience_of_task(task_id: uuid.UUID) -> tuple[list[str], int | None]:
 
     from taskhub.tasks.models import InputRequest, Task
 
-    groups = [TASKS_GROUP, task_group(task_id)]
     asks = Exists(InputRequest.objects.filter(task_id=OuterRef("pk")))
     row = Task.objects.filter(pk=task_id).values_list("server_id", asks).first()
     if row is None:
-        return groups, None
-    if row[1]:
-        groups.append(inbox_group(row[0]))
-    return groups, row[0]
+        return _audience(task_id, server_id=None, asks=False), None
+    return _audience(task_id, server_id=row[0], asks=row[1]), row[0]
+
+
+def _audience(task_id: uuid.UUID, *, server_id: int | None, asks: bool) -> list[str]:
+    # The inbox's sockets hear only of tasks that have asked something.
+    return [TASKS_GROUP, task_group(task_id), *([inbox_group(server_id)] if asks and server_id is not None else [])]
 
 
 def _send_to_groups(groups: list[str], message: dict) -> None:

@@ -89,8 +89,10 @@ def cap_status_message(text: str | None) -> str:
     return text[: STATUS_MESSAGE_MAX_CHARS - len(TRUNCATION_NOTE)] + TRUNCATION_NOTE
 
 
-def _publish_after_commit(task_id: uuid.UUID) -> None:
-    signals.announce_task_changed(task_id)
+def _publish_after_commit(task_id: uuid.UUID, *, asking_on_server: int | None = None) -> None:
+    """`asking_on_server`: the task's server, from a caller that holds one of its input requests (the inbox's sockets
+    hear of it too), so the publish need not look the task up."""
+    signals.announce_task_changed(task_id, asking_on_server=asking_on_server)
 
 
 def _finished(task: Task) -> None:
@@ -670,7 +672,7 @@ def _answer(
                 data={**answered, "accepted": len(accepted), "required": terms.required_accepts, **commented},
                 token=token,
             )
-            _publish_after_commit(task.id)
+            _publish_after_commit(task.id, asking_on_server=task.server_id)
             input_request.task = task
             input_request.answer_terms = terms  # the card shows them without reading the policy again
             return input_request
@@ -696,7 +698,7 @@ def _answer(
         _pass_gate(task, input_request, user=user, comment=comment, token=token)
     else:
         hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
-    _publish_after_commit(task.id)
+    _publish_after_commit(task.id, asking_on_server=task.server_id)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     input_request.answer_terms = terms
     return input_request
@@ -896,7 +898,7 @@ def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = N
             **({"confirmed_by": confirmed_by} if confirmed_by else {}),
         },
     )
-    _publish_after_commit(task.id)
+    _publish_after_commit(task.id, asking_on_server=task.server_id)
     return True
 
 

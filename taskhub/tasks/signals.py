@@ -6,15 +6,18 @@ import uuid
 from django.db import transaction
 from django.dispatch import Signal
 
-# Sent once the transaction that changed a task has committed, with task_id=<uuid.UUID>.
+# Sent once the transaction that changed a task has committed, with task_id=<uuid.UUID> and asking_on_server=<int>
+# (the task's server, where the sender knows the task has input requests) or None.
 task_changed = Signal()
 
 
-def announce_task_changed(task_id: uuid.UUID) -> None:
+def announce_task_changed(task_id: uuid.UUID, *, asking_on_server: int | None = None) -> None:
     """Tell task_changed's receivers after the current transaction commits (at once outside one), never if it
     rolls back. The change is committed by then, so a receiver that fails is logged (django.dispatch), not raised
     into the service that made it."""
-    transaction.on_commit(lambda: task_changed.send_robust(sender=None, task_id=task_id))
+    transaction.on_commit(
+        lambda: task_changed.send_robust(sender=None, task_id=task_id, asking_on_server=asking_on_server)
+    )
 
 
 # Sent once the transaction that opened input requests has committed, with task_id=<uuid.UUID> and
