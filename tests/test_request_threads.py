@@ -9,7 +9,7 @@ import time
 import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
 from channels.testing import HttpCommunicator
-from django.core.signals import request_finished
+from django.core.signals import request_finished, request_started
 from django.db import connection
 
 from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler
@@ -77,15 +77,25 @@ async def trips_to_threads(monkeypatch, path: str) -> tuple[int, list[str]]:
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_request_goes_to_its_thread_three_times_not_once_per_middleware(monkeypatch):
-    """taskhub.web.request_threads.OneTripHandler: the middleware chain and the view run on the request's thread in
-    one trip, not a trip from the event loop per process_request and process_response (18 with Django's handler
-    alone, 6 with taskhub.web.middleware.middleware_on_one_thread)."""
-    status, trips = await trips_to_threads(monkeypatch, "/accounts/login/")
+async def test_a_request_goes_to_its_thread_twice_not_once_per_middleware(monkeypatch):
+    """taskhub.web.request_threads.OneTripHandler: request_started, the middleware chain and the view run on the
+    request's thread in one trip, not a trip from the event loop per process_request and process_response (19 with
+    Django's handler alone, 7 with taskhub.web.middleware.middleware_on_one_thread)."""
+    started = []
+    request_started.connect(
+        lambda **kwargs: started.append(threading.current_thread().name),
+        weak=False,
+        dispatch_uid="test-one-trip-started",
+    )
+    try:
+        status, trips = await trips_to_threads(monkeypatch, "/accounts/login/")
+    finally:
+        request_started.disconnect(dispatch_uid="test-one-trip-started")
     assert status == 200
-    # request_started, the middleware chain with CSRF's process_view, the view and its template response, close
-    assert len(trips) == 3, trips
-    assert any(trip.endswith("BaseHandler.get_response") for trip in trips), trips
+    # request_started with the middleware chain, CSRF's process_view, the view and its template response; close
+    assert len(trips) == 2, trips
+    assert any(trip.endswith("OneTripHandler._started_and_response") for trip in trips), trips
+    assert started and started[0].startswith("taskhub-request"), started  # sent once, on the request's thread
 
 
 @pytest.mark.django_db(transaction=True)
@@ -93,7 +103,7 @@ async def test_an_async_view_keeps_djangos_async_chain(monkeypatch):
     """The gateway's views are async: they run on the event loop, not in the sync chain's trip to the thread."""
     status, trips = await trips_to_threads(monkeypatch, "/mcp")
     assert status == 405  # the gateway's answer to a GET: POST JSON-RPC requests
-    assert not any(trip.endswith("BaseHandler.get_response") for trip in trips), trips
+    assert not any(trip.endswith("OneTripHandler._started_and_response") for trip in trips), trips
 
 
 async def test_concurrent_requests_run_on_threads_of_their_own():

@@ -11,23 +11,28 @@ executors (Django's handler then reuses that context), as a threaded WSGI server
 still runs all its sync code on one thread of its own, concurrent requests on different threads, and a kept
 thread's connection lives CONN_MAX_AGE (request_started / request_finished check it, as under WSGI).
 
-OneTripHandler is Django's ASGI handler, but a request to a sync view (every page, the API, the answer view) runs
-its whole middleware chain and the view in one trip to that thread, as WSGI runs them. Django's async chain sends
-the request back to the event loop at its bottom (its async get_response) and then to the thread again for the
-view, for CSRF's process_view and for a template response: six trips in all, each waiting its turn on an event
-loop that also serves every live socket (about 1 ms of every answer before the view begins: bench/approval.py);
-now three (request_started, the chain with its view, and close). Async views (the gateway) keep Django's chain.
+OneTripHandler is Django's ASGI handler, but a request to a sync view (every page, the API, the answer view) sends
+request_started and runs its whole middleware chain and the view in one trip to that thread, as WSGI runs them.
+Django's async chain sends the request back to the event loop at its bottom (its async get_response) and then to
+the thread again for the view, for CSRF's process_view and for a template response, and request_started's
+receivers (the connection checks) take a trip of their own before: seven trips in all, each waiting its turn on
+an event loop that also serves every live socket (about 1 ms of every answer before the view begins:
+bench/approval.py); now two (request_started with the chain and its view, and close). Async views (the gateway)
+keep Django's chain.
 """
 
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.db import connections
-from django.urls import Resolver404, get_resolver
+from django.urls import Resolver404, get_resolver, set_script_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -91,10 +96,60 @@ class OneTripHandler(ASGIHandler):
         self.sync_handler = BaseHandler()
         self.sync_handler.load_middleware(is_async=False)
 
+    async def handle(self, scope, receive, send):
+        """Django's ASGIHandler.handle (6.1), but the request is made before request_started is sent, so that for a
+        sync view the signal goes with the chain's trip (get_response_async): its receivers only check the
+        connections, which the request's making does not touch."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+
+        with closing(body_file):
+            set_script_prefix(get_script_prefix(scope))
+            request, error_response = self.create_request(scope, body_file)
+            if request is not None and not _async_view(request.path_info):
+                request.taskhub_started_scope = scope  # sent by get_response_async, on the thread
+            else:
+                await signals.request_started.asend(sender=self.__class__, scope=scope)
+            if request is None:
+                body_file.close()
+                await self.send_response(error_response, send)
+                await sync_to_async(error_response.close)()
+                return
+
+            class RequestProcessed(Exception):
+                pass
+
+            response = None
+            try:
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(self.listen_for_disconnect(receive))
+                        response = await self.run_get_response(request)
+                        await self.send_response(response, send)
+                        raise RequestProcessed
+                except* (RequestProcessed, RequestAborted):
+                    pass
+            except BaseExceptionGroup as exception_group:
+                if len(exception_group.exceptions) == 1:
+                    raise exception_group.exceptions[0]  # noqa: B904 (as Django: the one error, as it was raised)
+                raise
+
+            if response is None:
+                await signals.request_finished.asend(sender=self.__class__)
+            else:
+                await sync_to_async(response.close)()
+
     async def get_response_async(self, request):
-        if _async_view(request.path_info):
+        scope = getattr(request, "taskhub_started_scope", None)
+        if scope is None:
             return await super().get_response_async(request)
-        return await sync_to_async(self.sync_handler.get_response, thread_sensitive=True)(request)
+        return await sync_to_async(self._started_and_response, thread_sensitive=True)(request, scope)
+
+    def _started_and_response(self, request, scope):
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        return self.sync_handler.get_response(request)
 
 
 def _async_view(path_info: str) -> bool:
