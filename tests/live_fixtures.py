@@ -13,10 +13,13 @@ from taskhub.live.threads import close_live_connections
 
 @pytest.fixture(scope="module")
 def application():
-    """taskhub.asgi.application, built once the test environment has added "testserver" to ALLOWED_HOSTS."""
+    """taskhub.asgi.application, built once the test environment has added "testserver" to ALLOWED_HOSTS. Its kept
+    HTTP threads' database connections are closed after, or the test database could not be dropped at the end."""
     import taskhub.asgi
 
-    return importlib.reload(taskhub.asgi).application
+    application = importlib.reload(taskhub.asgi).application
+    yield application
+    application.application_mapping["http"].close_connections()
 
 
 @pytest.fixture

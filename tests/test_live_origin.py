@@ -1,8 +1,6 @@
 """The live socket accepts a handshake only from the page's own origin (scheme, host and port), as Django's CSRF
 check accepts a form POST, through the real ASGI application (taskhub.asgi)."""
 
-import importlib
-
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -22,14 +20,6 @@ def _signed_in_cookie(django_user_model) -> str:
     client = Client()
     client.force_login(user)
     return client.cookies["sessionid"].value
-
-
-@pytest.fixture(scope="module")
-def application():
-    """taskhub.asgi.application built after the test environment added "testserver" to ALLOWED_HOSTS."""
-    import taskhub.asgi
-
-    return importlib.reload(taskhub.asgi).application
 
 
 @pytest.fixture

@@ -180,7 +180,7 @@ ROW_FACTS = ("outcome", "error_code", "error_kind", "result_preview")
 def with_row_facts_of(task: Task) -> Task:
     """A copy of a task read whole, with with_row_facts's annotations worked out in Python from its columns: the live
     list signal has the task already, and building with_row_facts's query cost more than the rest of the signal
-    (bench/answer_path.py). test_tasks_list holds the two to the same values."""
+    (bench/answer_path.py). test_tasks_pages holds the two to the same values."""
     row = copy.copy(task)
     result, error = task.result, task.error
     completed = task.status == TaskStatus.COMPLETED
