@@ -14,6 +14,7 @@ from catalogue_fixtures import with_tools
 from django.contrib.auth.models import AnonymousUser, Group
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from helpers import snapshot
@@ -412,6 +413,13 @@ def test_the_timeline_shows_the_latest_events_when_there_are_very_many(alpha, ol
     entries, earlier = presenters.timeline(task)
     assert [entry.action for entry in entries] == ["task.launched", "task.launch_answered"][-2:]
     assert earlier == AuditEvent.objects.filter(task_id=task.pk).count() - 2
+    monkeypatch.setattr(presenters, "TIMELINE_CAP", AuditEvent.objects.filter(task_id=task.pk).count())
+    assert presenters.timeline(task)[1] == 0  # exactly the cap: nothing earlier
+    monkeypatch.setattr(presenters, "TIMELINE_CAP", 50)
+    with CaptureQueriesContext(connection) as asked:
+        entries, earlier = presenters.timeline(task)
+    assert earlier == 0 and len(entries) < 50
+    assert len(asked.captured_queries) == 1  # fewer than the cap are all there are: not counted
 
 
 # --- cancel ------------------------------------------------------------------------------------------

@@ -254,8 +254,9 @@ class TimelineEntry:
 def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
     """Every audit event of the task, newest last (the latest TIMELINE_CAP), and how many earlier were left out."""
     events = AuditEvent.objects.filter(task_id=task.pk)
-    total = events.count()
     newest = list(events.order_by("-time", "-id")[:TIMELINE_CAP])
+    # Counted only when the cap was reached: fewer are all there are (a statement less on every live change).
+    earlier = events.count() - len(newest) if len(newest) == TIMELINE_CAP else 0
     newest.reverse()
     return [
         TimelineEntry(
@@ -268,7 +269,7 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
             data=compact_json(event.data) if event.data else "",
         )
         for event in newest
-    ], max(0, total - len(newest))
+    ], max(0, earlier)
 
 
 # --- protocol facts ----------------------------------------------------------------------------------
