@@ -79,8 +79,9 @@ async def trips_to_threads(monkeypatch, path: str) -> tuple[int, list[str]]:
 @pytest.mark.django_db(transaction=True)
 async def test_a_request_goes_to_its_thread_twice_not_once_per_middleware(monkeypatch):
     """taskhub.web.request_threads.OneTripHandler: request_started, the middleware chain and the view run on the
-    request's thread in one trip, not a trip from the event loop per process_request and process_response (19 with
-    Django's handler alone, 7 with taskhub.web.middleware.middleware_on_one_thread)."""
+    request's thread in one trip, not a trip from the event loop per process_request and process_response (18 with
+    Django's handler alone, 6 with taskhub.web.middleware.middleware_on_one_thread, 3 before request_started went
+    with the chain)."""
     started = []
     request_started.connect(
         lambda **kwargs: started.append(threading.current_thread().name),

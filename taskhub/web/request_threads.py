@@ -14,9 +14,9 @@ thread's connection lives CONN_MAX_AGE (request_started / request_finished check
 OneTripHandler is Django's ASGI handler, but a request to a sync view (every page, the API, the answer view) sends
 request_started and runs its whole middleware chain and the view in one trip to that thread, as WSGI runs them.
 Django's async chain sends the request back to the event loop at its bottom (its async get_response) and then to
-the thread again for the view, for CSRF's process_view and for a template response, and request_started's
-receivers (the connection checks) take a trip of their own before: seven trips in all, each waiting its turn on
-an event loop that also serves every live socket (about 1 ms of every answer before the view begins:
+the thread again for the view, for CSRF's process_view and for a template response, with request_started's
+receivers (the connection checks) in a trip of their own before and close after: six trips in all, each waiting
+its turn on an event loop that also serves every live socket (about 1 ms of every answer before the view begins:
 bench/approval.py); now two (request_started with the chain and its view, and close). Async views (the gateway)
 keep Django's chain.
 """
