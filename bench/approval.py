@@ -20,6 +20,11 @@ Baselines in the same run, on the same server, on tasks of the same tool: the fl
 `TasksClient` sending `tasks/update` (time.time() before the call → arrival); and a new `TasksClient` per answer,
 as the delivery job opened one before the worker kept them. Goal of issue 6: p50 ≤ 50 ms, p95 ≤ 150 ms.
 
+The browser stands for the approver's own machine: Playwright's driver and Chromium are pinned to core 0
+(--browser-cores; 'all' leaves them unpinned, as every run before 2026-12-02 19:30 did), taskhub's processes keep
+both cores: unpinned, Chromium took 75% of a core during the clicks, and the answer view's steps in daphne and
+Postgres ran twice as slow as in one process (bench/RESULTS.md, session 12).
+
     uv run python bench/approval.py                              # 40 approvals (~3 min)
     uv run python bench/approval.py --samples 5 --no-record      # a quick look
 
@@ -39,10 +44,13 @@ import time
 from pathlib import Path
 
 from livestack import (
+    BROWSER_CORES_HELP,
     ROOT,
     ControlServer,
     append_results,
     bench_user,
+    browser_cores,
+    browser_cores_said,
     drop,
     load,
     ms,
@@ -221,10 +229,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=40, help="approvals (and bare-client updates of each kind)")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_APPROVAL_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--browser-cores", default="0", help=BROWSER_CORES_HELP)
     parser.add_argument("--profile", default="", help="py-spy daphne and the worker during the approvals: PREFIX-*.txt")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
+    cores = browser_cores(args.browser_cores)
 
     command = "uv run python bench/approval.py " + " ".join(sys.argv[1:])
     load_start = load()
@@ -255,7 +265,7 @@ def main() -> None:
         with web_and_worker(env, f"bench-approval-{os.getpid()}") as (web, worker):
             say(f"daphne on {web.url}, worker running; waiting for the {args.samples} questions")
             requests = open_requests(args.samples)
-            with signed_in_browser(web.url, user) as context:
+            with signed_in_browser(web.url, user, cores=cores) as context:
                 say(f"taskhub: {len(requests)} approvals in the inbox")
                 with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
                     latencies, missing, submitted, responded, arrived = browser_samples(
@@ -274,7 +284,8 @@ def main() -> None:
         "- stack: daphne + one `manage.py worker` + Postgres (own database) + Redis channel layer "
         f"(prefix `{prefix}`), production settings (DEBUG off, static files collected); "
         "Debian's chromium (Playwright) signed in as an approver on the inbox; server: "
-        "bench/demo_control_server.py (the demo server), tool `approval`",
+        "bench/demo_control_server.py (the demo server), tool `approval`; "
+        f"{browser_cores_said(cores)}",
         "- latency = the server's time.time() when the HTTP request with `tasks/update` reached it - the form's "
         f"`submit` event in the page (performance.timeOrigin + now()); {args.samples} approvals one at a time",
         "- floor: a long-lived SDK `TasksClient` sending `tasks/update` (time.time() before the call); also a new "

@@ -23,6 +23,10 @@ breakdown also shows the poll that saw the change (its arrival at the server) an
 Goals of issue 18: p50 ≤ 60 ms with notifications (detail page); polling p50 within 100 ms of the bare polling
 client's in the same run.
 
+The browser stands for the operator's own machine: Playwright's driver and Chromium are pinned to core 0
+(--browser-cores; 'all' leaves them unpinned, as every run before 2026-12-02 19:30 did), taskhub's processes
+keep both cores.
+
     uv run python bench/freshness.py                                  # 30 samples per mode, 1,000 ms (~4 min)
     uv run python bench/freshness.py --samples 5 --no-record          # a quick look
 
@@ -42,9 +46,12 @@ import time
 from pathlib import Path
 
 from livestack import (
+    BROWSER_CORES_HELP,
     ROOT,
     ControlServer,
     bench_user,
+    browser_cores,
+    browser_cores_said,
     drop,
     load,
     ms,
@@ -241,12 +248,14 @@ def main() -> None:
     parser.add_argument("--poll-interval-ms", type=int, default=1000, help="the servers' pollIntervalMs")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_FRESHNESS_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--browser-cores", default="0", help=BROWSER_CORES_HELP)
     parser.add_argument(
         "--profile", default="", help="py-spy daphne and the worker during the notifications phase: PREFIX-*.txt"
     )
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
+    cores = browser_cores(args.browser_cores)
 
     command = "uv run python bench/freshness.py " + " ".join(sys.argv[1:])
     load_start = load()
@@ -282,7 +291,7 @@ def main() -> None:
             say(f"daphne on {web.url}, worker running; waiting for the worker to subscribe to the pushed tasks")
             pushed_tasks = modes["notifications"][2]
             wait_until(lambda: all(pushed.watched(remote) for remote in pushed_tasks), "the worker's subscriptions")
-            with signed_in_browser(web.url, user) as context:
+            with signed_in_browser(web.url, user, cores=cores) as context:
                 for mode, (control, server_id, seeded) in modes.items():
                     say(f"taskhub, {mode}: {len(seeded)} changes")
                     # After the page is live, the change comes at a random moment: over one poll interval when
@@ -326,7 +335,8 @@ def main() -> None:
         f"(prefix `{prefix}`), production settings (DEBUG off, static files collected); "
         "Debian's chromium (Playwright) signed in as an operator; servers: two "
         f"bench/demo_control_server.py (the demo server, pollIntervalMs {interval}), one answering "
-        "`subscriptions/listen` with -32601 (the worker polls), one pushing `notifications/tasks`",
+        "`subscriptions/listen` with -32601 (the worker polls), one pushing `notifications/tasks`; "
+        f"{browser_cores_said(cores)}",
         f"- latency = the DOM shows `completed` (MutationObserver, performance.timeOrigin + now()) - the server's "
         f"time.time() just before the change; {args.samples} changes per mode, one at a time, each on a freshly "
         "opened detail page (socket open, task watched), and on a list page filtered to the server in a second tab; "

@@ -231,9 +231,55 @@ def web_and_worker(env: dict[str, str], name: str) -> Iterator[tuple[object, obj
         workers.stop_all()
 
 
+# The browser stands for the person's own machine; here it shares the two cores with taskhub, and Chromium (the
+# benchmark's Playwright driving it, hovering and hit-testing before each click, rastering each frame in software)
+# took 75% of a core during bench/approval.py's clicks, a third of the answer view's time in daphne and Postgres
+# (bench/RESULTS.md, session 12). Pinned to one core, it can take at most that one; taskhub's processes keep both.
+BROWSER_CORES_HELP = (
+    "CPU cores for the browser (Playwright's driver and Chromium), e.g. 0 or 0,1; 'all': not pinned "
+    "(default 0: the person's machine gets one core, taskhub's processes keep both)"
+)
+
+
+def browser_cores(text: str) -> set[int] | None:
+    """--browser-cores: None for 'all' (or a machine with one core); otherwise the cores, which must exist."""
+    available = os.sched_getaffinity(0)
+    if text == "all" or len(available) < 2:
+        return None
+    try:
+        cores = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise SystemExit(f"--browser-cores: {text!r} is not 'all' or a list of core numbers such as 0,1") from None
+    if not cores or not cores <= available:
+        raise SystemExit(f"--browser-cores: {text!r} names cores this process may not use ({sorted(available)})")
+    return cores
+
+
+def browser_cores_said(cores: set[int] | None) -> str:
+    if cores is None:
+        return "the browser not pinned (it shares every core with taskhub)"
+    listed = ",".join(map(str, sorted(cores)))
+    return f"the browser (Playwright's driver, Chromium) pinned to core {listed} with sched_setaffinity"
+
+
 @contextlib.contextmanager
-def signed_in_browser(base_url: str, user) -> Iterator[object]:
-    """A Chromium context holding `user`'s session (made in this process; same SECRET_KEY and cache as daphne)."""
+def _affinity(cores: set[int] | None) -> Iterator[None]:
+    """This thread on `cores` while inside: the processes it starts meanwhile inherit them."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
+def signed_in_browser(base_url: str, user, *, cores: set[int] | None = None) -> Iterator[object]:
+    """A Chromium context holding `user`'s session (made in this process; same SECRET_KEY and cache as daphne).
+    `cores`: Playwright's driver and Chromium run there (browser_cores); None: anywhere."""
     from browser_fixtures import CHROMIUM_ARGS, VIEWPORT
     from django.conf import settings
     from playwright.sync_api import sync_playwright
@@ -241,8 +287,10 @@ def signed_in_browser(base_url: str, user) -> Iterator[object]:
 
     cookie = session_cookie_for(user)
     executable = shutil.which("chromium") or "/usr/bin/chromium"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+    with contextlib.ExitStack() as stack:
+        with _affinity(cores):  # the driver and Chromium start here, and keep these cores
+            playwright = stack.enter_context(sync_playwright())
+            browser = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         # bypass_csp: Playwright's wait_for_function evaluates its predicate with new Function, which the CSP forbids.
         context = browser.new_context(viewport=VIEWPORT, locale="en-GB", bypass_csp=True)
         context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": base_url}])
