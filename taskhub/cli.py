@@ -255,6 +255,7 @@ class InProcessWorker:
         from django.db import connection
         from procrastinate.contrib.django import app
 
+        from taskhub.worker.connector import worker_connector
         from taskhub.worker.management.commands.worker import run
 
         async def main() -> None:
@@ -265,7 +266,7 @@ class InProcessWorker:
 
         try:
             connection.ensure_connection()
-            with app.replace_connector(app.connector.get_worker_connector()):
+            with app.replace_connector(worker_connector()):
                 asyncio.run(main())
         except Exception as error:
             say(f"  the worker stopped: {error!r}")

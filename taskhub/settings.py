@@ -36,7 +36,10 @@ def env_list(name: str, default: list[str]) -> list[str]:
 def database_from_env() -> dict:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
-        return dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        database = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        if database["ENGINE"] == "django.db.backends.postgresql":
+            database["ENGINE"] = "taskhub.database"  # its health check asks the socket first (taskhub/database)
+        return database
     # Host, port and user come from the embedded server once it runs (taskhub/embedded_pg/base.py).
     return {"ENGINE": "taskhub.embedded_pg", "NAME": "taskhub", "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True}
 

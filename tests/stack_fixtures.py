@@ -39,6 +39,7 @@ from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
+from taskhub.worker.connector import worker_connector
 
 LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -65,7 +66,7 @@ async def run_worker_until_idle(timeout: float = 30, concurrency: int = 4) -> No
     one; so it runs again as long as jobs are due.
     """
     async with asyncio.timeout(timeout):
-        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+        with app.replace_connector(worker_connector()) as worker_app:
             async with worker_app.open_async():
                 while True:
                     await worker_app.run_worker_async(

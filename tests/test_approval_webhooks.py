@@ -27,6 +27,7 @@ from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
 from taskhub.tasks import services as task_services
 from taskhub.tasks.models import InputRequest
+from taskhub.worker.connector import worker_connector
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 
@@ -66,7 +67,7 @@ def run_webhook_jobs(until, timeout: float = 30) -> None:
 
     async def work() -> None:
         async with asyncio.timeout(timeout):
-            with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+            with app.replace_connector(worker_connector()) as worker_app:
                 async with worker_app.open_async():
                     while not await sync_to_async(until)():
                         await worker_app.run_worker_async(

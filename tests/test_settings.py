@@ -53,7 +53,7 @@ def load_settings(**env: str) -> dict:
 def test_database_url_is_used_when_set():
     loaded = load_settings(SECRET_KEY="k", DATABASE_URL="postgres://alice:pw@db.example:6543/hub")
     assert loaded["DATABASE"] == {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "taskhub.database",  # Django's PostgreSQL backend, its health check asking the socket first
         "NAME": "hub",
         "HOST": "db.example",
         "PORT": 6543,

@@ -42,6 +42,7 @@ from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.worker import clients, heartbeats, jobs, slots, sweeps
+from taskhub.worker.connector import worker_connector
 from taskhub.worker.models import WorkerHeartbeat
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
@@ -285,7 +286,7 @@ def test_a_stalled_launch_job_is_recovered_and_reports_unknown_instead_of_resend
     task = launched(server, operator, "quick", {"text": "stalled"})
 
     async def a_worker_takes_the_job_and_dies():
-        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+        with app.replace_connector(worker_connector()) as worker_app:
             async with worker_app.open_async():
                 manager = worker_app.job_manager
                 worker_id = await manager.register_worker()
@@ -303,7 +304,7 @@ def test_a_stalled_launch_job_is_recovered_and_reports_unknown_instead_of_resend
     assert job.status == "doing"
 
     async def recover():
-        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+        with app.replace_connector(worker_connector()) as worker_app:
             async with worker_app.open_async():
                 return await sweeps.retry_stalled_jobs.func(_Context(worker_app), timestamp=0)
 
@@ -821,7 +822,7 @@ def worker_in_thread(*, concurrency: int, **options) -> Iterator[None]:
 
     async def main() -> None:
         state["loop"], state["stop"] = asyncio.get_running_loop(), asyncio.Event()
-        with app.replace_connector(app.connector.get_worker_connector()) as worker_app:
+        with app.replace_connector(worker_connector()) as worker_app:
             async with worker_app.open_async():
                 runner = asyncio.create_task(
                     worker_app.run_worker_async(

@@ -1,8 +1,7 @@
 """Django database backend: PostgreSQL on the embedded server, started on the first connection."""
 
-from django.db.backends.postgresql import base
-
 from taskhub import embedded_pg
+from taskhub.database import base
 
 
 class DatabaseWrapper(base.DatabaseWrapper):

@@ -26,6 +26,7 @@ from taskhub.observability import jobs as observability_jobs
 from taskhub.servers.hooks import DEFAULT_QUEUE
 from taskhub.worker import health
 from taskhub.worker.clients import shared_clients
+from taskhub.worker.connector import worker_connector
 from taskhub.worker.heartbeats import RUNNING_AS, Heartbeat
 from taskhub.worker.slots import SLOTS
 from taskhub.worker.stdio.supervisor import StdioSupervisor
@@ -56,7 +57,7 @@ class Command(BaseCommand):
         worker_id = name or f"{socket.gethostname()}-{os.getpid()}"
         # The worker connector reads the connection parameters, which an embedded Postgres only knows once started.
         wait_for_database(worker_id)
-        with app.replace_connector(app.connector.get_worker_connector()):
+        with app.replace_connector(worker_connector()):
             asyncio.run(
                 run(
                     worker_id=worker_id,
