@@ -10,8 +10,9 @@ one at a time, on the inbox page: tick "Approve?" and click Accept (htmx posts t
 `submit` event, stamped in the page (performance.timeOrigin + now()); end: the server's time.time() when the
 HTTP request carrying `tasks/update` for that task reached it. Same machine, same clock. The path between: the
 answer view (`services.answer_input`, which defers the `deliver_answer` job), procrastinate's LISTEN/NOTIFY wake-up
-in the worker, the job (its claim, one statement that also reads the answer: `services.claim_first_delivery`;
-`tasks/update` on the worker's kept `TasksClient` for the server, taskhub/worker/clients.py).
+in the worker, the job (its claim, one statement that also reads the answer, sent from the event loop on the worker's
+own pool: `services.first_claim`; `tasks/update` on the worker's kept `TasksClient` for the server,
+taskhub/worker/clients.py).
 The breakdown names issue 18's sub-goals: submit → answer stored (the request's answered_at, stamped in the view's
 transaction after its checks) ≤ 15 ms, and answer stored → claim sent (delivery_attempted_at, stamped by the job as
 it sends its claim) ≤ 10 ms; the claim's own round trip counts in the next stage. It also shows submit → the htmx
@@ -189,7 +190,7 @@ STAGES = (
 def stages(submitted: dict[str, float], responded: dict[str, float], arrived: dict[str, float]) -> dict[str, list]:
     """Where the time went, per approval, from the rows the path leaves: the request's answered_at (stamped in the
     view's transaction, after its checks) and delivery_attempted_at (stamped by the job as it sends its claim,
-    services.claim_first_delivery), procrastinate's `started` event; and in the page, the submit, and the POST's
+    services.first_claim), procrastinate's `started` event; and in the page, the submit, and the POST's
     requestStart and responseEnd from its resource timing."""
     from django.db import connection
 

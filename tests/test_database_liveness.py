@@ -1,17 +1,20 @@
 """A kept connection's health read from its socket (taskhub/database): a quiet one is used without a query, one that
-Postgres ended is found and replaced; for Django's connections and for the worker's procrastinate pool alike.
+Postgres ended is found and replaced; for Django's connections and for the worker's procrastinate pool alike. And a
+statement on that pool (the delivery job's claim) reads its row as Django's connections do.
 
 Real Postgres: a connection is ended as a restart ends it (pg_terminate_backend: the backend sends FATAL and
 closes), and what a backend last ran is read from pg_stat_activity."""
 
 import asyncio
+import datetime
 import select
 import uuid
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 
+from taskhub.database import pooled
 from taskhub.database.base import DatabaseWrapper
 from taskhub.worker.connector import worker_connector
 
@@ -112,5 +115,18 @@ async def test_the_worker_pool_replaces_a_connection_postgres_ended():
             row = await connector.execute_query_one_async("SELECT pg_backend_pid() AS pid")
             pids.add(row["pid"])
         assert ended not in pids
+    finally:
+        await connector.close_async()
+
+
+async def test_a_statement_on_the_pool_is_read_as_django_reads_and_fails_with_djangos_errors():
+    connector = worker_connector()
+    await connector.open_async()
+    try:
+        row = await pooled.fetch_one(connector.pool, "SELECT '{\"a\": 1}'::jsonb, now(), %s", ["x"])
+        assert row[0] == '{"a": 1}' and row[2] == "x"  # JSONField parses the text itself
+        assert row[1].utcoffset() == datetime.timedelta(0)
+        with pytest.raises(DataError):  # Django's, so the jobs' retry rules (DatabaseError) apply
+            await pooled.fetch_one(connector.pool, "SELECT 1 / 0", [])
     finally:
         await connector.close_async()

@@ -651,6 +651,7 @@ def _answer(
     terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
     if not as_agent:
         _check_policy(task=task, input_request=input_request, answer=answer, user=user, terms=terms, comment=comment)
+
     now = timezone.now()
     answered = {
         "key": input_request.key,
@@ -807,19 +808,22 @@ def claim_delivery(*, input_request: InputRequest, attempted_by: str = "", only_
     return claimed
 
 
-def claim_first_delivery(
+def first_claim(
     *, input_request_id: int, attempted_by: str = "", only_if: tuple[str, Sequence[Any]] | None = None
-) -> InputRequest | None:
-    """claim_delivery for the first attempt to send a task-phase answer, in one statement that also reads what the
-    sending needs: the request with its task and server, as claimed (no lookup before the claim: the delivery job's
-    hot path). None when it is not that (delivered already, an MRTR round's answer, a task with no remote id yet, an
-    attempt made before) or `only_if` (SQL of a condition and its parameters) did not hold: the caller then reads
-    the request and decides, as before."""
+) -> tuple[str, list[Any]]:
+    """claim_delivery for the first attempt to send a task-phase answer, as one statement (and its parameters) that
+    also reads what the sending needs: the request with its task and server, as claimed (no lookup before the claim:
+    the delivery job's hot path, which runs it on the worker's own pool: jobs.py). Its row, read by first_claimed, is
+    None when it is not that (delivered already, an MRTR round's answer, a task with no remote id yet, an attempt made
+    before) or `only_if` (SQL of a condition and its parameters) did not hold: the caller then reads the request and
+    decides, as claim_delivery's callers do."""
     sql = _first_claim_sql() + (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + _first_claim_columns()
     params = [timezone.now(), attempted_by, input_request_id, TASK_PHASE, *(only_if[1] if only_if else ())]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    return sql, params
+
+
+def first_claimed(row: Sequence[Any] | None) -> InputRequest | None:
+    """The request claimed by first_claim's statement, with its task and server, from the row it returned."""
     if row is None:
         return None
     input_request, task, server = _instances(row, (InputRequest, Task, Server))

@@ -175,7 +175,7 @@ def _beating_sql(owner: str) -> tuple[str, tuple]:
 
 
 def beating_sql(owner: str) -> tuple[str, tuple]:
-    """`beating(owner)` as SQL and its parameters, for a statement written in SQL (services.claim_first_delivery)."""
+    """`beating(owner)` as SQL and its parameters, for a statement written in SQL (services.first_claim)."""
     return _beating_sql(owner)
 
 

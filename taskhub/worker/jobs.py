@@ -43,13 +43,16 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
-from procrastinate import RetryDecision
+from procrastinate import PsycopgConnector, RetryDecision
 from procrastinate.contrib.django import app
+from procrastinate.exceptions import AppNotOpen
 from procrastinate.jobs import Job
 from procrastinate.retry import BaseRetryStrategy
+from psycopg_pool import AsyncConnectionPool
 
 from taskhub.approvals.notifications import digest
 from taskhub.approvals.notifications import outbox as notification_outbox
+from taskhub.database import pooled
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
 from taskhub.observability import metrics, tracing
@@ -346,31 +349,60 @@ async def deliver_answer(context, input_request_id: int, server_id: int | None =
         raise
 
 
-def _answer_to_deliver(
-    input_request_id: int, owner: str, server_id: int | None = None
+async def _answer_to_load(
+    input_request_id: int, *, owner: str, server_id: int | None
 ) -> tuple[InputRequest | None, bool, Slot | None]:
     """The answer to deliver, whether it is claimed already (by `owner`, this worker), and its server's slot (taken
     if claimed).
 
-    A first attempt to send a task-phase answer has nothing to ask the server before its claim, so it claims in
-    the same trip to the database (one thread hop and connection check less before the answer goes out) — if it
-    gets a slot of its server's share: an answer claimed and not sent would wait for the settle time. With its
-    server's id (the job carries it) and that server's share known here, the slot is taken first and the claim is
-    the one statement that also reads the answer, its task and server (services.claim_first_delivery)."""
+    A first attempt to send a task-phase answer has nothing to ask the server before its claim. With its server's id
+    (the job carries it) and that server's share known here, the slot is taken first and the claim is the one
+    statement that also reads the answer, its task and server (services.first_claim), sent from the event loop on
+    the worker's own pool: no trip to a thread and back before the answer goes out (an answer claimed and not sent
+    would wait for the settle time, hence the slot first). Otherwise (no slot free, not a first send, beating late,
+    or a job run outside `manage.py worker`, with no pool) the request is read on Django's connection and decided
+    there (_answer_to_deliver)."""
     slot = SLOTS.slot_by_id(server_id) if server_id is not None else None
-    if slot is not None and slot.try_take():
+    pool = _worker_pool()
+    if slot is not None and pool is not None and slot.try_take():
         try:
-            only_if = heartbeats.beating_sql(owner) if owner else None
-            input_request = services.claim_first_delivery(
-                input_request_id=input_request_id, attempted_by=owner, only_if=only_if
-            )
+            only_if = await _beating_condition(owner) if owner else None
+            sql, params = services.first_claim(input_request_id=input_request_id, attempted_by=owner, only_if=only_if)
+            input_request = services.first_claimed(await pooled.fetch_one(pool, sql, params))
         except BaseException:
             slot.release()
             raise
         if input_request is not None:
             SLOTS.share(input_request.task.server)  # its share as it is now, for the next job
             return input_request, True, slot
-        slot.release()  # not a first send, or not beating: read and decide below, as without the server's id
+        slot.release()
+    return await db(_answer_to_deliver, input_request_id=input_request_id, owner=owner)
+
+
+def _worker_pool() -> AsyncConnectionPool | None:
+    """The pool of the worker's connector (worker_connector), open on this loop; None outside a worker."""
+    connector = app.connector
+    if not isinstance(connector, PsycopgConnector):
+        return None
+    try:
+        return connector.pool
+    except AppNotOpen:
+        return None
+
+
+_beating_conditions: dict[str, tuple[str, tuple]] = {}
+
+
+async def _beating_condition(owner: str) -> tuple[str, tuple]:
+    """heartbeats.beating_sql(owner), compiled once per owner on a thread (the ORM may ask the database its version)."""
+    if owner not in _beating_conditions:
+        _beating_conditions[owner] = await db(heartbeats.beating_sql, owner=owner)
+    return _beating_conditions[owner]
+
+
+def _answer_to_deliver(input_request_id: int, owner: str) -> tuple[InputRequest | None, bool, Slot | None]:
+    """The answer to deliver, read on Django's connection, claimed if it is a first send and its server has a slot
+    free (see _answer_to_load)."""
     input_request = InputRequest.objects.select_related("task__server").filter(pk=input_request_id).first()
     if input_request is None or input_request.state != InputRequestState.ANSWERED:
         return None, False, None  # delivered already (the job ran twice), or nothing to deliver
@@ -396,14 +428,13 @@ def _claim(input_request: InputRequest, *, owner: str) -> bool:
 
 async def deliver(input_request_id: int, *, last_attempt: bool = True, server_id: int | None = None) -> str:
     """Send one answer: tasks/update with that key alone, or (MRTR) resend tools/call once the round is complete."""
+
     owner = heartbeats.RUNNING_AS.get()
     claim_started = claim_clock()  # a claim made in this load holds from (after) this moment
-    loading = asyncio.ensure_future(
-        db(_answer_to_deliver, input_request_id=input_request_id, owner=owner, server_id=server_id)
-    )
+    loading = asyncio.ensure_future(_answer_to_load(input_request_id, owner=owner, server_id=server_id))
     try:
         input_request, claimed, slot = await asyncio.shield(loading)
-    except asyncio.CancelledError:  # the worker stops: the thread still finishes, and may have taken a slot
+    except asyncio.CancelledError:  # the worker stops: the load still finishes, and may have taken a slot
         loading.add_done_callback(_release_loaded_slot)
         raise
     if input_request is None or slot is None:
