@@ -19,6 +19,7 @@ from django.contrib.auth.models import Group
 from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from helpers import free_port, snapshot
 
 from taskhub.live import consumer, publish
@@ -30,6 +31,7 @@ from taskhub.live.hub import hub_for
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from taskhub.tasks.models import TaskPoll
 from tests.approval_fixtures import set_approver_groups
 from tests.conftest import PROJECT_DIR
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
@@ -301,6 +303,17 @@ def test_a_change_rendered_for_a_socket_asks_no_roles_again(operator, live_task)
     operator.groups.clear()
     user, access = current_access(operator.pk)
     assert not access.may_see_task(task) and not user.taskhub_roles.operator
+
+
+def test_a_watched_tasks_sections_read_its_next_poll_with_the_task(operator, live_task):
+    # The task as read for a change comes with its poll: the facts' "next poll" is no query of its own per change.
+    TaskPoll.objects.update_or_create(task=live_task, defaults={"next_poll_at": timezone.now()})
+    user, access = current_access(operator.pk)
+    task = consumer._task_or_none(live_task.pk)
+    with CaptureQueriesContext(connection) as queries:
+        html = "".join(consumer._render_parts(task, [(FragmentKind.TASK, Sharing.USER)], user, access))
+    assert f'id="task-{live_task.pk}-header"' in html
+    assert [query["sql"] for query in queries.captured_queries if '"tasks_taskpoll"' in query["sql"]] == []
 
 
 async def test_a_page_fragment_that_fails_costs_only_itself(socket_for, operator, live_task, task_fragments):

@@ -333,8 +333,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
 def _task_or_none(task_id):
     from taskhub.tasks.models import Task
 
-    # Whole, with what any page's fragment shows of it (the list signal: who asked to cancel).
-    return Task.objects.select_related("server", "launched_by", "cancel_requested_by").filter(pk=task_id).first()
+    # Whole, with what any page's fragment shows of it (the list signal: who asked to cancel; the detail page's facts:
+    # its next poll, which would otherwise be a query of its own per change).
+    return (
+        Task.objects.select_related("server", "launched_by", "cancel_requested_by", "poll").filter(pk=task_id).first()
+    )
 
 
 def _render_user_fragments(user, access: LiveAccess, sharing: Sharing | None) -> str:

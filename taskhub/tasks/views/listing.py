@@ -195,7 +195,10 @@ def servers_user_may_approve_ids(user) -> list[int]:
 
 
 def visible_task_or_404(user, task_id) -> Task:
-    task = Task.objects.select_related("server", "launched_by", "cancel_requested_by").filter(pk=task_id).first()
+    # With its poll: the page's facts show the next one.
+    task = (
+        Task.objects.select_related("server", "launched_by", "cancel_requested_by", "poll").filter(pk=task_id).first()
+    )
     if task is None or not permissions.may_see_task(user, task):
         raise Http404("No such task.")
     return task
