@@ -12,7 +12,7 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import DataError, connection
+from django.db import DEFAULT_DB_ALIAS, DataError, connection, connections
 
 from taskhub.database import pooled
 from taskhub.database.base import DatabaseWrapper
@@ -22,8 +22,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 def own_connection() -> DatabaseWrapper:
-    """A Django connection of taskhub's backend, outside the test's transaction, health checks on."""
-    wrapper = DatabaseWrapper({**connection.settings_dict, "CONN_HEALTH_CHECKS": True}, alias="liveness")
+    """A Django connection of the tests' backend (taskhub's, or the embedded server's built on it), outside the test's
+    transaction, health checks on."""
+    backend = type(connections[DEFAULT_DB_ALIAS])
+    assert issubclass(backend, DatabaseWrapper)
+    wrapper = backend({**connection.settings_dict, "CONN_HEALTH_CHECKS": True}, alias="liveness")
     wrapper.ensure_connection()
     return wrapper
 
@@ -41,6 +44,15 @@ def end_backend(pid: int, socket: int) -> None:
     poller = select.poll()
     poller.register(socket, select.POLLIN)
     assert poller.poll(10_000), "the ended backend's socket never became readable"
+
+
+@pytest.fixture
+async def connector():
+    """The worker's connector, open (its pool) on the test's event loop."""
+    connector = worker_connector()
+    await connector.open_async()
+    yield connector
+    await connector.close_async()
 
 
 def test_a_quiet_connection_is_usable_without_a_round_trip():
@@ -85,48 +97,33 @@ def test_a_connection_with_a_transaction_open_is_checked_with_a_query():
         wrapper.close()
 
 
-async def test_the_worker_pool_checks_a_quiet_connection_without_a_query_and_runs_in_autocommit():
-    connector = worker_connector()
-    await connector.open_async()
-    try:
-        last_ran: dict[int, str] = {}
-        for turn in range(2 * connector.pool.max_size):
-            async with connector.pool.connection() as pooled:
-                assert pooled.autocommit
-                pid = pooled.info.backend_pid
-                if pid in last_ran:  # handed out again: the pool's check sent nothing since our statement
-                    assert await asyncio.to_thread(backend_query, pid) == last_ran[pid]
-                last_ran[pid] = f"SELECT 'pool turn {turn} {uuid.uuid4()}'"
-                await pooled.execute(last_ran[pid])
-        assert len(last_ran) < 2 * connector.pool.max_size, "no connection was handed out twice"
-    finally:
-        await connector.close_async()
-
-
-async def test_the_worker_pool_replaces_a_connection_postgres_ended():
-    connector = worker_connector()
-    await connector.open_async()
-    try:
+async def test_the_worker_pool_checks_a_quiet_connection_without_a_query_and_runs_in_autocommit(connector):
+    last_ran: dict[int, str] = {}
+    for turn in range(2 * connector.pool.max_size):
         async with connector.pool.connection() as pooled:
-            ended, socket = pooled.info.backend_pid, pooled.pgconn.socket
-        await asyncio.to_thread(end_backend, ended, socket)
-        pids = set()
-        for _ in range(connector.pool.max_size + 1):  # every connection of the pool is handed out at least once
-            row = await connector.execute_query_one_async("SELECT pg_backend_pid() AS pid")
-            pids.add(row["pid"])
-        assert ended not in pids
-    finally:
-        await connector.close_async()
+            assert pooled.autocommit
+            pid = pooled.info.backend_pid
+            if pid in last_ran:  # handed out again: the pool's check sent nothing since our statement
+                assert await asyncio.to_thread(backend_query, pid) == last_ran[pid]
+            last_ran[pid] = f"SELECT 'pool turn {turn} {uuid.uuid4()}'"
+            await pooled.execute(last_ran[pid])
+    assert len(last_ran) < 2 * connector.pool.max_size, "no connection was handed out twice"
 
 
-async def test_a_statement_on_the_pool_is_read_as_django_reads_and_fails_with_djangos_errors():
-    connector = worker_connector()
-    await connector.open_async()
-    try:
-        row = await pooled.fetch_one(connector.pool, "SELECT '{\"a\": 1}'::jsonb, now(), %s", ["x"])
-        assert row[0] == '{"a": 1}' and row[2] == "x"  # JSONField parses the text itself
-        assert row[1].utcoffset() == datetime.timedelta(0)
-        with pytest.raises(DataError):  # Django's, so the jobs' retry rules (DatabaseError) apply
-            await pooled.fetch_one(connector.pool, "SELECT 1 / 0", [])
-    finally:
-        await connector.close_async()
+async def test_the_worker_pool_replaces_a_connection_postgres_ended(connector):
+    async with connector.pool.connection() as pooled:
+        ended, socket = pooled.info.backend_pid, pooled.pgconn.socket
+    await asyncio.to_thread(end_backend, ended, socket)
+    pids = set()
+    for _ in range(connector.pool.max_size + 1):  # every connection of the pool is handed out at least once
+        row = await connector.execute_query_one_async("SELECT pg_backend_pid() AS pid")
+        pids.add(row["pid"])
+    assert ended not in pids
+
+
+async def test_a_statement_on_the_pool_is_read_as_django_reads_and_fails_with_djangos_errors(connector):
+    row = await pooled.fetch_one(connector.pool, "SELECT '{\"a\": 1}'::jsonb, now(), %s", ["x"])
+    assert row[0] == '{"a": 1}' and row[2] == "x"  # JSONField parses the text itself
+    assert row[1].utcoffset() == datetime.timedelta(0)
+    with pytest.raises(DataError):  # Django's, so the jobs' retry rules (DatabaseError) apply
+        await pooled.fetch_one(connector.pool, "SELECT 1 / 0", [])

@@ -289,31 +289,34 @@ async def test_watching_a_visible_task_sends_it_now_and_on_every_change(
     await communicator.disconnect()
 
 
+def watched_sections(user_id: int, task_id) -> tuple[str, list[str]]:
+    """A watched task's sections as a change renders them for the user's socket, and the statements it sent."""
+    user, access = current_access(user_id)
+    task = consumer._task_or_none(task_id)
+    with CaptureQueriesContext(connection) as queries:
+        html = "".join(consumer._render_parts(task, [(FragmentKind.TASK, Sharing.USER)], user, access))
+    return html, [query["sql"] for query in queries.captured_queries]
+
+
 def test_a_change_rendered_for_a_socket_asks_no_roles_again(operator, live_task):
     # The page fragments ask for roles again and again (sees_all_tasks, may_see_task, may_cancel, ...); each asking
     # was a query, eight per change for a watched task (bench/freshness.py). The socket's user carries the roles
     # read with its access, and is read again with it.
-    user, access = current_access(operator.pk)
-    task = consumer._task_or_none(live_task.pk)
-    with CaptureQueriesContext(connection) as queries:
-        html = "".join(consumer._render_parts(task, [(FragmentKind.TASK, Sharing.USER)], user, access))
+    html, statements = watched_sections(operator.pk, live_task.pk)
     assert f'id="task-{live_task.pk}-header"' in html
-    assert [query["sql"] for query in queries.captured_queries if '"auth_user_groups"' in query["sql"]] == []
+    assert [sql for sql in statements if '"auth_user_groups"' in sql] == []
 
     operator.groups.clear()
     user, access = current_access(operator.pk)
-    assert not access.may_see_task(task) and not user.taskhub_roles.operator
+    assert not access.may_see_task(live_task) and not user.taskhub_roles.operator
 
 
 def test_a_watched_tasks_sections_read_its_next_poll_with_the_task(operator, live_task):
     # The task as read for a change comes with its poll: the facts' "next poll" is no query of its own per change.
     TaskPoll.objects.update_or_create(task=live_task, defaults={"next_poll_at": timezone.now()})
-    user, access = current_access(operator.pk)
-    task = consumer._task_or_none(live_task.pk)
-    with CaptureQueriesContext(connection) as queries:
-        html = "".join(consumer._render_parts(task, [(FragmentKind.TASK, Sharing.USER)], user, access))
+    html, statements = watched_sections(operator.pk, live_task.pk)
     assert f'id="task-{live_task.pk}-header"' in html
-    assert [query["sql"] for query in queries.captured_queries if '"tasks_taskpoll"' in query["sql"]] == []
+    assert [sql for sql in statements if '"tasks_taskpoll"' in sql] == []
 
 
 async def test_a_page_fragment_that_fails_costs_only_itself(socket_for, operator, live_task, task_fragments):
