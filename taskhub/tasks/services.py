@@ -651,7 +651,6 @@ def _answer(
     terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
     if not as_agent:
         _check_policy(task=task, input_request=input_request, answer=answer, user=user, terms=terms, comment=comment)
-
     now = timezone.now()
     answered = {
         "key": input_request.key,

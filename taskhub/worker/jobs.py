@@ -428,7 +428,6 @@ def _claim(input_request: InputRequest, *, owner: str) -> bool:
 
 async def deliver(input_request_id: int, *, last_attempt: bool = True, server_id: int | None = None) -> str:
     """Send one answer: tasks/update with that key alone, or (MRTR) resend tools/call once the round is complete."""
-
     owner = heartbeats.RUNNING_AS.get()
     claim_started = claim_clock()  # a claim made in this load holds from (after) this moment
     loading = asyncio.ensure_future(_answer_to_load(input_request_id, owner=owner, server_id=server_id))
