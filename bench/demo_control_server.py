@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from taskhub.demo.scripts import SCRIPTS, Facts, Phase, completed
-from taskhub.demo.server import DemoConfig, build_server
+from taskhub.demo.server import DemoConfig, build_server, tcp_socket
 from taskhub.demo.wire import WORKING
 
 HOLD_TOOL = "bench_hold"
@@ -165,7 +165,7 @@ def build(config: DemoConfig, *, listen: bool):
 
 async def serve(config: DemoConfig, *, listen: bool) -> None:
     demo, app = build(config, listen=listen)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = tcp_socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

@@ -94,15 +94,22 @@ def seen_by_poll(polls: dict[str, list[float]], task_id: str, changed: float) ->
 
 
 PHASE_SPAN = "change → the poll that saw it (its phase)"
+GAP_SPAN = "the poll before the change → the poll that saw it (the gap between polls)"
 
 
 def poll_spans(changes: dict[str, tuple], polls: dict[str, list[float]], labels: list[str]) -> dict[str, list[float]]:
-    """By remote task id, (change, then the moment each of `labels` had it): change → the poll that saw it, and
-    that poll → each of them."""
-    spans: dict[str, list[float]] = {PHASE_SPAN: [], **{f"that poll → {label}": [] for label in labels}}
+    """By remote task id, (change, then the moment each of `labels` had it): the gap between the poll before the
+    change and the poll that saw it, change → that poll, and that poll → each of them."""
+    spans: dict[str, list[float]] = {
+        GAP_SPAN: [],
+        PHASE_SPAN: [],
+        **{f"that poll → {label}": [] for label in labels},
+    }
     for task_id, (changed, *seen) in changes.items():
         if (poll := seen_by_poll(polls, task_id, changed)) is None:
             continue
+        if (before := max((at for at in polls.get(task_id, []) if at <= changed), default=None)) is not None:
+            spans[GAP_SPAN].append(ms(poll - before))
         spans[PHASE_SPAN].append(ms(poll - changed))
         for label, at in zip(labels, seen, strict=True):
             spans[f"that poll → {label}"].append(ms(at - poll))

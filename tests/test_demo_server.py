@@ -5,8 +5,10 @@ Every result is validated against the Tasks extension's JSON Schema (tests/spec/
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from taskhub.demo.server import tcp_socket
 from tests.demo_fixtures import (
     SUBSCRIPTION_ID,
     TASKS,
@@ -616,3 +619,31 @@ def test_stdio_serves_tasks_and_notifications():
         assert_detailed_task(client.wait_for_status(failed, "failed"))
     finally:
         client.close()
+
+
+# --- the listening socket ---------------------------------------------------------------------------------------
+
+
+async def accepted_socket_nodelay(listening) -> int:
+    """Serve on `listening` as uvicorn does (asyncio's create_server); TCP_NODELAY of the connection it accepts."""
+    accepted = asyncio.get_running_loop().create_future()
+
+    class Accept(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            accepted.set_result(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    listening.bind(("127.0.0.1", 0))
+    server = await asyncio.get_running_loop().create_server(Accept, sock=listening)
+    try:
+        _, writer = await asyncio.open_connection(*listening.getsockname())
+        nodelay = await asyncio.wait_for(accepted, 5)
+        writer.close()
+        return nodelay
+    finally:
+        server.close()
+
+
+async def test_the_demo_servers_connections_send_each_answer_without_waiting_for_an_ack():
+    # A socket made without naming TCP keeps Nagle's algorithm on its connections: asyncio leaves them as they are.
+    assert await accepted_socket_nodelay(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) == 0
+    assert await accepted_socket_nodelay(tcp_socket()) != 0

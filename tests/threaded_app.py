@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import uvicorn
+
+from taskhub.demo.server import tcp_socket
 
 
 class ThreadedApp:
@@ -16,7 +17,7 @@ class ThreadedApp:
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
-        sock = socket.socket()
+        sock = tcp_socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))

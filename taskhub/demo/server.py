@@ -133,13 +133,24 @@ async def serve(config: DemoConfig) -> None:
         demo.store.close()
 
 
+def tcp_socket(family: int = socket.AF_INET) -> socket.socket:
+    """A socket for uvicorn to serve on, whose connections send each answer at once.
+
+    asyncio turns Nagle's algorithm off only on sockets whose protocol says TCP (`base_events._set_nodelay`);
+    `socket.socket(family, SOCK_STREAM)` says 0, and so do the connections it accepts. uvicorn writes an answer's
+    head and body in two sends, and with Nagle on the body waits for the client's ACK of the head: 40 ms of
+    delayed ACK on Linux whenever requests come often (measured: every `tasks/get` 44 ms instead of 2 ms, polled
+    every 33 ms on one kept connection)."""
+    return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+
 async def _serve_http(demo: DemoServer, config: DemoConfig) -> None:
     app: ASGIApp = demo.mcp.streamable_http_app(host=config.host)
     if config.require_token:
         app = BearerTokenGate(app, config.require_token)
     # Bind first so `--port 0` has a real port to announce once uvicorn is ready.
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = tcp_socket(family)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
