@@ -549,7 +549,7 @@ def test_a_change_goes_to_the_inbox_only_for_a_task_that_asks_and_a_caller_that_
     assert sent[-1] == asking
     # The answer and its delivery hold the request, and say so: the same groups, without looking the task up.
     with CaptureQueriesContext(connection) as asked:
-        publish.publish_task_changed(live_task.pk, asking_on_server=live_task.server_id)
+        publish.publish_task_changed(live_task.pk, server_id=live_task.server_id, asks=True)
     assert not asked.captured_queries
     assert sent[-1] == asking
 

@@ -5,12 +5,13 @@ from functools import partial
 import helpers
 import pytest
 from catalogue_fixtures import with_tools
-from django.db import DataError
+from django.db import DataError, connection
+from django.test.utils import CaptureQueriesContext
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.services import create_server, update_server
-from taskhub.tasks import services
+from taskhub.tasks import services, signals
 from taskhub.tasks.errors import InvalidTransition, LaunchRefused, TaskAlreadyFinished, UnknownTool
 from taskhub.tasks.models import (
     STATUS_MESSAGE_MAX_CHARS,
@@ -209,6 +210,44 @@ def test_completion_stores_the_result_and_stops_following(live):
     task = Task.objects.get(pk=live.pk)
     assert (task.status, task.result, task.is_terminal) == (TaskStatus.COMPLETED, result, True)
     assert task.finished_at is not None and not TaskPoll.objects.exists()
+
+
+@pytest.fixture
+def task_changes():
+    """What task_changed's receivers are told, in order."""
+    heard = []
+
+    def hear(sender, **kwargs):
+        heard.append({key: kwargs[key] for key in ("task_id", "server_id", "asks")})
+
+    signals.task_changed.connect(hear, dispatch_uid="test.task_changes")
+    yield heard
+    signals.task_changed.disconnect(dispatch_uid="test.task_changes")
+
+
+def test_a_change_of_a_task_that_never_asked_reads_no_input_requests_and_names_its_audience(
+    live, task_changes, django_capture_on_commit_callbacks
+):
+    done = snapshot("completed", result={"content": [], "isError": False})
+    with django_capture_on_commit_callbacks() as callbacks, CaptureQueriesContext(connection) as statements:
+        services.apply_snapshot(task=live, snapshot=done)
+    # Only the locked read asks whether the task has requests: nothing to supersede, confirm or open.
+    assert sum("tasks_inputrequest" in query["sql"] for query in statements) == 1
+    for callback in callbacks:
+        callback()
+    # The pages are told the task's server and that it asks nothing: the publish looks nothing up.
+    assert task_changes == [{"task_id": live.id, "server_id": live.server_id, "asks": False}]
+
+
+def test_a_change_of_a_task_that_asks_tells_the_inbox_too(live, task_changes, django_capture_on_commit_callbacks):
+    asking = snapshot("input_required", inputRequests={"name": NAME_REQUEST})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_snapshot(task=live, snapshot=asking)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.apply_snapshot(task=live, snapshot=snapshot(statusMessage="thanks"))  # asks no more
+    assert states(live) == {"name": "superseded"}
+    assert [change["asks"] for change in task_changes] == [True, True]
+    assert {change["server_id"] for change in task_changes} == {live.server_id}
 
 
 def test_a_terminal_status_never_changes_and_a_contradiction_is_recorded_once(live):

@@ -20,5 +20,5 @@ class LiveConfig(AppConfig):
         task_fragments.register()
 
 
-def publish_task_changed(sender, *, task_id, asking_on_server=None, **kwargs) -> None:
-    publish.publish_task_changed(task_id, asking_on_server=asking_on_server)
+def publish_task_changed(sender, *, task_id, server_id=None, asks=False, **kwargs) -> None:
+    publish.publish_task_changed(task_id, server_id=server_id, asks=asks)

@@ -61,10 +61,11 @@ def close_layer_connections(layer, *, timeout: float = 10.0) -> None:
     asyncio.run_coroutine_threadsafe(layer.close_pools(), _publisher_loop()).result(timeout=timeout)
 
 
-def publish_task_changed(task_id: uuid.UUID, *, asking_on_server: int | None = None) -> None:
+def publish_task_changed(task_id: uuid.UUID, *, server_id: int | None = None, asks: bool = False) -> None:
     """Tell the pages showing this task (list, detail, inbox, nav counts) to re-render it. Never raises.
-    `asking_on_server`: the task's server, where the caller knows the task has input requests: no lookup."""
-    _off_the_loop(_publish, task_id, asking_on_server)
+    `server_id` and `asks`: the task's server and whether the task has input requests, where the caller knows
+    them: no lookup (None: looked up)."""
+    _off_the_loop(_publish, task_id, server_id, asks)
 
 
 def publish_access_changed(*, user_ids: list[int] | None) -> None:
@@ -104,12 +105,12 @@ def _publish_from_a_thread(publish, *args) -> None:
 
 
 @tracing.traced("taskhub.live.publish", kind=tracing.SpanKind.PRODUCER, attributes=tracing.publish_attributes)
-def _publish(task_id: uuid.UUID, asking_on_server: int | None = None) -> None:
+def _publish(task_id: uuid.UUID, server_id: int | None = None, asks: bool = False) -> None:
     try:
-        if asking_on_server is None:
+        if server_id is None:
             groups, server_id = audience_of_task(task_id)
         else:
-            groups, server_id = _audience(task_id, server_id=asking_on_server, asks=True), asking_on_server
+            groups = _audience(task_id, server_id=server_id, asks=asks)
         message = {"type": TASK_CHANGED, "task_id": str(task_id), "message_id": uuid.uuid4().hex, **tracing.carrier()}
         if server_id is not None:
             # What a socket needs to know whether the change is its business without reading the task first.

@@ -357,7 +357,7 @@ def notification_attributes(subscriptions: Any, watch: Any, snapshot: Any) -> At
     }
 
 
-def publish_attributes(task_id: Any, asking_on_server: Any = None) -> Attributes:
+def publish_attributes(task_id: Any, server_id: Any = None, asks: Any = False) -> Attributes:
     """A live publish of one changed task (its server given where the caller knew it)."""
     return {"taskhub.task.id": str(task_id), "messaging.system": "channels"}
 

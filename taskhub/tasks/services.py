@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Exists, Max, OuterRef, Q
 from django.utils import timezone
 
 from taskhub.accounts import permissions
@@ -89,10 +89,10 @@ def cap_status_message(text: str | None) -> str:
     return text[: STATUS_MESSAGE_MAX_CHARS - len(TRUNCATION_NOTE)] + TRUNCATION_NOTE
 
 
-def _publish_after_commit(task_id: uuid.UUID, *, asking_on_server: int | None = None) -> None:
-    """`asking_on_server`: the task's server, from a caller that holds one of its input requests (the inbox's sockets
-    hear of it too), so the publish need not look the task up."""
-    signals.announce_task_changed(task_id, asking_on_server=asking_on_server)
+def _publish_after_commit(task_id: uuid.UUID, *, server_id: int | None = None, asks: bool = False) -> None:
+    """`server_id` and `asks`: the task's server and whether the task has input requests (the inbox's sockets hear of
+    it then), from a caller that knows both, so the publish need not look the task up."""
+    signals.announce_task_changed(task_id, server_id=server_id, asks=asks)
 
 
 def _finished(task: Task) -> None:
@@ -102,6 +102,12 @@ def _finished(task: Task) -> None:
 
 def _locked(task: Task) -> Task:
     return Task.objects.select_for_update().get(pk=task.pk)
+
+
+def _locked_with_asks(task: Task) -> Task:
+    """Locked, with `asks`: whether the task has input requests, whatever their state."""
+    has_requests = Exists(InputRequest.objects.filter(task_id=OuterRef("pk")))
+    return Task.objects.select_for_update().annotate(asks=has_requests).get(pk=task.pk)
 
 
 # --- launching --------------------------------------------------------------------------------------
@@ -301,7 +307,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
 
     `asked_at`: when the request that brought the snapshot was sent. Only an answer asked for after a key's
     delivery can say that the server asks for that key again (an earlier one may predate the delivery)."""
-    task = _locked(task)
+    task = _locked_with_asks(task)
     if task.remote_task_id is None:
         raise InvalidTransition(f"Task {task.id} has no remote task yet; nothing to apply a snapshot to.")
     if snapshot.task_id != task.remote_task_id:
@@ -333,6 +339,10 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
 
     changed = [field for field in SNAPSHOT_FIELDS if getattr(task, field) != wanted[field]]
     previous_status = task.status
+    outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
+    outstanding = storable(outstanding)
+    # Whether the task has input requests once this is applied (it may open some): the pages to tell, known here.
+    audience = {"server_id": task.server_id, "asks": task.asks or bool(outstanding)}
     if changed:
         for field in changed:
             setattr(task, field, wanted[field])
@@ -351,20 +361,20 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
         else:
             record_event(action="task.updated", actor_label=WORKER, task=task, data=data)
         # Announced before task_finished: its receivers (the mail outbox) run first otherwise, and the pages wait.
-        _publish_after_commit(task.id)
+        _publish_after_commit(task.id, **audience)
         if task.is_terminal:
             TaskPoll.objects.filter(task=task).delete()
             _finished(task)
 
-    outstanding = (snapshot.input_requests or {}) if snapshot.status == TaskStatus.INPUT_REQUIRED else {}
-    outstanding = storable(outstanding)
-    superseded = _supersede_open_requests(task, keep=set(outstanding), reason=f"no longer asked for ({source})")
-    confirmed = _confirm_interrupted_deliveries(task, keep=set(outstanding), asked_at=asked_at)
+    superseded = confirmed = 0
+    if task.asks:  # a task that never asked has nothing to supersede or confirm: two queries fewer per change
+        superseded = _supersede_open_requests(task, keep=set(outstanding), reason=f"no longer asked for ({source})")
+        confirmed = _confirm_interrupted_deliveries(task, keep=set(outstanding), asked_at=asked_at)
     opened = _open_requests(task, outstanding, mrtr_round=TASK_PHASE, problems=problems, asked_at=asked_at)
     _record_problems(task, problems, source=source)
     anything = bool(changed or superseded or confirmed or opened)
     if anything and not changed:
-        _publish_after_commit(task.id)
+        _publish_after_commit(task.id, **audience)
     return anything
 
 
@@ -440,6 +450,8 @@ def _open_requests(
     """Open the keys not seen before. A key already answered (or dropped) that the server asks for again is
     never reopened; that, and params taskhub cannot show, go to `problems` (the request still opens, so an
     approver can decline or cancel it and the task can move on)."""
+    if not requests:
+        return []
     rows = InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", "state", "delivered_at")
     known = {key: (state, delivered_at) for key, state, delivered_at in rows}
     opened = []
@@ -672,7 +684,7 @@ def _answer(
                 data={**answered, "accepted": len(accepted), "required": terms.required_accepts, **commented},
                 token=token,
             )
-            _publish_after_commit(task.id, asking_on_server=task.server_id)
+            _publish_after_commit(task.id, server_id=task.server_id, asks=True)
             input_request.task = task
             input_request.answer_terms = terms  # the card shows them without reading the policy again
             return input_request
@@ -698,7 +710,7 @@ def _answer(
         _pass_gate(task, input_request, user=user, comment=comment, token=token)
     else:
         hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
-    _publish_after_commit(task.id, asking_on_server=task.server_id)
+    _publish_after_commit(task.id, server_id=task.server_id, asks=True)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     input_request.answer_terms = terms
     return input_request
@@ -901,7 +913,7 @@ def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = N
             **({"confirmed_by": confirmed_by} if confirmed_by else {}),
         },
     )
-    _publish_after_commit(task.id, asking_on_server=task.server_id)
+    _publish_after_commit(task.id, server_id=task.server_id, asks=True)
     return True
 
 

@@ -11,12 +11,13 @@ from django.dispatch import Signal
 task_changed = Signal()
 
 
-def announce_task_changed(task_id: uuid.UUID, *, asking_on_server: int | None = None) -> None:
+def announce_task_changed(task_id: uuid.UUID, *, server_id: int | None = None, asks: bool = False) -> None:
     """Tell task_changed's receivers after the current transaction commits (at once outside one), never if it
     rolls back. The change is committed by then, so a receiver that fails is logged (django.dispatch), not raised
-    into the service that made it."""
+    into the service that made it. `server_id` (the task's server) and `asks` (whether the task has input
+    requests) where the caller knows them; None: the receivers look them up."""
     transaction.on_commit(
-        lambda: task_changed.send_robust(sender=None, task_id=task_id, asking_on_server=asking_on_server)
+        lambda: task_changed.send_robust(sender=None, task_id=task_id, server_id=server_id, asks=asks)
     )
 
 
