@@ -20,6 +20,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from channels.consumer import get_handler_name
@@ -165,7 +166,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # A read begun in the last second (by a socket of the same user hearing this change) is fresh enough.
         if now - self.access_read_at > ACCESS_MAX_AGE_SECONDS and not await self._read_access(since=now - 1):
             return
-        await self._send_html(await self._change_html(event))
+        async for html in self._change_frames(event):
+            await self._send_html(html)
 
     async def access_changed(self, event):
         before = self.access
@@ -252,7 +254,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     # --- a change -----------------------------------------------------------------------------------------
 
-    async def _change_html(self, event: dict) -> str:
+    async def _change_frames(self, event: dict) -> AsyncIterator[str]:
+        """The change's HTML for this socket, in the frames it goes in: the watched task's sections first."""
         task_id = str(event["task_id"])
         message_id = event.get("message_id") or uuid.uuid4().hex  # without an id (not from publish.py): not shared
         server_id = event.get("server_id")
@@ -271,13 +274,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             if server_id in access.approvable_server_ids:
                 kinds.append(FragmentKind.INBOX)
             if not kinds:
-                return ""  # heard through a group the user has since lost; nothing of it is theirs
-        # One part per kind and sharing, so a part is rendered once per change for its audience (or user), whatever
-        # else the socket asks: the list page's and the detail page's sockets share the list signal and the nav.
-        keys = [
-            ("change", message_id, access, kind, sharing, self.user_id if sharing == Sharing.USER else None)
-            for kind, sharing in _parts_of_change(kinds)
-        ]
+                return  # heard through a group the user has since lost; nothing of it is theirs
         user = self.user
 
         async def render(missing: list) -> dict:
@@ -286,7 +283,20 @@ class LiveConsumer(AsyncWebsocketConsumer):
             htmls = await on_live_thread(_render_change)(task_id, message_id, task, parts, user, access)
             return dict(zip(missing, htmls, strict=True))
 
-        return "".join(await shared_all(keys, render))
+        # One part per kind and sharing, so a part is rendered once per change for its audience (or user), whatever
+        # else the socket asks: the list page's and the detail page's sockets share the list signal and the nav.
+        # The watched task's sections go in a frame of their own, first: the page the person is looking at does not
+        # wait for the list's signal, the nav counts and the inbox (other sockets render those meanwhile, or this
+        # one next).
+        parts = _parts_of_change(kinds)
+        watched = [part for part in parts if part[0] == FragmentKind.TASK]
+        for batch in (watched, [part for part in parts if part not in watched]):
+            keys = [
+                ("change", message_id, access, kind, sharing, self.user_id if sharing == Sharing.USER else None)
+                for kind, sharing in batch
+            ]
+            if keys:
+                yield "".join(await shared_all(keys, render))
 
     # --- watching one task --------------------------------------------------------------------------------
 
