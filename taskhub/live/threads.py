@@ -14,9 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from channels.db import DatabaseSyncToAsync
 from django.db import connections
 
-# Renderings are mostly Python under the GIL: more threads would not render faster, only hold more connections.
-# Two let one socket's database round trip overlap another's rendering.
-LIVE_THREADS = 2
+# Renderings are mostly Python under the GIL: more threads do not render faster. With two, one change's renderings
+# for the detail page's socket and the list page's ran at once, each as long as both, and the watched task's sections
+# (sent first, consumer.py) waited for the list's: change → the detail page's DOM p50 44-48 ms with two threads,
+# 33-34 with one (bench/freshness.py); fan-out to 2,000 sockets stayed within the same spread (bench/fanout.py).
+# So one, and each process's live work is done in the order it was asked for.
+LIVE_THREADS = 1
 
 _executor = ThreadPoolExecutor(max_workers=LIVE_THREADS, thread_name_prefix="taskhub-live")
 
