@@ -707,10 +707,13 @@ async def test_the_real_socket_carries_the_list_signal_and_the_detail_sections(a
         await database_sync_to_async(services.apply_snapshot)(
             task=task, snapshot=snapshot("working", task_id=task.remote_task_id, statusMessage="half <b>way</b>")
         )
+        # The watched task's sections first, in a frame of their own; then the list's signal (and the nav counts).
+        sections = await communicator.receive_from(timeout=5)
+        assert "half &lt;b&gt;way&lt;/b&gt;" in sections and f'id="task-{task.pk}-message"' in sections
+        assert 'id="tasks-live-signal"' not in sections
         html = await communicator.receive_from(timeout=5)
         assert f'<template id="tasks-live-signal" hx-swap-oob="none:body" data-task="{task.pk}"' in html
         assert html.count('id="tasks-live-signal"') == 1
-        assert "half &lt;b&gt;way&lt;/b&gt;" in html and f'id="task-{task.pk}-message"' in html
         await communicator.disconnect()
     finally:
         await layer.flush()
