@@ -143,12 +143,9 @@ def groups_for_task(task_id: uuid.UUID) -> list[str]:
 
 def audience_of_task(task_id: uuid.UUID) -> tuple[list[str], int | None]:
     """The groups a change of this task goes to, and its server's id (None: no such task), in one query."""
-    from django.db.models import Exists, OuterRef
+    from taskhub.tasks.models import Task, has_input_requests
 
-    from taskhub.tasks.models import InputRequest, Task
-
-    asks = Exists(InputRequest.objects.filter(task_id=OuterRef("pk")))
-    row = Task.objects.filter(pk=task_id).values_list("server_id", asks).first()
+    row = Task.objects.filter(pk=task_id).values_list("server_id", has_input_requests()).first()
     if row is None:
         return _audience(task_id, server_id=None, asks=False), None
     return _audience(task_id, server_id=row[0], asks=row[1]), row[0]

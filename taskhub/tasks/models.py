@@ -277,3 +277,9 @@ class InputRequest(models.Model):
         if self.method != "elicitation/create":
             return None
         return (self.params or {}).get("mode") or "form"
+
+
+def has_input_requests() -> models.Exists:
+    """Whether the task of the outer query's row has input requests, whatever their state: the one definition of a
+    task whose changes the inbox's pages hear of (the worker knows it from its locked read, the publish looks it up)."""
+    return models.Exists(InputRequest.objects.filter(task_id=models.OuterRef("pk")))

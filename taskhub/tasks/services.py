@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, Max, OuterRef, Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from taskhub.accounts import permissions
@@ -61,6 +61,7 @@ from taskhub.tasks.models import (
     Task,
     TaskPoll,
     TaskStatus,
+    has_input_requests,
 )
 
 # What apply_snapshot compares. lastUpdatedAt is left out on purpose: some peers bump it on every
@@ -106,8 +107,7 @@ def _locked(task: Task) -> Task:
 
 def _locked_with_asks(task: Task) -> Task:
     """Locked, with `asks`: whether the task has input requests, whatever their state."""
-    has_requests = Exists(InputRequest.objects.filter(task_id=OuterRef("pk")))
-    return Task.objects.select_for_update().annotate(asks=has_requests).get(pk=task.pk)
+    return Task.objects.select_for_update().annotate(asks=has_input_requests()).get(pk=task.pk)
 
 
 # --- launching --------------------------------------------------------------------------------------
