@@ -36,6 +36,8 @@ from typing import Any
 
 from scripted_server import DISCOVER_RESULT, TOOLS_RESULT
 
+from taskhub.demo.server import tcp_socket
+
 
 @dataclass(frozen=True)
 class Result:
@@ -179,7 +181,7 @@ class HostileServer:
     # -- serving ----------------------------------------------------------------------------------
 
     def start(self) -> HostileServer:
-        listening = socket.socket()
+        listening = tcp_socket()
         listening.bind(("127.0.0.1", 0))
         self.port = listening.getsockname()[1]
         ready = threading.Event()
