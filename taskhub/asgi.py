@@ -1,6 +1,5 @@
 """ASGI entry point: Django for HTTP, the live socket (/ws/live/) for WebSocket."""
 
-import gc
 import os
 
 import django
@@ -19,6 +18,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from taskhub.live.origin import SameOriginValidator  # noqa: E402
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
+from taskhub.runtime import tune_garbage_collector  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -27,12 +27,4 @@ application = ProtocolTypeRouter(
     }
 )
 
-# Python's cyclic garbage collector, tuned for a long-running process holding thousands of live sockets. With the
-# default thresholds (700, 10, 10), pushing one change to a process's 1,000 sockets ran young collections dozens
-# of times, each traversing what the sockets hold: bench/fanout.py (2,000 sockets over two daphnes, quiet machine)
-# measured 0.70 daphne CPU-seconds per change and a p99 of 1,392 ms, and with this 0.38 s and 364 ms (as with no
-# collection at all). What Django and the app loaded at start is frozen: it lives as long as the process and is
-# never traversed again. Garbage in cycles is still collected, less often.
-GC_YOUNG_THRESHOLD = 50_000
-gc.freeze()
-gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+tune_garbage_collector()

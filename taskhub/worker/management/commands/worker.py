@@ -23,6 +23,7 @@ from procrastinate.contrib.django import app
 from procrastinate.contrib.django.db_cleanup import close_db_connections
 
 from taskhub.observability import jobs as observability_jobs
+from taskhub.runtime import tune_garbage_collector
 from taskhub.servers.hooks import DEFAULT_QUEUE
 from taskhub.worker import health
 from taskhub.worker.clients import shared_clients
@@ -57,6 +58,7 @@ class Command(BaseCommand):
         worker_id = name or f"{socket.gethostname()}-{os.getpid()}"
         # The worker connector reads the connection parameters, which an embedded Postgres only knows once started.
         wait_for_database(worker_id)
+        tune_garbage_collector()
         with app.replace_connector(worker_connector()):
             asyncio.run(
                 run(
