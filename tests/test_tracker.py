@@ -27,8 +27,9 @@ from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
 from taskhub.worker.heartbeats import Heartbeat, dead_owners, is_alive
 from taskhub.worker.models import WorkerHeartbeat
-from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed
+from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed, Leases
 from taskhub.worker.tracker.orm import database_params
+from taskhub.worker.tracker.polling import TrackerStats
 from tests.demo_process import DemoServer
 from tests.helpers import wait_until
 from tests.tracker_fixtures import RunningTracker
@@ -408,6 +409,52 @@ def test_a_task_with_open_input_requests_is_always_stored():
     snapshot = TaskSnapshot.model_validate({"taskId": "t-2", **STORED, "status": "input_required", "inputRequests": {}})
     assert not claimed.stored_as(snapshot)
     assert services.apply_snapshot(task=task, snapshot=snapshot)
+
+
+def test_a_claim_that_takes_long_hands_its_rows_over_with_the_time_it_took_already_gone():
+    """A row's due_in counts from the claim's now(), when the statement was sent: a claim held up on its way
+    back (here by a lock, usually by hundreds of rows) must not push every poll of its batch that much later."""
+    server = create_server(name="peer", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    task = _task_with_remote_id(server, "t-slow", **STORED)
+    TaskPoll.objects.filter(task=task).update(next_poll_at=timezone.now() + timedelta(seconds=0.3))
+    due_at = TaskPoll.objects.get(task=task).next_poll_at
+
+    async def claim_held_up_until_the_row_is_due() -> list[Claimed]:
+        params = database_params()
+        leases = Leases(
+            owner="w1",
+            lease=timedelta(seconds=30),
+            claim_ahead=timedelta(seconds=1),
+            stats=TrackerStats(),
+            connection_params=lambda: asyncio.sleep(0, params),
+        )
+        await leases.connect()
+        blocker = await psycopg.AsyncConnection.connect(autocommit=True, **params)
+        # Another connection watches: pg_stat_activity is read once per transaction, and the blocker's lasts.
+        watcher = await psycopg.AsyncConnection.connect(autocommit=True, **params)
+        try:
+            await blocker.execute("BEGIN")
+            await blocker.execute("LOCK TABLE tasks_task IN ACCESS EXCLUSIVE MODE")
+            claiming = asyncio.create_task(leases.claim(10))
+            while True:  # the claim has started (its now() is set) and waits; then the row's time passes
+                seen = await watcher.execute(
+                    "SELECT count(*) > 0, clock_timestamp() > %s FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    [due_at, "%UPDATE tasks_taskpoll AS poll%"],
+                )
+                if all(await seen.fetchone()):
+                    break
+                await asyncio.sleep(0.02)
+            await blocker.execute("COMMIT")
+            return await claiming
+        finally:
+            await blocker.close()
+            await watcher.close()
+            await leases.close()
+
+    claimed = asyncio.run(claim_held_up_until_the_row_is_due())
+    assert [row.task_id for row in claimed] == [task.pk]
+    assert claimed[0].due_in == 0.0, f"handed over as due in {claimed[0].due_in:.3f}s, its time already passed"
 
 
 @pytest.mark.embedded
