@@ -411,6 +411,51 @@ def test_a_task_with_open_input_requests_is_always_stored():
     assert services.apply_snapshot(task=task, snapshot=snapshot)
 
 
+class HeldUpClaims:
+    """The tracker's Leases on a connection like its own, and a way to hold up its next claim after the claim's
+    now() is set (a lock on tasks_task, as a claim of hundreds of rows holds the connection for tens of ms)."""
+
+    def __init__(self) -> None:
+        self.params = database_params()
+        self.leases = Leases(
+            owner="w1",
+            lease=timedelta(seconds=30),
+            claim_ahead=timedelta(seconds=1),
+            stats=TrackerStats(),
+            connection_params=lambda: asyncio.sleep(0, self.params),
+        )
+
+    async def __aenter__(self) -> HeldUpClaims:
+        await self.leases.connect()
+        self.blocker = await psycopg.AsyncConnection.connect(autocommit=True, **self.params)
+        # Another connection watches: pg_stat_activity is read once per transaction, and the blocker's lasts.
+        self.watcher = await psycopg.AsyncConnection.connect(autocommit=True, **self.params)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.blocker.close()
+        await self.watcher.close()
+        await self.leases.close()
+
+    async def hold_up_a_claim(self) -> asyncio.Task:
+        """Start a claim and return once it waits on the lock (its now() is set)."""
+        await self.blocker.execute("BEGIN")
+        await self.blocker.execute("LOCK TABLE tasks_task IN ACCESS EXCLUSIVE MODE")
+        claiming = asyncio.create_task(self.leases.claim(10))
+        while not await self.database_says(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            "%UPDATE tasks_taskpoll AS poll%",
+        ):
+            await asyncio.sleep(0.02)
+        return claiming
+
+    async def let_it_go(self) -> None:
+        await self.blocker.execute("COMMIT")
+
+    async def database_says(self, sql: str, *params) -> bool:
+        return (await (await self.watcher.execute(sql, params)).fetchone())[0]
+
+
 def test_a_claim_that_takes_long_hands_its_rows_over_with_the_time_it_took_already_gone():
     """A row's due_in counts from the claim's now(), when the statement was sent: a claim held up on its way
     back (here by a lock, usually by hundreds of rows) must not push every poll of its batch that much later."""
@@ -420,41 +465,41 @@ def test_a_claim_that_takes_long_hands_its_rows_over_with_the_time_it_took_alrea
     due_at = TaskPoll.objects.get(task=task).next_poll_at
 
     async def claim_held_up_until_the_row_is_due() -> list[Claimed]:
-        params = database_params()
-        leases = Leases(
-            owner="w1",
-            lease=timedelta(seconds=30),
-            claim_ahead=timedelta(seconds=1),
-            stats=TrackerStats(),
-            connection_params=lambda: asyncio.sleep(0, params),
-        )
-        await leases.connect()
-        blocker = await psycopg.AsyncConnection.connect(autocommit=True, **params)
-        # Another connection watches: pg_stat_activity is read once per transaction, and the blocker's lasts.
-        watcher = await psycopg.AsyncConnection.connect(autocommit=True, **params)
-        try:
-            await blocker.execute("BEGIN")
-            await blocker.execute("LOCK TABLE tasks_task IN ACCESS EXCLUSIVE MODE")
-            claiming = asyncio.create_task(leases.claim(10))
-            while True:  # the claim has started (its now() is set) and waits; then the row's time passes
-                seen = await watcher.execute(
-                    "SELECT count(*) > 0, clock_timestamp() > %s FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                    [due_at, "%UPDATE tasks_taskpoll AS poll%"],
-                )
-                if all(await seen.fetchone()):
-                    break
+        async with HeldUpClaims() as held:
+            claiming = await held.hold_up_a_claim()
+            while not await held.database_says("SELECT clock_timestamp() > %s", due_at):
                 await asyncio.sleep(0.02)
-            await blocker.execute("COMMIT")
+            await held.let_it_go()
             return await claiming
-        finally:
-            await blocker.close()
-            await watcher.close()
-            await leases.close()
 
     claimed = asyncio.run(claim_held_up_until_the_row_is_due())
     assert [row.task_id for row in claimed] == [task.pk]
     assert claimed[0].due_in == 0.0, f"handed over as due in {claimed[0].due_in:.3f}s, its time already passed"
+
+
+def test_a_reschedule_written_late_counts_its_delay_from_the_answer_not_from_the_write():
+    """A reschedule's delay counts down from the answer to the moment its statement is sent: a flush that waits
+    for the connection (a claim holds it) must not add that wait to the row's time."""
+    server = create_server(name="peer", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    task = _task_with_remote_id(server, "t-late-write", **STORED)
+
+    async def reschedule_behind_a_held_up_claim() -> bool:
+        async with HeldUpClaims() as held:
+            [claimed] = await held.leases.claim(10)
+            claiming = await held.hold_up_a_claim()
+            held.leases.reschedule(claimed, delay_ms=300, failures=0)
+            due = time.monotonic() + 0.3
+            flushing = asyncio.create_task(held.leases.flush())
+            while time.monotonic() < due:  # the row's time passes while the flush waits for the connection
+                await asyncio.sleep(0.02)
+            await held.let_it_go()
+            assert await claiming == []
+            await flushing
+            return await held.database_says(
+                "SELECT next_poll_at <= now() FROM tasks_taskpoll WHERE task_id = %s", task.pk
+            )
+
+    assert asyncio.run(reschedule_behind_a_held_up_claim()), "the row's time was pushed back by the write's wait"
 
 
 @pytest.mark.embedded

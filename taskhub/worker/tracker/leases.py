@@ -202,15 +202,19 @@ class Leases:
         rows, _ = await self._execute(sql, params)
         return rows
 
-    async def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[tuple], float]:
-        """The statement's rows, and the loop time when it was sent (its `now()` is a moment later)."""
+    async def _execute(
+        self, sql: str, params: dict[str, Any] | Callable[[], dict[str, Any]]
+    ) -> tuple[list[tuple], float]:
+        """The statement's rows, and the loop time when it was sent (its `now()` is a moment later). `params` may
+        be a function making them as the statement is sent, once the connection is free (a claim may hold it for
+        tens of milliseconds)."""
         async with self._db_lock:
             if self._db is None or self._db.closed or self._db.broken:
                 await self.connect()
             assert self._db is not None
             self.stats.own_statements += 1
             sent_at = asyncio.get_running_loop().time()
-            cursor = await self._db.execute(sql, params)
+            cursor = await self._db.execute(sql, params() if callable(params) else params)
             return (await cursor.fetchall() if cursor.description else []), sent_at
 
     async def claim(self, limit: int) -> list[Claimed]:
@@ -234,17 +238,21 @@ class Leases:
         batch, self._pending = self._pending, []
         if not batch:
             return
-        now = time.monotonic()
-        params = {
-            "owner": self.owner,
-            "lease": self.lease,
-            "ids": [item.task_id for item in batch],
-            "claimed": [item.claimed_next for item in batch],
-            "delays": [max(item.delay_ms - (now - item.at) * 1000, 0.0) for item in batch],
-            "failures": [item.failures for item in batch],
-        }
+
+        def params() -> dict[str, Any]:
+            # Each delay counts down to the moment the statement is sent: its now() is where the database counts from.
+            now = time.monotonic()
+            return {
+                "owner": self.owner,
+                "lease": self.lease,
+                "ids": [item.task_id for item in batch],
+                "claimed": [item.claimed_next for item in batch],
+                "delays": [max(item.delay_ms - (now - item.at) * 1000, 0.0) for item in batch],
+                "failures": [item.failures for item in batch],
+            }
+
         try:
-            await self.execute(RESCHEDULE_SQL, params)
+            await self._execute(RESCHEDULE_SQL, params)
             self.stats.reschedule_statements += 1
         except Exception:
             self._pending = batch + self._pending
