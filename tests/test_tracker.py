@@ -443,7 +443,8 @@ class HeldUpClaims:
         await self.blocker.execute("LOCK TABLE tasks_task IN ACCESS EXCLUSIVE MODE")
         claiming = asyncio.create_task(self.leases.claim(10))
         while not await self.database_says(
-            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            "SELECT count(*) > 0 FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE %s",
             "%UPDATE tasks_taskpoll AS poll%",
         ):
             await asyncio.sleep(0.02)
