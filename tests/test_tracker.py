@@ -422,8 +422,11 @@ class HeldUpClaims:
             lease=timedelta(seconds=30),
             claim_ahead=timedelta(seconds=1),
             stats=TrackerStats(),
-            connection_params=lambda: asyncio.sleep(0, self.params),
+            connection_params=self.connection_params,
         )
+
+    async def connection_params(self) -> dict:
+        return self.params
 
     async def __aenter__(self) -> HeldUpClaims:
         await self.leases.connect()
