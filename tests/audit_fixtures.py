@@ -3,19 +3,19 @@ hand-written events with hostile data, for the audit page tests and screenshots.
 
 from functools import partial
 
-import helpers
-from catalogue_fixtures import with_tools
 from django.db import transaction
 
 from taskhub.audit.services import WORKER, record_event
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot as snapshot_any_time
 
 SCRIPT = "<script>document.title='pwned'</script>"
 
 
-snapshot = partial(helpers.snapshot, last_updated_at="2026-07-28T10:00:01Z")
+snapshot = partial(snapshot_any_time, last_updated_at="2026-07-28T10:00:01Z")
 
 
 def make_audit_history(admin, operator) -> dict:

@@ -5,9 +5,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from account_fixtures import TEST_PASSWORD, make_user
 from django.utils import timezone
-from helpers import snapshot
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.mcp.client import TaskCreated, ToolCompleted
@@ -15,6 +13,8 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.helpers import snapshot
 
 TOOL = {
     "name": "deploy",

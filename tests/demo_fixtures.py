@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from demo_process import PROJECT_ROOT, demo_command
 from jsonschema import Draft202012Validator
+
+from tests.demo_process import PROJECT_ROOT, demo_command
 
 SCHEMA = json.loads((Path(__file__).parent / "spec" / "schema.json").read_text())
 TASKS = "io.modelcontextprotocol/tasks"

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import free_port  # noqa: F401 - imported from here by tests/browser
-from process_output import OutputLines
 
 from taskhub.mcp.client import HttpTarget, StdioTarget
+from tests.helpers import free_port  # noqa: F401 - imported from here by tests/browser
+from tests.process_output import OutputLines
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

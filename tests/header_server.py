@@ -16,12 +16,13 @@ import json
 import re
 from typing import Any
 
-from scripted_server import DISCOVER_RESULT
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from threaded_app import ThreadedApp
+
+from tests.scripted_server import DISCOVER_RESULT
+from tests.threaded_app import ThreadedApp
 
 HEADER_MISMATCH = -32020
 

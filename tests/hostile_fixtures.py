@@ -6,10 +6,6 @@ from __future__ import annotations
 import re
 import uuid
 
-from catalogue_fixtures import with_tools
-from helpers import wait_until
-from hostile_server import HostileServer, Result, working
-
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
@@ -17,6 +13,9 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import wait_until
+from tests.hostile_server import HostileServer, Result, working
 
 
 def register(server: HostileServer) -> Server:

@@ -34,9 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scripted_server import DISCOVER_RESULT, TOOLS_RESULT
-
 from taskhub.demo.server import tcp_socket
+from tests.scripted_server import DISCOVER_RESULT, TOOLS_RESULT
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,10 @@ import time
 from collections import Counter
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(__file__))
+# Started by path: the project directory on the path, so that `tests` is the package it is under pytest.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripted_server import DISCOVER_RESULT, TOOLS_RESULT
+from tests.scripted_server import DISCOVER_RESULT, TOOLS_RESULT
 
 out = sys.stdout.buffer
 polls: Counter[str] = Counter()

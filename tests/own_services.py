@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 import psycopg
-from helpers import free_port
+
+from tests.helpers import free_port
 
 DATABASE_NAME = "taskhub_faults"
 

@@ -14,7 +14,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from threaded_app import ThreadedApp
+
+from tests.threaded_app import ThreadedApp
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 

@@ -25,8 +25,6 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 from asgiref.sync import sync_to_async
-from browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
-from demo_process import PROJECT_ROOT, DemoServer
 from django.conf import settings
 from django.db import connections
 from django.db.models import Q
@@ -40,6 +38,8 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
 from taskhub.worker.connector import worker_connector
+from tests.browser_fixtures import DaphneServer, database_url_for_subprocesses, running_daphne
+from tests.demo_process import PROJECT_ROOT, DemoServer
 
 LOCAL_REDIS_URL = os.environ.get("TASKHUB_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

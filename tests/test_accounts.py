@@ -3,7 +3,6 @@
 import re
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import AnonymousUser, Group
 from django.core.exceptions import PermissionDenied
@@ -19,6 +18,7 @@ from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS, ROLE_GROUPS
 from taskhub.servers.models import Server, Transport
 from taskhub.tasks.models import InputRequest, Task
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import add_approver_groups
 
 pytestmark = pytest.mark.django_db

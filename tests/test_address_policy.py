@@ -8,9 +8,7 @@ import io
 import json
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client, override_settings
@@ -19,7 +17,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from threaded_app import ThreadedApp
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.mcp.address_policy import AddressRefused
@@ -32,6 +29,9 @@ from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services as task_services
 from taskhub.tasks.models import Task
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.threaded_app import ThreadedApp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

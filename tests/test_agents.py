@@ -7,7 +7,6 @@ import json
 from io import StringIO
 
 import pytest
-from account_fixtures import make_user
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
@@ -24,6 +23,7 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.tasks.queries import TaskFilterForm, filtered_tasks
+from tests.account_fixtures import make_user
 
 pytestmark = pytest.mark.django_db
 

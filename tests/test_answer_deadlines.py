@@ -10,8 +10,6 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.db import connection, connections
@@ -31,6 +29,8 @@ from taskhub.tasks import services
 from taskhub.tasks.errors import AlreadyAnswered, PolicyRefused
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState, Task
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
 
 SECOND = datetime.timedelta(seconds=1)
 FORM = {

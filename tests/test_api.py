@@ -3,8 +3,6 @@
 import json
 
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
 from django.contrib.auth.models import Group
 from django.test import Client
 
@@ -18,7 +16,9 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.catalogue_fixtures import with_tools
 
 pytestmark = pytest.mark.django_db
 

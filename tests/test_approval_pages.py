@@ -4,7 +4,6 @@ import io
 import json
 
 import pytest
-from account_fixtures import make_user
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -14,6 +13,7 @@ from taskhub.accounts.groups import ADMINS, APPROVERS
 from taskhub.approvals.models import ApprovalPolicy
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
+from tests.account_fixtures import make_user
 
 
 @pytest.fixture

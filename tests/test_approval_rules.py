@@ -2,7 +2,6 @@
 inbox's view of them ("for: …", "for me"), and the migration of the servers' approver groups."""
 
 import pytest
-from catalogue_fixtures import with_tools
 from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
@@ -23,6 +22,7 @@ from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState, Task
 from taskhub.tasks.queries import with_row_facts
 from taskhub.web.templatetags.taskhub_ui import outcome_badge
+from tests.catalogue_fixtures import with_tools
 
 FORM = {
     "method": "elicitation/create",

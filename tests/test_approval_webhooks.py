@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from catalogue_fixtures import with_tools
 from django.db import connection
-from inbox_fixtures import task_asking
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
-from webhook_receiver import Answer, WebhookReceiver
 
 from taskhub.approvals import services as policy_services
 from taskhub.approvals import signals, webhooks
@@ -28,6 +25,9 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services as task_services
 from taskhub.tasks.models import InputRequest
 from taskhub.worker.connector import worker_connector
+from tests.catalogue_fixtures import with_tools
+from tests.inbox_fixtures import task_asking
+from tests.webhook_receiver import Answer, WebhookReceiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 

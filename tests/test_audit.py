@@ -1,7 +1,6 @@
 """The audit trail is append-only at the database level, and only registered event types can be recorded."""
 
 import pytest
-from catalogue_fixtures import with_tools
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
 
@@ -11,6 +10,7 @@ from taskhub.audit.services import record_event
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
 from taskhub.tasks.services import launch
+from tests.catalogue_fixtures import with_tools
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,6 @@ import json
 import uuid
 
 import pytest
-from account_fixtures import make_user
-from audit_fixtures import SCRIPT, make_audit_history
 from django.db import DatabaseError, transaction
 from django.urls import reverse
 
@@ -18,6 +16,8 @@ from taskhub.audit.models import AuditEvent
 from taskhub.audit.queries import filtered_events
 from taskhub.audit.services import record_event
 from taskhub.audit.views import EXPORT_COLUMNS
+from tests.account_fixtures import make_user
+from tests.audit_fixtures import SCRIPT, make_audit_history
 
 pytestmark = pytest.mark.django_db
 

@@ -10,14 +10,10 @@ from collections.abc import Iterator
 
 import httpx2
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
-from demo_process import DemoServer
 from django.test import Client
 from django.urls import reverse
 from procrastinate.contrib.django.models import ProcrastinateJob
-from stack_fixtures import run_worker_until_idle
 
 from taskhub.accounts.groups import OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -25,6 +21,10 @@ from taskhub.mcp.client import TaskCreated, TasksClient
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskStatus
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import DemoServer
+from tests.stack_fixtures import run_worker_until_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 

@@ -12,12 +12,12 @@ from urllib.parse import urlparse
 
 import psutil
 import pytest
-import test_audit
-from conftest import PROJECT_DIR, VENV_BIN
-from helpers import free_port
-from process_output import OutputLines
 
 from taskhub import embedded_pg
+from tests import test_audit
+from tests.conftest import PROJECT_DIR, VENV_BIN
+from tests.helpers import free_port
+from tests.process_output import OutputLines
 
 pytestmark = pytest.mark.slow
 

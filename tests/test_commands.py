@@ -4,15 +4,15 @@ import io
 import json
 
 import pytest
-from account_fixtures import make_user
 from django.core.management import CommandError, call_command
 from django.test import Client
-from helpers import free_port
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.models import Server
 from taskhub.tasks.models import Task
+from tests.account_fixtures import make_user
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -16,13 +16,13 @@ import urllib.request
 
 import pytest
 import yaml
-from account_fixtures import make_user
-from browser_fixtures import running_daphne
-from conftest import PROJECT_DIR, VENV_BIN
-from helpers import free_port, wait_until
-from stack_fixtures import Workers, production_environment, session_cookie_for, worker_environment
 
 from taskhub.accounts.groups import APPROVERS
+from tests.account_fixtures import make_user
+from tests.browser_fixtures import running_daphne
+from tests.conftest import PROJECT_DIR, VENV_BIN
+from tests.helpers import free_port, wait_until
+from tests.stack_fixtures import Workers, production_environment, session_cookie_for, worker_environment
 
 DOCKERFILE = (PROJECT_DIR / "Dockerfile").read_text()
 COMPOSE = yaml.safe_load((PROJECT_DIR / "compose.yaml").read_text())

@@ -7,12 +7,8 @@ import datetime
 import re
 
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
 from django.urls import reverse
 from django.utils import timezone
-from helpers import snapshot
-from inbox_fixtures import request_of, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.mcp.client import TaskCreated, ToolCompleted
@@ -22,6 +18,10 @@ from taskhub.tasks.models import Task, TaskStatus
 from taskhub.tasks.presenters import duration_words
 from taskhub.tasks.queries import PREVIEW_CHARS
 from taskhub.web.templatetags.taskhub_ui import duration_text, reltime
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
+from tests.inbox_fixtures import request_of, task_asking
 
 pytestmark = pytest.mark.django_db
 

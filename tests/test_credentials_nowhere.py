@@ -14,9 +14,7 @@ import logging
 import sys
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -24,7 +22,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-from threaded_app import ThreadedApp
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.api.models import ApiToken
@@ -34,6 +31,9 @@ from taskhub.servers.models import Server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.threaded_app import ThreadedApp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,8 +4,9 @@ The browser test (tests/browser/test_csp.py) proves the pages satisfy it; this o
 """
 
 import pytest
-from csp_fixtures import build_world
 from django.test import Client
+
+from tests.csp_fixtures import build_world
 
 pytestmark = pytest.mark.django_db
 

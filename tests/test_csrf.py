@@ -1,11 +1,11 @@
 """Every POST of the pages needs the CSRF token: without it Django refuses with 403 and nothing changes."""
 
 import pytest
-from account_fixtures import make_user
 from django.test import Client
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
+from tests.account_fixtures import make_user
 
 pytestmark = pytest.mark.django_db
 

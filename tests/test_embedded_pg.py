@@ -7,10 +7,10 @@ import sys
 
 import psutil
 import pytest
-from conftest import PROJECT_DIR
-from helpers import wait_until
 
 from taskhub import embedded_pg
+from tests.conftest import PROJECT_DIR
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 

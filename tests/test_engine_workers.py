@@ -16,14 +16,9 @@ import re
 import time
 
 import pytest
-from catalogue_fixtures import with_tools
-from demo_process import PROJECT_ROOT, DemoServer
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
-from helpers import wait_until
-from stack_fixtures import demo_stats, statuses
-from update_holding_proxy import UpdateHoldingProxy
 
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.models import Server
@@ -31,6 +26,11 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
 from taskhub.worker.models import WorkerHeartbeat
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import PROJECT_ROOT, DemoServer
+from tests.helpers import wait_until
+from tests.stack_fixtures import demo_stats, statuses
+from tests.update_holding_proxy import UpdateHoldingProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

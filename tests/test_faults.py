@@ -16,16 +16,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import running_daphne
-from catalogue_fixtures import with_tools
-from demo_process import PROJECT_ROOT, DemoServer
 from django.core.management import call_command
 from django.db import connections
 from django.db.backends.postgresql.base import DatabaseWrapper
-from helpers import wait_until
-from own_services import DATABASE_NAME, OwnPostgres, own_postgres, own_redis
-from stack_fixtures import (
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.audit.models import AuditEvent
+from taskhub.servers.discovery import discover_and_record
+from taskhub.servers.services import create_server
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from taskhub.worker.models import WorkerHeartbeat
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import running_daphne
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import PROJECT_ROOT, DemoServer
+from tests.helpers import wait_until
+from tests.own_services import DATABASE_NAME, OwnPostgres, own_postgres, own_redis
+from tests.stack_fixtures import (
     SignedIn,
     Workers,
     demo_stats,
@@ -37,14 +45,6 @@ from stack_fixtures import (
     went_up_and_down,
     worker_environment,
 )
-
-from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
-from taskhub.audit.models import AuditEvent
-from taskhub.servers.discovery import discover_and_record
-from taskhub.servers.services import create_server
-from taskhub.tasks import services
-from taskhub.tasks.models import InputRequest, InputRequestState, Task
-from taskhub.worker.models import WorkerHeartbeat
 
 pytestmark = pytest.mark.slow
 

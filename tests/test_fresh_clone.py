@@ -16,10 +16,11 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import PROJECT_DIR
-from helpers import free_port, wait_until
-from process_output import OutputLines
-from stack_fixtures import SignedIn, api_request
+
+from tests.conftest import PROJECT_DIR
+from tests.helpers import free_port, wait_until
+from tests.process_output import OutputLines
+from tests.stack_fixtures import SignedIn, api_request
 
 pytestmark = pytest.mark.slow
 

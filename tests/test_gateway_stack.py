@@ -16,20 +16,20 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from bearer_proxy import BearerProxy
-from browser_fixtures import running_daphne
-from demo_process import DemoServer
 from django.contrib.auth.models import Group
-from stack_fixtures import SignedIn, Workers, demo_stats, register_and_discover, worker_environment
-from test_conformance import SCENARIOS
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.models import Server
 from taskhub.tasks.models import InputRequest, Task
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.bearer_proxy import BearerProxy
+from tests.browser_fixtures import running_daphne
+from tests.demo_process import DemoServer
+from tests.stack_fixtures import SignedIn, Workers, demo_stats, register_and_discover, worker_environment
+from tests.test_conformance import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,12 +16,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from helpers import wait_until
-from hostile_fixtures import followed, new_remote_id, protocol_errors, register
-from hostile_server import HostileServer, Message, RawEvent, Result, working
-from tracker_fixtures import RunningTracker
 
 from taskhub.tasks.models import Task, TaskStatus
+from tests.helpers import wait_until
+from tests.hostile_fixtures import followed, new_remote_id, protocol_errors, register
+from tests.hostile_server import HostileServer, Message, RawEvent, Result, working
+from tests.tracker_fixtures import RunningTracker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

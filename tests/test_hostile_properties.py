@@ -17,18 +17,18 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
-from helpers import wait_until
-from hostile_fixtures import Control, followed, protocol_errors, register
-from hostile_server import HostileServer, Raw, Reset, Result, working
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tracker_fixtures import RunningTracker
 
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import storable
 from taskhub.mcp.wire import MAX_RESPONSE_BYTES, TERMINAL_STATUSES
 from taskhub.tasks.models import InputRequest, Task, TaskStatus
 from taskhub.tasks.services import cap_status_message
+from tests.helpers import wait_until
+from tests.hostile_fixtures import Control, followed, protocol_errors, register
+from tests.hostile_server import HostileServer, Raw, Reset, Result, working
+from tests.tracker_fixtures import RunningTracker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

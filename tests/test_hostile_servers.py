@@ -14,12 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.db import connection
-from helpers import wait_until
-from hostile_fixtures import Control, followed, new_remote_id, protocol_errors, register
-from hostile_server import Drip, Error, HostileServer, Raw, Reset, Result, working
-from tracker_fixtures import RunningTracker
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.lean import MAX_RESPONSE_BYTES
@@ -34,6 +29,11 @@ from taskhub.tasks.models import (
     TaskStatus,
 )
 from taskhub.worker import jobs
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import wait_until
+from tests.hostile_fixtures import Control, followed, new_remote_id, protocol_errors, register
+from tests.hostile_server import Drip, Error, HostileServer, Raw, Reset, Result, working
+from tests.tracker_fixtures import RunningTracker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -17,14 +17,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
-from hostile_fixtures import followed, new_remote_id, protocol_errors, step_of
-from tracker_fixtures import RunningTracker
 
 from taskhub.mcp.stdio import STDERR_LOG_MAX_BYTES
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
+from tests.helpers import wait_until
+from tests.hostile_fixtures import followed, new_remote_id, protocol_errors, step_of
+from tests.tracker_fixtures import RunningTracker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -6,11 +6,8 @@ taskhub/tasks/inbox_listing.py (the page and GET /api/inbox) and the cap in task
 import re
 
 import pytest
-from account_fixtures import make_user
 from django.contrib.auth.models import Group
 from django.test import Client
-from helpers import snapshot
-from inbox_fixtures import remote_id, task_asking
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
 from taskhub.api.tokens import create_token
@@ -20,7 +17,10 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.inbox_listing import FLOOD_THRESHOLD
 from taskhub.tasks.models import InputRequest, InputRequestState
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.helpers import snapshot
+from tests.inbox_fixtures import remote_id, task_asking
 
 pytestmark = pytest.mark.django_db
 

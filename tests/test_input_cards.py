@@ -1,11 +1,9 @@
 """Input-request cards lead with what the server asks and tell a task's requests apart (issue 15 item 6)."""
 
 import pytest
-from account_fixtures import make_user
 from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
-from helpers import snapshot
 
 from taskhub.accounts.groups import APPROVERS
 from taskhub.mcp.client import TaskCreated
@@ -13,8 +11,10 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.input_cards import card_for, short_key
 from taskhub.tasks.models import InputRequest
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import set_approver_groups
 from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
 
 REMOTE_ID = "3f2b9c1e-5d4a-4e8b-9a7c-1b2c3d4e5f60"
 HASHES = ("5d41402abc4b2a76b9719d911017c592", "7d793037a0760186574b0282f2f435e7", "9e107d9d372bb6826bd81d3542a419d6")

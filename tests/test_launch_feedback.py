@@ -7,13 +7,9 @@ server started on the port the task's server points at). The browser side: tests
 import logging
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
-from demo_process import DemoServer
 from django.test import Client
 from django.urls import reverse
-from helpers import free_port
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
@@ -26,6 +22,10 @@ from taskhub.tasks.dashboard import dashboard
 from taskhub.tasks.models import CANCELLED_NOT_SENT, LAUNCH_ATTEMPTS, LAUNCH_ERROR_MAX_CHARS, Task, TaskStatus
 from taskhub.tasks.queries import Needs, needs_filter
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import DemoServer
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 

@@ -10,7 +10,6 @@ from collections import Counter
 
 import pytest
 from asgiref.sync import sync_to_async
-from catalogue_fixtures import with_tools
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -20,7 +19,6 @@ from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from helpers import free_port, snapshot
 
 from taskhub.live import consumer, publish
 from taskhub.live.access import current_access
@@ -33,7 +31,9 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import TaskPoll
 from tests.approval_fixtures import set_approver_groups
+from tests.catalogue_fixtures import with_tools
 from tests.conftest import PROJECT_DIR
+from tests.helpers import free_port, snapshot
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]

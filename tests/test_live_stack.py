@@ -3,11 +3,11 @@
 import asyncio
 
 import pytest
-from account_fixtures import make_user
-from stack_fixtures import frames_until, running_counts, running_stack, session_cookie_for, went_up_and_down
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.tasks import services
+from tests.account_fixtures import make_user
+from tests.stack_fixtures import frames_until, running_counts, running_stack, session_cookie_for, went_up_and_down
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -33,14 +33,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
-from demo_process import PROJECT_ROOT
 from django.conf import settings
 from django.db import connection
-from helpers import wait_until
-from hostile_server import HostileServer, Silence
-from stack_fixtures import running_stack, session_cookie_for
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -48,7 +42,13 @@ from taskhub.mcp.client import HttpTarget, TasksClient
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import PROJECT_ROOT
+from tests.helpers import wait_until
+from tests.hostile_server import HostileServer, Silence
+from tests.stack_fixtures import running_stack, session_cookie_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -495,14 +495,14 @@ def test_live_tasks_watched_by_many_sockets_while_approvers_answer_through_the_p
 
 
 def test_a_flood_of_one_servers_requests_does_not_bury_another_servers_few(capsys):
-    from catalogue_fixtures import with_tools
     from django.contrib.auth.models import Group
     from django.test import Client
-    from helpers import snapshot
 
     from taskhub.api.tokens import create_token
     from taskhub.mcp.client import TaskCreated
     from taskhub.servers.services import create_server
+    from tests.catalogue_fixtures import with_tools
+    from tests.helpers import snapshot
 
     size = scale()
     approver = make_user("ada", APPROVERS, "team")

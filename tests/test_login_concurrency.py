@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from browser_fixtures import running_daphne
 from django.conf import settings
 from django.core.cache import cache
+
+from tests.browser_fixtures import running_daphne
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -5,11 +5,11 @@ import subprocess
 import time
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
 from django.core.cache import cache
-from helpers import free_port
 
 from taskhub.accounts.groups import OPERATORS
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -135,8 +135,8 @@ def test_a_failure_on_our_page_counts_once(client):
 @pytest.mark.django_db(transaction=True)
 def test_failures_counted_by_another_process_lock_this_one(client):
     """Several web processes share the count: failures recorded by a separate Python process lock sign-in here."""
-    from browser_fixtures import database_url_for_subprocesses
-    from conftest import PROJECT_DIR, VENV_BIN
+    from tests.browser_fixtures import database_url_for_subprocesses
+    from tests.conftest import PROJECT_DIR, VENV_BIN
 
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocesses(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
     env.pop("REDIS_URL", None)

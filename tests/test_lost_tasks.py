@@ -4,10 +4,7 @@ exercised in real processes by tests/test_stdio_workers.py; here the service and
 
 from datetime import timedelta
 
-import helpers
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
 from django.urls import reverse
 from django.utils import timezone
 
@@ -18,6 +15,9 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import TERMINAL_STATUSES, InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.tasks.queries import OTHER_STATUSES
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +36,7 @@ def sent(operator):
     with_tools(server, "approval")
     task = services.launch(server=server, tool="approval", arguments={}, user=operator)
     assert services.mark_launch_sent(task=task) is not None
-    created = helpers.snapshot(
+    created = snapshot(
         "input_required", ttl_ms=3_600_000, created_at=timezone.now().isoformat(), inputRequests={"q": QUESTION}
     )
     services.record_launch_outcome(task=task, outcome=TaskCreated(task=created))

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from demo_process import demo_command, demo_env
-from helpers import free_port
-from hostile_server import HostileServer, Raw, Result, working
 
 from taskhub.mcp.cli import TerminalPrompter, clean_text, main, poll_interval
 from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
 from taskhub.worker.tracker import polling
+from tests.demo_process import demo_command, demo_env
+from tests.helpers import free_port
+from tests.hostile_server import HostileServer, Raw, Result, working
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEMO_OPTIONS = ["--poll-interval-ms", "100"]

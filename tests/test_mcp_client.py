@@ -8,8 +8,6 @@ import ssl
 
 import pytest
 import pytest_asyncio
-from demo_process import DemoServer, stdio_target
-from wire_recorder import WireRecorder
 
 from taskhub.mcp.client import (
     HttpTarget,
@@ -22,6 +20,8 @@ from taskhub.mcp.client import (
 )
 from taskhub.mcp.errors import AuthorizationFailed, TaskNotFound, TransportError
 from taskhub.mcp.wire import EXTENSION_ID, TaskSnapshot
+from tests.demo_process import DemoServer, stdio_target
+from tests.wire_recorder import WireRecorder
 
 # One event loop for the module, so that one stdio session (one demo server process) serves its tests.
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from scripted_server import ScriptedServer
 
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolCompleted
 from taskhub.mcp.errors import (
@@ -17,6 +16,7 @@ from taskhub.mcp.errors import (
     TaskNotFound,
     TransportError,
 )
+from tests.scripted_server import ScriptedServer
 
 TASK = {
     "taskId": "t-1",

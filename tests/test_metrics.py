@@ -18,17 +18,8 @@ import time
 
 import pytest
 import yaml
-from catalogue_fixtures import with_tools
 from django.db import connection
 from django.db.models import Count, F
-from metrics_fixtures import (
-    DASHBOARD,
-    ROOT,
-    RULES,
-    parse,
-    used_metrics,
-    value,
-)
 from procrastinate.job_context import JobContext
 from procrastinate.jobs import Job
 from prometheus_client import REGISTRY
@@ -41,6 +32,15 @@ from taskhub.tasks import services
 from taskhub.tasks.hooks import ANSWER_DELIVERY_JOB
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.worker.jobs import DELIVERY_RETRY
+from tests.catalogue_fixtures import with_tools
+from tests.metrics_fixtures import (
+    DASHBOARD,
+    ROOT,
+    RULES,
+    parse,
+    used_metrics,
+    value,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -13,17 +13,17 @@ import urllib.request
 import uuid
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import running_daphne
-from demo_process import DemoServer
-from helpers import wait_until
-from hostile_fixtures import followed, new_remote_id, register
-from hostile_server import HostileServer, Result, working
-from metrics_fixtures import family_of, parse, used_metrics, value
-from stack_fixtures import LOCAL_REDIS_URL, SignedIn, Workers, register_and_discover, worker_environment
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import running_daphne
+from tests.demo_process import DemoServer
+from tests.helpers import wait_until
+from tests.hostile_fixtures import followed, new_remote_id, register
+from tests.hostile_server import HostileServer, Result, working
+from tests.metrics_fixtures import family_of, parse, used_metrics, value
+from tests.stack_fixtures import LOCAL_REDIS_URL, SignedIn, Workers, register_and_discover, worker_environment
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

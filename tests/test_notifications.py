@@ -5,13 +5,10 @@ import datetime
 import re
 
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
 from django.core import mail
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from helpers import free_port, snapshot
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from taskhub.accounts import permissions
@@ -26,6 +23,9 @@ from taskhub.mcp.client import TaskCreated, ToolCompleted
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import free_port, snapshot
 
 pytestmark = pytest.mark.django_db
 

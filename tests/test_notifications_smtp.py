@@ -9,14 +9,10 @@ import email.policy
 import logging
 
 import pytest
-from account_fixtures import make_user
 from aiosmtpd.controller import Controller
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.utils import timezone
-from helpers import free_port, snapshot
 from procrastinate.contrib.django.models import ProcrastinateJob
-from stack_fixtures import run_worker_until_idle
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.approvals.models import MailEvent
@@ -26,6 +22,10 @@ from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import free_port, snapshot
+from tests.stack_fixtures import run_worker_until_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 

@@ -7,11 +7,15 @@ import urllib.request
 
 import aiohttp
 import pytest
-from account_fixtures import make_user
-from browser_fixtures import running_daphne
-from demo_process import DemoServer
-from helpers import wait_until
-from stack_fixtures import (
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.account_fixtures import make_user
+from tests.browser_fixtures import running_daphne
+from tests.demo_process import DemoServer
+from tests.helpers import wait_until
+from tests.stack_fixtures import (
     Workers,
     api_request,
     production_environment,
@@ -19,10 +23,6 @@ from stack_fixtures import (
     session_cookie_for,
     worker_environment,
 )
-
-from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
-from taskhub.api.tokens import create_token
-from taskhub.tasks.models import InputRequest, InputRequestState, Task
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,11 +6,11 @@ import io
 import logging
 
 import pytest
-from account_fixtures import make_user
 from django.test import Client
 
 from taskhub.accounts.groups import APPROVERS
 from taskhub.web.logs import RefusalsWithoutTraceback
+from tests.account_fixtures import make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -11,13 +11,10 @@ import re
 
 import jsonschema
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
 from django.contrib.auth.models import Group
 from django.http import QueryDict
 from django.test import Client
 from django.urls import reverse
-from inbox_fixtures import request_of, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
@@ -37,7 +34,10 @@ from taskhub.mcp.schema_fields import (
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 from taskhub.tasks.schema_forms import answer_form, launch_form
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.catalogue_fixtures import with_tools
+from tests.inbox_fixtures import request_of, task_asking
 
 
 def post(use, **values) -> QueryDict:

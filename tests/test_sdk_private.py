@@ -21,12 +21,12 @@ from typing import Any
 import anyio
 import mcp_types
 import pytest
-from demo_process import DemoServer, stdio_target
 from mcp import Client
 from mcp.client.stdio import get_default_environment
 
 from taskhub.mcp import sdk_private, wire
 from taskhub.mcp.extension import TasksClientExtension, decline_elicitation
+from tests.demo_process import DemoServer, stdio_target
 
 pytestmark = pytest.mark.slow
 

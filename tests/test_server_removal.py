@@ -5,14 +5,10 @@ import re
 from io import StringIO
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
-from helpers import snapshot
-from test_servers_pages import add_form
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -25,6 +21,10 @@ from taskhub.tasks import services
 from taskhub.tasks.errors import InputNoLongerOpen, InvalidTransition
 from taskhub.tasks.models import InputRequest, InputRequestState
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
+from tests.test_servers_pages import add_form
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUESTION = {"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": {"type": "object"}}}

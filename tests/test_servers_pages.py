@@ -5,13 +5,10 @@ import time
 import uuid
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from demo_process import DemoServer
 from django.contrib.auth.models import Group
 from django.db import transaction
 from django.urls import reverse
-from helpers import free_port
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
@@ -21,7 +18,10 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.demo_process import DemoServer
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,6 @@ import threading
 import time
 
 import pytest
-from catalogue_fixtures import with_tools
 from django.db import connection, transaction
 
 from taskhub.audit.models import AuditEvent
@@ -15,6 +14,7 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
 from taskhub.tasks.models import InputRequest, InputRequestState
+from tests.catalogue_fixtures import with_tools
 
 SCHEMA = {
     "type": "object",

@@ -2,9 +2,7 @@
 
 from functools import partial
 
-import helpers
 import pytest
-from catalogue_fixtures import with_tools
 from django.db import DataError, connection
 from django.test.utils import CaptureQueriesContext
 
@@ -22,6 +20,8 @@ from taskhub.tasks.models import (
     TaskPoll,
     TaskStatus,
 )
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot as snapshot_any_time
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +36,7 @@ NAME_REQUEST = {
 CONFIRM_REQUEST = {"method": "elicitation/create", "params": {"message": "Go on?", "requestedSchema": {}}}
 
 
-snapshot = partial(helpers.snapshot, last_updated_at="2026-07-28T10:00:01Z")
+snapshot = partial(snapshot_any_time, last_updated_at="2026-07-28T10:00:01Z")
 
 
 def audit(task) -> list[str]:

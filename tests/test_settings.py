@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PROJECT_DIR
+
+from tests.conftest import PROJECT_DIR
 
 DUMP_SETTINGS = """
 import json

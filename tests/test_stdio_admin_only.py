@@ -10,13 +10,10 @@ from __future__ import annotations
 import sys
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from demo_process import PROJECT_ROOT
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
-from scripted_server import DISCOVER_RESULT, TOOLS_RESULT, ScriptedServer
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.endpoints import api
@@ -27,6 +24,9 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.demo_process import PROJECT_ROOT
+from tests.scripted_server import DISCOVER_RESULT, TOOLS_RESULT, ScriptedServer
 
 pytestmark = pytest.mark.django_db
 

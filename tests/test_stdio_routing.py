@@ -7,7 +7,6 @@ import datetime
 
 import pytest
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.utils import timezone
 from procrastinate.contrib.django.models import ProcrastinateJob
 from procrastinate.jobs import Job
@@ -18,6 +17,7 @@ from taskhub.worker import stdio
 from taskhub.worker.jobs import LAUNCH_RETRY
 from taskhub.worker.stdio import NotOwner
 from taskhub.worker.stdio.supervisor import StdioSupervisor
+from tests.catalogue_fixtures import with_tools
 
 pytestmark = pytest.mark.django_db
 

@@ -16,11 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from account_fixtures import make_user
-from demo_process import stdio_target
 from django.contrib.auth import get_user_model
 from django.urls import reverse
-from helpers import wait_until
 from procrastinate import tasks
 from procrastinate.contrib.django.models import ProcrastinateJob
 
@@ -31,6 +28,9 @@ from taskhub.servers.models import ProcessState, Server, ServerProcess
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import LIVE_STATUSES, InputRequest, InputRequestState, Task, TaskStatus
+from tests.account_fixtures import make_user
+from tests.demo_process import stdio_target
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

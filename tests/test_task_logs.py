@@ -3,17 +3,17 @@
 import logging
 from functools import partial
 
-import helpers
 import pytest
-from catalogue_fixtures import with_tools
 
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot as snapshot_any_time
 
 pytestmark = pytest.mark.django_db
 
-snapshot = partial(helpers.snapshot, last_updated_at="2026-07-28T10:00:01Z")
+snapshot = partial(snapshot_any_time, last_updated_at="2026-07-28T10:00:01Z")
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from datetime import timedelta
 
 import pytest
-from account_fixtures import make_user
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -12,6 +11,7 @@ from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.models import ApiToken
 from taskhub.api.tokens import create_token, user_for_token
 from taskhub.audit.models import AuditEvent
+from tests.account_fixtures import make_user
 
 pytestmark = pytest.mark.django_db
 

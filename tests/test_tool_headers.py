@@ -13,12 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
-from demo_process import demo_env
 from django.urls import reverse
-from header_server import BROKEN, DEPLOY, HeaderServer, header_problems
 
 from taskhub.accounts.groups import OPERATORS
 from taskhub.mcp.tool_headers import header_problem, param_headers
@@ -28,6 +24,10 @@ from taskhub.tasks import services
 from taskhub.tasks.errors import LaunchRefused
 from taskhub.tasks.models import Task, TaskStatus
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import demo_env
+from tests.header_server import BROKEN, DEPLOY, HeaderServer, header_problems
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 

@@ -14,19 +14,13 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
-from helpers import wait_until
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from stack_fixtures import in_own_thread, session_cookie_for, worker_environment
-from test_tracker import launch_live
-from test_worker_jobs import approval_waiting, jobs_of, run_worker_until_idle
-from wire_recorder import WireRecorder
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.mcp.schema_fields import ELICITATION
@@ -35,9 +29,15 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.conftest import PROJECT_DIR
+from tests.helpers import wait_until
+from tests.stack_fixtures import in_own_thread, session_cookie_for, worker_environment
+from tests.test_tracker import launch_live
+from tests.test_worker_jobs import approval_waiting, jobs_of, run_worker_until_idle
 from tests.tracker_fixtures import RunningTracker
+from tests.wire_recorder import WireRecorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 

@@ -15,7 +15,6 @@ from itertools import pairwise
 import httpx2
 import psycopg
 import pytest
-from catalogue_fixtures import with_tools
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
@@ -30,6 +29,7 @@ from taskhub.worker.models import WorkerHeartbeat
 from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed, Leases
 from taskhub.worker.tracker.orm import database_params
 from taskhub.worker.tracker.polling import TrackerStats
+from tests.catalogue_fixtures import with_tools
 from tests.demo_process import DemoServer
 from tests.helpers import wait_until
 from tests.tracker_fixtures import RunningTracker

@@ -14,21 +14,14 @@ import io
 import logging
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import async_to_sync
-from catalogue_fixtures import with_tools
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
-from helpers import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-from test_audit_pages import body
-from test_credentials_nowhere import every_text_logged
-from test_models_servers import pg_dump
-from threaded_app import ThreadedApp
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.api.tokens import create_token
@@ -42,6 +35,13 @@ from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services as task_services
 from taskhub.tasks.models import Task
 from taskhub.worker import jobs
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import free_port
+from tests.test_audit_pages import body
+from tests.test_credentials_nowhere import every_text_logged
+from tests.test_models_servers import pg_dump
+from tests.threaded_app import ThreadedApp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

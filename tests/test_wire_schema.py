@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from wire_recorder import WireRecorder
 
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolInputRequired
+from tests.wire_recorder import WireRecorder
 
 pytestmark = pytest.mark.slow
 

@@ -19,19 +19,12 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from catalogue_fixtures import with_tools
-from demo_process import DemoServer
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from helpers import free_port, wait_until
-from hostile_fixtures import register
-from hostile_server import HostileServer, Silence
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
 from procrastinate.jobs import Job
-from stack_fixtures import due_jobs, run_worker_until_idle
-from wire_recorder import WireRecorder
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import HttpTarget, TaskCreated, TasksClient, ToolInputRequired
@@ -44,6 +37,13 @@ from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
 from taskhub.worker import clients, heartbeats, jobs, slots, sweeps
 from taskhub.worker.connector import worker_connector
 from taskhub.worker.models import WorkerHeartbeat
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import DemoServer
+from tests.helpers import free_port, wait_until
+from tests.hostile_fixtures import register
+from tests.hostile_server import HostileServer, Silence
+from tests.stack_fixtures import due_jobs, run_worker_until_idle
+from tests.wire_recorder import WireRecorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 

@@ -15,7 +15,8 @@ import time
 
 from starlette.requests import Request
 from starlette.responses import Response
-from wire_recorder import WireRecorder
+
+from tests.wire_recorder import WireRecorder
 
 
 class UpdateHoldingProxy(WireRecorder):

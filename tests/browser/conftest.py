@@ -23,7 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_fixtures import (
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.browser_fixtures import (
     CHROMIUM_ARGS,
     TIMEOUT_MS,
     VIEWPORT,
@@ -32,8 +34,6 @@ from browser_fixtures import (
     database_url_for_subprocesses,
     running_daphne,
 )
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-
 from tests.test_channel_layer import LOCAL_REDIS_URL, redis_is_up
 
 BROWSER_TESTS = Path(__file__).parent

@@ -6,14 +6,14 @@ import re
 import threading
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from audit_fixtures import make_audit_history
-from browser_fixtures import screenshot, sign_in
 from django.db import connections
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.audit.models import AuditEvent
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.audit_fixtures import make_audit_history
+from tests.browser_fixtures import screenshot, sign_in
 
 pytestmark = pytest.mark.slow
 

@@ -6,16 +6,16 @@ Fast checks of the same pages: tests/test_control_room.py.
 import re
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
-from catalogue_fixtures import with_tools
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.mcp.client import ToolCompleted
 from taskhub.servers.services import create_server, record_server_failure
 from taskhub.tasks import services
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser.test_tasks import durable, live_site, snapshot, wait_until_live  # noqa: F401 (live_site)
+from tests.browser_fixtures import screenshot, sign_in
+from tests.catalogue_fixtures import with_tools
 
 pytestmark = pytest.mark.slow
 

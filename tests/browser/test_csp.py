@@ -5,10 +5,11 @@ the page's CSP does not govern) and chromium's console messages about the policy
 """
 
 import pytest
-from account_fixtures import TEST_PASSWORD
-from browser_fixtures import screenshot, sign_in
-from csp_fixtures import build_world
 from playwright.sync_api import expect
+
+from tests.account_fixtures import TEST_PASSWORD
+from tests.browser_fixtures import screenshot, sign_in
+from tests.csp_fixtures import build_world
 
 pytestmark = pytest.mark.slow
 

@@ -18,23 +18,10 @@ import time
 
 import aiohttp
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import needs_redis, screenshot, sign_in
-from demo_process import DemoServer, stdio_target
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from helpers import wait_until
 from playwright.sync_api import Page, expect
-from stack_fixtures import (
-    LiveStack,
-    Workers,
-    demo_stats,
-    in_own_thread,
-    register_and_discover,
-    session_cookie_for,
-    worker_environment,
-)
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.approvals.services import create_policy
@@ -43,7 +30,20 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, Task
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.browser_fixtures import needs_redis, screenshot, sign_in
+from tests.demo_process import DemoServer, stdio_target
+from tests.helpers import wait_until
+from tests.stack_fixtures import (
+    LiveStack,
+    Workers,
+    demo_stats,
+    in_own_thread,
+    register_and_discover,
+    session_cookie_for,
+    worker_environment,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -560,9 +560,8 @@ def test_a_deadline_passes_and_the_default_is_sent_and_audited(new_page, stack, 
 
 
 def test_an_admin_adds_a_webhook_and_a_gated_launch_reaches_it_signed(new_page, stack, people):
-    from webhook_receiver import WebhookReceiver
-
     from taskhub.approvals.models import ApprovalPolicy
+    from tests.webhook_receiver import WebhookReceiver
 
     policy = in_own_thread(
         lambda: create_policy(server=stack.server, tool="approval", gate_before_call=True, user=None)

@@ -5,16 +5,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
 from django.contrib.auth.models import Group
-from inbox_fixtures import request_of, task_asking
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, InputRequestState
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.browser_fixtures import screenshot, sign_in
+from tests.inbox_fixtures import request_of, task_asking
 
 SCHEMA = {
     "type": "object",

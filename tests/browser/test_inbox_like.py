@@ -4,19 +4,19 @@ desktop notification; real processes: the demo MCP server, a `manage.py worker`,
 from __future__ import annotations
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import SCREENSHOT_DIR, needs_redis, screenshot, sign_in
-from demo_process import DemoServer
-from helpers import wait_until
-from inbox_fixtures import request_of, task_asking
 from playwright.sync_api import Page, expect
-from stack_fixtures import Workers, demo_stats, in_own_thread, register_and_discover, worker_environment
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import SCREENSHOT_DIR, needs_redis, screenshot, sign_in
+from tests.demo_process import DemoServer
+from tests.helpers import wait_until
+from tests.inbox_fixtures import request_of, task_asking
+from tests.stack_fixtures import Workers, demo_stats, in_own_thread, register_and_discover, worker_environment
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -4,13 +4,8 @@ real (on a thread of its own: Playwright keeps a loop in this one). Fast checks:
 """
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
 from asgiref.sync import async_to_sync
-from browser_fixtures import SCREENSHOT_DIR, screenshot, sign_in
-from catalogue_fixtures import with_tools
-from helpers import free_port
 from playwright.sync_api import expect
-from stack_fixtures import in_own_thread
 
 from taskhub.accounts.groups import OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -18,7 +13,12 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import LAUNCH_ATTEMPTS, Task, TaskStatus
 from taskhub.worker import jobs
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser.test_tasks import live_site, wait_until_live  # noqa: F401 (live_site)
+from tests.browser_fixtures import SCREENSHOT_DIR, screenshot, sign_in
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import free_port
+from tests.stack_fixtures import in_own_thread
 
 pytestmark = pytest.mark.slow
 

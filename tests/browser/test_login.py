@@ -3,11 +3,11 @@
 import re
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import screenshot, sign_in
 
 
 def nav_items(page) -> list[str]:

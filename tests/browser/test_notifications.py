@@ -4,11 +4,7 @@ link opening the request's card (issue 16)."""
 import re
 from html import escape
 
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
-from catalogue_fixtures import with_tools
 from django.core import mail
-from helpers import snapshot
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
@@ -18,6 +14,10 @@ from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import screenshot, sign_in
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
 
 
 def test_a_person_chooses_which_events_reach_them_by_mail(daphne_server, page, console_errors):

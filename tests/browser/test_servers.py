@@ -4,16 +4,16 @@ live; an operator launches a tool from the form generated from its inputSchema a
 import re
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot as save_screenshot
-from browser_fixtures import sign_in
-from demo_process import DemoServer, free_port
 from playwright.sync_api import expect
-from stack_fixtures import Workers, worker_environment
 
 from taskhub.accounts.groups import ADMINS, OPERATORS
 from taskhub.servers.models import Server
 from taskhub.tasks.models import Task
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import screenshot as save_screenshot
+from tests.browser_fixtures import sign_in
+from tests.demo_process import DemoServer, free_port
+from tests.stack_fixtures import Workers, worker_environment
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,8 @@ this test does not know fails it: add the value to KWARGS.
 import re
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
-from csp_fixtures import build_world
 from django.contrib.auth.models import Group
 from django.urls import URLPattern, URLResolver, get_resolver
-from helpers import snapshot
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
@@ -23,7 +19,11 @@ from taskhub.api.tokens import create_token
 from taskhub.approvals.models import PolicyWebhook
 from taskhub.mcp.client import TaskCreated
 from taskhub.tasks import services
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.browser_fixtures import screenshot, sign_in
+from tests.csp_fixtures import build_world
+from tests.helpers import snapshot
 
 pytestmark = pytest.mark.slow
 

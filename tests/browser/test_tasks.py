@@ -11,9 +11,6 @@ import struct
 import zlib
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import needs_redis, screenshot, sign_in
-from catalogue_fixtures import with_tools
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
 from playwright.sync_api import expect
@@ -26,7 +23,10 @@ from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.services import create_server
 from taskhub.settings import channel_layers_from_env
 from taskhub.tasks import services
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.browser_fixtures import needs_redis, screenshot, sign_in
+from tests.catalogue_fixtures import with_tools
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,7 @@ server; at a desktop's size and a phone's (screenshots of each, for people to lo
 import re
 
 import pytest
-from account_fixtures import TEST_PASSWORD, make_user
-from browser_fixtures import screenshot, sign_in
-from catalogue_fixtures import with_tools
 from django.contrib.auth.models import Group
-from helpers import snapshot
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
@@ -18,7 +14,11 @@ from taskhub.mcp.client import TaskCreated
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.browser_fixtures import screenshot, sign_in
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
 
 PHONE = {"width": 390, "height": 844}
 REMOTE_ID = "3f2b9c1e-5d4a-4e8b-9a7c-1b2c3d4e5f60"

@@ -1,0 +1,1 @@
+"""The tests of taskhub: one package, imported as `tests.<module>` everywhere (pytest, plugins, subprocesses)."""
