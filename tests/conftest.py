@@ -15,9 +15,11 @@ EMBEDDED_PASS_ENV = "TASKHUB_EMBEDDED_PASS"
 
 # Fixtures shared by several test modules: loaded here, so that no test module imports a fixture by name.
 pytest_plugins = [
-    "demo_process",
-    "live_fixtures",
-    "stack_fixtures",
+    "tests.demo_process",
+    "tests.inbox_fixtures",
+    "tests.live_fixtures",
+    "tests.stack_fixtures",
+    "tests.task_page_fixtures",
 ]
 
 

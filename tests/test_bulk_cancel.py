@@ -5,66 +5,23 @@ import datetime
 import re
 
 import pytest
-from account_fixtures import make_user
-from catalogue_fixtures import with_tools
-from django.contrib.auth.models import Group
 from django.urls import reverse
 from django.utils import timezone
-from helpers import snapshot
 from procrastinate.contrib.django.models import ProcrastinateJob
 
-from taskhub.accounts.groups import APPROVERS, OPERATORS
+from taskhub.accounts.groups import OPERATORS
 from taskhub.audit.models import AuditEvent
-from taskhub.mcp.client import TaskCreated
-from taskhub.servers.services import create_server
 from taskhub.tasks import bulk, hooks, services
 from taskhub.tasks.models import Task
-from tests.approval_fixtures import set_approver_groups
+from tests.account_fixtures import make_user
+from tests.task_page_fixtures import durable, signed_in
 
 pytestmark = pytest.mark.django_db
-
-_remote_ids = iter(range(1, 10_000))
-
-
-def durable(server, user, tool="deploy", status="working") -> Task:
-    task = services.launch(server=with_tools(server, tool), tool=tool, arguments={}, user=user)
-    remote = f"remote-{next(_remote_ids)}"
-    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id=remote)))
-    if status != "working":
-        services.apply_snapshot(task=task, snapshot=snapshot(status, task_id=remote, result={"content": []}))
-    return Task.objects.get(pk=task.pk)
-
-
-@pytest.fixture
-def alpha():
-    server = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
-    set_approver_groups(server, [Group.objects.get_or_create(name="alpha-approvers")[0]])
-    return server
-
-
-@pytest.fixture
-def beta():
-    return create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
-
-
-@pytest.fixture
-def olga():
-    return make_user("olga", OPERATORS)
 
 
 @pytest.fixture
 def oscar():
     return make_user("oscar", OPERATORS)
-
-
-@pytest.fixture
-def amy():
-    return make_user("amy", APPROVERS, "alpha-approvers")
-
-
-def signed_in(client, user):
-    client.force_login(user)
-    return client
 
 
 def confirmation(html: str) -> dict:
@@ -82,7 +39,7 @@ def world(alpha, beta, olga, oscar):
     tasks = {
         "olga": [durable(alpha, olga) for _ in range(3)],
         "oscar": [durable(alpha, oscar)],
-        "done": [durable(alpha, olga, status="completed")],
+        "done": [durable(alpha, olga, status="completed", result={"content": []})],
         "asked": [durable(alpha, olga)],
         "beta": [durable(beta, olga, tool="build") for _ in range(2)],
     }

@@ -10,7 +10,6 @@ from django.contrib.auth.models import Group
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
-from helpers import snapshot
 
 from taskhub.accounts.groups import AGENTS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token, revoke_token
@@ -21,7 +20,9 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.helpers import snapshot
 
 TASKS = "io.modelcontextprotocol/tasks"
 DECLARING = {
@@ -49,15 +50,6 @@ QUESTION = {
         "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
     },
 }
-
-
-def make_user(name: str, *groups: str):
-    from django.contrib.auth import get_user_model
-
-    user = get_user_model().objects.create_user(name)
-    for group in groups:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return user
 
 
 @pytest.fixture

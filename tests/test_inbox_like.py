@@ -1,21 +1,18 @@
 """Answering like requests with one form (taskhub/tasks/like_requests.py, the inbox's tasks:answer_like)."""
 
 import pytest
-from account_fixtures import make_user
 from django.contrib.auth.models import Group
-from django.test import Client
 from django.urls import reverse
-from inbox_fixtures import request_of, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.approvals.services import create_policy
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.schema_fields import ELICITATION
-from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.like_requests import answer_each, likeness
 from taskhub.tasks.models import InputRequestState
-from tests.approval_fixtures import add_approver_groups
+from tests.account_fixtures import make_user
+from tests.inbox_fixtures import client_for, request_of, task_asking
 
 pytestmark = pytest.mark.django_db
 
@@ -26,26 +23,6 @@ SCHEMA = {
 }
 ASK = {"method": "elicitation/create", "params": {"message": "Deploy build 4127?", "requestedSchema": SCHEMA}}
 OTHER = {"method": "elicitation/create", "params": {"message": "Deploy build 4128?", "requestedSchema": SCHEMA}}
-
-
-@pytest.fixture
-def servers():
-    alpha = create_server(name="alpha", transport="http", url="http://alpha.example/mcp", user=None)
-    beta = create_server(name="beta", transport="http", url="http://beta.example/mcp", user=None)
-    add_approver_groups(alpha, Group.objects.create(name="team-alpha"))
-    add_approver_groups(beta, Group.objects.create(name="team-beta"))
-    return alpha, beta
-
-
-@pytest.fixture
-def ada(servers):
-    return make_user("ada", APPROVERS, "team-alpha")
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def asking(server, n, request=ASK, tool="deploy"):

@@ -3,26 +3,23 @@
 import re
 
 import pytest
-from account_fixtures import make_user
-from django.contrib.auth.models import Group
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
-from helpers import snapshot
-from inbox_fixtures import remote_id, request_of, task_asking
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.approvals.models import ApprovalPolicy
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.schema_fields import ELICITATION
-from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.input_cards import url_target
 from taskhub.tasks.live_inbox import inbox_fragment
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
-from tests.approval_fixtures import add_approver_groups
+from tests.account_fixtures import make_user
+from tests.helpers import snapshot
+from tests.inbox_fixtures import client_for, remote_id, request_of, task_asking
 
 pytestmark = pytest.mark.django_db
 
@@ -58,20 +55,6 @@ SIGNAL = '<template id="inbox-live-signal" hx-swap-oob="none:body" data-live-rep
 
 
 @pytest.fixture
-def servers():
-    alpha = create_server(name="alpha", transport="http", url="http://alpha.example/mcp", user=None)
-    beta = create_server(name="beta", transport="http", url="http://beta.example/mcp", user=None)
-    add_approver_groups(alpha, Group.objects.create(name="team-alpha"))
-    add_approver_groups(beta, Group.objects.create(name="team-beta"))
-    return alpha, beta
-
-
-@pytest.fixture
-def ada(servers):
-    return make_user("ada", APPROVERS, "team-alpha")
-
-
-@pytest.fixture
 def dana(servers):
     return make_user("dana", APPROVERS, "team-alpha")
 
@@ -79,12 +62,6 @@ def dana(servers):
 @pytest.fixture
 def bob(servers):
     return make_user("bob", APPROVERS, "team-beta")
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

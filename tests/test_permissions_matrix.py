@@ -22,13 +22,11 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
-from catalogue_fixtures import with_tools
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
-from helpers import snapshot
 
 from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
@@ -39,7 +37,10 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest
+from tests.account_fixtures import make_user
 from tests.approval_fixtures import set_approver_groups
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
 
 ROLES = ("anonymous", "approver", "other_approver", "operator", "admin", "agent")
 LOGIN = 302  # a page's answer to anonymous: the sign-in page, with ?next=
@@ -152,15 +153,6 @@ def test_the_matrix_lists_every_route():
     assert not missing, f"routes without a row in MATRIX (add the expected status per role): {sorted(missing)}"
     gone = listed - route_names() - {"admin:index"}
     assert not gone, f"MATRIX rows for routes that no longer exist: {sorted(gone)}"
-
-
-def make_user(name: str, *groups: str):
-    from django.contrib.auth import get_user_model
-
-    user = get_user_model().objects.create_user(name)
-    for group in groups:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return user
 
 
 @pytest.fixture

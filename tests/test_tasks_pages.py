@@ -8,16 +8,13 @@ import re
 from io import StringIO
 
 import pytest
-from account_fixtures import make_user
 from asgiref.sync import sync_to_async
-from catalogue_fixtures import with_tools
-from django.contrib.auth.models import AnonymousUser, Group
+from django.contrib.auth.models import AnonymousUser
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
-from helpers import snapshot
 
 from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
@@ -25,14 +22,16 @@ from taskhub.audit.models import AuditEvent
 from taskhub.live import task_fragments
 from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
-from taskhub.mcp.client import TaskCreated, ToolCompleted
+from taskhub.mcp.client import ToolCompleted
 from taskhub.observability.models import TaskStatusDelta
-from taskhub.servers.services import create_server
 from taskhub.tasks import presenters, queries, services
 from taskhub.tasks.models import Task
 from taskhub.tasks.views import listing
 from taskhub.tasks.views.listing import PAGE_SIZE
-from tests.approval_fixtures import set_approver_groups
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
+from tests.task_page_fixtures import durable, signed_in
 
 pytestmark = pytest.mark.django_db
 
@@ -46,59 +45,15 @@ SVG = base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 
 
-_remote_ids = iter(range(1, 10_000))
-
-
-def durable(server, user, tool="deploy", status="working", **fields) -> Task:
-    """A task launched and made durable through the services, then moved to `status` by a snapshot."""
-    task = services.launch(server=with_tools(server, tool), tool=tool, arguments={"target": "prod"}, user=user)
-    remote = f"remote-{next(_remote_ids)}"
-    task = services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id=remote)))
-    if status != "working" or fields:
-        services.apply_snapshot(task=task, snapshot=snapshot(status, task_id=remote, **fields))
-        task.refresh_from_db()
-    return task
-
-
 def completed_with(server, user, result: dict) -> Task:
     task = services.launch(server=with_tools(server, "render"), tool="render", arguments={}, user=user)
     return services.record_launch_outcome(task=task, outcome=ToolCompleted(result=result))
 
 
 @pytest.fixture
-def alpha():
-    server = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
-    set_approver_groups(server, [Group.objects.get_or_create(name="alpha-approvers")[0]])
-    return server
-
-
-@pytest.fixture
-def beta():
-    server = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
-    set_approver_groups(server, [Group.objects.get_or_create(name="beta-approvers")[0]])
-    return server
-
-
-@pytest.fixture
-def olga():
-    return make_user("olga", OPERATORS)
-
-
-@pytest.fixture
-def amy():
-    """Approves for alpha only."""
-    return make_user("amy", APPROVERS, "alpha-approvers")
-
-
-@pytest.fixture
 def ben():
     """Approves for beta only."""
     return make_user("ben", APPROVERS, "beta-approvers")
-
-
-def signed_in(client, user):
-    client.force_login(user)
-    return client
 
 
 def row_ids(response) -> list[str]:
