@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels.testing import WebsocketCommunicator
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import Group
@@ -604,11 +604,32 @@ def test_publish_with_redis_url_at_a_closed_port_in_a_fresh_process():
     assert result.stdout.strip() == "ok"
 
 
-def test_publish_from_async_code_does_not_raise(live_task):
-    async def from_a_running_loop():
-        publish.publish_task_changed(live_task.pk)
+def test_publish_from_async_code_reaches_the_task_group_from_a_thread_without_an_error(live_task, monkeypatch, caplog):
+    """From a running loop the publish runs on a thread of its own: an error there would never reach the caller,
+    so the test waits for that thread, fails on what it raised or logged, and reads the message it sent."""
+    layer = InMemoryChannelLayer()
+    monkeypatch.setattr(publish, "get_channel_layer", lambda: layer)
 
-    asyncio.run(from_a_running_loop())
+    async def listen_then_publish_from_a_running_loop() -> str:
+        channel = await layer.new_channel()
+        await layer.group_add(task_group(live_task.pk), channel)
+        publish.publish_task_changed(live_task.pk)
+        return channel
+
+    raised_on_a_thread = []
+    excepthook, threading.excepthook = threading.excepthook, raised_on_a_thread.append
+    try:
+        channel = asyncio.run(listen_then_publish_from_a_running_loop())
+        publish_threads = [thread for thread in threading.enumerate() if thread.name == publish.PUBLISH_THREAD_NAME]
+        for thread in publish_threads:
+            thread.join(timeout=10)
+            assert not thread.is_alive(), "the publish thread did not end"
+    finally:
+        threading.excepthook = excepthook
+    assert not raised_on_a_thread, [hook_args.exc_value for hook_args in raised_on_a_thread]
+    assert "dropped" not in caplog.text
+    message = asyncio.run(asyncio.wait_for(layer.receive(channel), timeout=5))
+    assert message["type"] == publish.TASK_CHANGED and message["task_id"] == str(live_task.pk)
 
 
 # --- across processes: the Redis layer ---------------------------------------------------------------
