@@ -1,6 +1,5 @@
 """`taskhub demo` and `taskhub test` as real subprocesses."""
 
-import importlib.util
 import json
 import os
 import re
@@ -107,7 +106,6 @@ def test_demo_serves_the_home_page_and_stops_its_postgres(embedded_env, signum):
     assert postgres_processes_on(pgdata) == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("taskhub.demo.__main__") is None, reason="no taskhub.demo yet")
 def test_demo_starts_and_stops_the_demo_mcp_server(embedded_env):
     demo = DemoRun(free_port(), embedded_env, "--demo-server-port", str(free_port()))
     try:
