@@ -33,11 +33,11 @@ from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.conftest import PROJECT_DIR
 from tests.helpers import wait_until
-from tests.stack_fixtures import in_own_thread, session_cookie_for, worker_environment
+from tests.stack_fixtures import in_own_thread, run_worker_until_idle, session_cookie_for, worker_environment
 from tests.test_tracker import launch_live
-from tests.test_worker_jobs import approval_waiting, jobs_of, run_worker_until_idle
 from tests.tracker_fixtures import RunningTracker
 from tests.wire_recorder import WireRecorder
+from tests.worker_jobs.job_helpers import approval_waiting, jobs_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 
