@@ -1,10 +1,12 @@
-"""Small helpers shared by the tests: a free port, waiting for an event, a task snapshot as a server sends it.
+"""Small helpers shared by the tests: a free port, waiting for an event, letting time pass where time passing is what
+a test is about, a task snapshot as a server sends it.
 
 Plain functions, imported by name. Shared fixtures are not imported: conftest.py loads their modules as plugins.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Callable
@@ -32,6 +34,17 @@ def wait_until[T](predicate: Callable[[], T], *, what: str, timeout: float = 30,
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def let_time_pass(seconds: float, *, because: str) -> None:
+    """Sleep, where the time passing is itself what a test is about (an idle connection outliving a timeout) and
+    no event marks its end. Anything else waits for its event (`wait_until`). `because` says why, for the reader."""
+    time.sleep(seconds)
+
+
+async def let_time_pass_async(seconds: float, *, because: str) -> None:
+    """`let_time_pass` on an event loop: a pause that is itself the subject (a simulated person's pace)."""
+    await asyncio.sleep(seconds)
 
 
 def snapshot(

@@ -9,6 +9,7 @@ import pytest
 from django.utils.module_loading import import_string
 
 from taskhub.settings import channel_layers_from_env
+from tests.helpers import let_time_pass_async
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -61,7 +62,7 @@ async def test_an_idle_receiver_on_redis_waits_longer_than_a_blocking_pop(monkey
     try:
         channel = await layer.new_channel()
         waiting = asyncio.create_task(layer.receive(channel))
-        await asyncio.sleep(7)
+        await let_time_pass_async(7, because="idle past BZPOPMIN's 5 s and the old 5 s socket timeout")
         assert not waiting.done() or waiting.exception() is None, waiting.exception()
         await layer.send(channel, {"type": "task.changed", "task": "late"})
         assert (await asyncio.wait_for(waiting, 5))["task"] == "late"

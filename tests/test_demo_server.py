@@ -26,6 +26,7 @@ from tests.demo_fixtures import (
     meta,
 )
 from tests.demo_process import DemoServer
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -509,8 +510,17 @@ def test_ttl_none_is_null_and_expired_tasks_are_invalid_params():
         client = HttpClient(short.url)
         task_id = client.call_tool("long", {"seconds": 30})["taskId"]
         assert client.get(task_id)["ttlMs"] == 1500
-        time.sleep(1.7)
-        reply = client.request("tasks/get", {"taskId": task_id})
+
+        def refused():
+            reply = client.request("tasks/get", {"taskId": task_id})
+            return reply if "error" in reply.body else None
+
+        reply = wait_until(
+            refused,
+            timeout=10,
+            interval=0.1,
+            what="the task expired 1.5 s after its creation",
+        )
         assert reply.error == {"code": -32602, "message": "Failed to retrieve task: Task has expired"}
     finally:
         unlimited.stop()

@@ -325,7 +325,13 @@ def test_an_mcp_server_down_for_several_backoff_caps_fails_no_task(workers, oper
             timeout=30,
             what="the server marked unreachable",
         )
-        time.sleep(4 * settings.TASKHUB_POLL_BACKOFF_CAP_SECONDS)
+        # Backoff 1 s, then the cap (2 s in tests): at the cap from the second failure, three polls there by the fifth.
+        wait_until(
+            lambda: min(TaskPoll.objects.filter(task__in=tasks).values_list("consecutive_failures", flat=True)) >= 5,
+            timeout=90,
+            interval=0.5,
+            what="five failed polls of every task, the last three at the backoff's cap",
+        )
         server.refresh_from_db()
         assert server.unreachable_since is not None
         assert "failed" not in statuses(tasks)

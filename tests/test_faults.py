@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -128,7 +127,13 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
             fault_postgres.stop()
             # A worker started while the database is gone waits for it instead of exiting.
             workers.start("pg-late")
-            time.sleep(3)  # the workers' polls, claims and jobs now fail against a database that is gone
+            for name in ("pg-alpha", "pg-beta"):
+                log = PROJECT_ROOT / "test-output" / f"worker-{name}.log"
+                wait_until(
+                    lambda log=log: "heartbeat failed" in log.read_text(),
+                    timeout=60,
+                    what=f"{name}'s work to fail against a database that is gone",
+                )
             wait_until(
                 lambda: "waiting for the database" in (PROJECT_ROOT / "test-output" / "worker-pg-late.log").read_text(),
                 timeout=60,
@@ -324,8 +329,16 @@ def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_a
                 redis.start()
 
                 async def watch_a_task_run() -> list[str]:
-                    listening = asyncio.create_task(frames_until(socket_url, cookie, went_up_and_down, timeout=30))
-                    await asyncio.sleep(1)  # connected and joined before the change
+                    joined = asyncio.Event()
+
+                    def joined_then_up_and_down(frames: list[str]) -> bool:
+                        joined.set()  # the consumer sends the nav counts once it has joined its groups
+                        return went_up_and_down(frames)
+
+                    listening = asyncio.create_task(
+                        frames_until(socket_url, cookie, joined_then_up_and_down, timeout=30)
+                    )
+                    await asyncio.wait_for(joined.wait(), timeout=30)
                     await asyncio.to_thread(
                         services.launch, server=server, tool="progress", arguments={"steps": 2}, user=olga
                     )

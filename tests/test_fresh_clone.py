@@ -136,5 +136,4 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone):
                 process.kill()
                 process.wait()
     assert process.returncode == 0, output.text[-3000:]
-    time.sleep(0.5)
-    assert postgres_processes_under(data_dir) == []
+    wait_until(lambda: postgres_processes_under(data_dir) == [], timeout=10, what="the embedded Postgres stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import threading
 
@@ -150,7 +151,20 @@ class OddServer:
         self._thread.join(5)
 
     async def _handle(self, request: Request) -> Response:
-        return await self.answer(json.loads(await request.body())["id"])
+        body = await request.body()
+        ANSWERING.set(request)
+        return await self.answer(json.loads(body)["id"])
+
+
+ANSWERING: contextvars.ContextVar[Request] = contextvars.ContextVar("answering")
+
+
+async def once_the_client_has_gone() -> None:
+    """Return once the client of the request being answered has closed its connection (it gave up waiting)."""
+    request = ANSWERING.get()
+    async with asyncio.timeout(30):
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.02)
 
 
 def sse(*messages: dict) -> bytes:
@@ -239,7 +253,7 @@ async def test_a_body_that_trickles_past_the_timeout_is_an_incomplete_answer():
 
 async def test_a_slow_server_times_out():
     async def answer(request_id):
-        await asyncio.sleep(2)
+        await once_the_client_has_gone()
         return Response(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": TASK}))
 
     with OddServer(answer) as server, pytest.raises(RequestTimeout):
@@ -331,7 +345,7 @@ async def too_large(request_id):
 
 
 async def slow(request_id):
-    await asyncio.sleep(2)
+    await once_the_client_has_gone()
     return plain(request_id)
 
 

@@ -20,8 +20,14 @@ def test_the_workers_changes_reach_a_socket_on_the_web_process():
         socket_url = stack.url.replace("http://", "ws://") + "/ws/live/"
 
         async def scenario():
-            listening = asyncio.create_task(frames_until(socket_url, cookie, went_up_and_down, timeout=30))
-            await asyncio.sleep(1)  # connected and joined before the change
+            joined = asyncio.Event()
+
+            def joined_then_up_and_down(frames: list[str]) -> bool:
+                joined.set()  # the consumer sends the nav counts once it has joined its groups
+                return went_up_and_down(frames)
+
+            listening = asyncio.create_task(frames_until(socket_url, cookie, joined_then_up_and_down, timeout=30))
+            await asyncio.wait_for(joined.wait(), timeout=30)
             task = await asyncio.to_thread(
                 services.launch,
                 server=stack.server,

@@ -46,7 +46,7 @@ from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.catalogue_fixtures import with_tools
 from tests.demo_process import PROJECT_ROOT
-from tests.helpers import wait_until
+from tests.helpers import let_time_pass_async, wait_until
 from tests.hostile_server import HostileServer, Silence
 from tests.stack_fixtures import running_stack, session_cookie_for
 
@@ -255,7 +255,7 @@ async def answer_everything(approvers: list[Approver], run: LoadRun, size: Scale
             cards = await approver.open_cards()
             for request_id in sorted(cards):
                 await answer_one(approver, request_id, cards[request_id])
-            await asyncio.sleep(INBOX_POLL_S)
+            await let_time_pass_async(INBOX_POLL_S, because="an approver reads the inbox again at this pace")
 
     await asyncio.gather(*(keep_answering(approver) for approver in approvers))
 

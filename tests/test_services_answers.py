@@ -2,10 +2,9 @@
 
 import datetime
 import threading
-import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated
@@ -15,6 +14,7 @@ from taskhub.tasks import services
 from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
 from taskhub.tasks.models import InputRequest, InputRequestState
 from tests.catalogue_fixtures import with_tools
+from tests.helpers import wait_until
 
 SCHEMA = {
     "type": "object",
@@ -203,22 +203,35 @@ def test_two_concurrent_answers_on_one_key_one_wins_the_other_is_told_who(server
             with transaction.atomic():
                 services.answer_input(input_request=form, response={"action": "decline"}, user=ada)
                 ada_answered.set()
-                time.sleep(0.5)
+                outcome["bob_seen_waiting"] = wait_until(
+                    someone_waits_on_a_lock, timeout=10, what="Bob waiting on the lock"
+                )
             outcome["ada"] = "won"
         finally:
             ada_answered.set()
             connection.close()
 
+    def someone_waits_on_a_lock() -> bool:
+        # Its own connection: Ada's is inside her transaction, which reads pg_stat_activity once.
+        watcher = connections.create_connection("default")
+        try:
+            with watcher.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) > 0 FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+                return cursor.fetchone()[0]
+        finally:
+            watcher.close()
+
     def bob_answers():
         ada_answered.wait(10)
-        started = time.monotonic()
         try:
             services.answer_input(input_request=form, response={"action": "accept", "content": VALID}, user=bob)
             outcome["bob"] = "won"
         except AlreadyAnswered as error:
             outcome["bob"] = error
         finally:
-            outcome["bob_waited"] = time.monotonic() - started
             connection.close()
 
     threads = [threading.Thread(target=ada_answers_and_commits_late), threading.Thread(target=bob_answers)]
@@ -230,7 +243,7 @@ def test_two_concurrent_answers_on_one_key_one_wins_the_other_is_told_who(server
     assert outcome["ada"] == "won"
     assert isinstance(outcome["bob"], AlreadyAnswered), outcome["bob"]
     assert outcome["bob"].answered_by == "ada"
-    assert outcome["bob_waited"] >= 0.3  # Bob waited for Ada's lock rather than reading stale state
+    assert outcome["bob_seen_waiting"]  # Bob waited for Ada's lock rather than reading stale state
     form.refresh_from_db()
     assert (form.state, form.answered_by, form.answer) == ("answered", ada, {"action": "decline"})
     assert AuditEvent.objects.filter(action="input.answered").count() == 1

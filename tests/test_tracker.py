@@ -188,9 +188,11 @@ def test_expired_leases_of_a_dead_worker_are_taken_over_and_live_ones_are_left_a
     now = timezone.now()
     TaskPoll.objects.filter(task__in=orphans).update(lease_owner="dead", lease_expires_at=now - timedelta(seconds=1))
     TaskPoll.objects.filter(task=held).update(lease_owner="alive", lease_expires_at=now + timedelta(hours=1))
-    with RunningTracker(worker_id="w1"):
+    with RunningTracker(worker_id="w1") as running:
         wait_until(lambda: all_completed(orphans), what="the dead worker's tasks completed")
-        time.sleep(0.5)
+        claims = running.tracker.stats.claim_statements
+        # Three claims more, each of which would have taken the held task if its live lease were ignored.
+        wait_until(lambda: running.tracker.stats.claim_statements >= claims + 3, what="three claims more")
     assert statuses([held]) == {TaskStatus.WORKING}
     assert stats(demo)["polls"].get(held.remote_task_id, 0) == 0
     assert TaskPoll.objects.get(task=held).lease_owner == "alive"
@@ -290,7 +292,9 @@ def test_an_unreachable_server_backs_off_without_failing_tasks_and_recovers(tmp_
             demo.stop()
             wait_until(lambda: Server.objects.get(pk=server.pk).unreachable_since, what="the server marked unreachable")
             failures_before = running.tracker.stats.failures
-            time.sleep(2)
+            # Two seconds by the tracker's own clock: a claim every 100 ms (IDLE_CLAIM_SECONDS) while it waits.
+            claims = running.tracker.stats.claim_statements
+            wait_until(lambda: running.tracker.stats.claim_statements >= claims + 20, what="twenty claims more")
             # Backed off: a handful of attempts per task in two seconds, not one per 300 ms.
             assert running.tracker.stats.failures - failures_before <= 5 * 5
             assert statuses(tasks) <= {TaskStatus.WORKING}
@@ -318,12 +322,14 @@ def test_a_disabled_servers_tasks_are_not_polled_and_are_followed_again_once_it_
     with RunningTracker(worker_id="w1", listen=False) as running:
         wait_until(lambda: polls(task) >= 2 and polls(other) >= 2, what="first polls")
         update_server(server=server, user=None, enabled=False)
-        time.sleep(1.0)  # a poll claimed just before may still be under way
+        # A poll claimed just before may still be under way: it has ended once the control is polled twice more.
+        control_polled = polls(control)
+        wait_until(lambda: polls(control) >= control_polled + 2, what="two polls more of the enabled server's task")
         polled = (polls(task), polls(other))
         control_polled = polls(control)
-        time.sleep(2.0)  # at the task's 300 ms interval, some six polls each if it were still followed
+        # At the same interval as the control, six polls each of the disabled server's tasks if still followed.
+        wait_until(lambda: polls(control) >= control_polled + 6, what="six polls more of the enabled server's task")
         assert (polls(task), polls(other)) == polled
-        assert polls(control) > control_polled  # the enabled server's task is followed all along
         assert statuses([task, other]) == {TaskStatus.WORKING}
         assert running.error is None
 

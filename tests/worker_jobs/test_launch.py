@@ -146,6 +146,7 @@ def test_a_launch_against_a_stopped_server_is_retried_then_fails_as_never_sent(o
 def test_a_launch_job_stopped_on_its_last_attempt_ends_the_task_instead_of_leaving_it_launching(operator):
     # The server takes the connection and never answers: the job is still waiting for it when its worker stops.
     with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.settimeout(30)
         port = silent.getsockname()[1]
         mute = create_server(name="mute", transport="http", url=f"http://127.0.0.1:{port}/mcp", user=None)
         task = launched(mute, operator, "quick", {"text": "never answered"})
@@ -153,10 +154,12 @@ def test_a_launch_job_stopped_on_its_last_attempt_ends_the_task_instead_of_leavi
         async def stopped_mid_attempt(attempts: int) -> None:
             job = Job(id=1, queue="default", lock=None, queueing_lock=None, task_name="t", attempts=attempts)
             running = asyncio.ensure_future(jobs.launch_task.func(JobContext(job), task_id=str(task.id)))
-            await asyncio.sleep(0.5)
-            running.cancel()  # what a worker stopping past its grace time does to its jobs
-            with pytest.raises(asyncio.CancelledError):
-                await running
+            connection, _ = await asyncio.to_thread(silent.accept)
+            with connection:
+                assert await asyncio.to_thread(connection.recv, 1)  # the job's request is on its way: mid-attempt
+                running.cancel()  # what a worker stopping past its grace time does to its jobs
+                with pytest.raises(asyncio.CancelledError):
+                    await running
 
         run(stopped_mid_attempt)(0)  # procrastinate retries it
         assert reload(task).status == TaskStatus.LAUNCHING
