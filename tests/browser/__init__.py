@@ -1,1 +1,1 @@
-"""Browser tests: a package, so that its conftest.py does not take the name `conftest` from tests/."""
+"""Browser tests (tests.browser): Playwright driving chromium against a live taskhub; their fixtures in conftest.py."""
