@@ -15,7 +15,8 @@ the SDK's Streamable HTTP app on uvicorn with an in-process task store.
     uv run python bench/gateway.py --requests 200 --no-record    # a quick look
 
 `--listen`: idle `subscriptions/listen` streams instead (issue 30 item 6, issue 31 item 1). The same stack; `--tasks`
-tasks launched; `--streams` streams opened through the gateway (spread over the tasks, one API token per 20 streams,
+tasks of the demo's `progress` tool launched (one ten-minute step: nothing changes while they are listened to);
+`--streams` streams opened through the gateway (spread over the tasks, one API token per 20 streams,
 TASKHUB_GATEWAY_STREAMS_PER_TOKEN's default) and held `--hold` seconds, with nothing changing. Over that window:
 the database's transactions per second (pg_stat_database xact_commit + xact_rollback of the benchmark's database:
 every statement outside a transaction is one, so it counts each read a stream makes, and it needs no extension;
@@ -79,12 +80,14 @@ def routing(method: str, name: str | None = None) -> dict[str, str]:
     return headers
 
 
-async def launch(session: aiohttp.ClientSession, url: str, count: int) -> list[str]:
-    """`count` tasks of the demo's `long` tool through the gateway: their taskhub ids."""
+async def launch(
+    session: aiohttp.ClientSession, url: str, count: int, tool: str = "long", arguments: dict | None = None
+) -> list[str]:
+    """`count` tasks of a demo tool (`long`, an hour) through the gateway: their taskhub ids."""
     ids = []
     for n in range(count):
-        payload = body("tools/call", {"name": "long", "arguments": {"seconds": 3600}}, n)
-        async with session.post(url, data=payload, headers=routing("tools/call", "long")) as response:
+        call = {"name": tool, "arguments": arguments or {"seconds": 3600}}
+        async with session.post(url, data=body("tools/call", call, n), headers=routing("tools/call", tool)) as response:
             answer = await response.json()
         if answer.get("result", {}).get("resultType") != "task":
             raise SystemExit(f"tools/call through the gateway did not answer with a task: {answer}")
@@ -223,6 +226,8 @@ def report(args, results: dict, load_start: str) -> None:
 STREAMS_PER_TOKEN = 20
 ASGI_APPLICATION = "taskhub.asgi:application"
 CHANGE_TIMEOUT_SECONDS = 30.0
+# The demo's `long` reports each second: its listeners would not be idle. One step of ten minutes says nothing.
+QUIET_TASK = {"steps": 1, "step_ms": 600_000}
 
 
 def database_transactions() -> int:
@@ -440,7 +445,8 @@ def listen_main(args) -> None:
 
             async def launch_all() -> list[str]:
                 async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {tokens[0]}"}) as session:
-                    return await launch(session, f"{web.url}/mcp/servers/{server.name}", args.tasks)
+                    url = f"{web.url}/mcp/servers/{server.name}"
+                    return await launch(session, url, args.tasks, "progress", QUIET_TASK)
 
             say(f"launching {args.tasks} tasks through the gateway")
             task_ids = asyncio.run(launch_all())
