@@ -167,7 +167,7 @@ def _only_fields_asked(request, response: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_settled(launched: Launched) -> bool:
-    """Whether the launch has an outcome the call can answer with (the view polls this, Postgres only)."""
+    """Whether the launch has an outcome the call can answer with (asked when the task changed; Postgres only)."""
     task = Task.objects.filter(pk=launched.task_id).first()
     if task is None or task.is_terminal or task.status == TaskStatus.LAUNCH_UNKNOWN:
         return True
