@@ -14,6 +14,24 @@ the SDK's Streamable HTTP app on uvicorn with an in-process task store.
     uv run python bench/gateway.py                               # 4 rounds of 2,000 requests per path (~2 min)
     uv run python bench/gateway.py --requests 200 --no-record    # a quick look
 
+`--listen`: idle `subscriptions/listen` streams instead (issue 30 item 6, issue 31 item 1). The same stack; `--tasks`
+tasks of the demo's `progress` tool launched (one ten-minute step: nothing changes while they are listened to);
+`--streams` streams opened through the gateway (spread over the tasks, one API token per 20 streams,
+TASKHUB_GATEWAY_STREAMS_PER_TOKEN's default) and held `--hold` seconds, with nothing changing. Over that window:
+the database's transactions per second (pg_stat_database xact_commit + xact_rollback of the benchmark's database:
+every statement outside a transaction is one, so it counts each read a stream makes, and it needs no extension;
+the worker's own background work is in it too, so the same window is measured first with no stream open, and
+that row is the floor), daphne's CPU (utime + stime from /proc, % of one core), its threads and the database's
+connections (pg_stat_activity). Then the latency of a change reaching a listening agent: `--changes` times, the
+benchmark process commits a new statusMessage on a listened task (services.apply_snapshot; the publish goes
+through Redis as a worker's does) and times until that stream delivers it (p50, p95). With `--baseline-tree DIR`
+(a checkout of the implementation before, e.g. `git worktree add /tmp/taskhub-before ef93752`), a second daphne is
+run from DIR on the same database and Redis, and every figure is measured against it too, in the same run:
+
+    git worktree add /tmp/taskhub-before ef93752
+    uv run python bench/gateway.py --listen --streams 500 --hold 60 --baseline-tree /tmp/taskhub-before
+    uv run python bench/gateway.py --listen --streams 20 --hold 5 --changes 10 --no-record   # a smoke run
+
 Postgres: --database-url (default $BENCH_GATEWAY_DATABASE_URL or
 postgres://postgres@127.0.0.1:5432/taskhub_bench_gateway), dropped and created by the benchmark.
 Redis: --redis-url (default redis://127.0.0.1:6379/0). Results are appended to bench/RESULTS.md unless --no-record.
@@ -23,11 +41,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import aiohttp
 from livestack import ROOT, append_results, drop, load, ms, prepare, results_header, say, spread, web_and_worker
@@ -58,12 +80,14 @@ def routing(method: str, name: str | None = None) -> dict[str, str]:
     return headers
 
 
-async def launch(session: aiohttp.ClientSession, url: str, count: int) -> list[str]:
-    """`count` tasks of the demo's `long` tool through the gateway: their taskhub ids."""
+async def launch(
+    session: aiohttp.ClientSession, url: str, count: int, tool: str = "long", arguments: dict | None = None
+) -> list[str]:
+    """`count` tasks of a demo tool (`long`, an hour) through the gateway: their taskhub ids."""
     ids = []
     for n in range(count):
-        payload = body("tools/call", {"name": "long", "arguments": {"seconds": 3600}}, n)
-        async with session.post(url, data=payload, headers=routing("tools/call", "long")) as response:
+        call = {"name": tool, "arguments": arguments or {"seconds": 3600}}
+        async with session.post(url, data=body("tools/call", call, n), headers=routing("tools/call", tool)) as response:
             answer = await response.json()
         if answer.get("result", {}).get("resultType") != "task":
             raise SystemExit(f"tools/call through the gateway did not answer with a task: {answer}")
@@ -126,7 +150,15 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_GATEWAY_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--listen", action="store_true", help="idle subscriptions/listen streams (module docstring)")
+    parser.add_argument("--streams", type=int, default=500)
+    parser.add_argument("--hold", type=float, default=60.0, help="seconds each window lasts")
+    parser.add_argument("--changes", type=int, default=100)
+    parser.add_argument("--baseline-tree", help="a checkout of the implementation before, served by a second daphne")
     args = parser.parse_args()
+    if args.listen:
+        listen_main(args)
+        return
     load_start = load()
     env = prepare(args.database_url, args.redis_url, f"benchgateway{os.getpid()}")
     from account_fixtures import make_user
@@ -182,6 +214,273 @@ def report(args, results: dict, load_start: str) -> None:
         lines.append(
             f"| {label} | {rates[len(rates) // 2]:,.0f} | {spreads['p50']:.1f} | {spreads['p95']:.1f} | "
             f"{spreads['max']:.1f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_record:
+        append_results(ROOT / "bench" / "RESULTS.md", text)
+
+
+# --- --listen: idle subscriptions/listen streams ---------------------------------------------------------------
+
+STREAMS_PER_TOKEN = 20
+ASGI_APPLICATION = "taskhub.asgi:application"
+CHANGE_TIMEOUT_SECONDS = 30.0
+# The demo's `long` reports each second: its listeners would not be idle. One step of ten minutes says nothing.
+QUIET_TASK = {"steps": 1, "step_ms": 600_000}
+
+
+def database_transactions() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def database_connections() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def counters(pid: int) -> tuple[int, float, float]:
+    from django.db import connection
+
+    counted = database_transactions(), cpu_seconds(pid), time.monotonic()
+    connection.close()  # this thread's: not among the connections while the window runs
+    return counted
+
+
+def window_figures(pid: int, before: tuple[int, float, float]) -> dict:
+    from django.db import connection
+
+    transactions, cpu, started = before
+    elapsed = time.monotonic() - started
+    # Less one: this very query (pg_stat_database's counters are read once per transaction, at its first read).
+    figures = {
+        "tps": (database_transactions() - transactions - 1) / elapsed,
+        "cpu": 100 * (cpu_seconds(pid) - cpu) / elapsed,
+        "threads": threads_of(pid),
+        "connections": database_connections() - 1,  # less this query's own
+    }
+    connection.close()
+    return figures
+
+
+async def window(pid: int, seconds: float) -> dict:
+    """Over `seconds` of nothing changing: the database's transactions per second, daphne's CPU % of one core,
+    its threads and the database's connections at the end."""
+    before = await asyncio.to_thread(counters, pid)
+    await asyncio.sleep(seconds)
+    return await asyncio.to_thread(window_figures, pid, before)
+
+
+@contextlib.contextmanager
+def daphne_from(tree: Path, env: dict[str, str]):
+    """daphne serving the checkout at `tree` (this venv's packages), on the benchmark's database and Redis."""
+    from browser_fixtures import DaphneServer, wait_until_serving
+    from helpers import free_port
+
+    port = free_port()
+    log_path = ROOT / "test-output" / f"daphne-baseline-{port}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    environment = {**os.environ, **env, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "taskhub.asgi:application",
+            ],
+            cwd=tree,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    server = DaphneServer(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        wait_until_serving(server)
+        yield server
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+async def open_streams(base_url: str, server_name: str, tokens: list[str], task_ids: list[str], count: int) -> list:
+    """`count` streams, each past its acknowledgement and its task as it is now; [(response, session)]."""
+    url = f"{base_url}/mcp/servers/{server_name}"
+    sessions = [
+        aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {token}"}, connector=aiohttp.TCPConnector(limit=STREAMS_PER_TOKEN)
+        )
+        for token in tokens
+    ]
+
+    async def one(n: int):
+        session = sessions[n // STREAMS_PER_TOKEN]
+        task_id = task_ids[n % len(task_ids)]
+        payload = body("subscriptions/listen", {"notifications": {"taskIds": [task_id]}}, n)
+        response = await session.post(url, data=payload, headers=routing("subscriptions/listen"))
+        if response.content_type != "text/event-stream":
+            raise SystemExit(f"subscriptions/listen refused ({response.status}): {await response.text()}")
+        while b"notifications/tasks" not in await response.content.readline():
+            pass
+        return response, task_id
+
+    streams = []
+    for start in range(0, count, 50):  # 50 at a time: the opening is not what is measured
+        streams += await asyncio.gather(*(one(n) for n in range(start, min(start + 50, count))))
+    return streams, sessions
+
+
+def commit_change(task_id: str, message: str) -> None:
+    from django.db import connection
+    from helpers import snapshot
+
+    from taskhub.tasks import services
+    from taskhub.tasks.models import Task
+
+    task = Task.objects.get(pk=task_id)
+    now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+    wire = snapshot("working", task_id=task.remote_task_id, last_updated_at=now, statusMessage=message)
+    if not services.apply_snapshot(task=task, snapshot=wire):
+        raise SystemExit(f"the change to task {task_id} was not stored")
+    connection.close()
+
+
+async def change_latencies(stream, task_id: str, changes: int) -> list[float]:
+    """ms from just before a change is committed (in this process, published through Redis as a worker's) to its
+    notification read from `stream`."""
+    latencies = []
+
+    async def until(message: str) -> None:
+        while True:
+            line = await stream.content.readline()
+            if not line:
+                raise SystemExit("the stream ended")
+            if line.startswith(b"data: ") and message.encode() in line:
+                return
+
+    for n in range(changes):
+        message = f"bench change {uuid.uuid4().hex}"
+        reading = asyncio.create_task(until(message))
+        started = time.perf_counter()
+        await asyncio.to_thread(commit_change, task_id, message)
+        try:
+            await asyncio.wait_for(reading, CHANGE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            say(
+                f"change {n + 1} did not reach the agent within {CHANGE_TIMEOUT_SECONDS:.0f} s: the latencies stop here"
+            )
+            break
+        latencies.append(ms(time.perf_counter() - started))
+        await asyncio.sleep(0.2 + 0.15 * (n % 3))  # not in step with a 0.5 s poll
+    return latencies
+
+
+async def measure_listen(args, daphnes: dict, server_name: str, tokens: list[str], task_ids: list[str]) -> dict:
+    """Per daphne: the floor (no stream), the streams held idle, the change latencies."""
+    results = {}
+    for label, web in daphnes.items():
+        pid = web.process.pid
+        say(f"{label}: {args.hold:.0f} s with no stream")
+        floor = await window(pid, args.hold)
+        say(f"{label}: opening {args.streams} streams")
+        streams, sessions = await open_streams(web.url, server_name, tokens, task_ids, args.streams)
+        try:
+            say(f"{label}: {args.hold:.0f} s with {args.streams} idle streams")
+            held = await window(pid, args.hold)
+            say(f"{label}: {args.changes} changes to a listened task")
+            stream, task_id = streams[0]
+            latencies = await change_latencies(stream, task_id, args.changes)
+        finally:
+            for response, _ in streams:
+                response.close()
+            for session in sessions:
+                await session.close()
+        results[label] = {"floor": floor, "held": held, "ms": latencies}
+        say(f"{label}: {held['tps'] - floor['tps']:.2f} transactions/s over the floor, daphne {held['cpu']:.1f}% "
+            f"of a core, {len(latencies)} changes reached the agent")  # fmt: skip
+    return results
+
+
+def listen_main(args) -> None:
+    load_start = load()
+    env = prepare(args.database_url, args.redis_url, f"benchgateway{os.getpid()}")
+    from account_fixtures import make_user
+    from demo_process import DemoServer
+    from stack_fixtures import register_and_discover
+
+    from taskhub.accounts.groups import ADMINS
+    from taskhub.api.tokens import create_token
+    from taskhub.tasks.models import Task
+
+    try:
+        with contextlib.ExitStack() as stack:
+            demo = stack.enter_context(DemoServer("--poll-interval-ms", str(args.upstream_poll_ms)))
+            web, _worker = stack.enter_context(web_and_worker(env, f"bench-gateway-{os.getpid()}"))
+            daphnes = {"now": web}
+            if args.baseline_tree:
+                daphnes["before"] = stack.enter_context(daphne_from(Path(args.baseline_tree), env))
+            agent = make_user(f"agent-{uuid.uuid4().hex[:6]}", ADMINS)
+            server = register_and_discover(demo, agent, name="demo")
+            tokens = [
+                create_token(user=agent, name=f"bench {n}")[1] for n in range(-(-args.streams // STREAMS_PER_TOKEN))
+            ]
+
+            async def launch_all() -> list[str]:
+                async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {tokens[0]}"}) as session:
+                    url = f"{web.url}/mcp/servers/{server.name}"
+                    return await launch(session, url, args.tasks, "progress", QUIET_TASK)
+
+            say(f"launching {args.tasks} tasks through the gateway")
+            task_ids = asyncio.run(launch_all())
+            deadline = time.monotonic() + 120
+            while Task.objects.filter(pk__in=task_ids, remote_task_id__isnull=True).exists():
+                if time.monotonic() > deadline:
+                    raise SystemExit("the worker did not launch every task within 120 s")
+                time.sleep(0.2)
+            results = asyncio.run(measure_listen(args, daphnes, server.name, tokens, task_ids))
+    finally:
+        drop(args.database_url)
+    listen_report(args, results, load_start)
+
+
+def listen_report(args, results: dict, load_start: str) -> None:
+    command = " ".join(["uv run python bench/gateway.py", *sys.argv[1:]])
+    lines = [
+        *results_header("Gateway: idle subscriptions/listen streams", command, load_start),
+        f"- {args.streams} streams over {args.tasks} running tasks, held {args.hold:.0f} s; the floor: the same window"
+        " with no stream open (the worker's own work); transactions: pg_stat_database xact_commit + xact_rollback",
+        "",
+        "| daphne | transactions/s, no stream | with the streams | over the floor | daphne CPU % of a core (no "
+        "stream → streams) | daphne threads | DB connections | change → agent p50 ms | p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, figures in results.items():
+        floor, held = figures["floor"], figures["held"]
+        spreads = spread(figures["ms"])
+        reached = f"{len(figures['ms'])} of {args.changes}"
+        lines.append(
+            f"| {label} | {floor['tps']:.2f} | {held['tps']:.2f} | {held['tps'] - floor['tps']:.2f} | "
+            f"{floor['cpu']:.1f} → {held['cpu']:.1f} | {floor['threads']} → {held['threads']} | "
+            f"{floor['connections']} → {held['connections']} | {spreads['p50']:.1f} | "
+            f"{spreads['p95']:.1f} ({reached}) |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

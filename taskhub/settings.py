@@ -326,6 +326,11 @@ TASKHUB_GATEWAY_SYNC_WAIT_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_SYNC_W
 TASKHUB_GATEWAY_POLL_INTERVAL_MS = int(os.environ.get("TASKHUB_GATEWAY_POLL_INTERVAL_MS", "1000"))
 # The longest a gateway subscriptions/listen stream stays open (the agent listens again after it ends).
 TASKHUB_GATEWAY_LISTEN_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_LISTEN_SECONDS", "600"))
+# Open subscriptions/listen streams and waiting tools/call requests a daphne process holds, per API token and in
+# all (taskhub/gateway/waiting.py); past either the request is refused (JSON-RPC -32002, HTTP 429). Idle, they hold
+# no thread and no database connection, only a socket and a little memory.
+TASKHUB_GATEWAY_STREAMS_PER_TOKEN = int(os.environ.get("TASKHUB_GATEWAY_STREAMS_PER_TOKEN", "20"))
+TASKHUB_GATEWAY_STREAMS_TOTAL = int(os.environ.get("TASKHUB_GATEWAY_STREAMS_TOTAL", "500"))
 if TASKHUB_DELIVERY_SETTLE_SECONDS <= TASKHUB_DELIVERY_TIMEOUT_SECONDS:
     raise ImproperlyConfigured(
         "TASKHUB_DELIVERY_SETTLE_SECONDS must exceed TASKHUB_DELIVERY_TIMEOUT_SECONDS: a cut-off delivery may still"

@@ -15,6 +15,7 @@ from taskhub.accounts.groups import AGENTS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token, revoke_token
 from taskhub.audit.models import AuditEvent
 from taskhub.gateway import calls
+from taskhub.gateway.waiting import close_gateway_connections
 from taskhub.mcp.client import TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
@@ -372,6 +373,7 @@ async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_wh
         "result": {"resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": "listen-1"}},
     }
     await sync_to_async(connections.close_all)()  # the sync_to_async thread's, or the test database stays in use
+    await sync_to_async(close_gateway_connections)()  # and the gateway pool's threads'
 
 
 @pytest.mark.django_db
@@ -418,3 +420,17 @@ def test_malformed_requests_get_json_rpc_errors_and_change_nothing(world):
     notification = b'{"jsonrpc": "2.0", "method": "notifications/initialized", "params": {}}'
     assert client.post(url, notification, content_type="application/json").status_code == 202
     assert remembered() == before
+
+
+@pytest.mark.parametrize("cap", ["TASKHUB_GATEWAY_STREAMS_PER_TOKEN", "TASKHUB_GATEWAY_STREAMS_TOTAL"])
+def test_past_a_cap_on_open_streams_and_waits_a_call_is_refused_naming_it_and_nothing_is_recorded(world, settings, cap):
+    setattr(settings, cap, 0)
+    before = remembered()
+    status, body = rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}})
+    assert status == 429 and body["error"]["code"] == -32002
+    assert cap in body["error"]["message"] and body["error"]["data"] == {"cap": cap, "limit": 0}
+    status, body = rpc(world["token"], "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+    assert status == 429 and body["error"]["data"]["cap"] == cap
+    assert remembered() == before
+    setattr(settings, cap, 1)  # the refused ones took no slot
+    assert rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}})[0] == 200

@@ -4,6 +4,8 @@
   credentials: tests/bearer_proxy.py adds the agent's token on the way).
 - An agent's polls never reach the server: 1,000 `tasks/get` through the gateway, and the demo server counts no
   more polls of that task than the worker's own.
+- Open `subscriptions/listen` streams are capped per token (a JSON-RPC error past the cap), hold no database
+  connection while idle, and are woken through the channel layer by a change the worker commits.
 """
 
 import asyncio
@@ -12,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -28,7 +31,14 @@ from tests.approval_fixtures import set_approver_groups
 from tests.bearer_proxy import BearerProxy
 from tests.browser_fixtures import running_daphne
 from tests.demo_process import DemoServer
-from tests.stack_fixtures import SignedIn, Workers, demo_stats, register_and_discover, worker_environment
+from tests.stack_fixtures import (
+    LOCAL_REDIS_URL,
+    SignedIn,
+    Workers,
+    demo_stats,
+    register_and_discover,
+    worker_environment,
+)
 from tests.test_conformance import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -45,12 +55,14 @@ META = {
 def gateway_processes(django_db_setup, django_db_blocker):
     """The demo server (conformance fixtures), one worker and daphne, for the module; each test registers the
     server and its agent anew (its rows are flushed after it)."""
+    # One channel layer for the worker and daphne, as in production: a change the worker commits wakes the gateway.
+    layer = {"REDIS_URL": LOCAL_REDIS_URL, "REDIS_CHANNEL_PREFIX": f"taskhub-test-{uuid.uuid4().hex[:12]}"}
     with DemoServer("--conformance", "--poll-interval-ms", str(POLL_INTERVAL_MS)) as demo:
         with django_db_blocker.unblock():
-            workers = Workers(worker_environment())
+            workers = Workers(worker_environment(**layer))
         try:
             workers.start(f"gateway-{demo.port}")
-            with django_db_blocker.unblock(), running_daphne() as web:
+            with django_db_blocker.unblock(), running_daphne(**layer) as web:
                 yield demo, web
         finally:
             workers.stop_all()
@@ -181,3 +193,75 @@ def test_with_a_people_policy_the_cli_waits_until_an_approver_answers_in_the_inb
     task = question.task
     assert AuditEvent.objects.get(task=task, action="task.launched").actor == gateway["agent"]
     assert AuditEvent.objects.get(task=task, action="input.answered").actor == approver
+
+
+def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_workers_change(gateway):
+    """Issue 31, item 1: each stream held a Postgres connection and a token could open any number of them."""
+    from django.db import connection
+
+    other_agent = make_user("otto", OPERATORS)
+    _, other_token = create_token(user=other_agent, name="other")
+    per_token = 20  # TASKHUB_GATEWAY_STREAMS_PER_TOKEN's default, which daphne runs with here
+    database = connection.settings_dict["NAME"]
+
+    def backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [database])
+            count = cursor.fetchone()[0]
+        connection.close()  # this thread's own (asyncio.to_thread)
+        return count
+
+    async def scenario() -> dict:
+        agent = aiohttp.ClientSession(headers={"Authorization": f"Bearer {gateway['token']}"})
+        other = aiohttp.ClientSession(headers={"Authorization": f"Bearer {other_token}"})
+        async with agent, other:
+            created = await rpc(
+                agent, gateway["url"], "tools/call", {"name": "slow_compute", "arguments": {"seconds": 600}}
+            )
+            task_id = created["result"]["taskId"]
+
+            def listen(notifications: dict) -> str:
+                params = {"notifications": notifications, "_meta": META}
+                return json.dumps({"jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": params})
+
+            async def open_stream(session, body: str, first: bytes):
+                response = await session.post(gateway["url"], data=body, headers={"Content-Type": "application/json"})
+                if response.content_type != "text/event-stream":
+                    return response, await response.json()
+                while first not in (line := await response.content.readline()):
+                    assert line, "the stream ended"
+                return response, None
+
+            before = await asyncio.to_thread(backends)  # the worker's connections among them, once it launched
+            tasks = listen({"taskIds": [task_id]})
+            tools = listen({"toolsListChanged": True})  # the other agent's: open until the listen time runs out
+            # The acknowledgement, then the task as it is now.
+            opened = await asyncio.gather(
+                *(open_stream(agent, tasks, b"notifications/tasks") for _ in range(per_token))
+            )
+            refused = await open_stream(agent, tasks, b"notifications/tasks")
+            others = await asyncio.gather(*(open_stream(other, tools, b"acknowledged") for _ in range(10)))
+            streams = [response for response, _ in opened + others]
+            idle_backends = await asyncio.to_thread(backends) - before
+
+            async def until_cancelled(response) -> str:
+                while True:
+                    line = await response.content.readline()
+                    if line.startswith(b"data: ") and json.loads(line[6:])["params"].get("status") == "cancelled":
+                        return "cancelled"
+
+            await rpc(agent, gateway["url"], "tasks/cancel", {"taskId": task_id})  # the worker records the cancel
+            statuses = await asyncio.wait_for(asyncio.gather(*(until_cancelled(r) for r, _ in opened)), 20)
+            for response in streams:
+                response.close()
+            return {"refused": refused[1], "ok": [error for _, error in opened + others], "idle": idle_backends,
+                    "statuses": statuses}  # fmt: skip
+
+    seen = asyncio.run(scenario())
+    assert seen["ok"] == [None] * (per_token + 10)
+    error = seen["refused"]["error"]
+    assert error["code"] == -32002 and "TASKHUB_GATEWAY_STREAMS_PER_TOKEN" in error["message"]
+    assert error["data"] == {"cap": "TASKHUB_GATEWAY_STREAMS_PER_TOKEN", "limit": per_token}
+    # 30 idle streams: at most the gateway pool's connections more than before (and a kept request thread or two).
+    assert seen["idle"] <= 8, seen["idle"]
+    assert seen["statuses"] == ["cancelled"] * per_token  # woken through Redis by the worker's change

@@ -167,7 +167,7 @@ def _only_fields_asked(request, response: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_settled(launched: Launched) -> bool:
-    """Whether the launch has an outcome the call can answer with (the view polls this, Postgres only)."""
+    """Whether the launch has an outcome the call can answer with (asked when the task changed; Postgres only)."""
     task = Task.objects.filter(pk=launched.task_id).first()
     if task is None or task.is_terminal or task.status == TaskStatus.LAUNCH_UNKNOWN:
         return True
@@ -311,9 +311,12 @@ def subscribe(endpoint: Endpoint, user, call: Call) -> Subscription:
     return Subscription(tools=wanted.get("toolsListChanged") is True, task_ids=tuple(task_ids))
 
 
-def subscription_state(endpoint: Endpoint, user, subscription: Subscription) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(a fingerprint of the tool list, or "" when not listened to; each listened task as `tasks/get` shows it)."""
-    tools = json.dumps(endpoint.tools(user), sort_keys=True, default=str) if subscription.tools else ""
+def subscription_state(
+    endpoint: Endpoint, user, subscription: Subscription, *, tools: bool = True
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """(a fingerprint of the tool list, or "" when not listened to or not asked for (`tools`); each listened task
+    as `tasks/get` shows it)."""
+    tools = json.dumps(endpoint.tools(user), sort_keys=True, default=str) if subscription.tools and tools else ""
     tasks = Task.objects.select_related("server").filter(pk__in=subscription.task_ids)
     return hashlib.sha256(tools.encode()).hexdigest() if tools else "", {
         str(task.pk): wire_tasks.detailed_task(task) for task in tasks

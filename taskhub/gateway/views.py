@@ -1,13 +1,14 @@
 """The gateway's endpoints: `/mcp/servers/<name>` and `/mcp`, JSON-RPC over Streamable HTTP (stateless, 2026-07-28).
 
-Async views: a `tools/call` waits for its launch outcome (polling the task's row, a few times a second, without
-holding a thread), and everything else is one short piece of sync code (calls.py) on the request's thread. Without a
-valid API token nothing is read or written but the token lookup: HTTP 401 with a JSON-RPC error.
+Async views: everything is one short piece of sync code (calls.py) on the request's thread, but for what waits. A
+`tools/call` waiting for its launch outcome and an open `subscriptions/listen` stream are woken by the task's
+changes through the channel layer and read Postgres only then, on the gateway's pool (waiting.py): while idle they
+hold no thread and no database connection, and they are capped per token and in total. Without a valid API token
+nothing is read or written but the token lookup: HTTP 401 with a JSON-RPC error.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from taskhub.api.tokens import active_token
-from taskhub.gateway import calls
+from taskhub.gateway import calls, waiting
 from taskhub.gateway.catalogue import Endpoint
 from taskhub.gateway.protocol import (
     Call,
@@ -33,16 +34,13 @@ from taskhub.gateway.protocol import (
     result_message,
     unauthorized,
 )
+from taskhub.live.hub import HUB_LOST
+from taskhub.live.publish import TASK_CHANGED
 
 logger = logging.getLogger(__name__)
 
 SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
-# How often an open subscriptions/listen looks for changes (Postgres: the listened tasks' rows, the catalogue).
-LISTEN_CHECK_SECONDS = 0.5
-# How often a waiting tools/call looks at its task's row.
-SETTLE_CHECK_SECONDS = 0.05
-SETTLE_CHECK_MAX_SECONDS = 0.25
 
 SYNC_METHODS = {
     "server/discover": lambda endpoint, user, call: calls.discover(endpoint),
@@ -125,8 +123,9 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
 
 async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
     if call.method == "tools/call":
-        launched = await sync_to_async(calls.call_tool)(endpoint, user, call)
-        await _wait_for_launch(launched)
+        with waiting.take_slot(user.api_token.pk):  # before the launch: past the cap nothing is recorded
+            launched = await sync_to_async(calls.call_tool)(endpoint, user, call)
+            await _wait_for_launch(launched)
         return await sync_to_async(calls.call_answer)(launched, user)
     handler = SYNC_METHODS.get(call.method)
     if handler is None:
@@ -135,29 +134,44 @@ async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
 
 
 async def _wait_for_launch(launched: calls.Launched) -> None:
-    """Until the worker recorded the launch's outcome, or the wait runs out (then the agent gets the task)."""
+    """Until the worker recorded the launch's outcome, or the wait runs out (then the agent gets the task). Woken
+    by the task's changes; between them it holds neither the request's thread nor a database connection."""
     wait = (
         settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS
         if launched.declared
         else settings.TASKHUB_GATEWAY_SYNC_WAIT_SECONDS
     )
     deadline = time.monotonic() + wait
-    pause = SETTLE_CHECK_SECONDS
-    while not await sync_to_async(calls.launch_settled)(launched):
-        if time.monotonic() >= deadline:
+    async with waiting.Wakeups([launched.task_id]) as wakeups:
+        # Joined first: a change committed between the first look and the wait still wakes it.
+        if await sync_to_async(calls.launch_settled)(launched) or wait <= 0:
             return
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, SETTLE_CHECK_MAX_SECONDS)
+        await sync_to_async(waiting.release_request_connection)()
+        settled = waiting.on_gateway_thread(calls.launch_settled)
+        # A process without a layer shared with the worker's is woken by nothing: it looks again after 1, 2, 4 … s.
+        safety_net = waiting.WAIT_SAFETY_NET_FIRST_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            messages = await wakeups.wait(min(left, safety_net))
+            if not messages:
+                safety_net = min(safety_net * 2, waiting.SAFETY_NET_SECONDS)
+            if await settled(launched):
+                return
 
 
 async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse:
     """`subscriptions/listen` as an SSE stream: the acknowledgement, each granted task as it is now, then
-    `notifications/tasks` on each change of one and `notifications/tools/list_changed` on a change of the tool list,
-    read from Postgres; it ends (the listen request's result) once every task listened to has ended, or after
-    TASKHUB_GATEWAY_LISTEN_SECONDS."""
-    subscription = await sync_to_async(calls.subscribe)(endpoint, user, call)
+    `notifications/tasks` on each change of one and `notifications/tools/list_changed` on a change of the tool list;
+    it ends (the listen request's result) once every task listened to has ended, after
+    TASKHUB_GATEWAY_LISTEN_SECONDS, or when the process's channel-layer hub is lost (the agent listens again).
+    Woken by the channel layer (waiting.py); it reads Postgres only then, and every SAFETY_NET_SECONDS."""
+    slot = waiting.take_slot(user.api_token.pk)
+    try:
+        subscription = await sync_to_async(calls.subscribe)(endpoint, user, call)
+    except BaseException:
+        slot.release()
+        raise
     meta = {SUBSCRIPTION_ID: call.id}
-    state = sync_to_async(calls.subscription_state)
+    read_state = waiting.on_gateway_thread(calls.subscription_state)
 
     def notification(method: str, params: dict) -> bytes:
         message = {"jsonrpc": "2.0", "method": method, "params": {**params, "_meta": meta}}
@@ -170,25 +184,39 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
         return None if task is None else {key: value for key, value in task.items() if key != "lastUpdatedAt"}
 
     async def events():
-        yield notification("notifications/subscriptions/acknowledged", {"notifications": subscription.acknowledged()})
-        tools_seen, tasks_seen = await state(endpoint, user, subscription)
-        for task in tasks_seen.values():
-            yield notification("notifications/tasks", as_notified(task))
-        deadline = time.monotonic() + settings.TASKHUB_GATEWAY_LISTEN_SECONDS
-        while time.monotonic() < deadline:
-            if not subscription.tools and all(task["status"] in TERMINAL for task in tasks_seen.values()):
-                break
-            await asyncio.sleep(LISTEN_CHECK_SECONDS)
-            tools_now, tasks_now = await state(endpoint, user, subscription)
-            if tools_now != tools_seen:
-                yield notification("notifications/tools/list_changed", {})
-            for task_id, task in tasks_now.items():
-                if comparable(task) != comparable(tasks_seen.get(task_id)):
+        try:
+            yield notification(
+                "notifications/subscriptions/acknowledged", {"notifications": subscription.acknowledged()}
+            )
+            tools_of_user = user.pk if subscription.tools else None
+            async with waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user) as wakeups:
+                tools_seen, tasks_seen = await sync_to_async(calls.subscription_state)(endpoint, user, subscription)
+                await sync_to_async(waiting.release_request_connection)()
+                for task in tasks_seen.values():
                     yield notification("notifications/tasks", as_notified(task))
-            tools_seen, tasks_seen = tools_now, tasks_now
-        ended = result_message(call.id, {"resultType": "complete", "_meta": meta})
-        yield f"event: message\ndata: {json.dumps(ended)}\n\n".encode()
+                deadline = time.monotonic() + settings.TASKHUB_GATEWAY_LISTEN_SECONDS
+                while (left := deadline - time.monotonic()) > 0:
+                    if not subscription.tools and all(task["status"] in TERMINAL for task in tasks_seen.values()):
+                        break
+                    messages = await wakeups.wait(min(left, waiting.SAFETY_NET_SECONDS))
+                    if any(message.get("type") == HUB_LOST for message in messages):
+                        break
+                    # The tool list is read again only when someone's access changed (or by the safety net).
+                    tools_due = not messages or any(message.get("type") != TASK_CHANGED for message in messages)
+                    tools_now, tasks_now = await read_state(endpoint, user, subscription, tools=tools_due)
+                    tools_now = tools_now if tools_due else tools_seen
+                    if tools_now != tools_seen:
+                        yield notification("notifications/tools/list_changed", {})
+                    for task_id, task in tasks_now.items():
+                        if comparable(task) != comparable(tasks_seen.get(task_id)):
+                            yield notification("notifications/tasks", as_notified(task))
+                    tools_seen, tasks_seen = tools_now, tasks_now
+            ended = result_message(call.id, {"resultType": "complete", "_meta": meta})
+            yield f"event: message\ndata: {json.dumps(ended)}\n\n".encode()
+        finally:
+            slot.release()
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
+    response._resource_closers.append(slot.release)  # a stream never iterated (the agent left at once)
     return response
