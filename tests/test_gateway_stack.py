@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
 from django.contrib.auth.models import Group
 
@@ -31,6 +32,7 @@ from tests.approval_fixtures import set_approver_groups
 from tests.bearer_proxy import BearerProxy
 from tests.browser_fixtures import running_daphne
 from tests.demo_process import DemoServer
+from tests.helpers import wait_until
 from tests.stack_fixtures import (
     LOCAL_REDIS_URL,
     SignedIn,
@@ -76,7 +78,8 @@ def gateway(gateway_processes):
     server = register_and_discover(demo, admin)
     _, token = create_token(user=agent, name="conformance")
     return {"demo": demo, "url": f"{web.url}/mcp/servers/{server.name}", "base": web.url, "token": token,
-            "path": f"/mcp/servers/{server.name}", "agent": agent}  # fmt: skip
+            "path": f"/mcp/servers/{server.name}", "agent": agent,
+            "daphne": psutil.Process(web.process.pid)}  # fmt: skip
 
 
 @pytest.mark.conformance
@@ -233,6 +236,7 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
                 return response, None
 
             before = await asyncio.to_thread(backends)  # the worker's connections among them, once it launched
+            threads_before = gateway["daphne"].num_threads()
             tasks = listen({"taskIds": [task_id]})
             tools = listen({"toolsListChanged": True})  # the other agent's: open until the listen time runs out
             # The acknowledgement, then the task as it is now.
@@ -242,6 +246,13 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
             refused = await open_stream(agent, tasks, b"notifications/tasks")
             others = await asyncio.gather(*(open_stream(other, tools, b"acknowledged") for _ in range(10)))
             streams = [response for response, _ in opened + others]
+            # Each stream's request thread exits once idle (taskhub.web.request_threads.IdleExitingExecutor).
+            idle_threads = await asyncio.to_thread(
+                wait_until,
+                lambda: (n := gateway["daphne"].num_threads() - threads_before) <= 6 and [n],
+                what="the idle streams' request threads to exit",
+                timeout=15,
+            )
             idle_backends = await asyncio.to_thread(backends) - before
 
             async def until_cancelled(response) -> str:
@@ -255,7 +266,7 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
             for response in streams:
                 response.close()
             return {"refused": refused[1], "ok": [error for _, error in opened + others], "idle": idle_backends,
-                    "statuses": statuses}  # fmt: skip
+                    "threads": idle_threads[0], "statuses": statuses}  # fmt: skip
 
     seen = asyncio.run(scenario())
     assert seen["ok"] == [None] * (per_token + 10)
@@ -264,4 +275,5 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
     assert error["data"] == {"cap": "TASKHUB_GATEWAY_STREAMS_PER_TOKEN", "limit": per_token}
     # 30 idle streams: at most the gateway pool's connections more than before (and a kept request thread or two).
     assert seen["idle"] <= 8, seen["idle"]
+    assert seen["threads"] <= 6  # the gateway pool's threads at most, none per stream
     assert seen["statuses"] == ["cancelled"] * per_token  # woken through Redis by the worker's change

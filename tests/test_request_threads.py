@@ -142,3 +142,44 @@ async def test_a_thread_still_running_a_cancelled_request_is_not_given_to_the_ne
         assert threads[1] != threads[0]
     finally:
         release.set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_views_thread_closes_its_connection_and_exits_when_idle_and_comes_back_for_more_work():
+    """A gateway stream idles for minutes: its request's sync work runs on an IdleExitingExecutor, whose thread
+    holds no connection and does not exist while nothing is given to it; later work still runs in order."""
+    from taskhub.web.request_threads import IdleExitingExecutor
+
+    executor = IdleExitingExecutor(idle_seconds=0.1)
+    backends = []
+
+    def query() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backends.append(cursor.fetchone()[0])
+        return threading.get_ident()
+
+    executor.submit(query).result(timeout=10)
+    order = [executor.submit(lambda i=i: i) for i in range(50)]
+    assert [future.result(timeout=10) for future in order] == list(range(50))
+    thread = executor._thread
+    assert thread is not None
+    thread.join(timeout=10)  # exits by itself once idle
+    assert not thread.is_alive() and executor._thread is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [backends[0]])
+        assert cursor.fetchone()[0] == 0  # its connection was closed before it exited
+
+    executor.submit(query).result(timeout=10)
+    assert executor.threads_started == 2  # a new thread (the ident of an exited one may be reused)
+    executor.shutdown(wait=True)
+    with pytest.raises(RuntimeError):
+        executor.submit(query)
+
+
+async def test_an_async_view_gets_no_kept_thread():
+    """The gateway's endpoint is an async view: its request leaves no thread behind for the next one."""
+    app = KeptRequestThreads(OneTripHandler())
+    status = await get(app, "/mcp")
+    assert status in (401, 405, 406)
+    assert app.idle == []

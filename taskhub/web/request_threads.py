@@ -19,11 +19,18 @@ receivers (the connection checks) in a trip of their own before and close after:
 its turn on an event loop that also serves every live socket (about 1 ms of every answer before the view begins:
 bench/approval.py); now two (request_started with the chain and its view, and close). Async views (the gateway)
 keep Django's chain.
+
+An async view's request (the gateway: a `subscriptions/listen` stream or a waiting `tools/call` may stay open for
+minutes, idle) gets no kept thread: its sync parts (the token check, a middleware) run on an IdleExitingExecutor,
+whose one thread closes its database connection and exits once nothing has been given to it for a moment, and
+starts again if the request has sync work later. So an idle stream holds neither a thread nor a connection.
 """
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import closing
 
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
@@ -48,6 +55,14 @@ class KeptRequestThreads:
         self.idle: list[ThreadPoolExecutor] = []
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and _async_view(scope.get("path", "")):
+            executor = IdleExitingExecutor()
+            try:
+                async with ThreadSensitiveContext(executor=executor):
+                    await self.app(scope, receive, send)
+            finally:
+                executor.shutdown(wait=False)
+            return
         executor = self.idle.pop() if self.idle else self._new_executor()
         try:
             async with ThreadSensitiveContext(executor=executor):
@@ -88,6 +103,70 @@ class KeptRequestThreads:
 
 def _nothing() -> None:
     pass
+
+
+# How long an async view's request thread waits for more work before it closes its connection and exits.
+IDLE_THREAD_EXIT_SECONDS = 1.0
+
+
+class IdleExitingExecutor(Executor):
+    """One thread at a time, in submission order (what a ThreadSensitiveContext needs of its executor), that exits
+    after IDLE_THREAD_EXIT_SECONDS without work, closing its database connections first; the next submit starts
+    a new one. The work queue is handed from the exiting thread to the next under the lock, so order is kept."""
+
+    def __init__(self, *, idle_seconds: float = IDLE_THREAD_EXIT_SECONDS):
+        self.idle_seconds = idle_seconds
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._shut_down = False
+        self.threads_started = 0
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        with self._lock:
+            if self._shut_down:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._work.put((future, fn, args, kwargs))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="taskhub-async-request", daemon=True)
+                self.threads_started += 1
+                self._thread.start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut_down = True
+            thread = self._thread
+            self._work.put(None)  # wakes an idle thread, which then exits
+        if wait and thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._work.get(timeout=self.idle_seconds)
+            except queue.Empty:
+                connections.close_all()
+                with self._lock:
+                    if self._work.empty():
+                        self._thread = None
+                        return
+                continue
+            if item is None:
+                connections.close_all()
+                with self._lock:
+                    if self._work.empty():
+                        self._thread = None
+                        return
+                continue
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as error:
+                future.set_exception(error)
 
 
 class OneTripHandler(ASGIHandler):
