@@ -11,7 +11,7 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from taskhub.accounts.groups import AGENTS, APPROVERS, OPERATORS
+from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token, revoke_token
 from taskhub.audit.models import AuditEvent
 from taskhub.gateway import calls
@@ -374,6 +374,51 @@ async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_wh
     }
     await sync_to_async(connections.close_all)()  # the sync_to_async thread's, or the test database stays in use
     await sync_to_async(close_gateway_connections)()  # and the gateway pool's threads'
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_tools_listener_hears_of_a_server_disabled_at_once_not_at_the_safety_net():
+    from asgiref.sync import sync_to_async
+    from channels.layers import get_channel_layer
+    from django.test import AsyncClient
+
+    from taskhub.gateway import waiting
+    from taskhub.live.groups import CATALOGUE_GROUP
+    from taskhub.live.hub import hub_for
+    from taskhub.servers.services import update_server
+
+    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
+    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    admin = await sync_to_async(make_user)("ada", ADMINS)
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    body = {
+        "jsonrpc": "2.0",
+        "id": "tools-1",
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"toolsListChanged": True}, "_meta": DECLARING},
+    }
+    response = await AsyncClient().post(
+        "/mcp", json.dumps(body), content_type="application/json", headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert response["Content-Type"] == "text/event-stream", response.content
+    stream = aiter(response.streaming_content)
+    (ack,) = sse_messages(await anext(stream))
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+
+    # The test client runs the stream only while it is read: read on, until it listens.
+    following = asyncio.ensure_future(anext(stream))
+    hub = hub_for(get_channel_layer())
+    while not hub.members.get(CATALOGUE_GROUP):
+        await asyncio.sleep(0.01)
+    server = await Server.objects.aget(pk=alpha.pk)
+    await sync_to_async(update_server)(server=server, user=admin, enabled=False)
+    # Within a fraction of the safety net's re-read: woken by the server's change, not by the clock.
+    (changed,) = sse_messages(await asyncio.wait_for(following, waiting.SAFETY_NET_SECONDS / 3))
+    assert changed["method"] == "notifications/tools/list_changed"
+    await stream.aclose()
+    await sync_to_async(connections.close_all)()
+    await sync_to_async(close_gateway_connections)()
 
 
 @pytest.mark.django_db

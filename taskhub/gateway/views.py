@@ -201,7 +201,7 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
                     messages = await wakeups.wait(min(left, waiting.SAFETY_NET_SECONDS))
                     if any(message.get("type") == HUB_LOST for message in messages):
                         break
-                    # The tool list is read again only when someone's access changed (or by the safety net).
+                    # The tool list is read again only when access or a server's tools changed (or by the safety net).
                     tools_due = not messages or any(message.get("type") != TASK_CHANGED for message in messages)
                     tools_now, tasks_now = await read_state(endpoint, user, subscription, tools=tools_due)
                     tools_now = tools_now if tools_due else tools_seen

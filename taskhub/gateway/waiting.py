@@ -26,7 +26,7 @@ from django.db import connection, connections
 
 from taskhub.gateway.protocol import RpcError
 from taskhub.live import publish
-from taskhub.live.groups import ACCESS_GROUP, task_group, user_group
+from taskhub.live.groups import ACCESS_GROUP, CATALOGUE_GROUP, task_group, user_group
 from taskhub.live.hub import hub_for
 
 # At-most-once messages: a stream re-reads its tasks (and tool list) this often even when nothing woke it.
@@ -127,13 +127,14 @@ def _too_many(who: str, setting: str, limit: int) -> RpcError:
 
 
 class Wakeups:
-    """The channel-layer messages about some tasks (and, with `tools_of_user`, that user's access: their tool list
-    may have changed). Join before reading the state they wake a re-read of, so no change falls in between."""
+    """The channel-layer messages about some tasks (and, with `tools_of_user`, that user's access and the servers'
+    tools: their tool list may have changed). Join before reading the state they wake a re-read of, so no change
+    falls in between."""
 
     def __init__(self, task_ids, *, tools_of_user: int | None = None) -> None:
         self.groups = [task_group(task_id) for task_id in task_ids]
         if tools_of_user is not None:
-            self.groups += [ACCESS_GROUP, user_group(tools_of_user)]
+            self.groups += [ACCESS_GROUP, CATALOGUE_GROUP, user_group(tools_of_user)]
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.layer = get_channel_layer()
         self.hub = None

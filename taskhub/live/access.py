@@ -192,6 +192,18 @@ def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None
     _after_commit(None)
 
 
+# What a server's tools as agents see them depend on; a save naming none of these (a poll's reachability) says nothing.
+CATALOGUE_FIELDS = frozenset({"name", "enabled", "tools", "capabilities", "discovered_at", "removed_at"})
+
+
+def _catalogue_changed(sender, instance=None, update_fields=None, **kwargs) -> None:
+    if update_fields is not None and not CATALOGUE_FIELDS & set(update_fields):
+        return
+    from taskhub.live import publish
+
+    transaction.on_commit(publish.publish_catalogue_changed)
+
+
 def connect_access_signals() -> None:
     """From LiveConfig.ready(): whoever changes roles or approver groups (pages, admin, CLI, shell)."""
     from django.apps import apps
@@ -216,4 +228,7 @@ def connect_access_signals() -> None:
     # Servers without a policy are answered by every approver; deleting a group drops its memberships.
     post_save.connect(_anyones_access_changed, sender=Server, dispatch_uid=uid + "server_saved")
     post_delete.connect(_anyones_access_changed, sender=Server, dispatch_uid=uid + "server_deleted")
+    # The gateway's toolsListChanged listeners: a server enabled, disabled, discovered again or removed.
+    post_save.connect(_catalogue_changed, sender=Server, dispatch_uid=uid + "catalogue_saved")
+    post_delete.connect(_catalogue_changed, sender=Server, dispatch_uid=uid + "catalogue_deleted")
     post_delete.connect(_anyones_access_changed, sender=Group, dispatch_uid=uid + "group_deleted")

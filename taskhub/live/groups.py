@@ -16,6 +16,10 @@ def inbox_group(server_id: int) -> str:
     return f"inbox.server.{server_id}"
 
 
+# A server's tool list as agents see it may have changed (enabled, disabled, discovered, renamed, removed): the
+# gateway's `subscriptions/listen` streams that listen for toolsListChanged.
+CATALOGUE_GROUP = "catalogue"
+
 # Every socket: told to read its access again when anyone's may have changed (servers' approver groups).
 ACCESS_GROUP = "access"
 

@@ -15,13 +15,14 @@ import uuid
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
 
-from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
+from taskhub.live.groups import ACCESS_GROUP, CATALOGUE_GROUP, TASKS_GROUP, inbox_group, task_group, user_group
 from taskhub.observability import metrics, tracing
 
 logger = logging.getLogger(__name__)
 
 TASK_CHANGED = "task.changed"  # handled by LiveConsumer.task_changed
 ACCESS_CHANGED = "access.changed"  # handled by LiveConsumer.access_changed
+CATALOGUE_CHANGED = "catalogue.changed"  # only the gateway's listeners join its group (taskhub.gateway.waiting)
 SESSION_ENDED = "session.ended"  # handled by LiveConsumer.session_ended
 # A layer that cannot be reached (Redis stopped or unreachable) costs the caller this long at most.
 SEND_TIMEOUT_SECONDS = 2.0
@@ -73,6 +74,12 @@ def publish_access_changed(*, user_ids: list[int] | None) -> None:
     _off_the_loop(_publish_access, user_ids)
 
 
+def publish_catalogue_changed() -> None:
+    """Tell the gateway's tool-list listeners that some server's tools as agents see them may have changed. Never
+    raises."""
+    _off_the_loop(_publish_catalogue)
+
+
 def publish_session_ended(*, user_id: int, session_key: str) -> None:
     """Close the sockets opened with this session (signed out). Never raises."""
     _off_the_loop(_publish_session_ended, user_id, session_fingerprint(session_key))
@@ -120,6 +127,13 @@ def _publish(task_id: uuid.UUID, server_id: int | None = None, asks: bool = Fals
     except Exception:
         metrics.live_push(sent=False)
         logger.warning("live update for task %s dropped: the channel layer did not take it", task_id, exc_info=True)
+
+
+def _publish_catalogue() -> None:
+    try:
+        _send_to_groups([CATALOGUE_GROUP], {"type": CATALOGUE_CHANGED, "message_id": uuid.uuid4().hex})
+    except Exception:
+        logger.warning("a change of the servers' tools not told to the gateway's listeners", exc_info=True)
 
 
 def _publish_access(user_ids: list[int] | None) -> None:
