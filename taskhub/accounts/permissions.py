@@ -24,6 +24,7 @@ finished): the services decide that.
 """
 
 import datetime
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -41,6 +42,8 @@ from django.db.models import Q, QuerySet
 
 from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS, ROLE_GROUPS
 from taskhub.servers.models import Server
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,9 +126,24 @@ class AnswerTerms:
     gate_before_call: bool = False  # a launch waits for an approval before tools/call is sent
     answer_within: datetime.timedelta | None = None  # the answer deadline, from when a request opens
     input_from: str = "people"  # a gateway call's requests: its policy's people, or the agent ("agent")
+    rules_missing: bool = False  # CLOSED_TERMS: no approval rules were registered, nothing may be decided
 
 
 DEFAULT_TERMS = AnswerTerms()
+
+RULES_MISSING = (
+    "taskhub.approvals did not register its approval rules at start-up (is it in INSTALLED_APPS, and did its "
+    "AppConfig.ready run?): nobody may answer any request, and every launch waits at a gate nobody may pass"
+)
+# What applies when no approval rules were registered: closed, never the permissive defaults above. Every launch is
+# held at the gate (which tools are gated cannot be known), nobody is named to answer, nothing is answered.
+CLOSED_TERMS = AnswerTerms(
+    policy=f"no approval rules ({RULES_MISSING})",
+    answerers="nobody (approval rules not loaded)",
+    self_approval=False,
+    gate_before_call=True,
+    rules_missing=True,
+)
 
 
 class AnswerPolicies(Protocol):
@@ -147,7 +165,12 @@ def register_answer_policies(policies: AnswerPolicies) -> None:
 
 
 def answer_policies() -> AnswerPolicies | None:
-    return _answer_policies[0] if _answer_policies else None
+    """The registered approval rules; None only when taskhub.approvals did not register them, and then every
+    question below is answered closed (nobody, nothing, CLOSED_TERMS), with an error in the log."""
+    if _answer_policies:
+        return _answer_policies[0]
+    logger.error("%s", RULES_MISSING)
+    return None
 
 
 def servers_user_may_approve(user) -> QuerySet[Server]:
@@ -156,7 +179,7 @@ def servers_user_may_approve(user) -> QuerySet[Server]:
     if not is_approver(user):
         return Server.objects.none()
     policies = answer_policies()
-    return policies.servers(user) if policies is not None else Server.objects.all()
+    return policies.servers(user) if policies is not None else Server.objects.none()
 
 
 def requests_user_may_answer(user) -> Q:
@@ -164,7 +187,7 @@ def requests_user_may_answer(user) -> Q:
     if not is_approver(user):
         return Q(pk__in=[])
     policies = answer_policies()
-    return policies.requests(user) if policies is not None else Q()
+    return policies.requests(user) if policies is not None else Q(pk__in=[])
 
 
 def requests_for_me(user) -> Q:
@@ -182,7 +205,7 @@ terms_this_request: ContextVar[dict[tuple[int, str], AnswerTerms] | None] = Cont
 def answer_terms(*, server_id: int, tool: str) -> AnswerTerms:
     policies = answer_policies()
     if policies is None:
-        return DEFAULT_TERMS
+        return CLOSED_TERMS
     known = terms_this_request.get()
     if known is not None and (server_id, tool) in known:
         return known[(server_id, tool)]
@@ -210,11 +233,14 @@ def may_see_task_through_token(user, task) -> bool:
 
 def _named_to_answer(*, server_id: int, tool: str, escalated_to_id: int | None) -> Q:
     """Over the user model, whatever their roles: the escalation group of a request handed over at its deadline,
-    else the people its policy names (everyone where it names nobody, or where no policy applies)."""
+    else the people its policy names (everyone where it names nobody, or where no policy applies); nobody when no
+    approval rules were registered."""
+    policies = answer_policies()
+    if policies is None:
+        return Q(pk__in=[])
     if escalated_to_id is not None:
         return Q(pk__in=get_user_model().groups.through.objects.filter(group_id=escalated_to_id).values("user_id"))
-    policies = answer_policies()
-    return policies.answerers(server_id, tool) if policies is not None else Q()
+    return policies.answerers(server_id, tool)
 
 
 def users_who_may_answer(*, server_id: int, tool: str, escalated_to_id: int | None = None) -> QuerySet:
@@ -261,7 +287,9 @@ def _named(user, *, server_id: int, tool: str, escalated_to_id: int | None) -> b
     if known is not None and key in known:
         return known[key]
     policies = answer_policies()
-    if escalated_to_id is None and policies is not None:
+    if policies is None:
+        allowed = False  # closed: no rules say who may
+    elif escalated_to_id is None:
         # The same people as _named_to_answer's filter; one plain statement that also reads the terms, which the
         # answer view, a card and the answer service then ask for.
         terms, allowed = policies.terms_and_allows(user, server_id, tool)
