@@ -100,6 +100,47 @@ def test_two_of_three_sends_one_answer_only_after_the_second_acceptance(server, 
         services.answer_input(input_request=request, response=ACCEPT, user=people["quinn"])
 
 
+def test_an_approver_removed_from_the_policy_after_accepting_no_longer_counts_toward_n(server, people):
+    """Issue 30, item 3: N of M re-checks every acceptance against the policy in force when another arrives."""
+    policy = create_policy(
+        server=server, users=[people["olga"], people["pete"], people["quinn"]], required_accepts=2, user=None
+    )
+    request = open_request(server)
+    services.answer_input(input_request=request, response=ACCEPT, user=people["olga"])
+    update_policy(policy=policy, user=None, users=[people["pete"], people["quinn"]])
+
+    still_open = services.answer_input(input_request=request, response=ACCEPT, user=people["pete"])
+
+    assert still_open.state == InputRequestState.OPEN and [a["name"] for a in still_open.acceptances] == ["pete"]
+    assert deliveries(request) == 0
+    card = card_for(InputRequest.objects.select_related("task__server").get(pk=request.pk), people["quinn"])
+    assert card.accepted_by == ["pete"]
+    assert card.no_longer_counting == [
+        f"olga's acceptance no longer counts: the approval policy of {policy} no longer names them (only pete, quinn)"
+    ]
+    (discounted,) = AuditEvent.objects.filter(task=request.task, action="input.acceptances_discounted")
+    assert discounted.actor_label == "pete" and discounted.data["policy"] == policy.pk
+    assert [entry["name"] for entry in discounted.data["discounted"]] == ["olga"]
+    assert "no longer names them" in discounted.data["discounted"][0]["why"]
+
+    done = services.answer_input(input_request=request, response=ACCEPT, user=people["quinn"])
+    assert done.state == InputRequestState.ANSWERED and deliveries(request) == 1
+    answered = AuditEvent.objects.get(task=request.task, action="input.answered")
+    assert answered.data["accepted_by"] == ["pete", "quinn"]
+
+
+def test_an_acceptance_by_someone_no_longer_an_approver_no_longer_counts(server, people):
+    create_policy(server=server, users=[], required_accepts=2, user=None)
+    request = open_request(server)
+    services.answer_input(input_request=request, response=ACCEPT, user=people["olga"])
+    people["olga"].groups.remove(Group.objects.get(name=APPROVERS))
+
+    still_open = services.answer_input(input_request=request, response=ACCEPT, user=people["pete"])
+
+    assert still_open.state == InputRequestState.OPEN
+    assert [entry["why"] for entry in still_open.discounted_acceptances] == ["they are no longer an approver"]
+
+
 def test_a_decline_by_one_of_them_ends_it_and_is_sent(server, people):
     create_policy(server=server, required_accepts=2, user=None)
     request = open_request(server)

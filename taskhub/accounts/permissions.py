@@ -155,6 +155,9 @@ class AnswerPolicies(Protocol):
     def terms(self, server_id: int, tool: str) -> AnswerTerms: ...
     def answerers(self, server_id: int, tool: str) -> Q: ...  # over the user model: those the policy names
     def terms_and_allows(self, user, server_id: int, tool: str) -> tuple[AnswerTerms, bool]: ...  # both, one query
+    # N of M: the request's earlier acceptances that still count under the policy in force now, and the others
+    # (each with "why").
+    def acceptances_that_count(self, *, input_request, terms: AnswerTerms) -> tuple[list[dict], list[dict]]: ...
 
 
 _answer_policies: list[AnswerPolicies] = []
@@ -213,6 +216,16 @@ def answer_terms(*, server_id: int, tool: str) -> AnswerTerms:
     if known is not None:
         known[(server_id, tool)] = terms
     return terms
+
+
+def acceptances_that_count(*, input_request, terms: AnswerTerms) -> tuple[list[dict], list[dict]]:
+    """N of M, when another acceptance arrives: the earlier acceptances that still count, and those that no longer
+    do (each with "why"). Decided by the approval rules; with none registered, none counts."""
+    earlier = [entry for entry in input_request.acceptances or [] if isinstance(entry, dict)]
+    policies = answer_policies()
+    if policies is None:
+        return [], [{**entry, "why": "approval rules not loaded"} for entry in earlier]
+    return policies.acceptances_that_count(input_request=input_request, terms=terms)
 
 
 def sees_all_tasks(user) -> bool:

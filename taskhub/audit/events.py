@@ -38,6 +38,8 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     # input requests
     "input.answered": "input answered",
     "input.accepted": "input accepted by one of the several people its approval policy needs",
+    "input.acceptances_discounted": "earlier acceptances that no longer count toward N of M (the policy in force "
+    "when another arrived no longer allows their givers)",
     "input.delivered": "answer delivered to the server",
     "input.delivery_failed": "the server refused the answer",
     "input.superseded": "input request withdrawn by the server before it was answered",

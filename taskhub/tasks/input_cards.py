@@ -148,6 +148,8 @@ class Card:
     required_accepts: int = 1  # N of M
     accepted_by: list[str] | None = None  # who accepted so far (N of M)
     accepted_by_you: bool = False
+    # N of M: earlier acceptances that stopped counting, "name: why" (the policy in force no longer allows them)
+    no_longer_counting: list[str] | None = None
     comment_on_decline: bool = False
     submitted_comment: str = ""
     gate_arguments: str = ""  # the gate before the call: the exact arguments the launch will send
@@ -254,6 +256,12 @@ def _show_state(card: Card, input_request: InputRequest, user) -> None:
     card.accepted_by_you = any(
         isinstance(entry, dict) and entry.get("user") == getattr(user, "pk", None) for entry in acceptances
     )
+    discounted = input_request.discounted_acceptances
+    card.no_longer_counting = [
+        f"{entry.get('name', '')}'s acceptance no longer counts: {entry.get('why', '')}"
+        for entry in (discounted if isinstance(discounted, list) else [])
+        if isinstance(entry, dict)
+    ]
     if input_request.answered_by_id is not None or input_request.state in (
         InputRequestState.ANSWERED,
         InputRequestState.DELIVERED,

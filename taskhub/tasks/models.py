@@ -218,6 +218,9 @@ class InputRequest(models.Model):
     # N of M (the request's approval policy): the acceptances so far, oldest first, while more are needed
     # ([{"user": id, "name": username, "at": ISO time, "content": …}]); the N-th makes the answer. Kept afterwards.
     acceptances = models.JSONField(default=list, blank=True)
+    # N of M: earlier acceptances that stopped counting when a later one arrived (their giver no longer allowed by
+    # the policy in force then: removed from it, no longer an approver, …), each with "why"; shown on the card.
+    discounted_acceptances = models.JSONField(default=list, blank=True)
     # Why the answer was given (a decline's reason); for people and the audit trail, never sent to the server.
     answer_comment = models.TextField(blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)

@@ -673,10 +673,13 @@ def _answer(
     }
     commented = {"comment": comment} if comment else {}
     if answer["action"] == "accept" and terms.required_accepts > 1 and not as_agent:
-        accepted = [*input_request.acceptances, _acceptance(user, answer, now, comment)]
+        counted, discounted = permissions.acceptances_that_count(input_request=input_request, terms=terms)
+        accepted = [*counted, _acceptance(user, answer, now, comment)]
         input_request.acceptances = accepted
+        if discounted:
+            _record_discounted(task, input_request, discounted, answered=answered, user=user, token=token)
         if len(accepted) < terms.required_accepts:
-            input_request.save(update_fields=["acceptances"])
+            input_request.save(update_fields=["acceptances", "discounted_acceptances"])
             record_event(
                 action="input.accepted",
                 user=user,
@@ -693,7 +696,17 @@ def _answer(
     input_request.answered_by = user
     input_request.answered_at = now
     input_request.answer_comment = comment
-    input_request.save(update_fields=["state", "answer", "answered_by", "answered_at", "answer_comment", "acceptances"])
+    input_request.save(
+        update_fields=[
+            "state",
+            "answer",
+            "answered_by",
+            "answered_at",
+            "answer_comment",
+            "acceptances",
+            "discounted_acceptances",
+        ]
+    )
     accepted_by = [entry.get("name") for entry in input_request.acceptances]
     record_event(
         action="input.answered",
@@ -714,6 +727,24 @@ def _answer(
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     input_request.answer_terms = terms
     return input_request
+
+
+def _record_discounted(task: Task, input_request: InputRequest, discounted: list[dict], *, answered, user, token):
+    """N of M: earlier acceptances the policy in force no longer allows stop counting; the card and the audit trail
+    say whose and why."""
+    input_request.discounted_acceptances = [*input_request.discounted_acceptances, *discounted]
+    record_event(
+        action="input.acceptances_discounted",
+        user=user,
+        task=task,
+        data={
+            "key": answered["key"],
+            "mrtr_round": answered["mrtr_round"],
+            **({"policy": answered["policy"]} if "policy" in answered else {}),
+            "discounted": [{"name": entry.get("name"), "why": entry.get("why")} for entry in discounted],
+        },
+        token=token,
+    )
 
 
 COMMENT_MAX_CHARS = 2000
