@@ -54,6 +54,11 @@ DENIED = [
     "http://metadata/computeMetadata/v1/",
     "database",
     "http://127.0.0.1:6379/mcp",  # REDIS_URL below
+    # "This host" and IPv6 forms of it reach the same Redis (issue 31, item 3).
+    "http://0.0.0.0:6379/mcp",
+    "http://[::ffff:0.0.0.0]:6379/mcp",
+    "http://[::ffff:127.0.0.1]:6379/mcp",
+    "http://[2002:7f00:1::]:6379/mcp",  # 6to4 of 127.0.0.1
 ]
 
 
@@ -87,7 +92,15 @@ def test_loopback_and_private_ranges_are_allowed_by_default_and_can_be_denied():
     create_server(name="internal", transport="http", url="https://10.1.2.3/mcp", user=None)
     create_server(name="named", transport="http", url="http://localhost:8765/mcp", user=None)
     with override_settings(**LOOPBACK_DENIED):
-        for url in ("http://127.0.0.2:8765/mcp", "http://[::1]:8765/mcp", "http://localhost:8765/mcp"):
+        for url in (
+            "http://127.0.0.2:8765/mcp",
+            "http://[::1]:8765/mcp",
+            "http://localhost:8765/mcp",
+            "http://0.0.0.0:8765/mcp",  # "this host": a connection to it reaches loopback
+            "http://0.1.2.3:8765/mcp",
+            "http://[::]:8765/mcp",
+            "http://[::ffff:0.0.0.0]:8765/mcp",
+        ):
             with pytest.raises(ServerConfigInvalid, match="address policy refuses"):
                 create_server(name="more", transport="http", url=url, user=None)
     with override_settings(TASKHUB_SERVER_ALLOWED_NETWORKS=["10.0.0.0/8"]):
@@ -149,6 +162,48 @@ def test_a_name_that_resolves_to_a_denied_address_is_refused_at_each_connection(
     task = Task.objects.get(pk=task.id)
     assert task.status == "failed" and "address policy refuses" in task.error["message"]
     assert not seen, "nothing was sent to a refused address"
+
+
+@override_settings(REDIS_URL="redis://127.0.0.1:6379/0")
+def test_this_host_is_refused_as_a_webhook_where_loopback_is():
+    from taskhub.approvals.services import create_policy
+    from taskhub.approvals.webhooks import WebhookInvalid, create_webhook
+
+    server = create_server(name="demo", transport="http", url="http://127.0.0.1:8765/mcp", user=None)
+    policy = create_policy(server=server, users=[], user=None)
+    for url in ("http://0.0.0.0:6379/hook", "http://[::ffff:0.0.0.0]:6379/hook"):
+        with pytest.raises(WebhookInvalid, match="taskhub's own services"):
+            create_webhook(policy=policy, url=url, secret="s" * 32, user=None)
+    with override_settings(**LOOPBACK_DENIED), pytest.raises(WebhookInvalid, match=r"reaches 127\.0\.0\.1"):
+        create_webhook(policy=policy, url="http://0.0.0.0:9999/hook", secret="s" * 32, user=None)
+
+
+def test_this_host_registered_while_allowed_is_refused_at_each_connection_once_loopback_is_denied():
+    seen: list[Request] = []
+    recorder = recording_server(seen)
+    port = recorder.start()
+    try:
+        server = create_server(name="zeros", transport="http", url=f"http://0.0.0.0:{port}/mcp", user=None)
+
+        async def poll() -> None:
+            getter = LeanTaskGetter(server.to_target(), timeout=5)
+            try:
+                await getter.get_task("t-1")
+            finally:
+                await getter.aclose()
+
+        with pytest.raises(AuthorizationFailed):  # allowed: 0.0.0.0 reaches the listener on 127.0.0.1
+            async_to_sync(poll)()
+        reached = len(seen)
+        assert reached
+        with override_settings(**LOOPBACK_DENIED):
+            with pytest.raises(AddressRefused, match=r"reaches 127\.0\.0\.1"):
+                async_to_sync(poll)()
+            with pytest.raises(DiscoveryFailed, match="address policy refuses"):
+                discover_and_record(server=Server.objects.get(pk=server.pk))
+    finally:
+        recorder.stop()
+    assert len(seen) == reached, "nothing was sent to a refused address"
 
 
 NOT_MCP = {"jsonrpc": "2.0", "id": None, "result": {"leak": "ECHO" + "z" * 500 + "\x1b[2J\x07"}}

@@ -377,6 +377,57 @@ async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_wh
 
 
 @pytest.mark.django_db(transaction=True)
+async def test_a_change_no_message_told_of_reaches_the_stream_through_the_processs_safety_net(monkeypatch):
+    """Channel messages are at-most-once: one look per process (not per stream) finds the change and wakes the
+    streams of that task only."""
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    from taskhub.gateway import waiting
+
+    monkeypatch.setattr(waiting, "SAFETY_NET_SECONDS", 0.2)
+    looks = []
+    changed_since = waiting._changed_since
+    monkeypatch.setattr(waiting, "_changed_since", lambda *args: looks.append(args) or changed_since(*args))
+    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
+    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    task = await sync_to_async(services.launch)(server=alpha, tool="deploy", arguments={"target": "x"}, user=agent)
+    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
+
+    async def listen(request_id: str):
+        body = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "subscriptions/listen",
+            "params": {"notifications": {"taskIds": [str(task.pk)]}, "_meta": DECLARING},
+        }
+        response = await AsyncClient().post(
+            "/mcp/servers/alpha", json.dumps(body), content_type="application/json",
+            headers={"Authorization": f"Bearer {secret}"},
+        )  # fmt: skip
+        stream = aiter(response.streaming_content)
+        (_ack,) = sse_messages(await anext(stream))
+        (now,) = sse_messages(await anext(stream))
+        assert "statusMessage" not in now["params"]
+        return stream
+
+    streams = [await listen("a"), await listen("b")]
+    following = [asyncio.ensure_future(anext(stream)) for stream in streams]
+    # Written without the service, so no message goes out: only the safety net can find it.
+    await Task.objects.filter(pk=task.pk).aupdate(status_message="found by the net", updated_at=timezone.now())
+    for future in following:
+        (changed,) = sse_messages(await asyncio.wait_for(future, 10))
+        assert changed["params"]["statusMessage"] == "found by the net"
+    assert looks and all(len(args[0]) == 1 for args in looks)  # one look for both streams, at their one task
+    for stream in streams:
+        await stream.aclose()
+    await sync_to_async(connections.close_all)()
+    await sync_to_async(close_gateway_connections)()
+
+
+@pytest.mark.django_db(transaction=True)
 async def test_a_tools_listener_hears_of_a_server_disabled_at_once_not_at_the_safety_net():
     from asgiref.sync import sync_to_async
     from channels.layers import get_channel_layer

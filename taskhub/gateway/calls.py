@@ -311,6 +311,12 @@ def subscribe(endpoint: Endpoint, user, call: Call) -> Subscription:
     return Subscription(tools=wanted.get("toolsListChanged") is True, task_ids=tuple(task_ids))
 
 
+def listened_task(task_id: str) -> dict[str, Any] | None:
+    """One task listened to, as `tasks/get` shows it (the same for every agent granted it); None once deleted."""
+    task = Task.objects.select_related("server").filter(pk=task_id).first()
+    return wire_tasks.detailed_task(task) if task is not None else None
+
+
 def subscription_state(
     endpoint: Endpoint, user, subscription: Subscription, *, tools: bool = True
 ) -> tuple[str, dict[str, dict[str, Any]]]:

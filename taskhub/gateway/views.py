@@ -163,7 +163,8 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
     `notifications/tasks` on each change of one and `notifications/tools/list_changed` on a change of the tool list;
     it ends (the listen request's result) once every task listened to has ended, after
     TASKHUB_GATEWAY_LISTEN_SECONDS, or when the process's channel-layer hub is lost (the agent listens again).
-    Woken by the channel layer (waiting.py); it reads Postgres only then, and every SAFETY_NET_SECONDS."""
+    Woken by the channel layer or the process's safety net (waiting.py); it reads Postgres only then, the task that
+    changed (once for every stream woken by that change)."""
     slot = waiting.take_slot(user.api_token.pk)
     try:
         subscription = await sync_to_async(calls.subscribe)(endpoint, user, call)
@@ -172,6 +173,7 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
         raise
     meta = {SUBSCRIPTION_ID: call.id}
     read_state = waiting.on_gateway_thread(calls.subscription_state)
+    read_task = waiting.on_gateway_thread(calls.listened_task)
 
     def notification(method: str, params: dict) -> bytes:
         message = {"jsonrpc": "2.0", "method": method, "params": {**params, "_meta": meta}}
@@ -198,13 +200,25 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
                 while (left := deadline - time.monotonic()) > 0:
                     if not subscription.tools and all(task["status"] in TERMINAL for task in tasks_seen.values()):
                         break
-                    messages = await wakeups.wait(min(left, waiting.SAFETY_NET_SECONDS))
+                    # Woken by a change (the layer's, or the process's safety net: waiting.SafetyNet), or not at all.
+                    messages = await wakeups.wait(left)
+                    if not messages:
+                        continue
                     if any(message.get("type") == HUB_LOST for message in messages):
                         break
                     # The tool list is read again only when access or a server's tools changed (or by the safety net).
-                    tools_due = not messages or any(message.get("type") != TASK_CHANGED for message in messages)
-                    tools_now, tasks_now = await read_state(endpoint, user, subscription, tools=tools_due)
-                    tools_now = tools_now if tools_due else tools_seen
+                    if any(message.get("type") != TASK_CHANGED for message in messages):
+                        tools_now, tasks_now = await read_state(endpoint, user, subscription, tools=True)
+                    else:
+                        tools_now, tasks_now = tools_seen, dict(tasks_seen)
+                        changes = {m["task_id"]: m.get("message_id") for m in messages if m.get("task_id")}
+                        for task_id, message_id in changes.items():
+                            if task_id not in tasks_seen:
+                                continue
+                            # The streams woken by one change read its task once between them.
+                            task = await waiting.read_once((task_id, message_id), lambda t=task_id: read_task(t))
+                            if task is not None:
+                                tasks_now[task_id] = task
                     if tools_now != tools_seen:
                         yield notification("notifications/tools/list_changed", {})
                     for task_id, task in tasks_now.items():

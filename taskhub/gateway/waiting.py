@@ -4,8 +4,13 @@ Wake-ups: a `subscriptions/listen` stream and a waiting `tools/call` join the ch
 (`task.<id>`, what the live pages hear: tasks/signals.py → live/publish.py) through the process's hub (live/hub.py),
 so a change committed in any process (a worker, another daphne) wakes them through the layer (Redis in production,
 in memory in the one-command demo). Only then do they read Postgres, in a short call on the gateway's own small
-thread pool (`on_gateway_thread`): however many streams are open, they share its few connections. Channel messages
-are at-most-once, so a stream also re-reads every SAFETY_NET_SECONDS (a waiting call sooner at first: it is short).
+thread pool (`on_gateway_thread`): however many streams are open, they share its few connections, and the streams
+woken by one change read the changed task once between them (`read_once`, keyed by the change's message).
+Channel messages are at-most-once, so the process has one safety net for all its streams (`SafetyNet`): every
+SAFETY_NET_SECONDS one query asks which of the tasks listened to changed since its last look, and wakes only their
+streams (and the tool-list listeners every TOOLS_SAFETY_NET_ROUNDS looks); a waiting call also looks on its own, sooner
+at first, since it is short. 500 idle streams cost one query per SAFETY_NET_SECONDS, not 500 (bench/gateway.py
+--listen).
 
 Slots: open streams and waiting calls are counted per API token and in total, per process
 (TASKHUB_GATEWAY_STREAMS_PER_TOKEN, TASKHUB_GATEWAY_STREAMS_TOTAL); past either the request is refused with a
@@ -15,7 +20,11 @@ JSON-RPC error naming the setting, before anything is read or written.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import logging
 import threading
+import time
+import weakref
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,15 +37,27 @@ from taskhub.gateway.protocol import RpcError
 from taskhub.live import publish
 from taskhub.live.groups import ACCESS_GROUP, CATALOGUE_GROUP, task_group, user_group
 from taskhub.live.hub import hub_for
+from taskhub.tasks.models import Task
 
-# At-most-once messages: a stream re-reads its tasks (and tool list) this often even when nothing woke it.
+# At-most-once messages: the process looks this often for changes of listened tasks that woke no stream.
 SAFETY_NET_SECONDS = 30.0
+# ... and wakes the tool-list listeners every this many looks (5 minutes): their changes are rare, and each is
+# published too (a server's catalogue, anyone's access).
+TOOLS_SAFETY_NET_ROUNDS = 10
+# The message the safety net sends a tool-list listener (any type but TASK_CHANGED makes a stream read its tools).
+SAFETY_NET_TOOLS = "gateway.safety_net.tools"
+# How long the read of one change stays shared with streams that wake late.
+SHARED_READ_SECONDS = 2.0
+# The safety net looks at changes from this long before its previous look (clocks of processes and Postgres differ).
+SAFETY_NET_OVERLAP = 5.0
 # A waiting tools/call (60 s at most) looks first after this, then twice as long each time, up to SAFETY_NET_SECONDS.
 WAIT_SAFETY_NET_FIRST_SECONDS = 1.0
 # The threads (each with its database connection) on which every stream and wait of a process reads when woken.
 GATEWAY_THREADS = 4
 # Implementation-defined JSON-RPC code (-32000..-32019): too many open streams and waiting calls.
 TOO_MANY_OPEN = -32002
+
+logger = logging.getLogger(__name__)
 
 _executor = ThreadPoolExecutor(max_workers=GATEWAY_THREADS, thread_name_prefix="taskhub-gateway")
 
@@ -132,6 +153,8 @@ class Wakeups:
     falls in between."""
 
     def __init__(self, task_ids, *, tools_of_user: int | None = None) -> None:
+        self.task_ids = frozenset(str(task_id) for task_id in task_ids)
+        self.tools = tools_of_user is not None
         self.groups = [task_group(task_id) for task_id in task_ids]
         if tools_of_user is not None:
             self.groups += [ACCESS_GROUP, CATALOGUE_GROUP, user_group(tools_of_user)]
@@ -140,6 +163,7 @@ class Wakeups:
         self.hub = None
 
     async def __aenter__(self) -> Wakeups:
+        SafetyNet.of_this_loop().watch(self)
         if self.layer is not None:
             # The in-memory layer's queues belong to this loop: a publish from another thread is handed to it.
             publish.remember_consumer_loop(asyncio.get_running_loop())
@@ -149,6 +173,7 @@ class Wakeups:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        SafetyNet.of_this_loop().forget(self)
         if self.hub is not None:
             for group in self.groups:
                 await self.hub.leave(group, self.inbox)
@@ -163,3 +188,81 @@ class Wakeups:
         while not self.inbox.empty():
             messages.append(self.inbox.get_nowait())
         return messages
+
+
+# --- one safety net and one read per change, for every stream of the process ----------------------------------
+
+
+class SafetyNet:
+    """Per event loop: one look every SAFETY_NET_SECONDS at which listened tasks changed since the last look (one
+    query for all the loop's streams and waits), each change handed to the inboxes of the streams that listen to it
+    as the layer would have. Runs while anything listens."""
+
+    @classmethod
+    def of_this_loop(cls) -> SafetyNet:
+        loop = asyncio.get_running_loop()
+        net = _safety_nets.get(loop)
+        if net is None:
+            net = _safety_nets[loop] = cls()
+        return net
+
+    def __init__(self) -> None:
+        self.watched: set[Wakeups] = set()
+        self.looking: asyncio.Task | None = None
+        self.rounds = 0
+
+    def watch(self, wakeups: Wakeups) -> None:
+        self.watched.add(wakeups)
+        if self.looking is None or self.looking.done():
+            self.looking = asyncio.get_running_loop().create_task(self._look_while_watched())
+
+    def forget(self, wakeups: Wakeups) -> None:
+        self.watched.discard(wakeups)
+
+    async def _look_while_watched(self) -> None:
+        since = time.time()
+        while self.watched:
+            await asyncio.sleep(SAFETY_NET_SECONDS)
+            looked_at = time.time()
+            task_ids = set().union(*(wakeups.task_ids for wakeups in self.watched)) if self.watched else set()
+            try:
+                changed = await on_gateway_thread(_changed_since)(task_ids, since - SAFETY_NET_OVERLAP)
+            except Exception:  # the next look tries again from the same moment
+                logger.warning("the gateway's safety net could not look for changes", exc_info=True)
+                continue
+            since = looked_at
+            self.rounds += 1
+            tools_due = self.rounds % TOOLS_SAFETY_NET_ROUNDS == 0
+            for wakeups in list(self.watched):
+                for task_id in wakeups.task_ids & changed:
+                    message_id = f"safety-net-{task_id}-{looked_at}"
+                    wakeups.inbox.put_nowait(
+                        {"type": publish.TASK_CHANGED, "task_id": task_id, "message_id": message_id}
+                    )
+                if tools_due and wakeups.tools:
+                    wakeups.inbox.put_nowait({"type": SAFETY_NET_TOOLS})
+
+
+_safety_nets: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SafetyNet] = weakref.WeakKeyDictionary()
+
+
+def _changed_since(task_ids: set[str], since: float) -> set[str]:
+    if not task_ids:
+        return set()
+    moment = datetime.datetime.fromtimestamp(since, tz=datetime.UTC)
+    return {str(pk) for pk in Task.objects.filter(pk__in=task_ids, updated_at__gte=moment).values_list("pk", flat=True)}
+
+
+_shared_reads: dict[tuple, asyncio.Future] = {}
+
+
+async def read_once(key: tuple, read):
+    """`await read()`, shared by every caller with the same `key` (a task and the message of its change) within
+    SHARED_READ_SECONDS: ten streams woken by one change read the task once. A read begins after the change it is
+    keyed by was committed, so sharing it shows every caller that change."""
+    future = _shared_reads.get(key)
+    if future is None:
+        future = _shared_reads[key] = asyncio.ensure_future(read())
+        loop = asyncio.get_running_loop()
+        future.add_done_callback(lambda _: loop.call_later(SHARED_READ_SECONDS, _shared_reads.pop, key, None))
+    return await asyncio.shield(future)

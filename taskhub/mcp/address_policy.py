@@ -10,7 +10,12 @@ denied one a moment later (DNS rebinding) cannot slip through:
   with the original Host header and TLS server name (httpcore's `sni_hostname`), so certificates are checked
   against the name as before;
 - the lean path (aiohttp): :class:`PolicyResolver` is the connector's resolver; aiohttp connects to what it
-  returns (and a literal IP, which aiohttp never resolves, is checked by :meth:`AddressPolicy.check_literal`).
+  returns (a literal IP, which aiohttp never resolves, is checked by the client before it connects, with
+  :meth:`AddressPolicy.check_url`; :meth:`AddressPolicy.resolve` checks a literal too);
+- the raw pool (taskhub/mcp/rawhttp.py) connects to what :class:`PolicyResolver` returns, as aiohttp does.
+
+Every path ends in :meth:`AddressPolicy.problem_with_address`, the one judgement of an address, which judges
+"this host" (0.0.0.0/8, ::) as loopback and an IPv4-mapped or 6to4 IPv6 address as the IPv4 address it carries.
 
 No Django here.
 """
@@ -58,6 +63,25 @@ def _ip(text: str) -> IPAddress | None:
     return address
 
 
+# "This host" (RFC 1122: 0.0.0.0/8; and ::): a connection to it reaches the host's own services, as loopback does.
+THIS_HOST_V4 = ipaddress.ip_network("0.0.0.0/8")
+
+
+def _reached(address: IPAddress) -> IPAddress:
+    """What a connection to `address` reaches, judged as that address."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return _reached(address.ipv4_mapped)
+        if address.sixtofour is not None:
+            return _reached(address.sixtofour)
+        if address.is_unspecified:
+            return ipaddress.IPv6Address("::1")
+        return address
+    if address in THIS_HOST_V4:
+        return ipaddress.IPv4Address("127.0.0.1")
+    return address
+
+
 @dataclass(frozen=True)
 class AddressPolicy:
     """Denied networks and host names win; then, when `allowed_networks` is given, only addresses in it pass.
@@ -102,6 +126,12 @@ class AddressPolicy:
         return self.problem_with_address(address, port) if address is not None else None
 
     def problem_with_address(self, address: IPAddress, port: int) -> str | None:
+        """The one judgement of an address (the literal of a URL, or what a name resolved to), by what a connection
+        to it reaches: 0.0.0.0 and :: reach this host, ::ffff:a.b.c.d and 2002:… (6to4) reach a.b.c.d."""
+        reached = _reached(address)
+        if reached != address:
+            problem = self.problem_with_address(reached, port)
+            return f"{address} reaches {reached}, and {problem}" if problem else None
         if (str(address), port) in self.denied_endpoints:
             return f"{address}:{port} is one of taskhub's own services"
         for network in self.denied_networks:

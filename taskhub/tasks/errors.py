@@ -55,3 +55,8 @@ class AlreadyAnswered(TaskError):
 
 class InputNoLongerOpen(TaskError):
     """The request was withdrawn by the server (superseded) before this answer."""
+
+
+class LeaseLost(Exception):
+    """A worker asked to act on a stdio server's process whose lease it no longer holds (found in Postgres, in the
+    statement that would have recorded the act): nothing was recorded or sent."""

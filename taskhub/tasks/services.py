@@ -16,7 +16,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Exists, Max, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from taskhub.accounts import permissions
@@ -30,7 +31,7 @@ from taskhub.observability import tracing
 from taskhub.servers import services as server_services
 from taskhub.servers.catalogue import find_tool
 from taskhub.servers.hooks import job_queue
-from taskhub.servers.models import Server
+from taskhub.servers.models import Server, ServerProcess
 from taskhub.tasks import hooks, signals, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import (
@@ -40,6 +41,7 @@ from taskhub.tasks.errors import (
     InputNoLongerOpen,
     InvalidTransition,
     LaunchRefused,
+    LeaseLost,
     PolicyRefused,
     TaskAlreadyFinished,
     UnknownTool,
@@ -1312,14 +1314,27 @@ def launch_was_sent(*, task: Task) -> bool:
 
 
 @transaction.atomic
-def mark_launch_sent(*, task: Task) -> LaunchCall | None:
+def mark_launch_sent(*, task: Task, lease_owner: str | None = None) -> LaunchCall | None:
     """Record that tools/call is about to be sent, and return what to send; None when it must not be sent.
 
     The `task.launch_sent` audit row of the round is the marker: audit rows can never be changed or
     deleted, so once it is committed no job will send that round again. A job that finds the marker
     (it crashed after this point, or is a duplicate) makes the launch outcome unknown instead.
+
+    `lease_owner`: the worker that runs a stdio server's process and sends through it. The statement that locks
+    the task also checks, in Postgres, that this worker still holds the process's lease (owner and expiry): a
+    worker paused past its lease, whose process another worker is about to replace, gets LeaseLost and sends
+    nothing (its memory still says it owns the process; only the database knows it no longer does).
     """
-    task = _locked(task)
+    if lease_owner is None:
+        task = _locked(task)
+    else:
+        holds = ServerProcess.objects.filter(
+            server_id=OuterRef("server_id"), lease_owner=lease_owner, lease_expires_at__gt=Now()
+        )
+        task = Task.objects.select_for_update(of=("self",)).annotate(holds_lease=Exists(holds)).get(pk=task.pk)
+        if not task.holds_lease:
+            raise LeaseLost(f"worker {lease_owner} no longer holds the lease of server {task.server_id}'s process")
     if task.status != TaskStatus.LAUNCHING:
         return None
     mrtr_round = _launch_round(task)

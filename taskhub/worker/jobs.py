@@ -61,6 +61,7 @@ from taskhub.servers import hooks as server_hooks
 from taskhub.servers import services as server_services
 from taskhub.servers.models import Server
 from taskhub.tasks import hooks, services
+from taskhub.tasks.errors import LeaseLost
 from taskhub.tasks.models import LAUNCH_ATTEMPTS, TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
@@ -311,7 +312,10 @@ async def _send_launch(
         if task.server.unreachable_since is not None:  # a launch reached it: its outage is over
             await db(server_services.record_server_success, server=task.server)
 
-        call = await db(services.mark_launch_sent, task=task)
+        try:
+            call = await db(services.mark_launch_sent, task=task, lease_owner=stdio.lease_owner(task.server))
+        except LeaseLost as lost:  # paused past its lease: the process is another worker's now; nothing was sent
+            raise NotOwner(task.server) from lost
         if call is None:
             return "outcome known or unknown already"
         try:

@@ -58,6 +58,13 @@ def current() -> StdioSupervisor | None:
         return None
 
 
+def lease_owner(server: Server) -> str | None:
+    """This worker's id, for the services to check its lease on the stdio server's process in SQL; None for an HTTP
+    server or outside a worker."""
+    supervisor = current()
+    return supervisor.worker_id if server.transport == "stdio" and supervisor is not None else None
+
+
 def owned_client(server: Server) -> TasksClient | None:
     """The client of the stdio server's process in this worker; None for an HTTP server, or outside a worker
     (then the caller starts a process of its own, as before). Raises NotOwner in a worker that does not own it."""
