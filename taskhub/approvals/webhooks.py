@@ -33,6 +33,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from taskhub import backoff
 from taskhub.approvals import hooks
 from taskhub.approvals.models import (
     ApprovalPolicy,
@@ -430,7 +431,7 @@ async def post(attempt: Attempt, *, timeout: float | None = None) -> Outcome:
 
 def next_try_at(attempts: int) -> datetime.datetime:
     """When to try again after `attempts` failed: TASKHUB_WEBHOOK_RETRY_SECONDS, doubling, with jitter."""
-    wait = min(RETRY_CAP_SECONDS, settings.TASKHUB_WEBHOOK_RETRY_SECONDS * 2 ** max(0, attempts - 1))
+    wait = backoff.exponential(attempts - 1, first=settings.TASKHUB_WEBHOOK_RETRY_SECONDS, cap=RETRY_CAP_SECONDS)
     return timezone.now() + datetime.timedelta(seconds=wait * random.uniform(0.8, 1.2))
 
 

@@ -43,6 +43,11 @@ from django.urls import Resolver404, get_resolver, set_script_prefix
 
 logger = logging.getLogger(__name__)
 
+# OneTripHandler.handle is a fork of this Django version's ASGIHandler.handle (its source's sha256 when forked):
+# tests/test_forks.py fails when the installed Django differs, so the fork is read again before an upgrade lands.
+FORKED_FROM_DJANGO = (6, 1)
+FORKED_HANDLE_SHA256 = "c91f27c7fcdc3fff4f1c7082e91cb30f0bfaa5781ca632a116b1d9e607fd752a"
+
 # Threads (and database connections) kept idle between requests; more concurrent requests get a thread for
 # their duration only, whose connection is closed when it ends.
 KEPT_THREADS = 4

@@ -50,6 +50,7 @@ from procrastinate.jobs import Job
 from procrastinate.retry import BaseRetryStrategy
 from psycopg_pool import AsyncConnectionPool
 
+from taskhub import backoff
 from taskhub.approvals.notifications import digest
 from taskhub.approvals.notifications import outbox as notification_outbox
 from taskhub.database import pooled
@@ -133,7 +134,7 @@ class Backoff(BaseRetryStrategy):
 
     def next_try_at(self, attempts: int) -> datetime.datetime:
         """When to run a job again after its attempt number `attempts + 1` failed."""
-        wait = min(self.cap_seconds, self.first_seconds * 2**attempts) * random.uniform(0.8, 1.2)
+        wait = backoff.exponential(attempts, first=self.first_seconds, cap=self.cap_seconds) * random.uniform(0.8, 1.2)
         return timezone.now() + datetime.timedelta(seconds=wait)
 
     def is_last(self, job: Job) -> bool:

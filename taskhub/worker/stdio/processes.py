@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.utils import timezone
 
+from taskhub.backoff import exponential
 from taskhub.mcp.client import StdioTarget, TasksClient
 from taskhub.mcp.errors import TransportError
 from taskhub.servers.models import STDERR_TAIL_LINE_CHARS, STDERR_TAIL_LINES, ProcessState, ServerProcess
@@ -119,7 +120,7 @@ class StdioProcess:
             self._note(state=ProcessState.STOPPED, pid=None, last_exit=how, last_exit_at=timezone.now())
             return
         self._deaths_in_row = 1 if ran >= HEALTHY_SECONDS else self._deaths_in_row + 1
-        backoff = min(RESTART_FIRST_SECONDS * 2 ** (self._deaths_in_row - 1), RESTART_CAP_SECONDS)
+        backoff = exponential(self._deaths_in_row - 1, first=RESTART_FIRST_SECONDS, cap=RESTART_CAP_SECONDS)
         self._next_start = self._loop.time() + backoff
         self.restarts += 1
         logger.warning("stdio server %s: process %s; starting it again in %g s", self.server_id, how, backoff)

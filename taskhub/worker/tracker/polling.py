@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic_core import PydanticSerializationError
 
+from taskhub import backoff
 from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
 
 # Each poll comes up to this fraction of the interval later than the server asks (never earlier), so tasks created
@@ -73,7 +74,7 @@ def poll_delay_ms(
 
 def backoff_delay_ms(failures: int, *, base_seconds: float, cap_seconds: float) -> float:
     """Exponential in the number of failures in a row, capped, with jitter so a fleet does not retry in step."""
-    delay = min(base_seconds * 2 ** max(failures - 1, 0), cap_seconds) * 1000
+    delay = backoff.exponential(failures - 1, first=base_seconds, cap=cap_seconds) * 1000
     return delay * _jitter.uniform(0.9, 1.1)
 
 
