@@ -405,7 +405,7 @@ def test_the_oldest_due_job_counts_from_its_deferral_or_its_schedule(client, tok
 def test_requests_are_counted_by_view_and_status_never_by_path(client, token):
     before = scrape(client)
     client.get("/healthz")
-    client.get("/no/such/page/42")
+    client.get("/no/such/page/4242")
     after = scrape(client)
 
     def grew(**labels) -> float:
@@ -414,7 +414,9 @@ def test_requests_are_counted_by_view_and_status_never_by_path(client, token):
 
     assert grew(method="GET", view="web:healthz", status="200") == 1, after["taskhub_http_requests_total"]
     assert grew(method="GET", view="<unmatched>", status="404") == 1
-    assert not any("42" in str(key) for key in after["taskhub_http_requests_total"])
+    # Another test in this process may have counted a status such as 429, so look for the path's own parts.
+    label_values = {label_value for key in after["taskhub_http_requests_total"] for _, label_value in key}
+    assert not any("no/such" in label or "4242" in label for label in label_values), label_values
     assert value(after, "taskhub_db_queries_total", alias="default") > value(
         before, "taskhub_db_queries_total", alias="default"
     )
