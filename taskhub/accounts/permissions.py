@@ -146,6 +146,25 @@ CLOSED_TERMS = AnswerTerms(
 )
 
 
+@dataclass(frozen=True)
+class AcceptanceCount:
+    """N of M, once an acceptance arrives: the acceptances recorded on the request with it (for N of one, none are
+    kept), the earlier ones that stopped counting (each with "why"), and whether they are enough for the answer."""
+
+    acceptances: list[dict]
+    discounted: list[dict]
+    enough: bool
+    required: int
+
+
+@dataclass(frozen=True)
+class AnswerDeadline:
+    """When a request opened now must be answered, and when that deadline counts as near (its notice goes out)."""
+
+    at: datetime.datetime
+    near_at: datetime.datetime
+
+
 class AnswerPolicies(Protocol):
     """What taskhub.approvals registers at startup (it sits above this layer, which never imports it)."""
 
@@ -155,9 +174,12 @@ class AnswerPolicies(Protocol):
     def terms(self, server_id: int, tool: str) -> AnswerTerms: ...
     def answerers(self, server_id: int, tool: str) -> Q: ...  # over the user model: those the policy names
     def terms_and_allows(self, user, server_id: int, tool: str) -> tuple[AnswerTerms, bool]: ...  # both, one query
-    # N of M: the request's earlier acceptances that still count under the policy in force now, and the others
-    # (each with "why").
-    def acceptances_that_count(self, *, input_request, terms: AnswerTerms) -> tuple[list[dict], list[dict]]: ...
+    # The approval rules of one answer and one request (taskhub.approvals.answer_rules); the task services apply
+    # what these decide and decide none of it themselves.
+    def answer_refusal(self, *, input_request, answer: dict, user, terms: AnswerTerms, comment: str) -> str: ...
+    def count_acceptance(self, *, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount: ...
+    def answer_deadline(self, *, terms: AnswerTerms, opened_at: datetime.datetime) -> AnswerDeadline | None: ...
+    def deadline_near_at(self, *, opened_at: datetime.datetime, deadline: datetime.datetime) -> datetime.datetime: ...
 
 
 _answer_policies: list[AnswerPolicies] = []
@@ -218,14 +240,36 @@ def answer_terms(*, server_id: int, tool: str) -> AnswerTerms:
     return terms
 
 
-def acceptances_that_count(*, input_request, terms: AnswerTerms) -> tuple[list[dict], list[dict]]:
-    """N of M, when another acceptance arrives: the earlier acceptances that still count, and those that no longer
-    do (each with "why"). Decided by the approval rules; with none registered, none counts."""
-    earlier = [entry for entry in input_request.acceptances or [] if isinstance(entry, dict)]
+def answer_refusal(*, input_request, answer: dict, user, terms: AnswerTerms, comment: str) -> str:
+    """Why the request's approval rules do not let `user` give this answer now ("" when they do). With no rules
+    registered, nobody may."""
     policies = answer_policies()
     if policies is None:
-        return [], [{**entry, "why": "approval rules not loaded"} for entry in earlier]
-    return policies.acceptances_that_count(input_request=input_request, terms=terms)
+        return f"Nobody may answer: {RULES_MISSING}."
+    return policies.answer_refusal(input_request=input_request, answer=answer, user=user, terms=terms, comment=comment)
+
+
+def count_acceptance(*, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount:
+    """N of M, when `acceptance` arrives: which acceptances count and whether they are enough. With no rules
+    registered, none counts and nothing is ever enough."""
+    policies = answer_policies()
+    if policies is None:
+        earlier = [entry for entry in input_request.acceptances or [] if isinstance(entry, dict)]
+        discounted = [{**entry, "why": "approval rules not loaded"} for entry in earlier]
+        return AcceptanceCount(acceptances=[], discounted=discounted, enough=False, required=terms.required_accepts)
+    return policies.count_acceptance(input_request=input_request, terms=terms, acceptance=acceptance)
+
+
+def answer_deadline(*, terms: AnswerTerms, opened_at: datetime.datetime) -> AnswerDeadline | None:
+    """The deadline of a request that opened at `opened_at` under these terms (None: it has none)."""
+    policies = answer_policies()
+    return policies.answer_deadline(terms=terms, opened_at=opened_at) if policies is not None else None
+
+
+def deadline_near_at(*, opened_at: datetime.datetime, deadline: datetime.datetime) -> datetime.datetime:
+    """When a request's deadline counts as near (cards show it so); with no rules registered, at the deadline."""
+    policies = answer_policies()
+    return policies.deadline_near_at(opened_at=opened_at, deadline=deadline) if policies is not None else deadline
 
 
 def sees_all_tasks(user) -> bool:

@@ -15,8 +15,8 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.models import Count, Exists, Q, QuerySet, Subquery
 
-from taskhub.accounts import permissions
-from taskhub.accounts.permissions import AnswerTerms
+from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms
+from taskhub.approvals import answer_rules
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline, say_duration
 from taskhub.servers.models import Server
 from taskhub.tasks.models import InputRequest, InputRequestState
@@ -143,20 +143,20 @@ class PolicyRules:
         names_anyone = policy.group_names or policy.user_names
         return _terms(policy), not names_anyone or policy.names_user or policy.names_group_of_user
 
-    def acceptances_that_count(self, *, input_request, terms: AnswerTerms) -> tuple[list[dict], list[dict]]:
-        """N of M re-checks every earlier acceptance against the policy in force when another arrives: one whose
-        giver it no longer allows (removed from the policy or its groups, no longer an approver, deactivated,
-        deleted, or the launcher under a policy that now refuses self-approval) no longer counts toward N."""
-        earlier = [entry for entry in input_request.acceptances or [] if isinstance(entry, dict)]
-        givers = get_user_model().objects.in_bulk([entry.get("user") for entry in earlier if entry.get("user")])
-        counted, discounted = [], []
-        for entry in earlier:
-            why = _why_not_counted(givers.get(entry.get("user")), input_request=input_request, terms=terms)
-            if why:
-                discounted.append({**entry, "why": why})
-            else:
-                counted.append(entry)
-        return counted, discounted
+    # The rules of one answer and one request's deadline (answer_rules).
+    def answer_refusal(self, *, input_request, answer, user, terms: AnswerTerms, comment: str) -> str:
+        return answer_rules.answer_refusal(
+            input_request=input_request, answer=answer, user=user, terms=terms, comment=comment
+        )
+
+    def count_acceptance(self, *, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount:
+        return answer_rules.count_acceptance(input_request=input_request, terms=terms, acceptance=acceptance)
+
+    def answer_deadline(self, *, terms: AnswerTerms, opened_at) -> AnswerDeadline | None:
+        return answer_rules.answer_deadline(terms=terms, opened_at=opened_at)
+
+    def deadline_near_at(self, *, opened_at, deadline):
+        return answer_rules.deadline_near_at(opened_at=opened_at, deadline=deadline)
 
     def answerers(self, server_id: int, tool: str) -> Q:
         # No query of its own: the effective policy (the tool's, else the server's, as effective_policy) is a
@@ -172,25 +172,6 @@ class PolicyRules:
             | Q(pk__in=named_users.values("user_id"))
             | Q(pk__in=members.values("user_id"))
         )
-
-
-def _why_not_counted(user, *, input_request, terms: AnswerTerms) -> str:
-    """Why an acceptance given by `user` no longer counts under the policy in force ("" if it does)."""
-    if user is None:
-        return "their account was deleted"
-    if not user.is_active:
-        return "their account was deactivated"
-    if not permissions.is_approver(user):
-        return "they are no longer an approver"
-    task = input_request.task
-    if input_request.escalated_to_id is not None:
-        if not permissions.in_escalation_group(user, input_request):
-            return "they are not in the group the request was escalated to"
-    elif not permissions.policy_allows(user, server_id=task.server_id, tool=task.tool):
-        return f"{terms.policy} no longer names them (only {terms.answerers})"
-    if not terms.self_approval and task.launched_by_id == user.pk:
-        return f"they launched the task, and {terms.policy} does not allow self-approval"
-    return ""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from taskhub.tasks.answers import ELICITATION_ACTIONS, content_errors
 from taskhub.tasks.errors import AnswerRejected
 from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState
 from taskhub.tasks.schema_forms import CANNOT_RENDER, SchemaForm, answer_form
-from taskhub.tasks.services import answerer_name, deadline_near_at
+from taskhub.tasks.services import answerer_name
 
 MESSAGE_MAX_CHARS = 4000
 HEADLINE_MAX_CHARS = 160  # the message's first line, as the card's title
@@ -108,7 +108,7 @@ def deadline_view(input_request: InputRequest, *, now: datetime.datetime) -> Dea
     left = (deadline - now).total_seconds()
     if left <= 0:
         return DeadlineView(words="past due: taskhub applies the default now", state="past", at=deadline)
-    near = now >= deadline_near_at(opened_at=input_request.created_at, deadline=deadline)
+    near = now >= permissions.deadline_near_at(opened_at=input_request.created_at, deadline=deadline)
     return DeadlineView(words=f"answer within {_time_left(left)}", state="near" if near else "due", at=deadline)
 
 

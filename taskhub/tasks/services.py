@@ -664,7 +664,11 @@ def _answer(
     comment = _checked_comment(comment)
     terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
     if not as_agent:
-        _check_policy(task=task, input_request=input_request, answer=answer, user=user, terms=terms, comment=comment)
+        refusal = permissions.answer_refusal(
+            input_request=input_request, answer=answer, user=user, terms=terms, comment=comment
+        )
+        if refusal:
+            raise PolicyRefused(refusal)
     now = timezone.now()
     answered = {
         "key": input_request.key,
@@ -674,19 +678,21 @@ def _answer(
         **({"answered_as": "agent"} if as_agent else {}),
     }
     commented = {"comment": comment} if comment else {}
-    if answer["action"] == "accept" and terms.required_accepts > 1 and not as_agent:
-        counted, discounted = permissions.acceptances_that_count(input_request=input_request, terms=terms)
-        accepted = [*counted, _acceptance(user, answer, now, comment)]
-        input_request.acceptances = accepted
-        if discounted:
-            _record_discounted(task, input_request, discounted, answered=answered, user=user, token=token)
-        if len(accepted) < terms.required_accepts:
+    required = 1
+    if answer["action"] == "accept" and not as_agent:
+        count = permissions.count_acceptance(
+            input_request=input_request, terms=terms, acceptance=_acceptance(user, answer, now, comment)
+        )
+        required, input_request.acceptances = count.required, count.acceptances
+        if count.discounted:
+            _record_discounted(task, input_request, count.discounted, answered=answered, user=user, token=token)
+        if not count.enough:
             input_request.save(update_fields=["acceptances", "discounted_acceptances"])
             record_event(
                 action="input.accepted",
                 user=user,
                 task=task,
-                data={**answered, "accepted": len(accepted), "required": terms.required_accepts, **commented},
+                data={**answered, "accepted": len(count.acceptances), "required": required, **commented},
                 token=token,
             )
             _publish_after_commit(task.id, server_id=task.server_id, asks=True)
@@ -716,7 +722,7 @@ def _answer(
         task=task,
         data={
             **answered,
-            **({"accepted_by": accepted_by, "required": terms.required_accepts} if accepted_by else {}),
+            **({"accepted_by": accepted_by, "required": required} if accepted_by else {}),
             **commented,
         },
         token=token,
@@ -750,7 +756,6 @@ def _record_discounted(task: Task, input_request: InputRequest, discounted: list
 
 
 COMMENT_MAX_CHARS = 2000
-SELF_APPROVAL_RULE = "no self-approval"
 
 
 def _checked_comment(comment: str) -> str:
@@ -761,39 +766,6 @@ def _checked_comment(comment: str) -> str:
     if problem:
         raise AnswerRejected(f"The comment {problem}.")
     return comment
-
-
-def _check_policy(*, task: Task, input_request: InputRequest, answer, user, terms, comment: str) -> None:
-    """Raise PolicyRefused, naming the rule, when the request's policy does not let `user` give this answer now."""
-    if user is None:
-        return
-    if input_request.escalated_to_id is not None:
-        if not permissions.in_escalation_group(user, input_request):
-            group = input_request.escalated_to.name if input_request.escalated_to else "another group"
-            raise PolicyRefused(
-                f"This request was escalated to {group} when nobody answered it by its deadline; only they answer it "
-                "now."
-            )
-    elif not permissions.policy_allows(user, server_id=task.server_id, tool=task.tool):
-        raise PolicyRefused(f"Only {terms.answerers} may answer this request ({terms.policy}).")
-    if not terms.self_approval and task.launched_by_id == user.pk:
-        raise PolicyRefused(
-            f"You launched this task, so you cannot answer its requests: {terms.policy} does not allow "
-            f"self-approval (rule: {SELF_APPROVAL_RULE}). Someone else among {terms.answerers} must answer."
-        )
-    if answer["action"] == "decline" and terms.comment_on_decline and not comment:
-        raise PolicyRefused(f"A decline needs a comment saying why ({terms.policy} asks for one).")
-    if answer["action"] == "accept" and terms.required_accepts > 1:
-        earlier = input_request.acceptances or []
-        if any(entry.get("user") == user.pk for entry in earlier):
-            raise PolicyRefused(
-                f"You accepted this request already; {terms.policy} needs {terms.required_accepts} different "
-                "people to accept it."
-            )
-        if earlier and earlier[0].get("content") != answer.get("content"):
-            raise PolicyRefused(
-                f"{earlier[0].get('name')} accepted with other values; accept with the same values, or decline."
-            )
 
 
 def _acceptance(user, answer, now, comment: str) -> dict[str, Any]:
@@ -953,45 +925,42 @@ def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = N
 # --- answer deadlines --------------------------------------------------------------------------------
 
 NO_ANSWER_IN_TIME = "no answer before the deadline"
-DEADLINE_NEAR_AT_MOST = datetime.timedelta(minutes=5)
-
-
-def deadline_near_at(*, opened_at, deadline):
-    """When a request's deadline counts as near: in its last 20%, or its last 5 minutes, whichever is shorter (a
-    request given a day gets its notice 5 minutes before; one given 10 minutes, 2 minutes before)."""
-    return deadline - min((deadline - opened_at) * 0.2, DEADLINE_NEAR_AT_MOST)
 
 
 def _start_deadline(input_request: InputRequest, *, terms) -> None:
-    """Fix the request's answer deadline, counted from when it opened, and defer the jobs that act on it."""
-    if terms.answer_within is None:
+    """Fix the request's answer deadline as its approval rules say, and defer the jobs that act on it."""
+    deadline = permissions.answer_deadline(terms=terms, opened_at=input_request.created_at)
+    if deadline is None:
         return
-    deadline = input_request.created_at + terms.answer_within
-    input_request.answer_deadline_at = deadline
+    input_request.answer_deadline_at = deadline.at
     input_request.save(update_fields=["answer_deadline_at"])
-    near = deadline_near_at(opened_at=input_request.created_at, deadline=deadline)
-    hooks.enqueue_deadline_checks(input_request.pk, at=[near, deadline])
+    hooks.enqueue_deadline_checks(input_request.pk, at=[deadline.near_at, deadline.at])
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeadlineDefault:
-    """What a request's approval policy does at its deadline (taskhub.approvals builds it from the policy)."""
+class DeadlineOutcome:
+    """What taskhub does with a request nobody answered by its deadline, as its approval policy decided it
+    (taskhub.approvals.deadlines); apply_deadline_default does it."""
 
     policy_id: int | None
-    at_deadline: str  # decline | cancel | answer | escalate
-    answer: Any = None  # the fixed answer, for "answer"
+    at_deadline: str  # what the policy says (decline | cancel | answer | escalate), for the audit trail
+    action: str  # what is done: escalate | not_approved (a gate) | answer | cancel
+    response: dict[str, Any] | None = None  # the answer recorded, for "answer": an acceptance or a decline
     group: Any = None  # the escalation group (a Group), for "escalate"
+    required_accepts: int = 1  # N of M: how many acceptances the request needed
+    problems: tuple[str, ...] = ()  # why the policy's default was replaced by another
+
+
+ACTION_OUTCOMES = {"accept": "answered", "decline": "declined", "cancel": "cancelled"}
 
 
 @transaction.atomic
-def apply_deadline_default(*, input_request_id: int, default: DeadlineDefault, now) -> str | None:
-    """Apply the default of a request nobody answered by its deadline, with taskhub as the actor; once only.
+def apply_deadline_default(*, input_request_id: int, outcome: DeadlineOutcome, now) -> str | None:
+    """Do what the policy decided for a request nobody answered by its deadline, with taskhub as the actor; once only.
 
-    Returns what was done ("declined", "cancelled", "answered", "escalated", "not approved"), or None when nothing
-    was due: answered meanwhile (a person who answers at the same instant waits on the lock, then wins or finds it
-    answered), already applied, not yet due, ended, or its server removed. A fixed answer that does not fit the
-    request's form, or a request that cannot be declined, is recorded with why and replaced by a decline (or by
-    cancelling the task)."""
+    Returns what was done ("declined", "cancelled", "answered", "escalated", "not approved", "nothing"), or None when
+    nothing was due: answered meanwhile (a person who answers at the same instant waits on the lock, then wins or
+    finds it answered), already applied, not yet due, ended, or its server removed."""
     task_id = InputRequest.objects.filter(pk=input_request_id).values_list("task_id", flat=True).first()
     if task_id is None:
         return None
@@ -1006,58 +975,36 @@ def apply_deadline_default(*, input_request_id: int, default: DeadlineDefault, n
         or task.server.removed_at is not None  # it takes no answers any more (answer_input says so too)
     ):
         return None
-    terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
     input_request.default_applied_at = now
     data: dict[str, Any] = {
         "key": input_request.key,
         "mrtr_round": input_request.mrtr_round,
-        "policy": default.policy_id,
-        "at_deadline": default.at_deadline,
+        "policy": outcome.policy_id,
+        "at_deadline": outcome.at_deadline,
         "deadline": input_request.answer_deadline_at.isoformat(),
     }
     if input_request.acceptances:
-        accepted = len(input_request.acceptances)
         data["partial"] = (
-            f"{accepted} of {terms.required_accepts} acceptances before the deadline: not enough, the default applies"
+            f"{len(input_request.acceptances)} of {outcome.required_accepts} acceptances before the deadline: not "
+            "enough, the default applies"
         )
-    problems: list[str] = []
-    at_deadline = default.at_deadline
-    if at_deadline == "escalate" and default.group is None:
-        problems.append("the policy escalates to a group that no longer exists; declined instead")
-        at_deadline = "decline"
-    if at_deadline == "escalate":
-        input_request.escalated_to = default.group
+    problems = list(outcome.problems)
+    if outcome.action == "escalate":
+        input_request.escalated_to = outcome.group
         input_request.save(update_fields=["default_applied_at", "escalated_to"])
-        return _default_applied(task, "escalated", {**data, "escalated_to": default.group.name}, problems)
-    if input_request.method == GATE_METHOD:
-        # The gate before the call is never passed by a default: whatever the policy says, the launch is not sent.
+        return _default_applied(task, "escalated", {**data, "escalated_to": outcome.group.name}, problems)
+    if outcome.action == "not_approved":
         _answer_by_default(input_request, {"action": "decline"}, now)
         _pass_gate(
-            task, input_request, user=None, comment="", why=NO_ANSWER_IN_TIME, data={"policy": default.policy_id}
+            task, input_request, user=None, comment="", why=NO_ANSWER_IN_TIME, data={"policy": outcome.policy_id}
         )
         return _default_applied(task, "not approved", data, problems)
-    response = {"action": "decline"}
-    if at_deadline == "answer":
-        try:
-            response = validate_response(
-                method=input_request.method, params=input_request.params, response=default.answer
-            )
-        except AnswerRejected as rejected:
-            problems.append(f"the fixed answer does not fit this request ({rejected}); declined instead")
-    elif at_deadline == "cancel":
+    if outcome.action == "cancel":
         return _cancel_by_default(task, input_request, data, problems)
-    try:
-        response = validate_response(method=input_request.method, params=input_request.params, response=response)
-    except AnswerRejected:
-        problems.append(f"a {input_request.method or 'request'} cannot be declined; the task is cancelled instead")
-        return _cancel_by_default(task, input_request, data, problems)
+    response = outcome.response or {"action": "decline"}
     _answer_by_default(input_request, response, now)
     hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
-    outcome = "answered" if response["action"] == "accept" else ACTION_OUTCOMES[response["action"]]
-    return _default_applied(task, outcome, {**data, "answer": response}, problems)
-
-
-ACTION_OUTCOMES = {"decline": "declined", "cancel": "cancelled"}
+    return _default_applied(task, ACTION_OUTCOMES[response["action"]], {**data, "answer": response}, problems)
 
 
 def _cancel_by_default(task: Task, input_request: InputRequest, data: dict[str, Any], problems: list[str]) -> str:
@@ -1093,8 +1040,11 @@ def _default_applied(task: Task, outcome: str, data: dict[str, Any], problems: l
 
 
 @transaction.atomic
-def mark_deadline_near(*, input_request_id: int, now) -> bool:
-    """Whether the "deadline near" notice of this request is due now and not sent before (then it is marked sent)."""
+def mark_deadline_near(*, input_request_id: int, near_at, now) -> bool:
+    """Whether the "deadline near" notice of this request is due now (`near_at`, as its approval rules say) and not
+    sent before (then it is marked sent)."""
+    if now < near_at:
+        return False
     input_request = (
         InputRequest.objects.select_for_update()
         .filter(
@@ -1107,8 +1057,6 @@ def mark_deadline_near(*, input_request_id: int, now) -> bool:
         .first()
     )
     if input_request is None:
-        return False
-    if now < deadline_near_at(opened_at=input_request.created_at, deadline=input_request.answer_deadline_at):
         return False
     input_request.deadline_near_sent_at = now
     input_request.save(update_fields=["deadline_near_sent_at"])
