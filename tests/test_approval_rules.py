@@ -20,7 +20,7 @@ from taskhub.tasks.errors import AlreadyAnswered, PolicyRefused
 from taskhub.tasks.inbox_listing import inbox_listing
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState, Task
-from taskhub.tasks.queries import with_row_facts
+from taskhub.tasks.outcomes import with_row_facts
 from taskhub.web.templatetags.taskhub_ui import outcome_badge
 from tests.catalogue_fixtures import with_tools
 

@@ -15,8 +15,8 @@ from taskhub.mcp.client import TaskCreated, ToolCompleted
 from taskhub.servers.services import create_server, record_server_failure
 from taskhub.tasks import dashboard, queries, services
 from taskhub.tasks.models import Task, TaskStatus
+from taskhub.tasks.outcomes import PREVIEW_CHARS
 from taskhub.tasks.presenters import duration_words
-from taskhub.tasks.queries import PREVIEW_CHARS
 from taskhub.web.templatetags.taskhub_ui import duration_text, reltime
 from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools

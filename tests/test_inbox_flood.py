@@ -1,6 +1,6 @@
 """One server cannot flood the inbox (issue 14, point 4): pages, filters, grouped floods, disabled servers, the cap.
 
-taskhub/tasks/inbox_listing.py (the page and GET /api/inbox) and the cap in taskhub/tasks/services.py.
+taskhub/tasks/inbox_listing.py (the page and GET /api/inbox) and the cap in taskhub/tasks/services/following.py.
 """
 
 import re

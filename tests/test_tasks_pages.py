@@ -24,7 +24,7 @@ from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import ToolCompleted
 from taskhub.observability.models import TaskStatusDelta
-from taskhub.tasks import presenters, queries, services
+from taskhub.tasks import outcomes, presenters, queries, services
 from taskhub.tasks.models import Task
 from taskhub.tasks.views import listing
 from taskhub.tasks.views.listing import PAGE_SIZE
@@ -603,14 +603,14 @@ ROW_FACT_SHAPES = [
 
 
 def test_the_row_facts_worked_out_in_python_are_the_list_querys(alpha, olga):
-    # The live list signal works the row's facts out from the task it has (queries.with_row_facts_of); the list's
-    # query annotates them in SQL (queries.with_row_facts): the same values for every shape of result and error.
+    # The live list signal works the row's facts out from the task it has (outcomes.with_row_facts_of); the list's
+    # query annotates them in SQL (outcomes.with_row_facts): the same values for every shape of result and error.
     task = durable(alpha, olga)
     for status, result, error in ROW_FACT_SHAPES:
         Task.objects.filter(pk=task.pk).update(status=status, result=result, error=error)
-        annotated = queries.with_row_facts(Task.objects.filter(pk=task.pk)).get()
-        worked_out = queries.with_row_facts_of(Task.objects.get(pk=task.pk))
-        for fact in queries.ROW_FACTS:
+        annotated = outcomes.with_row_facts(Task.objects.filter(pk=task.pk)).get()
+        worked_out = outcomes.with_row_facts_of(Task.objects.get(pk=task.pk))
+        for fact in outcomes.ROW_FACTS:
             assert getattr(worked_out, fact) == getattr(annotated, fact), (status, result, error, fact)
 
 

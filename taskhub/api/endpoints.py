@@ -42,7 +42,8 @@ from taskhub.tasks.errors import (
 from taskhub.tasks.inbox_listing import inbox_listing
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequest, Task
-from taskhub.tasks.queries import ENDED_CHOICES, NEEDS, OUTCOME_WORDS, TAB_STATUSES, TaskFilterForm, filtered_tasks
+from taskhub.tasks.outcomes import OUTCOME_WORDS
+from taskhub.tasks.queries import ENDED_CHOICES, NEEDS, TAB_STATUSES, TaskFilterForm, filtered_tasks
 
 logger = logging.getLogger(__name__)
 

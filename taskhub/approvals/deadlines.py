@@ -1,10 +1,10 @@
 """Answer deadlines: what an approval policy does when nobody answered a request in time, and the notices around it.
 
-A request's deadline is fixed when it opens (answer_rules.answer_deadline, asked by tasks.services._start_deadline);
-two jobs look at it then, one when the
-deadline is near and one when it passes (taskhub.answer_deadline, deferred at those moments), and a sweep every
-minute catches whatever they missed. Both call check_deadline, which is safe to repeat: the default is applied once
-(tasks.services.apply_deadline_default locks the request) and the "near" notice is sent once (a column).
+A request's deadline is fixed when it opens (answer_rules.answer_deadline, asked by the task services); two jobs look
+at it then, one when the deadline is near and one when it passes (taskhub.answer_deadline, deferred at those
+moments), and a sweep every minute catches whatever they missed. Both call check_deadline, which is safe to repeat:
+the default is applied once (tasks.services.apply_deadline_default locks the request) and the "near" notice is sent
+once (a column).
 
 What happens at the deadline is what the request's policy says then (outcome_at_deadline decides it; the task service
 does it); if the policy was removed meanwhile, or no longer sets a deadline, the request is declined (its deadline

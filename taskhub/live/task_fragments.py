@@ -20,8 +20,8 @@ from taskhub.accounts import permissions
 from taskhub.live.access import access_in_force
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
 from taskhub.tasks.live_inbox import inbox_fragment
+from taskhub.tasks.outcomes import settle_declined, with_row_facts_of
 from taskhub.tasks.presenters import detail_context
-from taskhub.tasks.queries import settle_declined, with_row_facts_of
 
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"

@@ -14,18 +14,15 @@ from django.utils import timezone
 from taskhub.accounts import permissions
 from taskhub.servers.models import Server
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.tasks.outcomes import OUTCOMES, Outcome, is_error_filter, outcome_filter
 from taskhub.tasks.queries import (
     COUNT_CAP,
     ENDED_WITHIN,
     NEEDS,
-    OUTCOMES,
     RUNNING,
     RUNNING_STATUSES,
-    Outcome,
     capped_count,
-    is_error_filter,
     needs_filter,
-    outcome_filter,
     tasks_visible_to,
 )
 
@@ -136,7 +133,7 @@ def _troubled_servers(user) -> list[TroubledServer]:
 
 
 def outcome_counts(ended) -> dict[str, int]:
-    """How many of `ended` had each outcome (queries.outcome_expression), from two plain aggregates: per status with
+    """How many of `ended` had each outcome (outcomes.outcome_expression), from two plain aggregates: per status with
     its isError results, and the declined ones per status. (Grouping by the CASE itself costs a subplan per row.)"""
     per_status = {
         status: (n, errors)

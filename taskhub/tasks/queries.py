@@ -4,9 +4,7 @@ links), each task's outcome, and the checks of a filter form that both the task 
 Every filter lives in the URL. A value that does not fit is reported (filter_errors) and left out of the filter.
 """
 
-import copy
 import datetime
-import json
 import re
 import uuid
 
@@ -14,17 +12,10 @@ from django import forms
 from django.db import connections
 from django.db.models import (
     BooleanField,
-    Case,
-    Exists,
-    OuterRef,
     Q,
     QuerySet,
-    Value,
-    When,
 )
 from django.db.models.expressions import RawSQL
-from django.db.models.fields.json import KT
-from django.db.models.functions import Left
 from django.utils import timezone
 
 from taskhub.accounts import permissions
@@ -32,7 +23,8 @@ from taskhub.audit.models import AuditEvent, agent_label
 from taskhub.observability import counts as kept_counts
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
-from taskhub.tasks.models import InputRequest, Task, TaskStatus
+from taskhub.tasks.models import Task, TaskStatus
+from taskhub.tasks.outcomes import OUTCOME_WORDS, OUTCOMES, outcome_filter
 
 OTHER = "other"
 RUNNING = "running"
@@ -60,161 +52,6 @@ STATUS_CHOICES = [(value, label) for value, label, _ in TABS] + [
     *((status.value, status.label) for status in OTHER_STATUSES if isinstance(status, TaskStatus)),
     (TaskStatus.LOST, "lost"),
 ]
-
-# --- outcomes ------------------------------------------------------------------------------------------------
-
-
-class Outcome:
-    COMPLETED = "completed"
-    COMPLETED_ERROR = "completed_error"
-    DECLINED = "declined"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-    LOST = "lost"
-    EXPIRED = "expired"
-    UNKNOWN = "launch_unknown"
-
-
-# value, words, the statuses it can come from
-OUTCOMES = (
-    (Outcome.COMPLETED, "completed", (TaskStatus.COMPLETED,)),
-    (Outcome.COMPLETED_ERROR, "completed with error", (TaskStatus.COMPLETED,)),
-    (Outcome.DECLINED, "declined", (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)),
-    (Outcome.CANCELLED, "cancelled", (TaskStatus.CANCELLED,)),
-    (Outcome.FAILED, "failed", (TaskStatus.FAILED,)),
-    (Outcome.LOST, "lost", (TaskStatus.LOST,)),
-    (Outcome.EXPIRED, "expired", (TaskStatus.EXPIRED,)),
-    (Outcome.UNKNOWN, "launch outcome unknown", (TaskStatus.LAUNCH_UNKNOWN,)),
-)
-OUTCOME_WORDS = {value: words for value, words, _ in OUTCOMES}
-OUTCOME_STATUSES = {value: statuses for value, _, statuses in OUTCOMES}
-ENDED_STATUSES = tuple(dict.fromkeys(status for _, _, statuses in OUTCOMES for status in statuses))
-
-
-def _declined():
-    """A person declined one of the task's input requests."""
-    return Exists(InputRequest.objects.filter(task=OuterRef("pk"), answer__action="decline"))
-
-
-def is_error_filter() -> Q:
-    # `@>` is false, not NULL, where the key is missing (`result -> 'isError' = true` would be NULL there).
-    return Q(result__contains={"isError": True})
-
-
-def outcome_expression(*, declined: bool = True) -> Case:
-    """How a task ended, in SQL: "" while it runs. A task that a person declined and that did not then complete
-    cleanly is "declined"; a completed result with isError is "completed_error". The home's counts follow the same
-    rule (dashboard.outcome_counts); the list's ?outcome= uses outcome_filter, the rule as plain conditions.
-
-    `declined=False` leaves the declined ones out (they show as completed_error, failed or cancelled): an EXISTS per
-    row makes the planner cost a deep page of the list high enough for JIT; the list settles them for its page of
-    rows afterwards (settle_declined)."""
-    is_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
-    declined_when = (
-        [
-            When(is_error & _declined(), then=Value(Outcome.DECLINED)),
-            When(Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED)) & _declined(), then=Value(Outcome.DECLINED)),
-        ]
-        if declined
-        else []
-    )
-    return Case(
-        *declined_when,
-        When(is_error, then=Value(Outcome.COMPLETED_ERROR)),
-        When(status=TaskStatus.COMPLETED, then=Value(Outcome.COMPLETED)),
-        When(status=TaskStatus.CANCELLED, then=Value(Outcome.CANCELLED)),
-        When(status=TaskStatus.FAILED, then=Value(Outcome.FAILED)),
-        When(status=TaskStatus.LOST, then=Value(Outcome.LOST)),
-        When(status=TaskStatus.EXPIRED, then=Value(Outcome.EXPIRED)),
-        When(status=TaskStatus.LAUNCH_UNKNOWN, then=Value(Outcome.UNKNOWN)),
-        default=Value(""),
-    )
-
-
-DECLINABLE_OUTCOMES = frozenset({Outcome.COMPLETED_ERROR, Outcome.FAILED, Outcome.CANCELLED})
-
-
-def settle_declined(tasks: list[Task]) -> list[Task]:
-    """Marks "declined" the tasks of with_row_facts whose outcome a person's decline decided; one query."""
-    candidates = {task.pk: task for task in tasks if getattr(task, "outcome", "") in DECLINABLE_OUTCOMES}
-    if candidates:
-        declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")
-        for task_id in declined.values_list("task_id", flat=True).distinct():
-            candidates[task_id].outcome = Outcome.DECLINED
-    return tasks
-
-
-def outcome_filter(outcome: str) -> Q:
-    """The tasks whose outcome_expression() is `outcome`."""
-    completed_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
-    declined = _declined()
-    if outcome == Outcome.COMPLETED:
-        return Q(status=TaskStatus.COMPLETED) & ~is_error_filter()
-    if outcome == Outcome.COMPLETED_ERROR:
-        return completed_error & ~declined
-    if outcome == Outcome.DECLINED:
-        return (completed_error | Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED))) & declined
-    if outcome in (Outcome.CANCELLED, Outcome.FAILED):
-        return Q(status=outcome) & ~declined
-    return Q(status__in=OUTCOME_STATUSES[outcome])
-
-
-PREVIEW_CHARS = 200
-
-
-def with_row_facts(tasks: QuerySet[Task]) -> QuerySet[Task]:
-    """What a row of the list shows beyond the columns: the outcome (but "declined": settle_declined), the error code,
-    the first text of the result (at most PREVIEW_CHARS, cut by Postgres so the big JSON never leaves the database).
-    """
-    return tasks.annotate(
-        outcome=outcome_expression(declined=False),
-        error_code=Left(KT("error__code"), 40),
-        error_kind=Left(KT("error__kind"), 40),  # "not_approved": the gate before the call said no (approvals)
-        result_preview=Left(KT("result__content__0__text"), PREVIEW_CHARS),
-    )
-
-
-ROW_FACTS = ("outcome", "error_code", "error_kind", "result_preview")
-
-
-def with_row_facts_of(task: Task) -> Task:
-    """A copy of a task read whole, with with_row_facts's annotations worked out in Python from its columns: the live
-    list signal has the task already, and building with_row_facts's query cost more than the rest of the signal
-    (bench/answer_path.py). test_tasks_pages holds the two to the same values."""
-    row = copy.copy(task)
-    result, error = task.result, task.error
-    completed = task.status == TaskStatus.COMPLETED
-    if completed and isinstance(result, dict) and result.get("isError") is True:
-        row.outcome = Outcome.COMPLETED_ERROR
-    else:
-        row.outcome = next((outcome for outcome, status in _OUTCOME_OF_STATUS if task.status == status), "")
-    row.error_code = _json_text(error, "code", limit=40)
-    row.error_kind = _json_text(error, "kind", limit=40)
-    content = result.get("content") if isinstance(result, dict) else None
-    first = content[0] if isinstance(content, list) and content else None
-    row.result_preview = _json_text(first, "text", limit=PREVIEW_CHARS)
-    return row
-
-
-_OUTCOME_OF_STATUS = (
-    (Outcome.COMPLETED, TaskStatus.COMPLETED),
-    (Outcome.CANCELLED, TaskStatus.CANCELLED),
-    (Outcome.FAILED, TaskStatus.FAILED),
-    (Outcome.LOST, TaskStatus.LOST),
-    (Outcome.EXPIRED, TaskStatus.EXPIRED),
-    (Outcome.UNKNOWN, TaskStatus.LAUNCH_UNKNOWN),
-)
-
-
-def _json_text(value, key: str, *, limit: int) -> str | None:
-    """Postgres's `left(value ->> key, limit)`: the text of a JSON object's member (NULL for JSON null)."""
-    if not isinstance(value, dict) or value.get(key) is None:
-        return None
-    member = value[key]
-    # Other than a string, the member's JSON, as Postgres writes scalars and lists (an object's keys may come in
-    # another order).
-    return (member if isinstance(member, str) else json.dumps(member, ensure_ascii=False))[:limit]
-
 
 # --- what needs attention ------------------------------------------------------------------------------------
 

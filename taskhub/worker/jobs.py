@@ -62,7 +62,7 @@ from taskhub.servers import hooks as server_hooks
 from taskhub.servers import services as server_services
 from taskhub.servers.models import Server
 from taskhub.tasks import hooks, services
-from taskhub.tasks.errors import LeaseLost
+from taskhub.tasks.errors import InvalidTransition, LeaseLost
 from taskhub.tasks.models import LAUNCH_ATTEMPTS, TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
@@ -470,7 +470,7 @@ async def _deliver(
         scheduled = await db(services.schedule_mrtr_retry, task=task, mrtr_round=input_request.mrtr_round)
         return "round complete, retry scheduled" if scheduled else "waiting for the rest of the round"
     if task.remote_task_id is None:
-        raise services.InvalidTransition(f"Task {task.id} has no remote task to deliver {input_request.key!r} to.")
+        raise InvalidTransition(f"Task {task.id} has no remote task to deliver {input_request.key!r} to.")
     # An earlier attempt was cut off (its worker died or stopped, or the server did not answer in time). The server
     # is asked first: a key it no longer asks for was received, whenever that is asked. A key it still asks for may be
     # in a request it holds, so it is sent again only once that attempt has settled: in a moment if its worker is

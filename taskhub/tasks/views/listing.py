@@ -19,6 +19,7 @@ from taskhub.live.nav import RUNNING_STATUSES, nav_counts
 from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.models import Task
+from taskhub.tasks.outcomes import settle_declined, with_row_facts
 from taskhub.tasks.presenters import detail_context
 from taskhub.tasks.queries import (
     COUNT_CAP,
@@ -30,9 +31,7 @@ from taskhub.tasks.queries import (
     capped_count,
     filter_errors,
     filtered_tasks,
-    settle_declined,
     status_counts,
-    with_row_facts,
 )
 
 PAGE_SIZE = 50

@@ -8,7 +8,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from taskhub.tasks.models import NOT_APPROVED, TaskStatus
-from taskhub.tasks.queries import OUTCOME_WORDS, Outcome
+from taskhub.tasks.outcomes import OUTCOME_WORDS, Outcome
 
 register = template.Library()
 
@@ -68,7 +68,7 @@ def short_id(value, length: int = 8) -> str:
 @register.simple_tag
 def outcome_badge(task) -> str:
     """How a finished task ended, in a colour and words: "completed with error", "cancelled by dana", "failed
-    (-32603)", "not approved"… `task` carries the list's annotations (queries.with_row_facts); a running task shows
+    (-32603)", "not approved"… `task` carries the list's annotations (outcomes.with_row_facts); a running task shows
     a dash."""
     outcome = getattr(task, "outcome", "") or ""
     if not outcome:

@@ -1,0 +1,121 @@
+"""Every change to a Task or an InputRequest. Views, jobs and the tracker call these; nothing else writes the models.
+
+Each service is one transaction that writes the state, its audit row(s) and the hand-off to a job together
+(tasks/hooks.py), and announces the change after commit (tasks/signals.py; the live layer listens). Rows are locked
+task first, then input requests. One module per phase of a task's life, as Zulip's zerver/actions/ is split:
+
+- launching: the task written before anything is sent, and what tools/call answered;
+- gate: a launch held at the gate before the call until an approval;
+- sending: the launch job's bookkeeping (marked sent under the task's lock, failures, retries, an unknown outcome);
+- following: the snapshots the tracker reads, the input requests they open, expiry and lost stdio tasks;
+- answering: an answer under the request's approval rules (decided in taskhub.approvals);
+- delivering: answers and cancels on their way to the server;
+- deadlines: what a policy decided for a request nobody answered in time, done;
+- cancelling: a cancel before the call, at the gate, or asked of the server;
+- retention: finished tasks past their time removed;
+- common: what they share (locking, announcing after commit, the status line).
+
+Callers import this package (`from taskhub.tasks import services`); each name below is the phase module's.
+"""
+
+from taskhub.tasks.services.answering import (
+    COMMENT_MAX_CHARS,
+    DEFAULT_ANSWERER,
+    answer_input,
+    answerer_name,
+    locked_for_answer,
+)
+from taskhub.tasks.services.cancelling import request_cancel
+from taskhub.tasks.services.common import (
+    LOG_PROBLEM_MAX_CHARS,
+    QUOTE_MAX_CHARS,
+    SNAPSHOT_FIELDS,
+    TERMINAL_FIELDS,
+    cap_status_message,
+)
+from taskhub.tasks.services.deadlines import (
+    NO_ANSWER_IN_TIME,
+    DeadlineOutcome,
+    apply_deadline_default,
+    mark_deadline_near,
+)
+from taskhub.tasks.services.delivering import (
+    claim_delivery,
+    first_claim,
+    first_claimed,
+    mark_cancel_delivered,
+    mark_delivered,
+    record_cancel_failure,
+    record_delivery_failure,
+)
+from taskhub.tasks.services.following import (
+    LOST_MESSAGE,
+    OVER_CAP_MARK,
+    apply_snapshot,
+    expire,
+    mark_lost,
+    record_protocol_error_once,
+    sent_before,
+    snapshot_values,
+)
+from taskhub.tasks.services.launching import check_launch, launch, record_launch_outcome
+from taskhub.tasks.services.retention import purge_finished_tasks
+from taskhub.tasks.services.sending import (
+    LAUNCH_ATTEMPT_FIELDS,
+    LaunchCall,
+    cancel_before_remote_task,
+    give_up_launch,
+    launch_was_sent,
+    mark_launch_sent,
+    mark_launch_unknown,
+    record_launch_failure,
+    record_launch_retry,
+    schedule_mrtr_retry,
+)
+
+__all__ = [
+    "COMMENT_MAX_CHARS",
+    "DEFAULT_ANSWERER",
+    "LAUNCH_ATTEMPT_FIELDS",
+    "LOG_PROBLEM_MAX_CHARS",
+    "LOST_MESSAGE",
+    "NO_ANSWER_IN_TIME",
+    "OVER_CAP_MARK",
+    "QUOTE_MAX_CHARS",
+    "SNAPSHOT_FIELDS",
+    "TERMINAL_FIELDS",
+    "DeadlineOutcome",
+    "LaunchCall",
+    "answer_input",
+    "answerer_name",
+    "apply_deadline_default",
+    "apply_snapshot",
+    "cancel_before_remote_task",
+    "cap_status_message",
+    "check_launch",
+    "claim_delivery",
+    "expire",
+    "first_claim",
+    "first_claimed",
+    "give_up_launch",
+    "launch",
+    "launch_was_sent",
+    "locked_for_answer",
+    "mark_cancel_delivered",
+    "mark_deadline_near",
+    "mark_delivered",
+    "mark_launch_sent",
+    "mark_launch_unknown",
+    "mark_lost",
+    "purge_finished_tasks",
+    "record_cancel_failure",
+    "record_delivery_failure",
+    "record_launch_failure",
+    "record_launch_outcome",
+    "record_launch_retry",
+    "record_protocol_error_once",
+    "request_cancel",
+    "schedule_mrtr_retry",
+    "sent_before",
+    "snapshot_values",
+]

@@ -1,0 +1,231 @@
+"""A person's (or an agent's) answer to an input request, under the request's approval rules."""
+
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from taskhub.accounts import permissions
+from taskhub.audit.services import record_event
+from taskhub.observability import tracing
+from taskhub.servers.hooks import job_queue
+from taskhub.tasks import hooks, storable_text
+from taskhub.tasks.answers import validate_response
+from taskhub.tasks.errors import (
+    AlreadyAnswered,
+    AnswerRejected,
+    InputNoLongerOpen,
+    PolicyRefused,
+)
+from taskhub.tasks.models import (
+    GATE_METHOD,
+    InputRequest,
+    InputRequestState,
+    Task,
+)
+from taskhub.tasks.services.common import _name, _publish_after_commit
+from taskhub.tasks.services.gate import _pass_gate
+
+
+def locked_for_answer(*, input_request_id: int) -> InputRequest:
+    """The input request with its task and server, locked for answering until the caller's transaction ends
+    (InputRequest.DoesNotExist if there is none). answer_input reads it so; a view that must read the request
+    before it answers (to check who may, to read the form) reads it with this, in a transaction around both, and
+    passes `locked=True`: answer_input does not read it again, one statement less before the answer is stored.
+
+    Lock order task → input request, as apply_snapshot does; the second of two answers waits here. One statement:
+    Postgres locks the rows of `FOR UPDATE OF` in the order it names them (the task's, then the request's). Only
+    locked rows are read again when a lock was waited for, so who answered (or the escalation group) is not joined
+    here: the rare paths that show them read them after the lock."""
+    return (
+        InputRequest.objects.select_for_update(of=("task", "self"))
+        .select_related("task__server")
+        .get(pk=input_request_id)
+    )
+
+
+@tracing.traced("taskhub.answer.submit", attributes=tracing.answer_attributes, result_attributes=tracing.answered)
+def answer_input(
+    *,
+    input_request: InputRequest,
+    response: dict[str, Any],
+    user,
+    comment: str = "",
+    token=None,
+    as_agent: bool = False,
+    locked: bool = False,
+) -> InputRequest:
+    """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first. `token`: the API
+    token (an agent) it came through, named in the audit rows.
+
+    In a transaction of its own (a savepoint inside the caller's), where it reads the request locked; or with
+    `locked`, in the caller's, where the caller read it with locked_for_answer: an error raised here then ends
+    the caller's transaction too (it must not go on in it), which has changed nothing before.
+
+    The request's approval policy (permissions.answer_terms) applies here, whichever page or API calls: who may
+    answer, self-approval, a comment on decline, and N of M, where an acceptance before the N-th is recorded (the
+    request stays open) and only the N-th makes the answer sent; a decline or a cancel by any of them ends it.
+    `as_agent`: the gateway passes a request through to the agent that made the call (no policy applies, or its
+    policy says `input_from` agent): `user` is that agent, whose one answer is the answer; the rules about people
+    do not apply."""
+    answering = dict(response=response, user=user, comment=comment, token=token, as_agent=as_agent)
+    if locked:
+        if not connection.in_atomic_block:  # the caller's transaction ended, and its lock with it
+            raise transaction.TransactionManagementError("locked=True: read with locked_for_answer in this transaction")
+        return _answer(input_request=input_request, **answering)
+    with transaction.atomic():
+        return _answer(input_request=locked_for_answer(input_request_id=input_request.pk), **answering)
+
+
+def _answer(
+    *, input_request: InputRequest, response: dict[str, Any], user, comment: str, token, as_agent: bool
+) -> InputRequest:
+    task = input_request.task
+    if input_request.state in (InputRequestState.ANSWERED, InputRequestState.DELIVERED):
+        raise AlreadyAnswered(
+            key=input_request.key,
+            answered_by=answerer_name(input_request),
+            answered_at=input_request.answered_at,
+        )
+    if input_request.state == InputRequestState.SUPERSEDED:
+        raise InputNoLongerOpen(f"The server no longer asks {input_request.key!r}; the answer was not recorded.")
+    if task.is_terminal:
+        raise InputNoLongerOpen(f"The task is {task.get_status_display()}; it takes no more answers.")
+    if task.server.removed_at is not None:
+        raise InputNoLongerOpen(f"The server {task.server.name!r} was removed; it takes no more answers.")
+    _refuse_unstorable_answer(response)
+    answer = validate_response(method=input_request.method, params=input_request.params, response=response)
+    comment = _checked_comment(comment)
+    terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
+    if not as_agent:
+        refusal = permissions.answer_refusal(
+            input_request=input_request, answer=answer, user=user, terms=terms, comment=comment
+        )
+        if refusal:
+            raise PolicyRefused(refusal)
+    now = timezone.now()
+    answered = {
+        "key": input_request.key,
+        "mrtr_round": input_request.mrtr_round,
+        "answer": answer,
+        **({"policy": terms.policy_id} if terms.policy_id is not None else {}),
+        **({"answered_as": "agent"} if as_agent else {}),
+    }
+    commented = {"comment": comment} if comment else {}
+    required = 1
+    if answer["action"] == "accept" and not as_agent:
+        count = permissions.count_acceptance(
+            input_request=input_request, terms=terms, acceptance=_acceptance(user, answer, now, comment)
+        )
+        required, input_request.acceptances = count.required, count.acceptances
+        if count.discounted:
+            _record_discounted(task, input_request, count.discounted, answered=answered, user=user, token=token)
+        if not count.enough:
+            input_request.save(update_fields=["acceptances", "discounted_acceptances"])
+            record_event(
+                action="input.accepted",
+                user=user,
+                task=task,
+                data={**answered, "accepted": len(count.acceptances), "required": required, **commented},
+                token=token,
+            )
+            _publish_after_commit(task.id, server_id=task.server_id, asks=True)
+            input_request.task = task
+            input_request.answer_terms = terms  # the card shows them without reading the policy again
+            return input_request
+    input_request.state = InputRequestState.ANSWERED
+    input_request.answer = answer
+    input_request.answered_by = user
+    input_request.answered_at = now
+    input_request.answer_comment = comment
+    input_request.save(
+        update_fields=[
+            "state",
+            "answer",
+            "answered_by",
+            "answered_at",
+            "answer_comment",
+            "acceptances",
+            "discounted_acceptances",
+        ]
+    )
+    accepted_by = [entry.get("name") for entry in input_request.acceptances]
+    record_event(
+        action="input.answered",
+        user=user,
+        task=task,
+        data={
+            **answered,
+            **({"accepted_by": accepted_by, "required": required} if accepted_by else {}),
+            **commented,
+        },
+        token=token,
+    )
+    if input_request.method == GATE_METHOD:
+        _pass_gate(task, input_request, user=user, comment=comment, token=token)
+    else:
+        hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
+    _publish_after_commit(task.id, server_id=task.server_id, asks=True)
+    input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
+    input_request.answer_terms = terms
+    return input_request
+
+
+def _record_discounted(task: Task, input_request: InputRequest, discounted: list[dict], *, answered, user, token):
+    """N of M: earlier acceptances the policy in force no longer allows stop counting; the card and the audit trail
+    say whose and why."""
+    input_request.discounted_acceptances = [*input_request.discounted_acceptances, *discounted]
+    record_event(
+        action="input.acceptances_discounted",
+        user=user,
+        task=task,
+        data={
+            "key": answered["key"],
+            "mrtr_round": answered["mrtr_round"],
+            **({"policy": answered["policy"]} if "policy" in answered else {}),
+            "discounted": [{"name": entry.get("name"), "why": entry.get("why")} for entry in discounted],
+        },
+        token=token,
+    )
+
+
+COMMENT_MAX_CHARS = 2000
+
+
+def _checked_comment(comment: str) -> str:
+    comment = (comment or "").strip()
+    if len(comment) > COMMENT_MAX_CHARS:
+        raise AnswerRejected(f"The comment is too long: at most {COMMENT_MAX_CHARS} characters.")
+    problem = storable_text.value_problem(comment)
+    if problem:
+        raise AnswerRejected(f"The comment {problem}.")
+    return comment
+
+
+def _acceptance(user, answer, now, comment: str) -> dict[str, Any]:
+    entry = {"user": user.pk, "name": user.get_username(), "at": now.isoformat()}
+    if "content" in answer:
+        entry["content"] = answer["content"]
+    if comment:
+        entry["comment"] = comment
+    return entry
+
+
+def _refuse_unstorable_answer(response: Any) -> None:
+    content = response.get("content") if isinstance(response, dict) else None
+    unstorable = storable_text.unstorable_fields(content) if isinstance(content, dict) else {}
+    if not unstorable:
+        problem = storable_text.value_problem(response)
+        unstorable = {"": f"The answer {problem}."} if problem else {}
+    if unstorable:
+        raise AnswerRejected("The answer contains text that cannot be stored.", unstorable)
+
+
+DEFAULT_ANSWERER = "taskhub, at the deadline"
+
+
+def answerer_name(input_request: InputRequest) -> str:
+    """Who gave a request's answer: a person, or taskhub when it applied the policy's default at the deadline."""
+    if input_request.answered_by_id is None and input_request.default_applied_at is not None:
+        return DEFAULT_ANSWERER
+    return _name(input_request.answered_by)

@@ -1,0 +1,90 @@
+"""What every phase of the task services shares: locking, announcing a change after commit, the status line."""
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from taskhub.accounts import permissions
+from taskhub.tasks import hooks, signals
+from taskhub.tasks.models import (
+    STATUS_MESSAGE_MAX_CHARS,
+    TRUNCATION_NOTE,
+    InputRequest,
+    Task,
+    TaskPoll,
+    has_input_requests,
+)
+
+# What apply_snapshot compares. lastUpdatedAt is left out on purpose: some peers bump it on every
+# read, so it is stored only along with a real change.
+SNAPSHOT_FIELDS = ("status", "status_message", "result", "error", "ttl_ms", "poll_interval_ms", "remote_created_at")
+
+
+TERMINAL_FIELDS = ("status", "result", "error")
+
+
+# What a protocol error note quotes of a stored or received value, at most (as JSON).
+QUOTE_MAX_CHARS = 500
+
+
+# What a log line quotes of a problem, at most: the timeline has the rest.
+LOG_PROBLEM_MAX_CHARS = 300
+
+
+logger = logging.getLogger(__name__)
+
+
+def _log_after_commit(message: str, task: Task, *args: Any) -> None:
+    """One WARNING line about `task` (our id, its server, the server's task id) once the change is committed: a
+    task that ended badly or a server that broke the protocol, for whoever reads the logs rather than the pages."""
+    where = (task.id, task.server_id, task.remote_task_id)
+    transaction.on_commit(lambda: logger.warning(f"task %s (server %s, remote task %r) {message}", *where, *args))
+
+
+def cap_status_message(text: str | None) -> str:
+    text = text or ""
+    if len(text) <= STATUS_MESSAGE_MAX_CHARS:
+        return text
+    return text[: STATUS_MESSAGE_MAX_CHARS - len(TRUNCATION_NOTE)] + TRUNCATION_NOTE
+
+
+def _publish_after_commit(task_id: uuid.UUID, *, server_id: int | None = None, asks: bool = False) -> None:
+    """`server_id` and `asks`: the task's server and whether the task has input requests (the inbox's sockets hear of
+    it then), from a caller that knows both, so the publish need not look the task up."""
+    signals.announce_task_changed(task_id, server_id=server_id, asks=asks)
+
+
+def _finished(task: Task) -> None:
+    """Every service that makes a task terminal calls this: task_finished goes out once the change commits."""
+    signals.announce_task_finished(task.id, task.status)
+
+
+def _locked(task: Task) -> Task:
+    return Task.objects.select_for_update().get(pk=task.pk)
+
+
+def _locked_with_asks(task: Task) -> Task:
+    """Locked, with `asks`: whether the task has input requests, whatever their state."""
+    return Task.objects.select_for_update().annotate(asks=has_input_requests()).get(pk=task.pk)
+
+
+def _name(user) -> str:
+    return user.get_username() if user is not None else "a deleted user"
+
+
+def _start_deadline(input_request: InputRequest, *, terms) -> None:
+    """Fix the request's answer deadline as its approval rules say, and defer the jobs that act on it."""
+    deadline = permissions.answer_deadline(terms=terms, opened_at=input_request.created_at)
+    if deadline is None:
+        return
+    input_request.answer_deadline_at = deadline.at
+    input_request.save(update_fields=["answer_deadline_at"])
+    hooks.enqueue_deadline_checks(input_request.pk, at=[deadline.near_at, deadline.at])
+
+
+def _poll_soon(*, task_id: uuid.UUID) -> bool:
+    """Ask the tracker to poll this task at once (after an answer or a cancel reached the server, or failed to)."""
+    return bool(TaskPoll.objects.filter(task_id=task_id).update(next_poll_at=timezone.now()))

@@ -1,0 +1,167 @@
+"""Answers and cancels on their way to the server: the delivery jobs claim, confirm and record failures."""
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from taskhub.audit.services import WORKER, record_event
+from taskhub.servers.models import Server
+from taskhub.tasks import raw_rows
+from taskhub.tasks.errors import (
+    InvalidTransition,
+)
+from taskhub.tasks.models import (
+    TASK_PHASE,
+    InputRequest,
+    InputRequestState,
+    Task,
+)
+from taskhub.tasks.services.common import _locked, _poll_soon, _publish_after_commit
+
+
+def claim_delivery(*, input_request: InputRequest, attempted_by: str = "", only_if: Q | None = None) -> bool:
+    """Commit, before sending, that this answer may reach the server (see InputRequest.delivery_attempted_at).
+
+    A compare-and-set on the attempt time the caller read: of two jobs delivering one answer at once (a job
+    recovered as stalled while its worker still runs it), only one may send. False: another attempt won, or
+    `only_if` (a condition checked in the same statement: the worker's own heartbeat is fresh) did not hold. On
+    success `input_request` carries the new attempt time, so the same caller can claim again (renew) before sending.
+    """
+    attempted_at = timezone.now()
+    claims = InputRequest.objects.filter(
+        pk=input_request.pk,
+        state=InputRequestState.ANSWERED,
+        delivery_attempted_at=input_request.delivery_attempted_at,
+    )
+    if only_if is not None:
+        claims = claims.filter(only_if)
+    claimed = claims.update(delivery_attempted_at=attempted_at, delivery_attempted_by=attempted_by) == 1
+    if claimed:
+        input_request.delivery_attempted_at = attempted_at
+        input_request.delivery_attempted_by = attempted_by
+    return claimed
+
+
+def first_claim(
+    *, input_request_id: int, attempted_by: str = "", only_if: tuple[str, Sequence[Any]] | None = None
+) -> tuple[str, list[Any]]:
+    """claim_delivery for the first attempt to send a task-phase answer, as one statement (and its parameters) that
+    also reads what the sending needs: the request with its task and server, as claimed (no lookup before the claim:
+    the delivery job's hot path, which runs it on the worker's own pool: jobs.py). Its row, read by first_claimed, is
+    None when it is not that (delivered already, an MRTR round's answer, a task with no remote id yet, an attempt made
+    before) or `only_if` (SQL of a condition and its parameters) did not hold: the caller then reads the request and
+    decides, as claim_delivery's callers do."""
+    sql = _first_claim_sql() + (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + _first_claim_columns()
+    params = [timezone.now(), attempted_by, input_request_id, TASK_PHASE, *(only_if[1] if only_if else ())]
+    return sql, params
+
+
+def first_claimed(row: Sequence[Any] | None) -> InputRequest | None:
+    """The request claimed by first_claim's statement, with its task and server, from the row it returned."""
+    if row is None:
+        return None
+    input_request, task, server = raw_rows.instances(row, (InputRequest, Task, Server))
+    raw_rows.relate(task, "server", server)
+    raw_rows.relate(input_request, "task", task)
+    return input_request
+
+
+@functools.cache
+def _first_claim_sql() -> str:
+    request, task, server = (model._meta.db_table for model in (InputRequest, Task, Server))
+    return (
+        f'UPDATE "{request}" AS request SET delivery_attempted_at = %s, delivery_attempted_by = %s '
+        f'FROM "{task}" AS task JOIN "{server}" AS server ON server.id = task.server_id '
+        f"WHERE request.id = %s AND task.id = request.task_id AND request.state = '{InputRequestState.ANSWERED}' "
+        "AND request.delivery_attempted_at IS NULL AND request.mrtr_round = %s AND task.remote_task_id IS NOT NULL"
+    )
+
+
+@functools.cache
+def _first_claim_columns() -> str:
+    models = (("request", InputRequest), ("task", Task), ("server", Server))
+    return ", ".join(column for alias, model in models for column in raw_rows.columns(alias, model))
+
+
+@transaction.atomic
+def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
+    """The server acknowledged the answer (the delivery job). Idempotent: a repeated delivery changes nothing.
+
+    `confirmed_by`: no acknowledgement came, but this shows the answer was received (the key is no longer
+    outstanding); it goes on the timeline. The tracker polls the task at once to see what the answer changed.
+    """
+    delivered = _mark_delivered(input_request=input_request, confirmed_by=confirmed_by)
+    _poll_soon(task_id=input_request.task_id)
+    return delivered
+
+
+def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
+    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    input_request = InputRequest.objects.select_for_update().get(pk=input_request.pk)
+    if input_request.state == InputRequestState.DELIVERED:
+        return False
+    if input_request.state != InputRequestState.ANSWERED:
+        raise InvalidTransition(
+            f"The request {input_request.key!r} is {input_request.state}; only answers are delivered."
+        )
+    input_request.state = InputRequestState.DELIVERED
+    input_request.delivered_at = timezone.now()
+    input_request.save(update_fields=["state", "delivered_at"])
+    record_event(
+        action="input.delivered",
+        actor_label=WORKER,
+        task=task,
+        data={
+            "key": input_request.key,
+            "mrtr_round": input_request.mrtr_round,
+            **({"confirmed_by": confirmed_by} if confirmed_by else {}),
+        },
+    )
+    _publish_after_commit(task.id, server_id=task.server_id, asks=True)
+    return True
+
+
+@transaction.atomic
+def mark_cancel_delivered(*, task: Task) -> bool:
+    """The server acknowledged tasks/cancel (which only asks: the task may still end otherwise); the tracker
+    polls the task at once to see whether it did."""
+    task = _locked(task)
+    if task.cancel_requested_at is None:
+        raise InvalidTransition(f"No cancel was requested for task {task.id}.")
+    _poll_soon(task_id=task.id)
+    if task.cancel_delivered_at is not None:
+        return False
+    task.cancel_delivered_at = timezone.now()
+    task.save(update_fields=["cancel_delivered_at", "updated_at"])
+    record_event(action="task.cancel_delivered", actor_label=WORKER, task=task, data={})
+    _publish_after_commit(task.id)
+    return True
+
+
+@transaction.atomic
+def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any]) -> None:
+    """The server refused the answer (e.g. the task is gone), or could not be reached in time; the answer stays
+    recorded, not delivered. The tracker polls the task at once to see where it stands."""
+    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    record_event(
+        action="input.delivery_failed",
+        actor_label=WORKER,
+        task=task,
+        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "error": error},
+    )
+    _poll_soon(task_id=task.id)
+    _publish_after_commit(task.id)
+
+
+@transaction.atomic
+def record_cancel_failure(*, task: Task, error: dict[str, Any]) -> None:
+    """tasks/cancel was refused, could not be sent in time, or had no remote task to go to. The tracker polls the
+    task at once to see where it stands."""
+    task = _locked(task)
+    record_event(action="task.cancel_failed", actor_label=WORKER, task=task, data={"error": error})
+    _poll_soon(task_id=task.id)
+    _publish_after_commit(task.id)

@@ -1,0 +1,154 @@
+"""Launching a tool call: the task written before anything is sent, and what tools/call answered."""
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from taskhub.accounts import permissions
+from taskhub.audit.models import agent_label
+from taskhub.audit.services import WORKER, agent_facts, record_event, storable
+from taskhub.mcp import schema_fields
+from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
+from taskhub.servers.catalogue import find_tool
+from taskhub.servers.hooks import job_queue
+from taskhub.servers.models import Server
+from taskhub.tasks import hooks, storable_text
+from taskhub.tasks.errors import (
+    ArgumentsRejected,
+    InvalidTransition,
+    LaunchRefused,
+    UnknownTool,
+)
+from taskhub.tasks.models import (
+    LIVE_STATUSES,
+    TASK_PHASE,
+    InputRequest,
+    Task,
+    TaskPoll,
+    TaskStatus,
+)
+from taskhub.tasks.services.common import _finished, _locked, _publish_after_commit
+from taskhub.tasks.services.delivering import _mark_delivered
+from taskhub.tasks.services.following import _open_requests, _record_problems, _supersede_open_requests, snapshot_values
+from taskhub.tasks.services.gate import _gate
+from taskhub.tasks.services.sending import _reset_launch_attempts
+
+
+def check_launch(*, server: Server, tool: str, arguments: Any) -> None:
+    """Raise LaunchRefused unless `tool` is in the server's discovered catalogue and `arguments` fit its
+    inputSchema. `launch` calls it; a form that could not read some fields asks it about the others."""
+    entry = find_tool(server, tool)
+    if entry is None:
+        raise UnknownTool(
+            f"The server {server.name} has no tool {tool[:200]!r} in its catalogue (discover it again if it is new)."
+        )
+    if entry.header_problem:
+        raise LaunchRefused(
+            f"The tool {tool[:200]!r} cannot be launched: the server {server.name} describes it with invalid "
+            f"x-mcp-header annotations ({entry.header_problem}), and a client must not call such a tool."
+        )
+    # Unstorable text first: a lone surrogate would also fail the schema's checks, with a message that hides why.
+    unstorable = storable_text.unstorable_fields(arguments) if isinstance(arguments, dict) else {}
+    if unstorable:
+        raise ArgumentsRejected("The arguments contain text that cannot be stored:", unstorable)
+    errors = schema_fields.validate(entry.input_schema, arguments, schema_fields.TOOL)
+    if errors:
+        raise LaunchRefused("The arguments do not fit the tool's input schema:", errors)
+
+
+@transaction.atomic
+def launch(
+    *, server: Server, tool: str, arguments: dict[str, Any], user, token=None, declares_tasks: bool = True
+) -> Task:
+    """Write the task before anything is sent, so a crash can never lose a launched call unnoticed.
+
+    Only a tool of the server's catalogue, with arguments that fit its inputSchema (LaunchRefused if not). `token`: the
+    API token (an agent) `user` launched it with, kept on the task and in its audit rows. `declares_tasks=False`:
+    tools/call goes without the Tasks extension (the gateway, for an agent without it).
+    """
+    server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
+    if server.removed_at is not None:
+        raise InvalidTransition(f"The server {server.name!r} was removed; its tools cannot be launched any more.")
+    if not server.enabled:
+        raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
+    check_launch(server=server, tool=tool, arguments=arguments)
+    task = Task.objects.create(
+        server=server,
+        tool=tool,
+        arguments=arguments,
+        launched_by=user,
+        launched_via_token=token,
+        launched_via_label=agent_label(agent_facts(token)) if token is not None else "",
+    )
+    record_event(
+        action="task.launched",
+        user=user,
+        task=task,
+        server=server,
+        data={"tool": tool, "arguments": arguments, "server": server.name},
+        token=token,
+    )
+    terms = permissions.answer_terms(server_id=server.pk, tool=tool)
+    if terms.gate_before_call:
+        _gate(task, terms=terms)
+    else:
+        hooks.enqueue_launch(task.id, queue=job_queue(server), declares_tasks=declares_tasks)
+    _publish_after_commit(task.id)
+    return task
+
+
+@transaction.atomic
+def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_ids: Iterable[int] = ()) -> Task:
+    """What tools/call answered: a result, MRTR input requests, or a durable task to follow.
+
+    `answered_request_ids`: the answers an MRTR retry carried; the server's answer to it is their delivery."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}, not launching; its outcome is known.")
+    now = timezone.now()
+    data: dict[str, Any]
+    problems: list[str] = []
+    if isinstance(outcome, ToolCompleted):
+        task.status = TaskStatus.COMPLETED
+        task.result = storable(outcome.result)
+        task.finished_at = now
+        task.mrtr_request_state = None
+        data = {"outcome": "complete", "is_error": outcome.is_error}
+    elif isinstance(outcome, ToolInputRequired):
+        task.status = TaskStatus.INPUT_REQUIRED
+        task.mrtr_request_state = outcome.request_state
+        data = {"outcome": "input_required", "keys": sorted(outcome.input_requests)[:100]}
+    elif isinstance(outcome, TaskCreated):
+        snapshot = outcome.task
+        task.remote_task_id = snapshot.task_id
+        task.mrtr_request_state = None
+        for field, value in snapshot_values(snapshot, task, problems=problems).items():
+            setattr(task, field, value)
+        task.remote_last_updated_at = snapshot.last_updated_at or ""
+        if task.is_terminal:
+            task.finished_at = now
+        data = {"outcome": "task", "remote_task_id": snapshot.task_id, "status": snapshot.status}
+    else:
+        raise TypeError(f"not a tools/call outcome: {outcome!r}")
+    _reset_launch_attempts(task)
+    task.save()
+    record_event(action="task.launch_answered", actor_label=WORKER, task=task, data=data)
+
+    _supersede_open_requests(task, reason="the tool call moved on")
+    if isinstance(outcome, ToolInputRequired):
+        rounds_so_far = task.input_requests.aggregate(last=Max("mrtr_round"))["last"] or 0
+        _open_requests(task, outcome.input_requests, mrtr_round=rounds_so_far + 1, problems=problems)
+    elif isinstance(outcome, TaskCreated):
+        _open_requests(task, outcome.task.input_requests or {}, mrtr_round=TASK_PHASE, problems=problems)
+        if task.status in LIVE_STATUSES:
+            TaskPoll.objects.create(task=task, next_poll_at=now)
+    _record_problems(task, problems, source="tools/call")
+    for input_request in InputRequest.objects.filter(pk__in=list(answered_request_ids)):
+        _mark_delivered(input_request=input_request)
+    if task.is_terminal:
+        _finished(task)
+    _publish_after_commit(task.id)
+    return task

@@ -1,0 +1,256 @@
+"""The launch job's bookkeeping: the call marked sent under the task's lock, its failures and retries."""
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Exists, Max, OuterRef
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from taskhub.audit.models import AuditEvent
+from taskhub.audit.services import WORKER, record_event, storable
+from taskhub.mcp.secret_urls import mask_urls_in
+from taskhub.servers import services as server_services
+from taskhub.servers.hooks import job_queue
+from taskhub.servers.models import Server, ServerProcess
+from taskhub.tasks import hooks
+from taskhub.tasks.errors import (
+    InvalidTransition,
+    LeaseLost,
+)
+from taskhub.tasks.models import (
+    LAUNCH_ATTEMPTS,
+    LAUNCH_ERROR_MAX_CHARS,
+    TRUNCATION_NOTE,
+    InputRequestState,
+    Task,
+    TaskStatus,
+)
+from taskhub.tasks.services.common import _finished, _locked, _publish_after_commit, cap_status_message
+from taskhub.tasks.services.following import _supersede_open_requests
+
+
+@transaction.atomic
+def mark_launch_unknown(*, task: Task, reason: str) -> bool:
+    """tools/call may or may not have reached the server; shown as such and never resent by itself."""
+    task = _locked(task)
+    if task.status == TaskStatus.LAUNCH_UNKNOWN:
+        return False
+    if task.status != TaskStatus.LAUNCHING:
+        raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}; only a launching task can be unknown.")
+    task.status = TaskStatus.LAUNCH_UNKNOWN
+    task.status_message = cap_status_message(storable(reason))
+    task.save(update_fields=["status", "status_message", "updated_at"])
+    record_event(action="task.launch_unknown", actor_label=WORKER, task=task, data={"reason": task.status_message})
+    _publish_after_commit(task.id)
+    return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchCall:
+    """What to send as tools/call: the first call (round 0), or the retry after MRTR round n with its answers."""
+
+    tool: str
+    arguments: dict[str, Any]
+    mrtr_round: int
+    input_responses: dict[str, Any] | None
+    request_state: str | None
+    answered_request_ids: tuple[int, ...]
+
+
+def _launch_round(task: Task) -> int:
+    """0 for the first tools/call; n for the retry that carries the answers of MRTR round n."""
+    return task.input_requests.aggregate(last=Max("mrtr_round"))["last"] or 0
+
+
+def _launch_round_sent(task: Task, mrtr_round: int) -> bool:
+    return AuditEvent.objects.filter(task=task, action="task.launch_sent", data__mrtr_round=mrtr_round).exists()
+
+
+def launch_was_sent(*, task: Task) -> bool:
+    """Whether tools/call of the task's current round was already sent (read-only; see mark_launch_sent)."""
+    return _launch_round_sent(task, _launch_round(task))
+
+
+@transaction.atomic
+def mark_launch_sent(*, task: Task, lease_owner: str | None = None) -> LaunchCall | None:
+    """Record that tools/call is about to be sent, and return what to send; None when it must not be sent.
+
+    The `task.launch_sent` audit row of the round is the marker: audit rows can never be changed or
+    deleted, so once it is committed no job will send that round again. A job that finds the marker
+    (it crashed after this point, or is a duplicate) makes the launch outcome unknown instead.
+
+    `lease_owner`: the worker that runs a stdio server's process and sends through it. The statement that locks
+    the task also checks, in Postgres, that this worker still holds the process's lease (owner and expiry): a
+    worker paused past its lease, whose process another worker is about to replace, gets LeaseLost and sends
+    nothing (its memory still says it owns the process; only the database knows it no longer does).
+    """
+    if lease_owner is None:
+        task = _locked(task)
+    else:
+        holds = ServerProcess.objects.filter(
+            server_id=OuterRef("server_id"), lease_owner=lease_owner, lease_expires_at__gt=Now()
+        )
+        task = Task.objects.select_for_update(of=("self",)).annotate(holds_lease=Exists(holds)).get(pk=task.pk)
+        if not task.holds_lease:
+            raise LeaseLost(f"worker {lease_owner} no longer holds the lease of server {task.server_id}'s process")
+    if task.status != TaskStatus.LAUNCHING:
+        return None
+    mrtr_round = _launch_round(task)
+    if _launch_round_sent(task, mrtr_round):
+        mark_launch_unknown(
+            task=task, reason="tools/call was sent, but its answer was never recorded (the worker stopped)."
+        )
+        return None
+    answered = list(task.input_requests.filter(mrtr_round=mrtr_round)) if mrtr_round else []
+    record_event(action="task.launch_sent", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
+    return LaunchCall(
+        tool=task.tool,
+        arguments=task.arguments,
+        mrtr_round=mrtr_round,
+        input_responses={request.key: request.answer for request in answered} if mrtr_round else None,
+        request_state=task.mrtr_request_state if mrtr_round else None,
+        answered_request_ids=tuple(request.pk for request in answered),
+    )
+
+
+@transaction.atomic
+def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool, unreachable: str | None = None) -> bool:
+    """tools/call ended without any outcome: the server refused it with an error, or it was never sent.
+
+    `unreachable`: why the server could not be reached at all (its last attempt); that counts against its health."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        return False
+    task.status = TaskStatus.FAILED
+    task.error = error
+    task.status_message = cap_status_message(str(error.get("message") or ""))
+    task.finished_at = timezone.now()
+    if unreachable is not None:
+        task.launch_attempts += 1
+        task.launch_last_error = _launch_error(unreachable)
+    task.launch_next_try_at = None
+    task.save(update_fields=["status", "error", "status_message", "finished_at", *LAUNCH_ATTEMPT_FIELDS, "updated_at"])
+    record_event(action="task.launch_failed", actor_label=WORKER, task=task, data={"error": error, "sent": sent})
+    if unreachable is not None:
+        _count_against_server(task, unreachable)
+    _finished(task)
+    _publish_after_commit(task.id)
+    return True
+
+
+LAUNCH_ATTEMPT_FIELDS = ("launch_attempts", "launch_last_error", "launch_next_try_at")
+
+
+def _launch_error(text: str) -> str:
+    text = mask_urls_in(storable(str(text)) or "")  # a credential in a URL of the error goes no further
+    if len(text) <= LAUNCH_ERROR_MAX_CHARS:
+        return text
+    return text[: LAUNCH_ERROR_MAX_CHARS - len(TRUNCATION_NOTE)] + TRUNCATION_NOTE
+
+
+def _count_against_server(task: Task, error: str) -> None:
+    """A launch that could not reach its server counts against the server's health (the servers pages, home)."""
+    why = f"A launch could not reach it: {error}"
+    server_services.record_server_failure(server=Server(pk=task.server_id), error=why)
+
+
+def _reset_launch_attempts(task: Task) -> None:
+    task.launch_attempts = 0
+    task.launch_last_error = ""
+    task.launch_next_try_at = None
+
+
+@transaction.atomic
+def record_launch_retry(*, task: Task, attempt: int, error: str, next_try_at) -> bool:
+    """Attempt `attempt` of the launch (of LAUNCH_ATTEMPTS) could not reach the server, so nothing was sent;
+    the job tries again at `next_try_at`. The task and its list row say so, the timeline has one entry per attempt,
+    and the failure counts against the server's health. False: the task is no longer launching (cancelled, or its
+    outcome recorded meanwhile), and the job must not try again."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        return False
+    task.launch_attempts = attempt
+    task.launch_last_error = _launch_error(error)
+    task.launch_next_try_at = next_try_at
+    task.save(update_fields=[*LAUNCH_ATTEMPT_FIELDS, "updated_at"])
+    record_event(
+        action="task.launch_retrying",
+        actor_label=WORKER,
+        task=task,
+        data={
+            "attempt": attempt,
+            "of": LAUNCH_ATTEMPTS,
+            "error": task.launch_last_error,
+            "next_try_at": next_try_at.isoformat() if next_try_at else None,
+        },
+    )
+    _count_against_server(task, error)
+    _publish_after_commit(task.id)
+    return True
+
+
+@transaction.atomic
+def give_up_launch(*, task_id: uuid.UUID, attempts: int, error: BaseException) -> bool:
+    """The launch job will not run again (its last attempt failed, or its worker stopped), so a task still
+    launching would say so forever: its outcome is unknown if tools/call of its round was sent, else it failed.
+    False: its outcome was recorded already."""
+    task = Task.objects.select_for_update().filter(pk=task_id, status=TaskStatus.LAUNCHING).first()
+    if task is None:
+        return False
+    gave_up = f"Gave up after {attempts} attempt{'' if attempts == 1 else 's'} ({str(error) or type(error).__name__})"
+    if launch_was_sent(task=task):
+        return mark_launch_unknown(task=task, reason=f"{gave_up}: tools/call was sent, but no answer was recorded.")
+    message = f"{gave_up}: the tool call was not sent."
+    return record_launch_failure(task=task, error={"message": message, "kind": type(error).__name__}, sent=False)
+
+
+@transaction.atomic
+def schedule_mrtr_retry(*, task: Task, mrtr_round: int) -> bool:
+    """Once every request of MRTR round n is answered, the task goes back to launching to resend tools/call.
+
+    Returns False when the round is not complete yet, is not the current one, or the task moved on.
+    """
+    task = _locked(task)
+    if task.status != TaskStatus.INPUT_REQUIRED or task.remote_task_id is not None:
+        return False
+    if task.cancel_requested_at is not None:
+        return False
+    requests = list(task.input_requests.filter(mrtr_round__gte=mrtr_round).values_list("mrtr_round", "state"))
+    if not requests or any(round_ != mrtr_round for round_, _ in requests):
+        return False
+    if any(state != InputRequestState.ANSWERED for _, state in requests):
+        return False
+    task.status = TaskStatus.LAUNCHING
+    _reset_launch_attempts(task)
+    task.save(update_fields=["status", *LAUNCH_ATTEMPT_FIELDS, "updated_at"])
+    record_event(action="task.launch_retry_scheduled", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
+    hooks.enqueue_launch(task.id, carries_answers=True, queue=job_queue(task.server))
+    _publish_after_commit(task.id)
+    return True
+
+
+@transaction.atomic
+def cancel_before_remote_task(*, task: Task) -> bool:
+    """A cancel of a call still waiting for MRTR answers: no server task exists, so it ends here."""
+    task = _locked(task)
+    if task.cancel_requested_at is None:
+        raise InvalidTransition(f"No cancel was requested for task {task.id}.")
+    if task.status != TaskStatus.INPUT_REQUIRED or task.remote_task_id is not None:
+        return False
+    task.status = TaskStatus.CANCELLED
+    task.finished_at = timezone.now()
+    task.mrtr_request_state = None
+    task.save(update_fields=["status", "finished_at", "mrtr_request_state", "updated_at"])
+    record_event(
+        action="task.status_changed",
+        actor_label=WORKER,
+        task=task,
+        data={"from": TaskStatus.INPUT_REQUIRED, "to": TaskStatus.CANCELLED, "source": "cancel before any server task"},
+    )
+    _supersede_open_requests(task, reason="the tool call was cancelled")
+    _finished(task)
+    _publish_after_commit(task.id)
+    return True
