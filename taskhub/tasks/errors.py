@@ -59,4 +59,8 @@ class InputNoLongerOpen(TaskError):
 
 class LeaseLost(Exception):
     """A worker asked to act on a stdio server's process whose lease it no longer holds (found in Postgres, in the
-    statement that would have recorded the act): nothing was recorded or sent."""
+    statement that would have recorded the act): nothing was recorded or sent. Only stdio servers have leases."""
+
+    def __init__(self, message: str, *, server_id: int) -> None:
+        super().__init__(message)
+        self.server_id = server_id

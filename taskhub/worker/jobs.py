@@ -68,6 +68,7 @@ from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 from taskhub.worker.stdio import NotOwner
+from taskhub.worker.stdio.supervisor import StdioSupervisor
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +349,10 @@ def _not_sent(error: Exception) -> dict[str, Any]:
 async def deliver_answer(context, input_request_id: int, server_id: int | None = None) -> str:
     try:
         last_attempt = DELIVERY_RETRY.is_last(context.job)
-        return await deliver(input_request_id, last_attempt=last_attempt, server_id=server_id)
+        try:
+            return await deliver(input_request_id, last_attempt=last_attempt, server_id=server_id)
+        except LeaseLost as lost:  # paused past its lease: the process is another worker's now; nothing was sent
+            raise NotOwner(lost=lost) from lost
     except (ServerBusy, NotOwner):
         await give_back_attempt(context.job)
         raise
@@ -369,10 +373,14 @@ async def _answer_to_load(
     there (_answer_to_deliver)."""
     slot = SLOTS.slot_by_id(server_id) if server_id is not None else None
     pool = _worker_pool()
+    supervisor = stdio.current()
     if slot is not None and pool is not None and slot.try_take():
         try:
             only_if = await _beating_condition(owner) if owner else None
-            sql, params = services.first_claim(input_request_id=input_request_id, attempted_by=owner, only_if=only_if)
+            lease_owner = stdio.lease_owner_of(server_id)
+            sql, params = services.first_claim(
+                input_request_id=input_request_id, attempted_by=owner, only_if=only_if, lease_owner=lease_owner
+            )
             input_request = services.first_claimed(await pooled.fetch_one(pool, sql, params))
         except BaseException:
             slot.release()
@@ -381,7 +389,7 @@ async def _answer_to_load(
             SLOTS.share(input_request.task.server)  # its share as it is now, for the next job
             return input_request, True, slot
         slot.release()
-    return await db(_answer_to_deliver, input_request_id=input_request_id, owner=owner)
+    return await db(_answer_to_deliver, input_request_id=input_request_id, owner=owner, supervisor=supervisor)
 
 
 def _worker_pool() -> AsyncConnectionPool | None:
@@ -405,7 +413,9 @@ async def _beating_condition(owner: str) -> tuple[str, tuple]:
     return _beating_conditions[owner]
 
 
-def _answer_to_deliver(input_request_id: int, owner: str) -> tuple[InputRequest | None, bool, Slot | None]:
+def _answer_to_deliver(
+    input_request_id: int, owner: str, supervisor: StdioSupervisor | None = None
+) -> tuple[InputRequest | None, bool, Slot | None]:
     """The answer to deliver, read on Django's connection, claimed if it is a first send and its server has a slot
     free (see _answer_to_load)."""
     input_request = InputRequest.objects.select_related("task__server").filter(pk=input_request_id).first()
@@ -418,17 +428,21 @@ def _answer_to_deliver(input_request_id: int, owner: str) -> tuple[InputRequest 
         and input_request.delivery_attempted_at is None
     )
     try:
-        claimed = first_send and slot.try_take() and _claim(input_request, owner=owner)
+        lease_owner = stdio.lease_owner(input_request.task.server, supervisor=supervisor)
+        claimed = first_send and slot.try_take() and _claim(input_request, owner=owner, lease_owner=lease_owner)
         return input_request, claimed, slot
     except BaseException:
         slot.release()
         raise
 
 
-def _claim(input_request: InputRequest, *, owner: str) -> bool:
-    """Claim the delivery for this worker: only while its own heartbeat is fresh (see _send_answer)."""
+def _claim(input_request: InputRequest, *, owner: str, lease_owner: str | None = None) -> bool:
+    """Claim the delivery for this worker: only while its own heartbeat is fresh (see _send_answer) and, for a stdio
+    server, while it holds the lease of the server's process (LeaseLost if not)."""
     only_if = heartbeats.beating(owner) if owner else None
-    return services.claim_delivery(input_request=input_request, attempted_by=owner, only_if=only_if)
+    return services.claim_delivery(
+        input_request=input_request, attempted_by=owner, only_if=only_if, lease_owner=lease_owner
+    )
 
 
 async def deliver(input_request_id: int, *, last_attempt: bool = True, server_id: int | None = None) -> str:
@@ -499,7 +513,8 @@ async def _deliver(
                 raise NotBefore(message, retry_at=settling_until)
             if claimed_at is None:
                 claimed_at = claim_clock()
-                if not await db(_claim, input_request=input_request, owner=owner):
+                lease_owner = stdio.lease_owner(task.server)
+                if not await db(_claim, input_request=input_request, owner=owner, lease_owner=lease_owner):
                     raise await _not_claimed(input_request, owner=owner)
             await _send_answer(client, input_request, claimed_at=claimed_at, owner=owner)
         except ProtocolError as error:
@@ -626,6 +641,11 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
     slot = SLOTS.slot(task.server)
     await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
     try:
+        if (lease_owner := stdio.lease_owner(task.server)) is not None:
+            try:
+                await db(services.check_lease, server_id=task.server_id, lease_owner=lease_owner)
+            except LeaseLost as lost:  # paused past its lease: the process is another worker's now
+                raise NotOwner(task.server) from lost
         return await _send_cancel(task, last_attempt=last_attempt, owned=owned)
     finally:
         slot.release()

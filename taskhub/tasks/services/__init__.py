@@ -40,6 +40,7 @@ from taskhub.tasks.services.deadlines import (
     mark_deadline_near,
 )
 from taskhub.tasks.services.delivering import (
+    check_lease,
     claim_delivery,
     first_claim,
     first_claimed,
@@ -93,6 +94,7 @@ __all__ = [
     "cancel_before_remote_task",
     "cap_status_message",
     "check_launch",
+    "check_lease",
     "claim_delivery",
     "expire",
     "first_claim",

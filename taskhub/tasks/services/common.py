@@ -5,10 +5,14 @@ import uuid
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from taskhub.accounts import permissions
+from taskhub.servers.models import ServerProcess
 from taskhub.tasks import hooks, signals
+from taskhub.tasks.errors import LeaseLost
 from taskhub.tasks.models import (
     STATUS_MESSAGE_MAX_CHARS,
     TRUNCATION_NOTE,
@@ -88,3 +92,19 @@ def _start_deadline(input_request: InputRequest, *, terms) -> None:
 def _poll_soon(*, task_id: uuid.UUID) -> bool:
     """Ask the tracker to poll this task at once (after an answer or a cancel reached the server, or failed to)."""
     return bool(TaskPoll.objects.filter(task_id=task_id).update(next_poll_at=timezone.now()))
+
+
+def holds_lease(lease_owner: str, *, server_field: str = "server_id") -> Exists:
+    """Over a model with a server: `lease_owner` (a worker) holds the lease of the server's stdio process now, by the
+    database's clock. The statements that mark a launch sent or claim an answer's delivery check it, so a worker
+    paused past its lease (its memory still says it runs the process) sends nothing: tasks.errors.LeaseLost."""
+    return Exists(
+        ServerProcess.objects.filter(
+            server_id=OuterRef(server_field), lease_owner=lease_owner, lease_expires_at__gt=Now()
+        )
+    )
+
+
+def lease_lost(lease_owner: str, server_id: int) -> LeaseLost:
+    message = f"worker {lease_owner} no longer holds the lease of server {server_id}'s process"
+    return LeaseLost(message, server_id=server_id)

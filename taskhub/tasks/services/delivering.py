@@ -6,10 +6,11 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
-from taskhub.servers.models import Server
+from taskhub.servers.models import Server, ServerProcess
 from taskhub.tasks import raw_rows
 from taskhub.tasks.errors import (
     InvalidTransition,
@@ -20,16 +21,21 @@ from taskhub.tasks.models import (
     InputRequestState,
     Task,
 )
-from taskhub.tasks.services.common import _locked, _poll_soon, _publish_after_commit
+from taskhub.tasks.services.common import _locked, _poll_soon, _publish_after_commit, holds_lease, lease_lost
 
 
-def claim_delivery(*, input_request: InputRequest, attempted_by: str = "", only_if: Q | None = None) -> bool:
+def claim_delivery(
+    *, input_request: InputRequest, attempted_by: str = "", only_if: Q | None = None, lease_owner: str | None = None
+) -> bool:
     """Commit, before sending, that this answer may reach the server (see InputRequest.delivery_attempted_at).
 
     A compare-and-set on the attempt time the caller read: of two jobs delivering one answer at once (a job
     recovered as stalled while its worker still runs it), only one may send. False: another attempt won, or
     `only_if` (a condition checked in the same statement: the worker's own heartbeat is fresh) did not hold. On
     success `input_request` carries the new attempt time, so the same caller can claim again (renew) before sending.
+
+    `lease_owner`: the worker that sends through a stdio server's process. The same statement checks that it still
+    holds the process's lease; LeaseLost when it no longer does (paused past it, taken over): nothing may be sent.
     """
     attempted_at = timezone.now()
     claims = InputRequest.objects.filter(
@@ -39,25 +45,44 @@ def claim_delivery(*, input_request: InputRequest, attempted_by: str = "", only_
     )
     if only_if is not None:
         claims = claims.filter(only_if)
+    if lease_owner is not None:
+        claims = claims.filter(holds_lease(lease_owner, server_field="task__server_id"))
     claimed = claims.update(delivery_attempted_at=attempted_at, delivery_attempted_by=attempted_by) == 1
     if claimed:
         input_request.delivery_attempted_at = attempted_at
         input_request.delivery_attempted_by = attempted_by
+    elif lease_owner is not None:
+        server_id = Task.objects.filter(pk=input_request.task_id).values_list("server_id", flat=True).first()
+        check_lease(server_id=server_id, lease_owner=lease_owner)
     return claimed
 
 
 def first_claim(
-    *, input_request_id: int, attempted_by: str = "", only_if: tuple[str, Sequence[Any]] | None = None
+    *,
+    input_request_id: int,
+    attempted_by: str = "",
+    only_if: tuple[str, Sequence[Any]] | None = None,
+    lease_owner: str | None = None,
 ) -> tuple[str, list[Any]]:
     """claim_delivery for the first attempt to send a task-phase answer, as one statement (and its parameters) that
     also reads what the sending needs: the request with its task and server, as claimed (no lookup before the claim:
     the delivery job's hot path, which runs it on the worker's own pool: jobs.py). Its row, read by first_claimed, is
     None when it is not that (delivered already, an MRTR round's answer, a task with no remote id yet, an attempt made
-    before) or `only_if` (SQL of a condition and its parameters) did not hold: the caller then reads the request and
-    decides, as claim_delivery's callers do."""
-    sql = _first_claim_sql() + (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + _first_claim_columns()
-    params = [timezone.now(), attempted_by, input_request_id, TASK_PHASE, *(only_if[1] if only_if else ())]
+    before), `only_if` (SQL of a condition and its parameters) did not hold, or `lease_owner` no longer holds the
+    lease of the stdio server's process: the caller then reads the request and decides, as claim_delivery's callers
+    do (claim_delivery raises LeaseLost)."""
+    sql = _first_claim_sql() + (_LEASE_HELD_SQL if lease_owner is not None else "")
+    sql += (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + _first_claim_columns()
+    params = [timezone.now(), attempted_by, input_request_id, TASK_PHASE]
+    params += [lease_owner] if lease_owner is not None else []
+    params += [*(only_if[1] if only_if else ())]
     return sql, params
+
+
+_LEASE_HELD_SQL = (
+    f' AND EXISTS (SELECT 1 FROM "{ServerProcess._meta.db_table}" AS process WHERE process.server_id = server.id'
+    " AND process.lease_owner = %s AND process.lease_expires_at > now())"
+)
 
 
 def first_claimed(row: Sequence[Any] | None) -> InputRequest | None:
@@ -165,3 +190,12 @@ def record_cancel_failure(*, task: Task, error: dict[str, Any]) -> None:
     record_event(action="task.cancel_failed", actor_label=WORKER, task=task, data={"error": error})
     _poll_soon(task_id=task.id)
     _publish_after_commit(task.id)
+
+
+def check_lease(*, server_id: int, lease_owner: str) -> None:
+    """LeaseLost unless `lease_owner` holds the lease of the stdio server's process now (the database's clock): the
+    cancel job asks just before it sends tasks/cancel through the process (nothing is recorded before a cancel is
+    sent, so the check is its own statement; a cancel sent twice asks the server the same thing twice)."""
+    held = ServerProcess.objects.filter(server_id=server_id, lease_owner=lease_owner, lease_expires_at__gt=Now())
+    if not held.exists():
+        raise lease_lost(lease_owner, server_id)

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, Max, OuterRef
-from django.db.models.functions import Now
+from django.db.models import Max
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
@@ -14,11 +13,10 @@ from taskhub.audit.services import WORKER, record_event, storable
 from taskhub.mcp.secret_urls import mask_urls_in
 from taskhub.servers import services as server_services
 from taskhub.servers.hooks import job_queue
-from taskhub.servers.models import Server, ServerProcess
+from taskhub.servers.models import Server
 from taskhub.tasks import hooks
 from taskhub.tasks.errors import (
     InvalidTransition,
-    LeaseLost,
 )
 from taskhub.tasks.models import (
     LAUNCH_ATTEMPTS,
@@ -28,7 +26,14 @@ from taskhub.tasks.models import (
     Task,
     TaskStatus,
 )
-from taskhub.tasks.services.common import _finished, _locked, _publish_after_commit, cap_status_message
+from taskhub.tasks.services.common import (
+    _finished,
+    _locked,
+    _publish_after_commit,
+    cap_status_message,
+    holds_lease,
+    lease_lost,
+)
 from taskhub.tasks.services.following import _supersede_open_requests
 
 
@@ -90,12 +95,10 @@ def mark_launch_sent(*, task: Task, lease_owner: str | None = None) -> LaunchCal
     if lease_owner is None:
         task = _locked(task)
     else:
-        holds = ServerProcess.objects.filter(
-            server_id=OuterRef("server_id"), lease_owner=lease_owner, lease_expires_at__gt=Now()
-        )
-        task = Task.objects.select_for_update(of=("self",)).annotate(holds_lease=Exists(holds)).get(pk=task.pk)
+        held = holds_lease(lease_owner)
+        task = Task.objects.select_for_update(of=("self",)).annotate(holds_lease=held).get(pk=task.pk)
         if not task.holds_lease:
-            raise LeaseLost(f"worker {lease_owner} no longer holds the lease of server {task.server_id}'s process")
+            raise lease_lost(lease_owner, task.server_id)
     if task.status != TaskStatus.LAUNCHING:
         return None
     mrtr_round = _launch_round(task)

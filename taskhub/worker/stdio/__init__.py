@@ -18,7 +18,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from taskhub.mcp.errors import TransportError
-from taskhub.servers.hooks import job_queue
+from taskhub.servers.hooks import STDIO_QUEUE_PREFIX, job_queue
+from taskhub.tasks.errors import LeaseLost
 
 if TYPE_CHECKING:
     from taskhub.mcp.client import TasksClient
@@ -31,9 +32,11 @@ _supervisors: dict[asyncio.AbstractEventLoop, StdioSupervisor] = {}
 class NotOwner(Exception):
     """This worker does not run the stdio server's process: the job goes to the server's queue. Nothing was done."""
 
-    def __init__(self, server: Server) -> None:
-        super().__init__(f"server {server.pk}'s process runs in another worker")
-        self.queue = job_queue(server)
+    def __init__(self, server: Server | None = None, *, lost: LeaseLost | None = None) -> None:
+        server_id = server.pk if server is not None else lost.server_id
+        super().__init__(f"server {server_id}'s process runs in another worker" + (f" ({lost})" if lost else ""))
+        # `lost`: the database said this worker's lease is gone; only stdio servers have leases.
+        self.queue = job_queue(server) if server is not None else f"{STDIO_QUEUE_PREFIX}{server_id}"
 
 
 class ProcessElsewhere(TransportError):
@@ -58,11 +61,17 @@ def current() -> StdioSupervisor | None:
         return None
 
 
-def lease_owner(server: Server) -> str | None:
+def lease_owner(server: Server, *, supervisor: StdioSupervisor | None = None) -> str | None:
     """This worker's id, for the services to check its lease on the stdio server's process in SQL; None for an HTTP
-    server or outside a worker."""
-    supervisor = current()
+    server or outside a worker. `supervisor`: this worker's, read on its loop by a caller that asks from a thread."""
+    supervisor = supervisor or current()
     return supervisor.worker_id if server.transport == "stdio" and supervisor is not None else None
+
+
+def lease_owner_of(server_id: int) -> str | None:
+    """lease_owner, knowing only the server's id: this worker's id when it runs the server's stdio process."""
+    supervisor = current()
+    return supervisor.worker_id if supervisor is not None and supervisor.process(server_id) is not None else None
 
 
 def owned_client(server: Server) -> TasksClient | None:
