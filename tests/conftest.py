@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import fast_flush
+
+fast_flush.install()
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 # `taskhub test` sets this for its second pass, on embedded Postgres, which repeats only the tests marked
