@@ -107,6 +107,7 @@ def scrape(client) -> tuple[float, float, int]:
 def explain_all() -> list[tuple[str, str]]:
     from django.db import connection
 
+    from taskhub import procrastinate_sql
     from taskhub.observability import collectors, counts
 
     jobs_todo = ["taskhub.launch_task", "taskhub.deliver_answer", "taskhub.deliver_cancel"]
@@ -116,8 +117,8 @@ def explain_all() -> list[tuple[str, str]]:
         ("input requests", counts.sum_sql(*counts.INPUT_REQUESTS), []),
         ("oldest open", collectors.OLDEST_OPEN_SQL, []),
         ("oldest answer", collectors.OLDEST_ANSWER_SQL, []),
-        ("jobs", collectors.JOBS_SQL, []),
-        ("job waits", collectors.JOB_WAITS_SQL, [jobs_todo]),
+        ("jobs", procrastinate_sql.JOBS_SQL, []),
+        ("job waits", procrastinate_sql.JOB_WAITS_SQL, [jobs_todo]),
         ("leases", counts.sum_sql(*counts.LEASES), []),
         ("lease owners alive", collectors.OWNERS_ALIVE_SQL, [10.0, workers]),
         ("poll failures", counts.sum_sql(*counts.POLL_FAILURES), []),

@@ -1,6 +1,7 @@
 """Code of taskhub that leans on another project's internals fails a test as soon as the installed version differs
 from the one it was written against (issue 30, item 7): each fork is read again before an upgrade lands."""
 
+import datetime
 import hashlib
 import importlib.metadata
 import inspect
@@ -10,14 +11,11 @@ import pytest
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connection
 
+from taskhub import procrastinate_sql
 from taskhub.servers.models import Server, Transport
 from taskhub.tasks import raw_rows
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.web import request_threads
-
-# taskhub/worker/heartbeats.py calls this function of procrastinate's schema, and worker/jobs.py and tasks/hooks.py
-# write procrastinate_jobs' columns (attempts, status, lock) in plain SQL.
-PROCRASTINATE_WRITTEN_FOR = (3, 10)
 
 
 def test_the_request_handler_fork_matches_the_installed_django():
@@ -29,9 +27,9 @@ def test_the_request_handler_fork_matches_the_installed_django():
     )
 
 
-def test_procrastinates_version_and_the_sql_taskhub_sends_it():
+def test_procrastinates_version_is_the_one_taskhubs_sql_was_written_for():
     installed = tuple(int(part) for part in importlib.metadata.version("procrastinate").split(".")[:2])
-    assert installed == PROCRASTINATE_WRITTEN_FOR, "read taskhub's procrastinate SQL against the new version"
+    assert installed == procrastinate_sql.WRITTEN_FOR, "read taskhub/procrastinate_sql.py against the new version"
 
 
 @pytest.mark.django_db
@@ -44,9 +42,53 @@ def test_procrastinates_schema_has_what_taskhubs_sql_uses():
         assert arguments.count(",") == 4  # (job_id, retry_at, new_priority, new_queue_name, new_lock)
         cursor.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'procrastinate_jobs'"
-            " AND column_name IN ('attempts', 'status', 'lock', 'task_name', 'queueing_lock')"
+            " AND column_name IN ('attempts', 'status', 'lock', 'task_name', 'queue_name', 'scheduled_at', 'worker_id')"
         )
-        assert {row[0] for row in cursor.fetchall()} == {"attempts", "status", "lock", "task_name", "queueing_lock"}
+        assert {row[0] for row in cursor.fetchall()} == {
+            "attempts",
+            "status",
+            "lock",
+            "task_name",
+            "queue_name",
+            "scheduled_at",
+            "worker_id",
+        }
+
+
+@pytest.mark.django_db
+def test_every_statement_taskhub_sends_to_procrastinate_runs_on_its_schema():
+    """Each statement of taskhub/procrastinate_sql.py against the installed schema, on one job of each kind it acts on
+    (a waiting launch, a running job of a silent runner, a job left in a stdio server's queue)."""
+    with connection.cursor() as cursor:
+
+        def job(status: str, *, lock: str | None = None, queue: str = "default", attempts: int = 0) -> int:
+            cursor.execute(
+                "INSERT INTO procrastinate_jobs (queue_name, task_name, lock, args, status, attempts)"
+                " VALUES (%s, 'taskhub.probe', %s, '{}', %s, %s) RETURNING id",
+                [queue, lock, status, attempts],
+            )
+            return cursor.fetchone()[0]
+
+        waiting = job("todo", lock="launch:probe")
+        assert procrastinate_sql.cancel_waiting(cursor, lock="launch:probe", task_name="taskhub.probe") == 1
+        running = job("doing", attempts=2)
+        procrastinate_sql.give_back_attempt(cursor, job_id=running)
+        cursor.execute("SELECT attempts FROM procrastinate_jobs WHERE id = %s", [running])
+        assert cursor.fetchone() == (1,)
+        assert (running, "taskhub.probe") in procrastinate_sql.retry_stalled_jobs(cursor, stalled=datetime.timedelta(0))
+        cursor.execute(
+            "SELECT id, status::text FROM procrastinate_jobs WHERE id IN (%s, %s) ORDER BY id", [waiting, running]
+        )
+        assert cursor.fetchall() == [(waiting, "cancelled"), (running, "todo")]
+        job("todo", queue="stdio-999999")
+        moved = procrastinate_sql.requeue_if_no_longer_stdio(
+            cursor, server_id=999999, queue="stdio-999999", to="default"
+        )
+        assert moved == 1
+        cursor.execute(procrastinate_sql.JOBS_SQL)
+        assert ("taskhub.probe", "todo", 2) in cursor.fetchall()
+        cursor.execute(procrastinate_sql.JOB_WAITS_SQL, [["taskhub.probe"]])
+        assert [name for name, _ in cursor.fetchall()] == ["taskhub.probe"]
 
 
 def test_the_raw_rows_fork_matches_the_installed_django():

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from prometheus_client.core import GaugeMetricFamily
 
+from taskhub import procrastinate_sql
 from taskhub.observability import counts
 from taskhub.observability.jobs import job_kind
 
@@ -34,28 +35,6 @@ OLDEST_OPEN_SQL = "SELECT extract(epoch FROM now() - min(created_at)) FROM tasks
 OLDEST_ANSWER_SQL = (
     "SELECT extract(epoch FROM now() - min(answered_at)) FROM tasks_inputrequest WHERE state = 'answered'"
 )
-JOBS_SQL = """
-SELECT task_name, status::text, count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing') GROUP BY 1, 2
-"""
-# Per kind, the first few due jobs in the order they became due: unscheduled ones by id (the order they were
-# deferred, give or take the length of the deferring transactions, which the few absorb), scheduled ones (a retry,
-# a later start) by scheduled_at; their wait counts from the later of scheduled_at and the `deferred` event.
-JOB_WAITS_SQL = """
-SELECT kind.task_name, extract(epoch FROM now() - min(greatest(due.scheduled_at, deferred.at)))
-FROM unnest(%s::text[]) AS kind (task_name)
-CROSS JOIN LATERAL (
-    (SELECT id, scheduled_at FROM procrastinate_jobs
-     WHERE status = 'todo' AND task_name = kind.task_name AND scheduled_at IS NULL ORDER BY id LIMIT 10)
-    UNION ALL
-    (SELECT id, scheduled_at FROM procrastinate_jobs
-     WHERE status = 'todo' AND task_name = kind.task_name AND scheduled_at <= now() ORDER BY scheduled_at LIMIT 10)
-) AS due
-LEFT JOIN LATERAL (
-    SELECT min(event.at) AS at FROM procrastinate_events AS event
-    WHERE event.job_id = due.id AND event.type = 'deferred'
-) AS deferred ON true
-GROUP BY 1
-"""
 # Whether each lease owner's worker beats (see taskhub.worker.heartbeats): NULL for an owner without a row.
 OWNERS_ALIVE_SQL = """
 SELECT owner.name, beat.beat_at >= now() - %s * interval '1 second'
@@ -151,12 +130,14 @@ def _jobs(cursor):
     )
     totals: dict[tuple[str, str], int] = {}
     waits: dict[str, float] = {}
-    cursor.execute(JOBS_SQL)
+    cursor.execute(procrastinate_sql.JOBS_SQL)
     rows = cursor.fetchall()
     for task_name, status, count in rows:
         kind = job_kind(task_name)
         totals[kind, status] = totals.get((kind, status), 0) + count
-    cursor.execute(JOB_WAITS_SQL, [sorted({task_name for task_name, status, _ in rows if status == "todo"})])
+    cursor.execute(
+        procrastinate_sql.JOB_WAITS_SQL, [sorted({task_name for task_name, status, _ in rows if status == "todo"})]
+    )
     for task_name, wait in cursor.fetchall():
         kind = job_kind(task_name)
         waits[kind] = max(waits.get(kind, 0.0), float(wait or 0))

@@ -20,6 +20,7 @@ import uuid
 from django.db import connection
 from procrastinate import tasks
 
+from taskhub import procrastinate_sql
 from taskhub.observability import tracing
 from taskhub.servers.hooks import DEFAULT_QUEUE, jobs_in_django_transaction
 
@@ -67,11 +68,7 @@ def drop_pending_launch(task_id: uuid.UUID) -> int:
     """A launch cancelled before its tool call was sent: its job's waiting retry is cancelled with the caller's
     transaction (one running now finds the task no longer launching and sends nothing). How many were waiting."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'cancelled' WHERE lock = %s AND task_name = %s AND status = 'todo'",
-            [f"launch:{task_id}", LAUNCH_JOB],
-        )
-        return cursor.rowcount
+        return procrastinate_sql.cancel_waiting(cursor, lock=f"launch:{task_id}", task_name=LAUNCH_JOB)
 
 
 def enqueue_answer_delivery(input_request_id: int, *, server_id: int, queue: str = DEFAULT_QUEUE) -> None:

@@ -42,6 +42,7 @@ from django.db import connection
 from django.db.models import Exists, Q
 from django.db.models.functions import Now
 
+from taskhub import procrastinate_sql
 from taskhub.worker.models import WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
@@ -88,22 +89,6 @@ FROM dead
 FORGET_SQL = "DELETE FROM worker_heartbeat WHERE beat_at < now() - %(forget_after)s"
 
 STOPPED_SQL = "DELETE FROM worker_heartbeat WHERE owner = %(owner)s"
-
-# procrastinate's own test of a stalled job (`get_stalled_jobs`: running, and its runner's heartbeat is absent or too
-# old) and its own retry function, in one statement: a job is retried once however many workers run this at once
-# (a job another one is retrying is skipped, one retried already no longer matches).
-RETRY_STALLED_JOBS_SQL = """
-SELECT stalled.id, stalled.task_name, procrastinate_retry_job_v2(stalled.id, now(), NULL, NULL, NULL)::text
-FROM (
-    SELECT job.id, job.task_name
-    FROM procrastinate_jobs AS job
-    LEFT JOIN procrastinate_workers AS runner ON runner.id = job.worker_id
-    WHERE job.status = 'doing'
-      AND (job.worker_id IS NULL OR runner.last_heartbeat < now() - %(stalled)s)
-    ORDER BY job.id
-    FOR UPDATE OF job SKIP LOCKED
-) AS stalled
-"""
 
 DEAD_OWNERS_SQL = "SELECT owner FROM worker_heartbeat WHERE owner = ANY(%(owners)s) AND beat_at < now() - %(stalled)s"
 ALIVE_SQL = "SELECT EXISTS (SELECT 1 FROM worker_heartbeat WHERE owner = %(owner)s AND beat_at >= now() - %(stalled)s)"
@@ -186,8 +171,7 @@ def is_beating(owner: str) -> bool:
 
 def retry_stalled_jobs_sql(cursor: Any) -> list[tuple[int, str]]:
     """Queue again, at once, the running jobs of job runners silent too long; (job id, task name) of each."""
-    cursor.execute(RETRY_STALLED_JOBS_SQL, {"stalled": stalled_after()})
-    return [(job_id, task_name) for job_id, task_name, _ in cursor.fetchall()]
+    return procrastinate_sql.retry_stalled_jobs(cursor, stalled=stalled_after())
 
 
 def log_retried(jobs: list[tuple[int, str]]) -> None:
@@ -277,6 +261,6 @@ class Heartbeat:
                 silent,
                 released,
             )
-        rows = await self._execute(RETRY_STALLED_JOBS_SQL, {"stalled": self.stalled})
+        rows = await self._execute(procrastinate_sql.RETRY_STALLED_JOBS_SQL, {"stalled": self.stalled})
         log_retried([(job_id, task_name) for job_id, task_name, _ in rows])
         await self._execute(FORGET_SQL, {"forget_after": FORGET_AFTER})

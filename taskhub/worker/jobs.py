@@ -50,7 +50,7 @@ from procrastinate.jobs import Job
 from procrastinate.retry import BaseRetryStrategy
 from psycopg_pool import AsyncConnectionPool
 
-from taskhub import backoff
+from taskhub import backoff, procrastinate_sql
 from taskhub.approvals.notifications import digest
 from taskhub.approvals.notifications import outbox as notification_outbox
 from taskhub.database import pooled
@@ -171,11 +171,8 @@ async def db[R](function: Callable[..., R], /, **kwargs: Any) -> R:
 
 
 def _give_back_attempt(job_id: int) -> None:
-    # procrastinate adds one to `attempts` when it retries the job; a busy retry was no attempt to reach the server.
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET attempts = attempts - 1 WHERE id = %s AND status = 'doing'", [job_id]
-        )
+        procrastinate_sql.give_back_attempt(cursor, job_id=job_id)
 
 
 async def give_back_attempt(job: Job) -> None:

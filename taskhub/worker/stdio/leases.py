@@ -15,6 +15,8 @@ from datetime import timedelta
 
 from django.db import connection
 
+from taskhub import procrastinate_sql
+
 CLAIM_SQL = """
 INSERT INTO servers_serverprocess
     (server_id, lease_owner, lease_expires_at, state, restarts, last_exit, stderr_tail, updated_at)
@@ -53,16 +55,7 @@ def release(*, owner: str, server_ids: list[int] | None = None) -> None:
         cursor.execute(RELEASE_SQL, {"owner": owner, "all": server_ids is None, "ids": list(server_ids or [])})
 
 
-# Jobs left in a stdio server's queue once it is no stdio server any more (its transport changed, or it was
-# deleted): nobody would run them there; the default queue does (a job on a deleted server finds nothing to do).
-REQUEUE_SQL = """
-UPDATE procrastinate_jobs SET queue_name = %(to)s
-WHERE queue_name = %(from)s AND status = 'todo'
-  AND NOT EXISTS (SELECT 1 FROM servers_server WHERE id = %(server_id)s AND transport = 'stdio')
-"""
-
-
 def requeue_if_no_longer_stdio(*, server_id: int, queue: str, to: str) -> int:
+    """Jobs left in a stdio server's queue once it is no stdio server any more go to `to` (procrastinate_sql)."""
     with connection.cursor() as cursor:
-        cursor.execute(REQUEUE_SQL, {"from": queue, "to": to, "server_id": server_id})
-        return cursor.rowcount
+        return procrastinate_sql.requeue_if_no_longer_stdio(cursor, server_id=server_id, queue=queue, to=to)
