@@ -30,4 +30,4 @@ ENV PATH="/app/.venv/bin:$PATH" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
 USER taskhub
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s CMD ["taskhub", "healthcheck"]
-CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "taskhub.asgi:application"]
+CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "taskhub.asgi:application"]

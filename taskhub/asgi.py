@@ -19,12 +19,17 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from taskhub.live.origin import SameOriginValidator  # noqa: E402
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
 from taskhub.runtime import tune_garbage_collector  # noqa: E402
+from taskhub.web.proxies import behind_trusted_proxies  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": KeptRequestThreads(django_http_app),
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
+# The client's address is decided once, for every route and protocol: from forwarding headers only when the peer is
+# a trusted proxy (TASKHUB_TRUSTED_PROXIES).
+application = behind_trusted_proxies(
+    ProtocolTypeRouter(
+        {
+            "http": KeptRequestThreads(django_http_app),
+            "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
 )
 
 tune_garbage_collector()

@@ -33,6 +33,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def trusted_proxies_from_env(name: str) -> list[str]:
+    """Each entry an IP address or network; anything else (a host name, "*") refused at start-up: a proxy is trusted
+    by the address it connects from, and trusting every peer is what the setting exists to prevent."""
+    networks = []
+    for entry in env_list(name, []):
+        try:
+            networks.append(str(ipaddress.ip_network(entry, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: {entry!r} is not an IP address or network (e.g. 10.0.0.5 or 10.0.0.0/24); list the "
+                "addresses your proxies connect to daphne from."
+            ) from None
+    return networks
+
+
 def database_from_env() -> dict:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
@@ -240,6 +255,9 @@ CACHES = caches_from_env()
 LOGIN_FAILURE_WINDOW_SECONDS = int(os.environ.get("LOGIN_FAILURE_WINDOW_SECONDS", "300"))
 LOGIN_FAILURES_PER_USERNAME = int(os.environ.get("LOGIN_FAILURES_PER_USERNAME", "5"))
 LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "20"))
+# The proxies in front of daphne (addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are believed;
+# from any other peer they are ignored (taskhub/web/proxies.py). Empty: the client is the peer daphne sees.
+TASKHUB_TRUSTED_PROXIES = trusted_proxies_from_env("TASKHUB_TRUSTED_PROXIES")
 # Sign-ins a web process checks at once (each holds a database connection over its password hash); more wait.
 LOGIN_CONCURRENT_CHECKS = int(os.environ.get("LOGIN_CONCURRENT_CHECKS", "4"))
 

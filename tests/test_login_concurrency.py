@@ -48,22 +48,32 @@ def test_simultaneous_sign_ins_check_at_most_the_limit_of_passwords(django_user_
         cache.clear()
         guesses = [(f"guess{n}", "wrong") for n in range(ATTEMPTS)]
         assert simultaneous_sign_ins(server.url, guesses) == settings.LOGIN_FAILURES_PER_ADDRESS
+        # An X-Forwarded-For of its own on each guess changes nothing: daphne runs as in production, no proxy is
+        # trusted, and the address is the peer's (issue 31, point 2: with --proxy-headers all 60 were checked).
+        cache.clear()
+        forged = [{"X-Forwarded-For": f"203.0.113.{n}"} for n in range(ATTEMPTS)]
+        olga_again = [("olga", "wrong")] * ATTEMPTS
+        assert simultaneous_sign_ins(server.url, olga_again, forged) == settings.LOGIN_FAILURES_PER_USERNAME
     cache.clear()
 
 
-def simultaneous_sign_ins(base_url: str, credentials: list[tuple[str, str]]) -> int:
-    """Sends every sign-in at once; returns how many had their password checked (the rest were answered 429)."""
+def simultaneous_sign_ins(
+    base_url: str, credentials: list[tuple[str, str]], extra_headers: list[dict[str, str]] | None = None
+) -> int:
+    """Sends every sign-in at once (the n-th with extra_headers[n]); returns how many had their password checked (the
+    rest were answered 429)."""
     address = urlsplit(base_url)
     cookie, token = sign_in_page(base_url)
     everyone_connected = threading.Barrier(len(credentials))
 
-    def attempt(username_and_password: tuple[str, str]) -> tuple[int, str]:
-        username, password = username_and_password
+    def attempt(n: int) -> tuple[int, str]:
+        username, password = credentials[n]
         connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
         connection.connect()
         everyone_connected.wait(timeout=60)
         body = urlencode({"username": username, "password": password, "csrfmiddlewaretoken": token})
         headers = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": f"csrftoken={cookie}"}
+        headers.update(extra_headers[n] if extra_headers else {})
         connection.request("POST", "/accounts/login/", body=body, headers=headers)
         response = connection.getresponse()
         answer = (response.status, response.read().decode())
@@ -71,7 +81,7 @@ def simultaneous_sign_ins(base_url: str, credentials: list[tuple[str, str]]) -> 
         return answer
 
     with ThreadPoolExecutor(max_workers=len(credentials)) as pool:
-        answers = list(pool.map(attempt, credentials))
+        answers = list(pool.map(attempt, range(len(credentials))))
     statuses = [status for status, _ in answers]
     assert set(statuses) <= {200, 302, 429}, statuses
     checked = sum(1 for status, page in answers if status == 302 or (status == 200 and WRONG in page))
