@@ -8,8 +8,9 @@ appends the peer it saw; what a client wrote itself stands left of it). X-Forwar
 sets the scheme. With no trusted proxy configured the headers are ignored and the client is the peer daphne sees.
 
 uvicorn's ProxyHeadersMiddleware does exactly this (it arrives with the `mcp` SDK, which serves over uvicorn); it
-wraps the whole ASGI application, so Django's REMOTE_ADDR, the live socket's scope, the sign-in limit, /metrics'
-networks and the audit trail all read the one address it decides.
+wraps the whole ASGI application, so Django's REMOTE_ADDR, the live socket's scope, the sign-in limit and /metrics'
+networks all read the one address it decides (the audit trail records no address; daphne's own access log names
+the peer it sees, the proxy).
 """
 
 from django.conf import settings
