@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection
+from django.test import Client
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
 
+from taskhub.accounts.groups import ADMINS
+from taskhub.api.tokens import create_token
 from taskhub.approvals import services as policy_services
 from taskhub.approvals import signals, webhooks
 from taskhub.approvals.models import DeliveryStatus, PolicyWebhook, WebhookDelivery, WebhookEvent
@@ -25,6 +28,7 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services as task_services
 from taskhub.tasks.models import InputRequest
 from taskhub.worker.connector import worker_connector
+from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
 from tests.inbox_fixtures import task_asking
 from tests.webhook_receiver import Answer, WebhookReceiver
@@ -361,3 +365,37 @@ def test_what_each_answer_means(server, answer, status, attempts):
         assert AuditEvent.objects.filter(action="approval_webhook.delivery_failed").count() == (status == "failed")
     finally:
         receiving.stop()
+
+
+def test_a_webhook_urls_secret_query_values_are_stored_apart_shown_nowhere_and_sent(server, receiver):
+    """Issue 31, point 8: a webhook URL is stored and shown like a server URL (its ?token=…&sig=… were in clear on the
+    policy page and in the API)."""
+    url = f"{receiver.url}?team=blue&token=tok-1234567&Sig=sig-7654321"
+    policy = gated_policy(server, url=url, secret=SECRET)
+    webhook = PolicyWebhook.objects.get(policy=policy)
+    assert webhook.url == f"{receiver.url}?team=blue&token=***&Sig=***"
+    assert webhook.url_secrets == {"token": ["tok-1234567"], "Sig": ["sig-7654321"]}
+    with connection.cursor() as cursor:  # encrypted at rest, like a server's
+        cursor.execute("SELECT url_secrets::text FROM approvals_policywebhook WHERE id = %s", [webhook.pk])
+        assert "tok-1234567" not in cursor.fetchone()[0]
+    # Edited with the URL as shown (*** typed back): the stored values stay.
+    webhooks.update_webhook(webhook=webhook, url=webhook.url, enabled=True, user=None)
+    task_services.launch(server=with_tools(server, "deploy"), tool="deploy", arguments={}, user=None)
+    only_webhook_jobs()
+    run_webhook_jobs(all_final)
+    (received,) = receiver.received
+    assert received.path.endswith("?team=blue&token=tok-1234567&Sig=sig-7654321"), received.path
+    alex = make_user("alex", ADMINS)
+    pages = Client()
+    pages.force_login(alex)
+    _, token = create_token(user=alex, name="t")
+    api = Client(headers={"Authorization": f"Bearer {token}"})
+    shown = [
+        pages.get("/approvals/").content.decode(),
+        pages.get(f"/approvals/{policy.pk}/edit/").content.decode(),
+        api.get("/api/approval-policies").content.decode(),
+        json.dumps(list(AuditEvent.objects.values_list("data", flat=True))),
+    ]
+    for where in shown:
+        assert "tok-1234567" not in where and "sig-7654321" not in where
+    assert "token=***&amp;Sig=***" in shown[1]  # the edit page shows the URL as stored

@@ -212,6 +212,15 @@ def test_the_edit_form_keeps_hidden_secrets_and_the_server_still_receives_them()
         ("https://h.example/mcp?client_secret=a&password=b", "https://h.example/mcp?client_secret=***&password=***"),
         ("http://[::1]:9/mcp?my_api_token=z", "http://[::1]:9/mcp?my_api_token=***"),
         ("http://[::1", "***"),
+        # By rule (issue 31, point 8): any name containing key, token, secret, sig, pass, auth or credential.
+        (
+            "https://h.example/mcp?access_key=a&subscription-key=b&PRIVATE_KEY=c&auth_key=d&page=2",
+            "https://h.example/mcp?access_key=***&subscription-key=***&PRIVATE_KEY=***&auth_key=***&page=2",
+        ),
+        (
+            "https://h.example/mcp?Ocp-Apim-Subscription-Key=a&passphrase=b",
+            "https://h.example/mcp?Ocp-Apim-Subscription-Key=***&passphrase=***",
+        ),
     ],
 )
 def test_mask_url(url, shown):
@@ -237,3 +246,18 @@ def test_the_migration_moves_the_secrets_out_of_urls_stored_before():
     assert server.url == "http://127.0.0.1:9/mcp?tenant=blue&token=***&api_key=***"
     assert server.to_target().url == f"http://127.0.0.1:9/mcp?tenant=blue&token={TOKEN}&api_key={API_KEY}"
     assert server.headers["Authorization"] == "Basic " + base64.b64encode(f"robot:{PASSWORD}".encode()).decode()
+
+
+def test_the_migration_moves_the_values_the_broader_rule_calls_secret_out_of_stored_urls():
+    from importlib import import_module
+
+    from django.apps import apps
+
+    migration = import_module("taskhub.servers.migrations.0009_url_secrets_by_rule")
+    server = create_server(name="old", transport="http", url=f"http://127.0.0.1:9/mcp?token={TOKEN}", user=None)
+    stored = "http://127.0.0.1:9/mcp?token=***&access_key=ak-1&region=eu"  # as the narrower rule left it
+    Server.objects.filter(pk=server.pk).update(url=stored)
+    migration.secrets_named_by_the_rule_out_of_stored_urls(apps, None)
+    server.refresh_from_db()
+    assert server.url == "http://127.0.0.1:9/mcp?token=***&access_key=***&region=eu"
+    assert server.to_target().url == f"http://127.0.0.1:9/mcp?token={TOKEN}&access_key=ak-1&region=eu"

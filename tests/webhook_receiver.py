@@ -18,6 +18,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     signature_ok: bool | None  # None: no secret to check with
+    path: str = ""  # with its query
 
     @property
     def json(self) -> Any:
@@ -56,7 +57,7 @@ class WebhookReceiver:
                         signature=headers.get("x-taskhub-signature", ""),
                     )
                 index = len(receiver.received)
-                receiver.received.append(Received(headers=headers, body=body, signature_ok=ok))
+                receiver.received.append(Received(headers=headers, body=body, signature_ok=ok, path=self.path))
                 answer = receiver.answers[min(index, len(receiver.answers) - 1)]
                 time.sleep(answer.delay)
                 try:

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.dateparse import parse_duration
-from encrypted_fields.fields import EncryptedTextField
+from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
 from taskhub.tasks import storable_text
 
@@ -189,7 +189,9 @@ class PolicyWebhook(models.Model):
     audit row shows it again. The URL is checked against the servers' address policy when saved and at each POST."""
 
     policy = models.ForeignKey(ApprovalPolicy, on_delete=models.CASCADE, related_name="webhooks")
+    # Without its secrets, as a server's URL (a secret query value is ***): see approvals.webhooks.
     url = models.URLField(max_length=2000)
+    url_secrets = EncryptedJSONField(default=dict, blank=True)  # the secret query values, by parameter
     # The library stores an empty value as NULL; a Slack-format webhook may have none (Slack checks no signature).
     secret = EncryptedTextField(null=True, blank=True)
     format = models.CharField(max_length=8, choices=WebhookFormat.choices, default=WebhookFormat.JSON)

@@ -47,6 +47,7 @@ from taskhub.approvals.rules import effective_policy
 from taskhub.audit.services import WORKER, record_event, storable
 from taskhub.mcp.address_policy import AddressRefused, PolicyTransport
 from taskhub.mcp.client import tls_context
+from taskhub.mcp.secret_urls import masked_parameters, split_secrets, with_secrets
 from taskhub.servers.policy import server_address_policy
 from taskhub.tasks.models import InputRequest, InputRequestState
 
@@ -87,6 +88,28 @@ def describe_webhook(webhook: PolicyWebhook) -> dict[str, Any]:
     }
 
 
+def _keep_url_secrets(webhook: PolicyWebhook, *, stored: dict[str, list[str]]) -> None:
+    """The URL's secret query values out of the `url` column (shown on the policy page, in the API, in audit rows),
+    as a server's are: stored encrypted in `url_secrets`, *** in their place; a *** typed back keeps the stored
+    value. A secret is never named in an error, only its parameter."""
+    try:
+        public, _, typed = split_secrets(webhook.url)
+    except ValueError:
+        return  # _check says the URL is not valid
+    secrets: dict[str, list[str]] = {}
+    for name in dict.fromkeys(masked_parameters(public)):
+        values = typed.get(name) or list(stored.get(name) or [])
+        if not values:
+            raise WebhookInvalid(f"The value of the URL's {name} parameter is hidden (***): type it.")
+        secrets[name] = values
+    webhook.url, webhook.url_secrets = public, secrets
+
+
+def sent_to(webhook: PolicyWebhook) -> str:
+    """The URL a delivery is POSTed to: the stored one with its secret query values back."""
+    return with_secrets(webhook.url, dict(webhook.url_secrets or {}))
+
+
 def _check(webhook: PolicyWebhook) -> None:
     try:
         webhook.full_clean(exclude=["policy"])
@@ -114,6 +137,7 @@ def create_webhook(
         policy=policy, url=(url or "").strip(), secret=(secret or "").strip() or None, format=format, enabled=enabled
     )
     _check(webhook)
+    _keep_url_secrets(webhook, stored={})
     webhook.save()
     record_event(
         action="approval_webhook.created",
@@ -138,6 +162,7 @@ def update_webhook(
     webhook = PolicyWebhook.objects.select_for_update().select_related("policy__server").get(pk=webhook.pk)
     before, url_before = describe_webhook(webhook), webhook.url
     secret_replaced = secret is not None and (secret or "").strip() != (webhook.secret or "")
+    stored_secrets = dict(webhook.url_secrets or {})
     if url is not None:
         webhook.url = url.strip()
     if secret is not None:
@@ -147,11 +172,14 @@ def update_webhook(
     if enabled is not None:
         webhook.enabled = enabled
     _check(webhook)
+    _keep_url_secrets(webhook, stored=stored_secrets)
     webhook.save()
     after = describe_webhook(webhook)
     changed = {name: value for name, value in after.items() if before[name] != value}
     if webhook.url != url_before:
         changed["to"] = after["to"]
+    if webhook.url_secrets != stored_secrets:
+        changed["url secrets"] = "replaced"
     if secret_replaced:
         changed["secret"] = "replaced"
     if changed:
@@ -397,7 +425,7 @@ def start_attempt(*, delivery_id: uuid.UUID) -> Attempt | None:
     }
     if webhook.secret:
         headers["X-Taskhub-Signature"] = sign(secret=webhook.secret, timestamp=timestamp, body=body)
-    return Attempt(delivery_id=delivery.pk, url=webhook.url, headers=headers, body=body)
+    return Attempt(delivery_id=delivery.pk, url=sent_to(webhook), headers=headers, body=body)
 
 
 async def post(attempt: Attempt, *, timeout: float | None = None) -> Outcome:

@@ -1,7 +1,9 @@
 """Credentials in URLs: the one place that knows which parts of a URL are secret and how a URL is shown.
 
 A secret in a URL is the password of its userinfo (`http://user:secret@host/`) and the value of a query parameter
-whose name says it is one (`?token=…`, `?api_key=…`, `?sig=…`: see :func:`is_secret_parameter`). Everything
+whose name says it is one, by rule (`?token=…`, `?access_key=…`, `?Subscription-Key=…`, `?sig=…`: any name that
+contains key, token, secret, sig, pass, auth or credential, in any case, `-` read as `_`; see
+:func:`is_secret_parameter`). Everything
 that shows or records a URL (pages, audit rows, logs, errors) goes through :func:`mask_url` or, for free text
 that may quote URLs (an exception's message), :func:`mask_urls_in`. Storage keeps a URL without its secrets
 (:func:`split_secrets`) and the secrets encrypted elsewhere; :func:`with_secrets` puts them back for the wire.
@@ -51,8 +53,9 @@ SECRET_PARAMETERS = frozenset(
         "x_goog_signature",
     }
 )
-# …and any name containing one of these.
-SECRET_NAME_PARTS = ("token", "secret", "password", "passwd", "apikey", "api_key", "signature", "credential")
+# …and any name containing one of these (issue 31, point 8: `access_key`, `subscription-key`, `private_key` and
+# `auth_key` were shown in clear when only whole names were listed).
+SECRET_NAME_PARTS = ("key", "token", "secret", "sig", "pass", "auth", "credential")
 
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 
