@@ -472,6 +472,74 @@ async def test_a_tools_listener_hears_of_a_server_disabled_at_once_not_at_the_sa
     await sync_to_async(close_gateway_connections)()
 
 
+def _revoke(agent, token_row):
+    from taskhub.api.tokens import revoke_token
+
+    revoke_token(token=token_row, revoked_by=None)
+
+
+def _deactivate(agent, token_row):
+    agent.is_active = False
+    agent.save()
+
+
+def _take_the_role(agent, token_row):
+    agent.groups.clear()
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (_revoke, "the API token was revoked"),
+        (_deactivate, "the token's user was deactivated"),
+        (_take_the_role, "the token's user is no longer an agent or an operator"),
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+async def test_an_open_listen_stream_ends_within_two_seconds_once_its_token_may_no_longer_listen(change, why):
+    """Issue 31, point 6: a revoked token's stream ran on for its 600 s (13 more updates in 12 s)."""
+    from asgiref.sync import sync_to_async
+    from channels.layers import get_channel_layer
+    from django.test import AsyncClient
+
+    from taskhub.api.models import ApiToken
+    from taskhub.live.groups import user_group
+    from taskhub.live.hub import hub_for
+
+    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
+    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    token_row, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    task = await sync_to_async(services.launch)(server=alpha, tool="deploy", arguments={"target": "x"}, user=agent)
+    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
+    body = {
+        "jsonrpc": "2.0",
+        "id": "listen-1",
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"taskIds": [str(task.pk)]}, "_meta": DECLARING},
+    }
+    response = await AsyncClient().post(
+        "/mcp/servers/alpha", json.dumps(body), content_type="application/json",
+        headers={"Authorization": f"Bearer {secret}"},
+    )  # fmt: skip
+    stream = aiter(response.streaming_content)
+    sse_messages(await anext(stream))  # the acknowledgement
+    sse_messages(await anext(stream))  # the task as it is
+    following = asyncio.ensure_future(anext(stream))
+    hub = hub_for(get_channel_layer())
+    while not hub.members.get(user_group(agent.pk)):  # the stream listens
+        await asyncio.sleep(0.01)
+    token_row = await ApiToken.objects.select_related("user").aget(pk=token_row.pk)
+    await sync_to_async(change)(agent, token_row)
+    (ended,) = sse_messages(await asyncio.wait_for(following, 2))
+    assert ended["id"] == "listen-1" and ended["error"]["code"] == -32000, ended  # Unauthorized
+    assert why in ended["error"]["message"]
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(stream), 2)
+    await sync_to_async(connections.close_all)()
+    await sync_to_async(close_gateway_connections)()
+
+
 @pytest.mark.django_db
 def test_listening_to_tasks_needs_the_extension(world):
     _status, body = rpc(world["token"], "subscriptions/listen", {"notifications": {"taskIds": []}}, meta=PLAIN)

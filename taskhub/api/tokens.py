@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from taskhub.api.models import ApiToken
 from taskhub.audit.services import record_event
+from taskhub.live import publish
 
 TOKEN_PREFIX = "thk_"
 SHOWN_CHARS = len(TOKEN_PREFIX) + 6
@@ -50,6 +51,9 @@ def revoke_token(*, token: ApiToken, revoked_by=None) -> ApiToken:
             user=revoked_by,
             data={"token_id": token.pk, "prefix": token.prefix, "for": token.user.get_username()},
         )
+        # Its open gateway streams read their access again and end (the sockets of its user's sessions stay).
+        user_id = token.user_id
+        transaction.on_commit(lambda: publish.publish_access_changed(user_ids=[user_id]))
     return token
 
 

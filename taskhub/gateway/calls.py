@@ -14,12 +14,15 @@ from typing import Any
 import mcp_types
 from django.conf import settings
 from django.core import signing
+from django.utils import timezone
 
 from taskhub.accounts import permissions
+from taskhub.api.models import ApiToken
 from taskhub.gateway import wire_tasks
 from taskhub.gateway.catalogue import Endpoint
 from taskhub.gateway.protocol import (
     FORBIDDEN,
+    UNAUTHORIZED,
     Call,
     RpcError,
     bounded,
@@ -103,6 +106,23 @@ def call_tool(endpoint: Endpoint, user, call: Call) -> Launched:
     except TaskError as refused:
         raise invalid_params(str(refused)) from None
     return Launched(task_id=task.id, declared=declared, after_round=0)
+
+
+def stream_refusal(user) -> RpcError | None:
+    """Why a stream opened with this user's token must end now (None: it may go on): the token revoked or expired,
+    its user deactivated, or no longer an agent or operator (who use the gateway). Read afresh, not from the request."""
+    token = ApiToken.objects.select_related("user").filter(pk=agent_token(user).pk).first()
+    if token is None or token.revoked_at is not None:
+        why = "the API token was revoked"
+    elif token.expires_at is not None and token.expires_at <= timezone.now():
+        why = "the API token expired"
+    elif not token.user.is_active:
+        why = "the token's user was deactivated"
+    elif not permissions.launches_through_token(token.user):
+        why = "the token's user is no longer an agent or an operator"
+    else:
+        return None
+    return RpcError(UNAUTHORIZED, f"Unauthorized: {why}; the stream ends", http_status=401)
 
 
 def agent_token(user):

@@ -35,7 +35,7 @@ from taskhub.gateway.protocol import (
     unauthorized,
 )
 from taskhub.live.hub import HUB_LOST
-from taskhub.live.publish import TASK_CHANGED
+from taskhub.live.publish import ACCESS_CHANGED, TASK_CHANGED
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,8 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
                 "notifications/subscriptions/acknowledged", {"notifications": subscription.acknowledged()}
             )
             tools_of_user = user.pk if subscription.tools else None
-            async with waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user) as wakeups:
+            wakeups = waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user, access_of_user=user.pk)
+            async with wakeups:
                 tools_seen, tasks_seen = await sync_to_async(calls.subscription_state)(endpoint, user, subscription)
                 await sync_to_async(waiting.release_request_connection)()
                 for task in tasks_seen.values():
@@ -206,6 +207,13 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
                         continue
                     if any(message.get("type") == HUB_LOST for message in messages):
                         break
+                    if any(message.get("type") == ACCESS_CHANGED for message in messages):
+                        # The token revoked, its user deactivated or a role taken: the stream ends at once.
+                        refusal = await sync_to_async(calls.stream_refusal)(user)
+                        if refusal is not None:
+                            ended_by = error_message(call.id, refusal)
+                            yield f"event: message\ndata: {json.dumps(ended_by)}\n\n".encode()
+                            return
                     # The tool list is read again only when access or a server's tools changed (or by the safety net).
                     if any(message.get("type") != TASK_CHANGED for message in messages):
                         tools_now, tasks_now = await read_state(endpoint, user, subscription, tools=True)

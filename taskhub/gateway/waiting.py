@@ -152,12 +152,17 @@ class Wakeups:
     tools: their tool list may have changed). Join before reading the state they wake a re-read of, so no change
     falls in between."""
 
-    def __init__(self, task_ids, *, tools_of_user: int | None = None) -> None:
+    def __init__(self, task_ids, *, tools_of_user: int | None = None, access_of_user: int | None = None) -> None:
+        """`access_of_user`: also woken when that user's access may have changed (their token revoked, deactivated,
+        a role taken), so that their stream can end."""
         self.task_ids = frozenset(str(task_id) for task_id in task_ids)
         self.tools = tools_of_user is not None
         self.groups = [task_group(task_id) for task_id in task_ids]
         if tools_of_user is not None:
-            self.groups += [ACCESS_GROUP, CATALOGUE_GROUP, user_group(tools_of_user)]
+            self.groups += [CATALOGUE_GROUP]
+        for user_id in dict.fromkeys(u for u in (tools_of_user, access_of_user) if u is not None):
+            self.groups += [ACCESS_GROUP, user_group(user_id)]
+        self.groups = list(dict.fromkeys(self.groups))
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.layer = get_channel_layer()
         self.hub = None
