@@ -19,6 +19,7 @@ from taskhub.tasks.inbox_listing import FLOOD_THRESHOLD
 from taskhub.tasks.models import InputRequest, InputRequestState
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.catalogue_fixtures import with_tools
 from tests.helpers import snapshot
 from tests.inbox_fixtures import remote_id, task_asking
 
@@ -248,3 +249,45 @@ def test_a_plain_post_answer_returns_to_the_same_filtered_page(servers, approver
     assert refused.status_code == 409
     body = refused.content.decode()
     assert "Page 2 of 2" in body and f'<option value="{flooder.pk}" selected>' in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cap_holds_when_many_tasks_of_a_server_open_requests_at_once(settings):
+    """Issue 31, point 7: counted without a lock, 8 tasks x 400 requests opened at once against a cap of 1,000 left
+    2,400 open. Each thread applies its task's snapshot in its own transaction, all released together."""
+    import threading
+
+    from django.db import connection
+
+    from taskhub.mcp.client import TaskCreated
+
+    settings.TASKHUB_MAX_OPEN_REQUESTS_PER_SERVER = 40
+    server = create_server(name="flooder", transport="http", url="http://flood.example/mcp", user=None)
+    tasks = []
+    for _ in range(6):
+        task = services.launch(server=with_tools(server, "deploy"), tool="deploy", arguments={}, user=None)
+        tasks.append(
+            services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id=remote_id(task))))
+        )
+    start = threading.Barrier(len(tasks))
+    failures = []
+
+    def open_requests(task) -> None:
+        try:
+            asking = snapshot(
+                "input_required", task_id=remote_id(task), inputRequests={f"k{n}": ASK for n in range(20)}
+            )
+            start.wait(10)
+            services.apply_snapshot(task=task, snapshot=asking)
+        except Exception as error:
+            failures.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=open_requests, args=(task,)) for task in tasks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    assert InputRequest.objects.filter(server=server, state=InputRequestState.OPEN).count() == 40
