@@ -195,6 +195,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    # /api/ and /mcp: unstorable text, oversized bodies and the API's 405s answered as JSON (400, 413, 405).
+    "taskhub.web.machine_input.json_errors_for_machines",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "taskhub.accounts.middleware.roles_once_per_request",
