@@ -38,7 +38,8 @@ QUOTE_MAX_CHARS = 500
 LOG_PROBLEM_MAX_CHARS = 300
 
 
-logger = logging.getLogger(__name__)
+# The package's name, as before it was split: log configurations and filters that name it keep working.
+logger = logging.getLogger("taskhub.tasks.services")
 
 
 def _log_after_commit(message: str, task: Task, *args: Any) -> None:
