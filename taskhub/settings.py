@@ -293,6 +293,11 @@ TASKHUB_BASE_URL = os.environ.get("TASKHUB_BASE_URL", "").strip().rstrip("/")
 TASKHUB_WEBHOOK_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_WEBHOOK_TIMEOUT_SECONDS", "10"))
 TASKHUB_WEBHOOK_RETRY_SECONDS = float(os.environ.get("TASKHUB_WEBHOOK_RETRY_SECONDS", "30"))
 TASKHUB_WEBHOOK_ATTEMPTS = int(os.environ.get("TASKHUB_WEBHOOK_ATTEMPTS", "10"))
+# Webhook deliveries run apart from launches, answers and cancels (a queue of their own, taskhub.approvals.hooks): at
+# most this many at once per worker, and at most ..._PER_DESTINATION to one receiver (scheme, host and port), so a
+# receiver that hangs delays only its own deliveries.
+TASKHUB_WEBHOOK_CONCURRENCY = int(os.environ.get("TASKHUB_WEBHOOK_CONCURRENCY", "4"))
+TASKHUB_WEBHOOK_CONCURRENCY_PER_DESTINATION = int(os.environ.get("TASKHUB_WEBHOOK_CONCURRENCY_PER_DESTINATION", "2"))
 if TASKHUB_WEBHOOK_ATTEMPTS < 1 or TASKHUB_WEBHOOK_TIMEOUT_SECONDS <= 0 or TASKHUB_WEBHOOK_RETRY_SECONDS < 0:
     raise ImproperlyConfigured(
         "TASKHUB_WEBHOOK_ATTEMPTS must be at least 1, TASKHUB_WEBHOOK_TIMEOUT_SECONDS above 0 and"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.models import ProcrastinateJob
@@ -399,3 +399,56 @@ def test_a_webhook_urls_secret_query_values_are_stored_apart_shown_nowhere_and_s
     for where in shown:
         assert "tok-1234567" not in where and "sig-7654321" not in where
     assert "token=***&amp;Sig=***" in shown[1]  # the edit page shows the URL as stored
+
+
+def test_a_receiver_that_hangs_delays_only_its_own_deliveries(server, receiver, settings):
+    """Issue 31, point 4: webhook deliveries took the worker's job slots; with ~80 hanging 5 s each, another
+    server's quick launches took 10.8-20.1 s. They now run on a queue and runner of their own, at most
+    TASKHUB_WEBHOOK_CONCURRENCY_PER_DESTINATION to one receiver at once."""
+    from taskhub.approvals.hooks import WEBHOOK_QUEUE, enqueue_webhook_delivery
+    from taskhub.worker.management.commands.worker import run_jobs
+
+    settings.TASKHUB_WEBHOOK_TIMEOUT_SECONDS = 10
+    settings.TASKHUB_WEBHOOK_CONCURRENCY_PER_DESTINATION = 2
+    hanging = WebhookReceiver(secret=SECRET, answers=[Answer(200, delay=4)]).start()
+    try:
+        policy = policy_services.create_policy(server=server, tool="deploy", user=None)
+        slow = webhooks.create_webhook(policy=policy, url=hanging.url, secret=SECRET, user=None)
+        quick = webhooks.create_webhook(policy=policy, url=receiver.url, secret=SECRET, user=None)
+        only_webhook_jobs()
+        with transaction.atomic():  # the slow receiver's six first, in the order the runner takes them
+            for webhook in [slow] * 6 + [quick]:
+                delivery = WebhookDelivery.objects.create(webhook=webhook, event="request.waiting", body={"n": 1})
+                enqueue_webhook_delivery(delivery.pk)
+        assert set(ProcrastinateJob.objects.values_list("queue_name", flat=True)) == {WEBHOOK_QUEUE}
+        to_quick = WebhookDelivery.objects.get(webhook=quick)
+
+        async def run_until_the_quick_one_is_delivered() -> float:
+            stop = asyncio.Event()
+            with app.replace_connector(worker_connector()) as worker_app:
+                async with worker_app.open_async():
+                    runner = asyncio.create_task(
+                        run_jobs(
+                            worker_id="webhooks-test",
+                            concurrency=4,  # fewer slots than the slow receiver has deliveries
+                            shutdown_timeout=1,
+                            stop=stop,
+                            queues=[WEBHOOK_QUEUE],
+                            server_slots=False,
+                        )
+                    )
+                    started = time.monotonic()
+                    try:
+                        while await WebhookDelivery.objects.filter(pk=to_quick.pk, status="pending").aexists():
+                            assert time.monotonic() - started < 15, "the quick receiver's delivery never went"
+                            await asyncio.sleep(0.05)
+                        return time.monotonic() - started
+                    finally:
+                        stop.set()
+                        await asyncio.gather(runner, return_exceptions=True)
+
+        took = async_to_sync(run_until_the_quick_one_is_delivered)()
+        assert took < 2, f"the quick receiver waited {took:.1f} s behind the hanging one"
+        assert WebhookDelivery.objects.get(pk=to_quick.pk).status == DeliveryStatus.DELIVERED
+    finally:
+        hanging.stop()

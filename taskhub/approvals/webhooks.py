@@ -396,6 +396,12 @@ class Outcome:
     retryable: bool
 
 
+def destination(*, delivery_id: uuid.UUID) -> str | None:
+    """Where a delivery goes (scheme://host[:port]); None when it is gone. The job limits its sends per destination."""
+    url = WebhookDelivery.objects.filter(pk=delivery_id).values_list("webhook__url", flat=True).first()
+    return origin(url) if url is not None else None
+
+
 @transaction.atomic
 def start_attempt(*, delivery_id: uuid.UUID) -> Attempt | None:
     """Count the attempt and build the request; None when nothing is to be sent (delivered, given up, removed,

@@ -22,6 +22,7 @@ from django.db import OperationalError, connection
 from procrastinate.contrib.django import app
 from procrastinate.contrib.django.db_cleanup import close_db_connections
 
+from taskhub.approvals.hooks import WEBHOOK_QUEUE
 from taskhub.observability import jobs as observability_jobs
 from taskhub.runtime import tune_garbage_collector
 from taskhub.servers.hooks import DEFAULT_QUEUE
@@ -166,6 +167,18 @@ async def run_parts(
             ),
             name="jobs",
         )
+        # Webhook deliveries on their own queue and runner: a receiver that hangs holds none of the slots above.
+        webhook_jobs = asyncio.create_task(
+            run_jobs(
+                worker_id=f"{worker_id} webhooks",
+                concurrency=settings.TASKHUB_WEBHOOK_CONCURRENCY,
+                shutdown_timeout=shutdown_timeout,
+                stop=stop,
+                queues=[WEBHOOK_QUEUE],
+                server_slots=False,
+            ),
+            name="webhook jobs",
+        )
         supervisor = StdioSupervisor(worker_id=worker_id, lease_seconds=lease_seconds, run_queue=run_queue)
         stdio_stop = asyncio.Event()  # set once the tracker and the other jobs are done with the processes
         stdio_servers = asyncio.create_task(supervisor.run(stdio_stop), name="stdio servers")
@@ -181,13 +194,14 @@ async def run_parts(
         health_file = asyncio.create_task(health.beat(stop=stop, is_well=database_answers), name="health file")
         print(f"worker {worker_id} running (jobs, stdio servers and tracker)", flush=True)
         stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({jobs, stdio_servers, tracker, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        parts = {jobs, webhook_jobs, stdio_servers, tracker, stopping}
+        done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
         for finished in done - {stopping}:
             if finished.exception() is not None:
                 logger.error("%s stopped unexpectedly", finished.get_name(), exc_info=finished.exception())
         stop.set()
         # The tracker first (its polls go through the stdio processes), then the processes and their queues.
-        results = await asyncio.gather(jobs, tracker, health_file, return_exceptions=True)
+        results = await asyncio.gather(jobs, webhook_jobs, tracker, health_file, return_exceptions=True)
         stdio_stop.set()
         results += await asyncio.gather(stdio_servers, return_exceptions=True)
         stopping.cancel()
@@ -222,6 +236,7 @@ async def run_jobs(
     shutdown_timeout: float,
     stop: asyncio.Event,
     queues: list[str] | None = None,
+    server_slots: bool = True,
 ) -> None:
     """procrastinate's job runner on `queues` (None: all) until `stop`, started again whenever it stops by itself.
 
@@ -229,7 +244,8 @@ async def run_jobs(
     on a Postgres restart; the process must not exit for that. Jobs it was running when it stopped are
     finished or, if its heartbeat ended first, queued again by another worker's heartbeat (heartbeats.py).
     """
-    SLOTS.concurrency = concurrency  # each server's share of the slots is a part of it
+    if server_slots:  # not the webhooks' runner: MCP servers' jobs share the slots of the runner that runs them
+        SLOTS.concurrency = concurrency  # each server's share of the slots is a part of it
     delay = RESTART_FIRST_SECONDS
     while not stop.is_set():
         runner = asyncio.create_task(
