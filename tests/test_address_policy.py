@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -244,3 +245,48 @@ def test_a_reply_that_is_not_mcp_is_quoted_by_a_short_printable_excerpt_at_most(
         assert len(text) <= 300 and text.count("z") <= 80, text
         assert not any(char in text for char in "\x1b\x07\u202e"), text
         assert "\\x1b" not in text and "\\u202e" not in text, text
+
+
+# Every spelling of "this host" (and one of loopback) that reaches a listener on 127.0.0.1 without naming it. ("0"
+# alone is no valid URL: refused as such.)
+THIS_HOST_SPELLINGS = ["0.0.0.0", "[::ffff:0.0.0.0]", "[::ffff:127.0.0.1]", "[::]", "[::ffff:0:0]"]
+
+
+@pytest.mark.parametrize("host", THIS_HOST_SPELLINGS)
+def test_each_spelling_of_this_host_is_refused_on_every_outbound_path_once_loopback_is_denied(host):
+    """Issue 31, point 3, table-driven: at registration (a server, a webhook) and at connection time through the SDK's
+    HTTP stack (discovery, over httpx2), the lean poll (aiohttp, and the raw pool after it) and a webhook's POST
+    (httpx2); a listener on 127.0.0.1 hears nothing."""
+    from taskhub.approvals.services import create_policy
+    from taskhub.approvals.webhooks import Attempt, WebhookInvalid, create_webhook, post
+
+    seen: list[Request] = []
+    recorder = recording_server(seen)
+    port = recorder.start()
+    url = f"http://{host}:{port}/mcp"
+    try:
+        server = create_server(name="zeros", transport="http", url=url, user=None)  # allowed while loopback is
+        policy = create_policy(server=server, users=[], user=None)
+        with override_settings(**LOOPBACK_DENIED):
+            with pytest.raises(ServerConfigInvalid, match="address policy refuses"):
+                create_server(name="again", transport="http", url=url, user=None)
+            with pytest.raises(WebhookInvalid, match="address policy refuses"):
+                create_webhook(policy=policy, url=url, secret="s" * 32, user=None)
+            with pytest.raises(DiscoveryFailed, match="address policy refuses"):
+                discover_and_record(server=Server.objects.get(pk=server.pk))
+
+            async def poll() -> None:
+                getter = LeanTaskGetter(server.to_target(), timeout=5)
+                try:
+                    await getter.get_task("t-1")
+                finally:
+                    await getter.aclose()
+
+            with pytest.raises(AddressRefused):
+                async_to_sync(poll)()
+            attempt = Attempt(delivery_id=uuid.uuid4(), url=url, headers={}, body=b"{}")
+            outcome = async_to_sync(post)(attempt, timeout=5)
+            assert outcome.http_status is None and "address policy refuses" in outcome.excerpt
+    finally:
+        recorder.stop()
+    assert seen == [], "nothing reached the listener on loopback"
