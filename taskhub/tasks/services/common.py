@@ -25,18 +25,11 @@ from taskhub.tasks.models import (
 # What apply_snapshot compares. lastUpdatedAt is left out on purpose: some peers bump it on every
 # read, so it is stored only along with a real change.
 SNAPSHOT_FIELDS = ("status", "status_message", "result", "error", "ttl_ms", "poll_interval_ms", "remote_created_at")
-
-
 TERMINAL_FIELDS = ("status", "result", "error")
-
-
 # What a protocol error note quotes of a stored or received value, at most (as JSON).
 QUOTE_MAX_CHARS = 500
-
-
 # What a log line quotes of a problem, at most: the timeline has the rest.
 LOG_PROBLEM_MAX_CHARS = 300
-
 
 # The package's name, as before it was split: log configurations and filters that name it keep working.
 logger = logging.getLogger("taskhub.tasks.services")

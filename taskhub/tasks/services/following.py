@@ -248,8 +248,6 @@ def _open_requests(
 
 
 OVER_CAP_MARK = "open_request_cap"
-
-
 # pg_advisory_xact_lock(OPEN_REQUESTS_LOCK, server id): who opens requests of a server, one transaction at a time.
 OPEN_REQUESTS_LOCK = 0x7A5C_0A3E
 
