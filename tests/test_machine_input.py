@@ -46,23 +46,29 @@ def remembered() -> tuple[int, int]:
 
 @pytest.mark.parametrize("bad", [LONE_SURROGATE, NUL, f"alpha{NUL}"])
 @pytest.mark.parametrize(
-    ("path", "body"),
+    ("path", "body", "fields"),
     [
-        ("/api/tasks", lambda bad, world: {"server": bad, "tool": "deploy", "arguments": {}}),
-        ("/api/tasks", lambda bad, world: {"server": "alpha", "tool": "deploy", "arguments": {"target": bad}}),
-        ("/api/approval-policies", lambda bad, world: {"server": "alpha", "tool": bad}),
+        ("/api/tasks", lambda bad: {"server": bad, "tool": "deploy", "arguments": {}}, {"server"}),
+        (
+            "/api/tasks",
+            lambda bad: {"server": "alpha", "tool": "deploy", "arguments": {"target": bad}},
+            {"target"},  # a tool's argument by its own name, as the API's other errors name it
+        ),
+        ("/api/approval-policies", lambda bad: {"server": "alpha", "tool": bad}, {"tool"}),
         (
             "/api/approval-policies/{policy}/webhooks",
-            lambda bad, world: {"url": f"https://hooks.example/{bad}", "secret": bad},
+            lambda bad: {"url": f"https://hooks.example/{bad}", "secret": bad},
+            {"url", "secret"},
         ),
     ],
 )
-def test_unstorable_text_in_the_api_is_a_json_400_and_changes_nothing(world, bad, path, body):
+def test_unstorable_text_in_the_api_is_a_json_400_and_changes_nothing(world, bad, path, body, fields):
     before = remembered()
-    response = send("POST", path.format(policy=world["policy"].pk), world["admin"], body(bad, world))
+    response = send("POST", path.format(policy=world["policy"].pk), world["admin"], body(bad))
     assert response.status_code == 400, response.content
     assert response["Content-Type"] == "application/json"
     assert "cannot be stored" in response.json()["error"]
+    assert set(response.json()["fields"]) == fields
     assert remembered() == before
 
 

@@ -26,15 +26,35 @@ JSON_RPC_INVALID_REQUEST = -32600
 
 def unstorable(value, depth: int = 0) -> bool:
     """Whether a decoded JSON value holds a NUL or a lone surrogate in any string, key or value."""
+    return bool(unstorable_paths(value, depth=depth))
+
+
+def unstorable_paths(value, path: str = "", depth: int = 0) -> list[str]:
+    """The dotted paths of the strings (or keys) in `value` that hold a NUL or a lone surrogate ("" for the value
+    itself); at most a few."""
     if depth > 200:
-        return True  # nothing taskhub stores nests so deep
+        return [path]  # nothing taskhub stores nests so deep
     if isinstance(value, str):
-        return _bad_text(value)
+        return [path] if _bad_text(value) else []
+    found: list[str] = []
     if isinstance(value, dict):
-        return any(_bad_text(key) or unstorable(item, depth + 1) for key, item in value.items())
-    if isinstance(value, list):
-        return any(unstorable(item, depth + 1) for item in value)
-    return False
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            found += [where] if _bad_text(str(key)) else unstorable_paths(item, where, depth + 1)
+            if len(found) >= 5:
+                break
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += unstorable_paths(item, f"{path}.{index}" if path else str(index), depth + 1)
+            if len(found) >= 5:
+                break
+    return found
+
+
+def _api_field(path: str) -> str:
+    """A path as the API's other errors name fields: a tool's argument or a form's field by its own name."""
+    first, _, rest = path.partition(".")
+    return rest if first in ("arguments", "content") and rest else path or "body"
 
 
 def _bad_text(text: str) -> bool:
@@ -65,10 +85,12 @@ def json_errors_for_machines(get_response):
                 data = json.loads(body)
             except (ValueError, RecursionError):
                 data = None  # the view says what it makes of it (ninja 400, the gateway -32700)
-            if data is not None and unstorable(data):
+            paths = unstorable_paths(data) if data is not None else []
+            if paths:
                 request_id = data.get("id") if isinstance(data, dict) and not unstorable(data.get("id")) else None
                 why = "The request contains text that cannot be stored: a NUL character or a lone surrogate."
-                return _refused(gateway, request_id, 400, why)
+                fields = {_api_field(path): "contains a NUL character or a lone surrogate" for path in paths}
+                return _refused(gateway, request_id, 400, why, fields)
         response = get_response(request)
         if (
             not gateway
@@ -85,9 +107,9 @@ def json_errors_for_machines(get_response):
     return middleware
 
 
-def _refused(gateway: bool, request_id, status: int, why: str) -> JsonResponse:
+def _refused(gateway: bool, request_id, status: int, why: str, fields: dict | None = None) -> JsonResponse:
     if gateway:
         code = JSON_RPC_INVALID_PARAMS if status == 400 else JSON_RPC_INVALID_REQUEST
         message = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": why}}
         return JsonResponse(message, status=status)
-    return JsonResponse({"error": why, "fields": {}}, status=status)
+    return JsonResponse({"error": why, "fields": fields or {}}, status=status)
