@@ -152,12 +152,7 @@ class IdleExitingExecutor(Executor):
             try:
                 item = self._work.get(timeout=self.idle_seconds)
             except queue.Empty:
-                connections.close_all()
-                with self._lock:
-                    if self._work.empty():
-                        self._thread = None
-                        return
-                continue
+                item = None  # idle for idle_seconds: exit as on shutdown's wake-up
             if item is None:
                 connections.close_all()
                 with self._lock:
