@@ -31,12 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from channels.db import DatabaseSyncToAsync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection, connections
+from django.db import connection
 
 from taskhub.gateway.protocol import RpcError
 from taskhub.live import publish
 from taskhub.live.groups import ACCESS_GROUP, CATALOGUE_GROUP, task_group, user_group
 from taskhub.live.hub import hub_for
+from taskhub.live.threads import close_pool_connections
 from taskhub.tasks.models import Task
 
 # At-most-once messages: the process looks this often for changes of listened tasks that woke no stream.
@@ -70,14 +71,7 @@ def on_gateway_thread(function):
 
 def close_gateway_connections(timeout: float = 10) -> None:
     """Close every pool thread's connection (tests: an open one keeps the test database from being dropped)."""
-    barrier = threading.Barrier(GATEWAY_THREADS)
-
-    def close_this_threads() -> None:
-        connections.close_all()
-        barrier.wait(timeout)
-
-    for future in [_executor.submit(close_this_threads) for _ in range(GATEWAY_THREADS)]:
-        future.result(timeout + 1)
+    close_pool_connections(_executor, GATEWAY_THREADS, timeout=timeout)
 
 
 def release_request_connection() -> None:

@@ -31,12 +31,18 @@ def on_live_thread(function):
 
 def close_live_connections(timeout: float = 10) -> None:
     """Close every pool thread's database connection (tests: an open one keeps the test database from being
-    dropped). One call per thread: each waits at a barrier until all threads have one, so none takes two."""
-    barrier = threading.Barrier(LIVE_THREADS)
+    dropped)."""
+    close_pool_connections(_executor, LIVE_THREADS, timeout=timeout)
+
+
+def close_pool_connections(executor: ThreadPoolExecutor, threads: int, *, timeout: float = 10) -> None:
+    """Close the database connection of each of a pool's `threads` threads. One call per thread: each waits at a
+    barrier until all threads have one, so none takes two."""
+    barrier = threading.Barrier(threads)
 
     def close_this_threads() -> None:
         connections.close_all()
         barrier.wait(timeout)
 
-    for future in [_executor.submit(close_this_threads) for _ in range(LIVE_THREADS)]:
+    for future in [executor.submit(close_this_threads) for _ in range(threads)]:
         future.result(timeout + 1)
