@@ -25,17 +25,15 @@ def answer_refusal(*, input_request, answer: dict[str, Any], user, terms: Answer
     own answers, with no user, are never refused here)."""
     if user is None:
         return ""
-    task = input_request.task
-    if input_request.escalated_to_id is not None:
-        if not permissions.in_escalation_group(user, input_request):
-            group = input_request.escalated_to.name if input_request.escalated_to else "another group"
-            return (
-                f"This request was escalated to {group} when nobody answered it by its deadline; only they answer it "
-                "now."
-            )
-    elif not permissions.policy_allows(user, server_id=task.server_id, tool=task.tool):
+    barred = _barred(user, input_request=input_request, terms=terms)
+    if barred == ESCALATED:
+        group = input_request.escalated_to.name if input_request.escalated_to else "another group"
+        return (
+            f"This request was escalated to {group} when nobody answered it by its deadline; only they answer it now."
+        )
+    if barred == NOT_NAMED:
         return f"Only {terms.answerers} may answer this request ({terms.policy})."
-    if not terms.self_approval and task.launched_by_id == user.pk:
+    if barred == LAUNCHED_IT:
         return (
             f"You launched this task, so you cannot answer its requests: {terms.policy} does not allow "
             f"self-approval (rule: {SELF_APPROVAL_RULE}). Someone else among {terms.answerers} must answer."
@@ -86,15 +84,30 @@ def _why_not_counted(user, *, input_request, terms: AnswerTerms) -> str:
         return "their account was deactivated"
     if not permissions.is_approver(user):
         return "they are no longer an approver"
+    return {
+        ESCALATED: "they are not in the group the request was escalated to",
+        NOT_NAMED: f"{terms.policy} no longer names them (only {terms.answerers})",
+        LAUNCHED_IT: f"they launched the task, and {terms.policy} does not allow self-approval",
+        None: "",
+    }[_barred(user, input_request=input_request, terms=terms)]
+
+
+# Why a person may not answer a request under the policy in force (_barred), worded by each caller for its reader.
+ESCALATED, NOT_NAMED, LAUNCHED_IT = "escalated elsewhere", "not named", "launched it"
+
+
+def _barred(user, *, input_request, terms: AnswerTerms) -> str | None:
+    """Whether the policy in force lets `user` answer this request at all: the escalation group only, once it was
+    escalated, else those the policy names; and not its launcher where self-approval is refused. None: they may."""
     task = input_request.task
     if input_request.escalated_to_id is not None:
         if not permissions.in_escalation_group(user, input_request):
-            return "they are not in the group the request was escalated to"
+            return ESCALATED
     elif not permissions.policy_allows(user, server_id=task.server_id, tool=task.tool):
-        return f"{terms.policy} no longer names them (only {terms.answerers})"
+        return NOT_NAMED
     if not terms.self_approval and task.launched_by_id == user.pk:
-        return f"they launched the task, and {terms.policy} does not allow self-approval"
-    return ""
+        return LAUNCHED_IT
+    return None
 
 
 def answer_deadline(*, terms: AnswerTerms, opened_at: datetime.datetime) -> AnswerDeadline | None:
