@@ -92,11 +92,12 @@ def holds_lease(lease_owner: str, *, server_field: str = "server_id") -> Exists:
     """Over a model with a server: `lease_owner` (a worker) holds the lease of the server's stdio process now, by the
     database's clock. The statements that mark a launch sent or claim an answer's delivery check it, so a worker
     paused past its lease (its memory still says it runs the process) sends nothing: tasks.errors.LeaseLost."""
-    return Exists(
-        ServerProcess.objects.filter(
-            server_id=OuterRef(server_field), lease_owner=lease_owner, lease_expires_at__gt=Now()
-        )
-    )
+    return Exists(leases_held_by(lease_owner).filter(server_id=OuterRef(server_field)))
+
+
+def leases_held_by(lease_owner: str):
+    """The stdio processes whose lease `lease_owner` holds now, by the database's clock."""
+    return ServerProcess.objects.filter(lease_owner=lease_owner, lease_expires_at__gt=Now())
 
 
 def lease_lost(lease_owner: str, server_id: int) -> LeaseLost:

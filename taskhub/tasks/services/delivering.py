@@ -6,7 +6,6 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
@@ -21,7 +20,14 @@ from taskhub.tasks.models import (
     InputRequestState,
     Task,
 )
-from taskhub.tasks.services.common import _locked, _poll_soon, _publish_after_commit, holds_lease, lease_lost
+from taskhub.tasks.services.common import (
+    _locked,
+    _poll_soon,
+    _publish_after_commit,
+    holds_lease,
+    lease_lost,
+    leases_held_by,
+)
 
 
 def claim_delivery(
@@ -196,6 +202,5 @@ def check_lease(*, server_id: int, lease_owner: str) -> None:
     """LeaseLost unless `lease_owner` holds the lease of the stdio server's process now (the database's clock): the
     cancel job asks just before it sends tasks/cancel through the process (nothing is recorded before a cancel is
     sent, so the check is its own statement; a cancel sent twice asks the server the same thing twice)."""
-    held = ServerProcess.objects.filter(server_id=server_id, lease_owner=lease_owner, lease_expires_at__gt=Now())
-    if not held.exists():
+    if not leases_held_by(lease_owner).filter(server_id=server_id).exists():
         raise lease_lost(lease_owner, server_id)
