@@ -13,11 +13,15 @@ The gateway's answers are JSON-RPC error objects (with the request's id when it 
 """
 
 import json
+import re
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 
+# JSON that can decode to a NUL or a lone surrogate says so in an escape (raw, neither is valid JSON text or UTF-8):
+# only a body with one is decoded here, so the views' own parse is not done twice on every request.
+MAY_DECODE_UNSTORABLE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 API_PREFIX = "/api/"
 GATEWAY_PREFIX = "/mcp"
 JSON_RPC_INVALID_PARAMS = -32602
@@ -80,7 +84,7 @@ def json_errors_for_machines(get_response):
         except RequestDataTooBig:
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             return _refused(gateway, None, 413, f"The request body is larger than {limit} bytes.")
-        if body and request.content_type == "application/json":
+        if body and request.content_type == "application/json" and MAY_DECODE_UNSTORABLE.search(body):
             try:
                 data = json.loads(body)
             except (ValueError, RecursionError):
