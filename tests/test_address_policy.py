@@ -110,6 +110,19 @@ def test_loopback_and_private_ranges_are_allowed_by_default_and_can_be_denied():
         create_server(name="more", transport="http", url="http://10.9.9.9/mcp", user=None)
 
 
+def poll_once(server: Server) -> None:
+    """One tasks/get on the lean poll path (aiohttp, then the raw pool), as the tracker sends it."""
+
+    async def poll() -> None:
+        getter = LeanTaskGetter(server.to_target(), timeout=5)
+        try:
+            await getter.get_task("t-1")
+        finally:
+            await getter.aclose()
+
+    async_to_sync(poll)()
+
+
 def recording_server(seen: list[Request]) -> ThreadedApp:
     async def answer(request: Request) -> Response:
         seen.append(request)
@@ -131,15 +144,8 @@ def test_a_name_that_resolves_to_a_denied_address_is_refused_at_each_connection(
         assert seen and seen[0].headers["host"] == f"localhost:{port}", "the SDK path: sent to the checked address"
         discovered = len(seen)
 
-        async def poll() -> None:
-            getter = LeanTaskGetter(server.to_target(), timeout=5)
-            try:
-                await getter.get_task("t-1")
-            finally:
-                await getter.aclose()
-
         with pytest.raises(AuthorizationFailed):  # the lean path's checked resolver, while allowed
-            async_to_sync(poll)()
+            poll_once(server)
         assert len(seen) > discovered and all(request.headers["host"] == f"localhost:{port}" for request in seen)
         seen.clear()
 
@@ -150,12 +156,12 @@ def test_a_name_that_resolves_to_a_denied_address_is_refused_at_each_connection(
             server.refresh_from_db()
             assert "address policy refuses" in server.last_error
             with pytest.raises(AddressRefused):
-                async_to_sync(poll)()
+                poll_once(server)
 
         literal = create_server(name="literal", transport="http", url=f"http://127.0.0.1:{port}/mcp", user=None)
         with override_settings(**LOOPBACK_DENIED):
             with pytest.raises(AddressRefused):
-                async_to_sync(LeanTaskGetter(literal.to_target(), timeout=5).get_task)("t-1")
+                poll_once(literal)
             task = task_services.launch(server=with_tools(server, "work"), tool="work", arguments={}, user=operator)
             async_to_sync(jobs.launch)(task.id)
     finally:
@@ -186,20 +192,13 @@ def test_this_host_registered_while_allowed_is_refused_at_each_connection_once_l
     try:
         server = create_server(name="zeros", transport="http", url=f"http://0.0.0.0:{port}/mcp", user=None)
 
-        async def poll() -> None:
-            getter = LeanTaskGetter(server.to_target(), timeout=5)
-            try:
-                await getter.get_task("t-1")
-            finally:
-                await getter.aclose()
-
         with pytest.raises(AuthorizationFailed):  # allowed: 0.0.0.0 reaches the listener on 127.0.0.1
-            async_to_sync(poll)()
+            poll_once(server)
         reached = len(seen)
         assert reached
         with override_settings(**LOOPBACK_DENIED):
             with pytest.raises(AddressRefused, match=r"reaches 127\.0\.0\.1"):
-                async_to_sync(poll)()
+                poll_once(server)
             with pytest.raises(DiscoveryFailed, match="address policy refuses"):
                 discover_and_record(server=Server.objects.get(pk=server.pk))
     finally:
@@ -275,15 +274,8 @@ def test_each_spelling_of_this_host_is_refused_on_every_outbound_path_once_loopb
             with pytest.raises(DiscoveryFailed, match="address policy refuses"):
                 discover_and_record(server=Server.objects.get(pk=server.pk))
 
-            async def poll() -> None:
-                getter = LeanTaskGetter(server.to_target(), timeout=5)
-                try:
-                    await getter.get_task("t-1")
-                finally:
-                    await getter.aclose()
-
             with pytest.raises(AddressRefused):
-                async_to_sync(poll)()
+                poll_once(server)
             attempt = Attempt(delivery_id=uuid.uuid4(), url=url, headers={}, body=b"{}")
             outcome = async_to_sync(post)(attempt, timeout=5)
             assert outcome.http_status is None and "address policy refuses" in outcome.excerpt
