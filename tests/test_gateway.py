@@ -325,33 +325,51 @@ def sse_messages(chunk: bytes) -> list[dict]:
     return [json.loads(line[len(b"data: ") :]) for line in chunk.splitlines() if line.startswith(b"data: ")]
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_when_they_end(settings):
+async def discovered_alpha() -> Server:
+    """The server alpha, its catalogue discovered (the listen tests' own, in their transactional database)."""
     from asgiref.sync import sync_to_async
-    from django.test import AsyncClient
 
     alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
     await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
-    agent = await sync_to_async(make_user)("agent", OPERATORS)
-    other = await sync_to_async(make_user)("olga", OPERATORS)
-    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
-    launch = sync_to_async(services.launch)
-    task = await launch(server=alpha, tool="deploy", arguments={"target": "x"}, user=agent)
-    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
-    theirs = await launch(server=alpha, tool="deploy", arguments={"target": "x"}, user=other)
+    return alpha
+
+
+async def a_working_task(alpha: Server, user) -> Task:
+    """`user`'s deploy on alpha, followed as a working task of the server's."""
+    from asgiref.sync import sync_to_async
+
+    task = await sync_to_async(services.launch)(server=alpha, tool="deploy", arguments={"target": "x"}, user=user)
+    return await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
+
+
+async def listen(secret: str, notifications: dict, *, request_id: str, path: str = "/mcp/servers/alpha"):
+    """`subscriptions/listen` through the gateway: the streaming response."""
+    from django.test import AsyncClient
 
     body = {
         "jsonrpc": "2.0",
-        "id": "listen-1",
+        "id": request_id,
         "method": "subscriptions/listen",
-        "params": {"notifications": {"taskIds": [str(task.pk), str(theirs.pk), "nope"]}, "_meta": DECLARING},
+        "params": {"notifications": notifications, "_meta": DECLARING},
     }
-    response = await AsyncClient().post(
-        "/mcp/servers/alpha",
-        json.dumps(body),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {secret}"},  # AsyncClient(headers=...) does not reach an ASGI scope
+    # AsyncClient(headers=...) does not reach an ASGI scope: the header goes with the request.
+    return await AsyncClient().post(
+        path, json.dumps(body), content_type="application/json", headers={"Authorization": f"Bearer {secret}"}
     )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_when_they_end(settings):
+    from asgiref.sync import sync_to_async
+
+    alpha = await discovered_alpha()
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    other = await sync_to_async(make_user)("olga", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    task = await a_working_task(alpha, agent)
+    theirs = await sync_to_async(services.launch)(server=alpha, tool="deploy", arguments={"target": "x"}, user=other)
+
+    response = await listen(secret, {"taskIds": [str(task.pk), str(theirs.pk), "nope"]}, request_id="listen-1")
     assert response["Content-Type"] == "text/event-stream", response.content
     stream = aiter(response.streaming_content)
     (ack,) = sse_messages(await anext(stream))
@@ -381,7 +399,6 @@ async def test_a_change_no_message_told_of_reaches_the_stream_through_the_proces
     """Channel messages are at-most-once: one look per process (not per stream) finds the change and wakes the
     streams of that task only."""
     from asgiref.sync import sync_to_async
-    from django.test import AsyncClient
 
     from taskhub.gateway import waiting
 
@@ -389,31 +406,20 @@ async def test_a_change_no_message_told_of_reaches_the_stream_through_the_proces
     looks = []
     changed_since = waiting._changed_since
     monkeypatch.setattr(waiting, "_changed_since", lambda *args: looks.append(args) or changed_since(*args))
-    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
-    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    alpha = await discovered_alpha()
     agent = await sync_to_async(make_user)("agent", OPERATORS)
     _, secret = await sync_to_async(create_token)(user=agent, name="agent")
-    task = await sync_to_async(services.launch)(server=alpha, tool="deploy", arguments={"target": "x"}, user=agent)
-    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
+    task = await a_working_task(alpha, agent)
 
-    async def listen(request_id: str):
-        body = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": "subscriptions/listen",
-            "params": {"notifications": {"taskIds": [str(task.pk)]}, "_meta": DECLARING},
-        }
-        response = await AsyncClient().post(
-            "/mcp/servers/alpha", json.dumps(body), content_type="application/json",
-            headers={"Authorization": f"Bearer {secret}"},
-        )  # fmt: skip
+    async def listening(request_id: str):
+        response = await listen(secret, {"taskIds": [str(task.pk)]}, request_id=request_id)
         stream = aiter(response.streaming_content)
         (_ack,) = sse_messages(await anext(stream))
         (now,) = sse_messages(await anext(stream))
         assert "statusMessage" not in now["params"]
         return stream
 
-    streams = [await listen("a"), await listen("b")]
+    streams = [await listening("a"), await listening("b")]
     following = [asyncio.ensure_future(anext(stream)) for stream in streams]
     # Written without the service, so no message goes out: only the safety net can find it.
     await Task.objects.filter(pk=task.pk).aupdate(status_message="found by the net", updated_at=timezone.now())
@@ -431,27 +437,17 @@ async def test_a_change_no_message_told_of_reaches_the_stream_through_the_proces
 async def test_a_tools_listener_hears_of_a_server_disabled_at_once_not_at_the_safety_net():
     from asgiref.sync import sync_to_async
     from channels.layers import get_channel_layer
-    from django.test import AsyncClient
 
     from taskhub.gateway import waiting
     from taskhub.live.groups import CATALOGUE_GROUP
     from taskhub.live.hub import hub_for
     from taskhub.servers.services import update_server
 
-    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
-    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    alpha = await discovered_alpha()
     admin = await sync_to_async(make_user)("ada", ADMINS)
     agent = await sync_to_async(make_user)("agent", OPERATORS)
     _, secret = await sync_to_async(create_token)(user=agent, name="agent")
-    body = {
-        "jsonrpc": "2.0",
-        "id": "tools-1",
-        "method": "subscriptions/listen",
-        "params": {"notifications": {"toolsListChanged": True}, "_meta": DECLARING},
-    }
-    response = await AsyncClient().post(
-        "/mcp", json.dumps(body), content_type="application/json", headers={"Authorization": f"Bearer {secret}"}
-    )
+    response = await listen(secret, {"toolsListChanged": True}, request_id="tools-1", path="/mcp")
     assert response["Content-Type"] == "text/event-stream", response.content
     stream = aiter(response.streaming_content)
     (ack,) = sse_messages(await anext(stream))
@@ -500,28 +496,16 @@ async def test_an_open_listen_stream_ends_within_two_seconds_once_its_token_may_
     """Issue 31, point 6: a revoked token's stream ran on for its 600 s (13 more updates in 12 s)."""
     from asgiref.sync import sync_to_async
     from channels.layers import get_channel_layer
-    from django.test import AsyncClient
 
     from taskhub.api.models import ApiToken
     from taskhub.live.groups import user_group
     from taskhub.live.hub import hub_for
 
-    alpha = await sync_to_async(create_server)(name="alpha", transport="http", url="http://127.0.0.1:9/a", user=None)
-    await Server.objects.filter(pk=alpha.pk).aupdate(tools=[DEPLOY], discovered_at=timezone.now())
+    alpha = await discovered_alpha()
     agent = await sync_to_async(make_user)("agent", OPERATORS)
     token_row, secret = await sync_to_async(create_token)(user=agent, name="agent")
-    task = await sync_to_async(services.launch)(server=alpha, tool="deploy", arguments={"target": "x"}, user=agent)
-    task = await sync_to_async(services.record_launch_outcome)(task=task, outcome=TaskCreated(task=snapshot("working")))
-    body = {
-        "jsonrpc": "2.0",
-        "id": "listen-1",
-        "method": "subscriptions/listen",
-        "params": {"notifications": {"taskIds": [str(task.pk)]}, "_meta": DECLARING},
-    }
-    response = await AsyncClient().post(
-        "/mcp/servers/alpha", json.dumps(body), content_type="application/json",
-        headers={"Authorization": f"Bearer {secret}"},
-    )  # fmt: skip
+    task = await a_working_task(alpha, agent)
+    response = await listen(secret, {"taskIds": [str(task.pk)]}, request_id="listen-1")
     stream = aiter(response.streaming_content)
     sse_messages(await anext(stream))  # the acknowledgement
     sse_messages(await anext(stream))  # the task as it is
