@@ -45,7 +45,6 @@ import contextlib
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -179,23 +178,31 @@ def main() -> None:
             _, token = create_token(user=agent, name="bench")
             gateway_url = f"{web.url}/mcp/servers/{server.name}"
 
-            async def launch_all() -> list[str]:
-                async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
-                    return await launch(session, gateway_url, args.tasks)
-
-            say(f"launching {args.tasks} tasks through the gateway")
-            task_ids = asyncio.run(launch_all())
-            deadline = time.monotonic() + 120
-            while Task.objects.filter(pk__in=task_ids, remote_task_id__isnull=True).exists():
-                if time.monotonic() > deadline:
-                    raise SystemExit("the worker did not launch every task within 120 s")
-                time.sleep(0.2)
+            task_ids = launched_through_the_gateway(gateway_url, token, args.tasks)
             remote_of = dict(Task.objects.filter(pk__in=task_ids).values_list("id", "remote_task_id"))
             remote_of = {str(task_id): remote for task_id, remote in remote_of.items()}
             results = asyncio.run(measure(args, gateway_url, demo.url, token, remote_of))
     finally:
         drop(args.database_url)
     report(args, results, load_start)
+
+
+def launched_through_the_gateway(url: str, token: str, count: int, *tool_and_arguments) -> list[str]:
+    """`count` tasks launched through the gateway at `url` (launch()), once the worker has launched each upstream."""
+    from taskhub.tasks.models import Task
+
+    async def launch_all() -> list[str]:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+            return await launch(session, url, count, *tool_and_arguments)
+
+    say(f"launching {count} tasks through the gateway")
+    task_ids = asyncio.run(launch_all())
+    deadline = time.monotonic() + 120
+    while Task.objects.filter(pk__in=task_ids, remote_task_id__isnull=True).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("the worker did not launch every task within 120 s")
+        time.sleep(0.2)
+    return task_ids
 
 
 def report(args, results: dict, load_start: str) -> None:
@@ -290,35 +297,14 @@ async def window(pid: int, seconds: float) -> dict:
 @contextlib.contextmanager
 def daphne_from(tree: Path, env: dict[str, str]):
     """daphne serving the checkout at `tree` (this venv's packages), on the benchmark's database and Redis."""
-    from browser_fixtures import DaphneServer, wait_until_serving
+    from browser_fixtures import daphne_process
     from helpers import free_port
 
     port = free_port()
-    log_path = ROOT / "test-output" / f"daphne-baseline-{port}.log"
-    log_path.parent.mkdir(exist_ok=True)
     environment = {**os.environ, **env, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "daphne"),
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "taskhub.asgi:application",
-            ],
-            cwd=tree,
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    server = DaphneServer(f"http://127.0.0.1:{port}", process, log_path)
-    try:
-        wait_until_serving(server)
+    log_path = ROOT / "test-output" / f"daphne-baseline-{port}.log"
+    with daphne_process(port=port, env=environment, cwd=tree, log_path=log_path) as server:
         yield server
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 async def open_streams(base_url: str, server_name: str, tokens: list[str], task_ids: list[str], count: int) -> list:
@@ -428,7 +414,6 @@ def listen_main(args) -> None:
 
     from taskhub.accounts.groups import ADMINS
     from taskhub.api.tokens import create_token
-    from taskhub.tasks.models import Task
 
     try:
         with contextlib.ExitStack() as stack:
@@ -443,18 +428,8 @@ def listen_main(args) -> None:
                 create_token(user=agent, name=f"bench {n}")[1] for n in range(-(-args.streams // STREAMS_PER_TOKEN))
             ]
 
-            async def launch_all() -> list[str]:
-                async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {tokens[0]}"}) as session:
-                    url = f"{web.url}/mcp/servers/{server.name}"
-                    return await launch(session, url, args.tasks, "progress", QUIET_TASK)
-
-            say(f"launching {args.tasks} tasks through the gateway")
-            task_ids = asyncio.run(launch_all())
-            deadline = time.monotonic() + 120
-            while Task.objects.filter(pk__in=task_ids, remote_task_id__isnull=True).exists():
-                if time.monotonic() > deadline:
-                    raise SystemExit("the worker did not launch every task within 120 s")
-                time.sleep(0.2)
+            url = f"{web.url}/mcp/servers/{server.name}"
+            task_ids = launched_through_the_gateway(url, tokens[0], args.tasks, "progress", QUIET_TASK)
             results = asyncio.run(measure_listen(args, daphnes, server.name, tokens, task_ids))
     finally:
         drop(args.database_url)

@@ -151,12 +151,21 @@ def running_daphne(**extra_env: str) -> Iterator[DaphneServer]:
     )
     env.update(extra_env)
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    log_path = PROJECT_DIR / "test-output" / f"daphne-{port}.log"
+    with daphne_process(
+        port=port, env=env, cwd=PROJECT_DIR, log_path=PROJECT_DIR / "test-output" / f"daphne-{port}.log"
+    ) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def daphne_process(*, port: int, env: dict[str, str], cwd: Path, log_path: Path) -> Iterator[DaphneServer]:
+    """`daphne taskhub.asgi:application` of the checkout at `cwd` on 127.0.0.1:`port`, its output in `log_path`;
+    serving when entered, stopped on exit (benchmarks serve another checkout with it: bench/gateway.py)."""
     log_path.parent.mkdir(exist_ok=True)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "taskhub.asgi:application"],
-            cwd=PROJECT_DIR,
+            cwd=cwd,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
