@@ -260,6 +260,11 @@ LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("LOGIN_FAILURES_PER_ADDRESS", "2
 # The proxies in front of daphne (addresses or networks) whose X-Forwarded-For and X-Forwarded-Proto are believed;
 # from any other peer they are ignored (taskhub/web/proxies.py). Empty: the client is the peer daphne sees.
 TASKHUB_TRUSTED_PROXIES = trusted_proxies_from_env("TASKHUB_TRUSTED_PROXIES")
+# The role the web processes and workers connect as, when it is not the one migrate runs as (taskhub/database/
+# roles.py): set for migrate, which grants it everything but changing the audit trail; with the password too, migrate
+# creates the role (or sets its password).
+TASKHUB_DATABASE_APP_ROLE = os.environ.get("TASKHUB_DATABASE_APP_ROLE", "").strip()
+TASKHUB_DATABASE_APP_PASSWORD = os.environ.get("TASKHUB_DATABASE_APP_PASSWORD", "")
 # Sign-ins a web process checks at once (each holds a database connection over its password hash); more wait.
 LOGIN_CONCURRENT_CHECKS = int(os.environ.get("LOGIN_CONCURRENT_CHECKS", "4"))
 

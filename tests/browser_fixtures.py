@@ -99,10 +99,13 @@ def sign_in(page: Page, base_url: str, username: str, password: str) -> None:
     page.get_by_role("button", name="Sign in").click()
 
 
-def database_url_for_subprocesses() -> str:
-    """DATABASE_URL naming the very test database this test uses, for daphne and worker subprocesses."""
+def database_url_for_subprocesses(*, role: tuple[str, str] | None = None) -> str:
+    """DATABASE_URL naming the very test database this test uses, for daphne and worker subprocesses; `role`: as
+    that (name, password) instead of the test's own role."""
     connection.ensure_connection()
     params = connection.get_connection_params()  # the embedded backend fills in its socket and port here
+    if role is not None:
+        params = {**params, "user": role[0], "password": role[1]}
     host = params.get("host") or "127.0.0.1"
     user = quote(params.get("user") or "postgres", safe="")
     password = f":{quote(params['password'], safe='')}" if params.get("password") else ""

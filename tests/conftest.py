@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.demo_process",
     "tests.inbox_fixtures",
     "tests.live_fixtures",
+    "tests.role_fixtures",
     "tests.stack_fixtures",
     "tests.task_page_fixtures",
 ]

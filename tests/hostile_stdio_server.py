@@ -22,6 +22,8 @@ task id's prefix:
 - `endless-…`: a working task that never ends, even when cancelled;
 - anything else: -32602 (unknown task).
 
+`tools/call` with a `taskId` of `hang-…` is never answered (it says on stderr that it got it).
+With HOSTILE_STUBBORN set it ignores SIGTERM and stays after its stdin closes: only SIGKILL ends it.
 With HOSTILE_PRINT_NUL set it writes a NUL byte on stderr at start.
 With HOSTILE_PRINT_ENV set it first writes its whole environment to stderr, as a careless server's debug
 output would.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from collections import Counter
@@ -111,6 +114,9 @@ def main() -> None:
     if os.environ.get("HOSTILE_PRINT_ENV"):
         sys.stderr.write(f"debug: starting with {dict(os.environ)!r}\n")
         sys.stderr.flush()
+    stubborn = bool(os.environ.get("HOSTILE_STUBBORN"))
+    if stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.environ.get("HOSTILE_PRINT_NUL"):
         sys.stderr.buffer.write(b"a nul\x00on stderr\n")
         sys.stderr.flush()
@@ -128,12 +134,18 @@ def main() -> None:
             answer_task(request_id, str(params.get("taskId")))
         elif method == "tools/call":
             task_id = str((params.get("arguments") or {}).get("taskId"))
+            if task_id.startswith("hang-"):
+                sys.stderr.write(f"holding tools/call {task_id}\n")
+                sys.stderr.flush()
+                continue
             handle = {"resultType": "task", "taskId": task_id, "status": "working", "pollIntervalMs": 100}
             send({"jsonrpc": "2.0", "id": request_id, "result": handle})
         elif method == "tasks/cancel":
             send({"jsonrpc": "2.0", "id": request_id, "result": {"resultType": "complete"}})
         else:
             send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32601, "message": "Method not found"}})
+    if stubborn:
+        threading.Event().wait()  # stdin closed: stays all the same
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -80,6 +81,14 @@ def test_compose_runs_the_readme_deployment_with_the_images_commands_and_health_
         assert "TASKHUB_WORKER_HEALTH_FILE" not in environment  # the image's own, so the check finds it
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services["migrate"]["command"] == ["python", "manage.py", "migrate", "--noinput"]
+    # Two database roles (taskhub/database/roles.py): migrate runs as the owner and grants the one the others use.
+    migrate_environment = services["migrate"]["environment"]
+    app_role = migrate_environment["TASKHUB_DATABASE_APP_ROLE"]
+    assert migrate_environment["TASKHUB_DATABASE_APP_PASSWORD"]
+    owner = urlsplit(migrate_environment["DATABASE_URL"]).username
+    assert owner == services["postgres"]["environment"]["POSTGRES_USER"] != app_role
+    for name in ("web", "worker"):
+        assert urlsplit(services[name]["environment"]["DATABASE_URL"]).username == app_role
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     demo = services["demo"]["command"]
     assert demo[:3] == ["python", "-m", "taskhub.demo"] and "--http" in demo

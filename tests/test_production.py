@@ -1,5 +1,6 @@
 """Production mode as the README documents it: DEBUG off, SECRET_KEY, static files collected and served by
-WhiteNoise, two daphne processes sharing live updates through Redis, and a worker, all on one Postgres."""
+WhiteNoise, two daphne processes sharing live updates through Redis, and a worker, all on one Postgres, as the
+application's own database role (taskhub/database/roles.py: it may not change the audit trail)."""
 
 import asyncio
 import re
@@ -7,9 +8,11 @@ import urllib.request
 
 import aiohttp
 import pytest
+from django.db import connection
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.tokens import create_token
+from taskhub.audit.models import AuditEvent
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 from tests.account_fixtures import make_user
 from tests.browser_fixtures import running_daphne
@@ -28,11 +31,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def production_env(tmp_path):
-    return production_environment(tmp_path / "static")
+def production_env(tmp_path, application_role):
+    return production_environment(tmp_path / "static", DATABASE_URL=application_role.url)
 
 
-def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(production_env, settings):
+def connected_roles() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT usename FROM pg_stat_activity WHERE datname = current_database()")
+        return {row[0] for row in cursor.fetchall()}
+
+
+def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(
+    production_env,
+    settings,
+    application_role,
+):
     settings.SECRET_KEY = production_env["SECRET_KEY"]  # the session made here must be valid in daphne
     admin = make_user("ada", ADMINS)
     operator = make_user("olga", OPERATORS)
@@ -88,8 +101,12 @@ def test_an_answer_posted_to_one_web_process_reaches_a_socket_on_the_other(produ
                 card = next(frame for frame in frames if f'id="ir-{request.pk}"' in frame)
                 assert "answered by" in card or "delivered" in card
                 wait_until(lambda: Task.objects.get(pk=task["id"]).status == "completed", what="completion")
+                assert application_role.name in connected_roles()
         finally:
             workers.stop_all()
     request.refresh_from_db()
     assert request.state == InputRequestState.DELIVERED
     assert Task.objects.get(pk=task["id"]).result["content"][0]["text"] == "approved: deploy (reason: ship it)"
+    # Written by the web processes and the worker, as the application's role.
+    trail = set(AuditEvent.objects.filter(task_id=task["id"]).values_list("action", flat=True))
+    assert {"task.launched", "input.answered", "input.delivered", "task.status_changed"} <= trail, trail

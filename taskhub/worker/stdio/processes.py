@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import signal
 from datetime import datetime
 from typing import Any
@@ -170,6 +171,13 @@ class StdioProcess:
                 await storing
             with contextlib.suppress(Exception):
                 await self._flush()
+
+    def kill(self) -> None:
+        """SIGKILL to the process's group (it was started in a session of its own: its group id is its pid)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+                logger.warning("stdio server %s: process group %s killed", self.server_id, self.pid)
 
     # -- the page's record ---------------------------------------------------------------------------------------
 

@@ -32,7 +32,8 @@ QueueRunner = Callable[[str, asyncio.Event], Awaitable[None]]
 @dataclass
 class _Held:
     process: StdioProcess
-    stop: asyncio.Event
+    stop: asyncio.Event  # the process's
+    jobs_stop: asyncio.Event  # its queue runner's: set first, and at once when the worker stops
     tasks: list[asyncio.Task]
 
 
@@ -67,6 +68,7 @@ class StdioSupervisor:
         self.run_queue = run_queue
         self._held: dict[int, _Held] = {}
         self._leaving: dict[int, asyncio.Task] = {}
+        self._jobs_stopped = False
 
     # -- what jobs and the tracker ask -----------------------------------------------------------------------
 
@@ -84,6 +86,21 @@ class StdioSupervisor:
     def process_started_at(self, server_id: int) -> datetime | None:
         process = self.process(server_id)
         return process.started_at if process is not None else None
+
+    # -- the worker stopping (taskhub/worker/shutdown.py) ------------------------------------------------------
+
+    def stop_jobs(self) -> None:
+        """The worker stops: every stdio queue's runner winds down now, beside the other runners, not after them.
+        The processes stay (the tracker and those jobs finish on them) and the leases are renewed until `run`'s stop;
+        no server is taken up any more."""
+        self._jobs_stopped = True
+        for held in self._held.values():
+            held.jobs_stop.set()
+
+    def kill_processes(self) -> None:
+        """Past the worker's shutdown deadline: SIGKILL to the process group of every process held."""
+        for held in self._held.values():
+            held.process.kill()
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -114,6 +131,11 @@ class StdioSupervisor:
                 leaving = asyncio.create_task(self._give_up(server_id), name=f"stdio-let-go-{server_id}")
                 self._leaving[server_id] = leaving
                 leaving.add_done_callback(lambda _, server_id=server_id: self._leaving.pop(server_id, None))
+        if self._jobs_stopped:  # stopping: only those held are renewed; the others are left to other workers
+            let_go = [server_id for server_id in wanted if server_id not in self._held]
+            if let_go:
+                await sync_to_async(_release)(self.worker_id, let_go)
+            return
         for server_id, (target, timeout, queue) in wanted.items():
             if server_id in self._leaving:
                 continue  # held again once it is stopped (the next claim)
@@ -127,12 +149,12 @@ class StdioSupervisor:
     def _hold(self, server_id: int, target: StdioTarget, timeout: float, queue: str) -> None:
         logger.info("worker %s: runs stdio server %s (queue %s)", self.worker_id, server_id, queue)
         process = StdioProcess(server_id=server_id, target=target, owner=self.worker_id, timeout=timeout)
-        stop = asyncio.Event()
+        stop, jobs_stop = asyncio.Event(), asyncio.Event()
         tasks = [
             asyncio.create_task(process.keep(stop), name=f"stdio-process-{server_id}"),
-            asyncio.create_task(self.run_queue(queue, stop), name=f"stdio-jobs-{server_id}"),
+            asyncio.create_task(self.run_queue(queue, jobs_stop), name=f"stdio-jobs-{server_id}"),
         ]
-        self._held[server_id] = _Held(process=process, stop=stop, tasks=tasks)
+        self._held[server_id] = _Held(process=process, stop=stop, jobs_stop=jobs_stop, tasks=tasks)
 
     async def _give_up(self, server_id: int) -> None:
         logger.info("worker %s: no longer runs stdio server %s", self.worker_id, server_id)
@@ -151,8 +173,9 @@ class StdioSupervisor:
         held = self._held.get(server_id)
         if held is None:
             return
+        held.jobs_stop.set()
         held.stop.set()
-        # Jobs first (they finish on the process), then the process; only then is it no longer ours.
+        # The jobs first, then the process; only then is it no longer ours.
         runner, keeper = held.tasks[1], held.tasks[0]
         await asyncio.gather(runner, return_exceptions=True)
         await asyncio.gather(keeper, return_exceptions=True)

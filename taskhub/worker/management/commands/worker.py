@@ -26,7 +26,7 @@ from taskhub.approvals.hooks import WEBHOOK_QUEUE
 from taskhub.observability import jobs as observability_jobs
 from taskhub.runtime import tune_garbage_collector
 from taskhub.servers.hooks import DEFAULT_QUEUE
-from taskhub.worker import health
+from taskhub.worker import health, shutdown
 from taskhub.worker.clients import shared_clients
 from taskhub.worker.connector import worker_connector
 from taskhub.worker.heartbeats import RUNNING_AS, Heartbeat
@@ -52,7 +52,11 @@ class Command(BaseCommand):
             " or sooner: once its heartbeat has been silent for TASKHUB_STALLED_WORKER_SECONDS",
         )
         parser.add_argument(
-            "--shutdown-timeout", type=float, default=30.0, help="seconds in-flight jobs get on stop (default 30)"
+            "--shutdown-timeout",
+            type=float,
+            default=30.0,
+            help="seconds from SIGTERM to the worker's exit, whatever its jobs and stdio processes do (default 30;"
+            " in-flight jobs get all but 6 s of it)",
         )
 
     def handle(self, *args, name=None, concurrency=20, lease_seconds=30.0, shutdown_timeout=30.0, **options):
@@ -84,8 +88,14 @@ async def run(
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        watchdog = shutdown.Watchdog(worker_id=worker_id, shutdown_timeout=shutdown_timeout)
+
+        def stopping() -> None:
+            stop.set()
+            watchdog.start()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stopping)
     RUNNING_AS.set(worker_id)  # the jobs record it on the deliveries they attempt (jobs.py)
     heartbeat = Heartbeat(owner=worker_id, connection_params=sync_to_async(database_params))
     # Its row exists before it holds anything another worker may have to take over.
@@ -146,12 +156,16 @@ async def first_beat(heartbeat: Heartbeat, *, stop: asyncio.Event) -> bool:
 async def run_parts(
     *, worker_id: str, concurrency: int, lease_seconds: float, shutdown_timeout: float, stop: asyncio.Event
 ) -> None:
+    """Every part of the worker until `stop` (or one of them fails); then each winds down, all of it within
+    `shutdown_timeout` seconds of the stop (shutdown.py)."""
+    grace = shutdown.job_grace(shutdown_timeout)
+
     async def run_queue(queue: str, queue_stop: asyncio.Event) -> None:
         # A stdio server's jobs, on its own queue, while this worker holds the server's lease (and runs it).
         await run_jobs(
             worker_id=f"{worker_id} {queue}",
             concurrency=concurrency,
-            shutdown_timeout=shutdown_timeout,
+            shutdown_timeout=grace,
             stop=queue_stop,
             queues=[queue],
         )
@@ -161,7 +175,7 @@ async def run_parts(
             run_jobs(
                 worker_id=worker_id,
                 concurrency=concurrency,
-                shutdown_timeout=shutdown_timeout,
+                shutdown_timeout=grace,
                 stop=stop,
                 queues=[DEFAULT_QUEUE],
             ),
@@ -172,7 +186,7 @@ async def run_parts(
             run_jobs(
                 worker_id=f"{worker_id} webhooks",
                 concurrency=settings.TASKHUB_WEBHOOK_CONCURRENCY,
-                shutdown_timeout=shutdown_timeout,
+                shutdown_timeout=grace,
                 stop=stop,
                 queues=[WEBHOOK_QUEUE],
                 server_slots=False,
@@ -196,18 +210,50 @@ async def run_parts(
         stopping = asyncio.create_task(stop.wait())
         parts = {jobs, webhook_jobs, stdio_servers, tracker, stopping}
         done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_COMPLETED)
+        stopped_at = asyncio.get_running_loop().time()
         for finished in done - {stopping}:
             if finished.exception() is not None:
                 logger.error("%s stopped unexpectedly", finished.get_name(), exc_info=finished.exception())
         stop.set()
-        # The tracker first (its polls go through the stdio processes), then the processes and their queues.
-        results = await asyncio.gather(jobs, webhook_jobs, tracker, health_file, return_exceptions=True)
-        stdio_stop.set()
-        results += await asyncio.gather(stdio_servers, return_exceptions=True)
+        supervisor.stop_jobs()  # the stdio queues' runners wind down beside the others (shutdown.py)
         stopping.cancel()
-        for result in results:
+
+        async def wind_down() -> list:
+            # The tracker first (its polls go through the stdio processes), then the processes.
+            results = await asyncio.gather(jobs, webhook_jobs, tracker, health_file, return_exceptions=True)
+            stdio_stop.set()
+            return results + await asyncio.gather(stdio_servers, return_exceptions=True)
+
+        winding = asyncio.create_task(wind_down(), name="wind down")
+        await within_the_shutdown_timeout(
+            winding, supervisor=supervisor, worker_id=worker_id, shutdown_timeout=shutdown_timeout, since=stopped_at
+        )
+        for result in winding.result() if winding.done() and not winding.cancelled() else []:
             if isinstance(result, Exception):
                 logger.error("worker part failed: %r", result)
+
+
+async def within_the_shutdown_timeout(
+    winding: asyncio.Task, *, supervisor: StdioSupervisor, worker_id: str, shutdown_timeout: float, since: float
+) -> None:
+    """Wait for the wind-down until the cut (shutdown.py); then kill the stdio processes and, should that not end
+    it, cancel what is left."""
+    loop = asyncio.get_running_loop()
+    reserve = shutdown.cut_reserve(shutdown_timeout)
+    await asyncio.wait({winding}, timeout=max(0.0, since + shutdown.cut_at(shutdown_timeout) - loop.time()))
+    if winding.done():
+        return
+    logger.warning(
+        "worker %s: not stopped %.1f s after it was told to; killing the stdio processes it still holds",
+        worker_id,
+        loop.time() - since,
+    )
+    supervisor.kill_processes()
+    await asyncio.wait({winding}, timeout=reserve / 2)
+    if not winding.done():
+        logger.error("worker %s: cancelling what is still running at its shutdown timeout", worker_id)
+        winding.cancel()
+        await asyncio.wait({winding}, timeout=reserve / 4)
 
 
 async def database_answers() -> None:
@@ -238,7 +284,8 @@ async def run_jobs(
     queues: list[str] | None = None,
     server_slots: bool = True,
 ) -> None:
-    """procrastinate's job runner on `queues` (None: all) until `stop`, started again whenever it stops by itself.
+    """procrastinate's job runner on `queues` (None: all) until `stop`, started again whenever it stops by itself;
+    once stopped, running jobs get `shutdown_timeout` seconds before they are cancelled.
 
     It stops when its database connection fails (its job fetch raises, its LISTEN connection ends it), e.g.
     on a Postgres restart; the process must not exit for that. Jobs it was running when it stopped are
