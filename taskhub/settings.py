@@ -348,6 +348,9 @@ TASKHUB_BULK_CANCEL_MAX = int(os.environ.get("TASKHUB_BULK_CANCEL_MAX", "1000"))
 # "call timeout" overrides it, up to TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS.
 TASKHUB_LAUNCH_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_SECONDS", "120"))
 TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS", "3600"))
+# How long a call waits for a person to answer a question its server asks in the middle of it (a classic
+# elicitation/create); a server's own setting overrides it. Then the server is told the question was cancelled.
+TASKHUB_QUESTION_WAIT_SECONDS = float(os.environ.get("TASKHUB_QUESTION_WAIT_SECONDS", "600"))
 # The MCP gateway (taskhub/gateway, README "Gateway"): how long a tools/call waits for the worker's launch outcome
 # before it answers with the task (an agent that declared the Tasks extension), or for the result (one that did
 # not); and the pollIntervalMs it suggests when the server gave none (its tasks/get are answered from Postgres).

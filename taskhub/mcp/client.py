@@ -52,8 +52,8 @@ from taskhub.mcp.extension import (
     TasksClientExtension,
     UpdateTaskParams,
     UpdateTaskRequest,
-    decline_elicitation,
 )
+from taskhub.mcp.questions import Asker, PausableDeadline, Questions
 from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
 from taskhub.mcp.stdio import BadLine, ProcessObserver, stdio_transport
 from taskhub.mcp.tool_headers import header_problem, param_headers
@@ -456,6 +456,7 @@ class TasksClient:
         self._discover_result: mcp_types.DiscoverResult | None = None
         self._last_http_refusal: int | None = None
         self._tool_schemas: dict[str, Any] = {}
+        self._questions = Questions(target.describe)
 
     async def __aenter__(self) -> TasksClient:
         return self
@@ -487,7 +488,7 @@ class TasksClient:
             transport,
             read_timeout_seconds=self.timeout,
             client_info=mcp_types.Implementation.model_validate(self.client_info),
-            elicitation_callback=decline_elicitation,
+            elicitation_callback=self._questions.on_elicitation,
             message_handler=connection.on_message,
             extensions=[self._extension] if self.declare_tasks else [],
             mode=wire.PROTOCOL_VERSION if mode else "auto",
@@ -540,15 +541,14 @@ class TasksClient:
         detail = f" ({_describe(leaves)})" if leaves else ""
         return TransportError(f"{method}: connection to {self.target.describe()} lost{detail}")
 
-    async def _request(self, method: str, send: Any) -> Any:
-        """Run `send(client)` on a live connection; map every failure to a typed error."""
+    async def _request(self, method: str, send: Any, *, deadline: PausableDeadline | None = None) -> Any:
+        """Run `send(client)` on a live connection; map every failure to a typed error. `deadline`: the call's own,
+        which stops while a question of the call waits for its answer (taskhub.mcp.questions)."""
         connection, client = await self._client()
         garbled = connection.garbled
         call = asyncio.ensure_future(send(client))
         try:
-            done, _ = await asyncio.wait(
-                {call, connection.dead, garbled}, timeout=self.timeout + 1, return_when="FIRST_COMPLETED"
-            )
+            done = await self._wait(call, connection, garbled, deadline)
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -582,6 +582,25 @@ class TasksClient:
                 raise await self._lost(connection, method) from error
             await self._drop(connection)
             raise _as_transport_error(error, method) from error
+
+    async def _wait(
+        self, call: asyncio.Future, connection: _Connection, garbled: asyncio.Future, deadline: PausableDeadline | None
+    ) -> set[asyncio.Future]:
+        ends = {call, connection.dead, garbled}
+        if deadline is None:
+            done, _ = await asyncio.wait(ends, timeout=self.timeout + 1, return_when="FIRST_COMPLETED")
+            return done
+        while True:
+            deadline.changed.clear()
+            changed = asyncio.ensure_future(deadline.changed.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {*ends, changed}, timeout=deadline.remaining(), return_when="FIRST_COMPLETED"
+                )
+            finally:
+                changed.cancel()
+            if done - {changed} or (not done and deadline.remaining() == 0):
+                return done - {changed}
 
     # -- protocol methods -----------------------------------------------------------------------
 
@@ -651,7 +670,12 @@ class TasksClient:
             )
 
     async def _send_tolerant(
-        self, session: Any, request: Any, *, headers: Mapping[str, str] | None = None
+        self,
+        session: Any,
+        request: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        no_timeout: bool = False,
     ) -> dict[str, Any]:
         """`ClientSession.send_request` without its strict core-result validation.
 
@@ -660,7 +684,7 @@ class TasksClient:
         stay the SDK's own.
         """
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        options: dict[str, Any] = {"timeout": self.timeout}
+        options: dict[str, Any] = {"timeout": None if no_timeout else self.timeout}
         sdk_private.stamp_request(session, data, options)
         if headers:
             options.setdefault("headers", {}).update(headers)
@@ -676,8 +700,12 @@ class TasksClient:
         *,
         input_responses: dict[str, Any] | None = None,
         request_state: str | None = None,
+        asker: Asker | None = None,
     ) -> CallOutcome:
         """Send `tools/call` once. The answer is a result, an MRTR input request, or a task.
+
+        `asker`: answers the questions the server asks on the call's session while it waits for the result (classic
+        `elicitation/create`, taskhub.mcp.questions); the call's timeout stops while one waits for its answer.
 
         A tool listed (`discover`) or learnt (`learn_tools`) with `x-mcp-header` annotations gets its arguments
         mirrored into `Mcp-Param-*` headers on a 2026-07-28 HTTP connection; one whose annotations are invalid is
@@ -691,10 +719,19 @@ class TasksClient:
             headers = None
             if isinstance(self.target, HttpTarget) and client.protocol_version == wire.PROTOCOL_VERSION:
                 headers = param_headers(self._tool_schemas.get(name), arguments or {})
-            raw = await self._send_tolerant(client.session, mcp_types.CallToolRequest(params=params), headers=headers)
+            request = mcp_types.CallToolRequest(params=params)
+            # With an asker the call's deadline is ours (paused while a question waits), not the SDK's.
+            raw = await self._send_tolerant(client.session, request, headers=headers, no_timeout=asker is not None)
             return parse_call_tool_result(raw)
 
-        return await self._request("tools/call", send)
+        if asker is None:
+            return await self._request("tools/call", send)
+        deadline = PausableDeadline(self.timeout + 1)
+        token = self._questions.open(asker, deadline)
+        try:
+            return await self._request("tools/call", send, deadline=deadline)
+        finally:
+            self._questions.close(token)
 
     async def get_task(self, task_id: str) -> TaskSnapshot:
         async def send(client: Client) -> TaskSnapshot:

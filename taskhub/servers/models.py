@@ -53,6 +53,13 @@ class Server(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(3600)],
         help_text="how long a launch waits for tools/call to answer (default TASKHUB_LAUNCH_TIMEOUT_SECONDS)",
     )
+    question_wait_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(10), MaxValueValidator(86400)],
+        help_text="how long a call waits for a person to answer a question the server asks in the middle of it"
+        " (classic elicitation; default TASKHUB_QUESTION_WAIT_SECONDS); then the server is told it was cancelled",
+    )
 
     capabilities = models.JSONField(default=dict, blank=True)
     tools = models.JSONField(default=list, blank=True)

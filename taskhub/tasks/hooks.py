@@ -22,7 +22,7 @@ from procrastinate import tasks
 
 from taskhub import procrastinate_sql
 from taskhub.observability import tracing
-from taskhub.servers.hooks import DEFAULT_QUEUE, jobs_in_django_transaction
+from taskhub.servers.hooks import DEFAULT_QUEUE, job_queue, jobs_in_django_transaction
 
 # The names the worker's jobs are registered under.
 LAUNCH_JOB = "taskhub.launch_task"
@@ -83,6 +83,25 @@ def enqueue_answer_delivery(input_request_id: int, *, server_id: int, queue: str
         server_id=server_id,
         **tracing.job_args(),
     )
+
+
+# NOTIFY channel of the answers to held questions (services/held_questions.py): the payload is the request's id.
+HELD_ANSWERS_CHANNEL = "taskhub_held_answers"
+
+
+def hand_over_answer(input_request, *, server) -> None:
+    """An answer on its way: a held question's (asked on the session of a call in flight) wakes the worker holding
+    the call, which sends it on that session; any other goes to the delivery job."""
+    if input_request.held_by:
+        wake_held_question(input_request.pk)
+    else:
+        enqueue_answer_delivery(input_request.pk, server_id=server.pk, queue=job_queue(server))
+
+
+def wake_held_question(input_request_id: int) -> None:
+    """NOTIFY is transactional: the holding worker hears of the answer when it is committed, not before."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [HELD_ANSWERS_CHANNEL, str(input_request_id)])
 
 
 def enqueue_cancel_delivery(task_id: uuid.UUID, *, queue: str = DEFAULT_QUEUE, lane: str | None = None) -> None:

@@ -320,6 +320,8 @@ def _state(input_request: InputRequest) -> str:
             return "ended"
         return "removed" if input_request.task.server.removed_at is not None else "open"
     if input_request.state == InputRequestState.SUPERSEDED:
+        if input_request.closed_reason:  # taskhub closed it, and says why (a held question: tasks/services)
+            return "closed"
         return "ended" if input_request.task.is_terminal else "superseded"
     return str(input_request.state)
 

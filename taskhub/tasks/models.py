@@ -241,6 +241,14 @@ class InputRequest(models.Model):
     escalated_to = models.ForeignKey(
         "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
+    # A question asked on the session of a call in flight (a classic `elicitation/create`, taskhub.mcp.questions):
+    # the worker holding that call, which sends the answer back on the session itself (not a delivery job), and until
+    # when it waits for one. Empty for the requests of the Tasks extension and MRTR.
+    held_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    held_until = models.DateTimeField(null=True, blank=True)
+    # Why a request was closed without its answer reaching the server (a held call that ended, a wait that ran out);
+    # the card says it. Empty otherwise ("withdrawn by the server").
+    closed_reason = models.TextField(blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -43,7 +43,9 @@ from django.db.models import Exists, Q
 from django.db.models.functions import Now
 
 from taskhub import procrastinate_sql
+from taskhub.tasks.services import held_questions
 from taskhub.worker.models import WorkerHeartbeat
+from taskhub.worker.orm import db
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +255,7 @@ class Heartbeat:
 
     async def take_over(self) -> None:
         """Release the leases of owners silent too long, and queue again the jobs of job runners silent too long."""
+        dead = []
         for owner, silent, released in await self._execute(TAKE_OVER_SQL, {"stalled": self.stalled, "me": self.owner}):
             logger.warning(
                 "worker %s: worker %s has not beaten for %.1f s; its %d task lease(s) are released to the others",
@@ -261,6 +264,11 @@ class Heartbeat:
                 silent,
                 released,
             )
+            dead.append(owner)
+        if dead:  # the calls it held open died with it: the questions asked on them can no longer be answered
+            closed = await db(held_questions.close_questions_held_by, worker_ids=dead)
+            if closed:
+                logger.warning("worker %s: %d question(s) held by %s closed", self.owner, closed, ", ".join(dead))
         rows = await self._execute(procrastinate_sql.RETRY_STALLED_JOBS_SQL, {"stalled": self.stalled})
         log_retried([(job_id, task_name) for job_id, task_name, _ in rows])
         await self._execute(FORGET_SQL, {"forget_after": FORGET_AFTER})

@@ -31,17 +31,17 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 import random
 import smtplib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 from procrastinate import PsycopgConnector, RetryDecision
 from procrastinate.contrib.django import app
@@ -66,6 +66,8 @@ from taskhub.tasks.errors import InvalidTransition, LeaseLost
 from taskhub.tasks.models import LAUNCH_ATTEMPTS, TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
+from taskhub.worker.held_questions import asker_for
+from taskhub.worker.orm import db
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 from taskhub.worker.stdio import NotOwner
 from taskhub.worker.stdio.supervisor import StdioSupervisor
@@ -157,17 +159,6 @@ DELIVERY_RETRY = Backoff(
 CANCEL_RETRY = Backoff(
     max_attempts=28, retry_exceptions=(*UNREACHABLE, LaunchPending), retry_priority=hooks.LAUNCH_PRIORITY
 )
-
-
-async def db[R](function: Callable[..., R], /, **kwargs: Any) -> R:
-    """Run ORM code from a job. A long-lived worker must drop connections that died (e.g. a Postgres restart)."""
-
-    def call() -> R:
-        if not connection.in_atomic_block:
-            close_old_connections()
-        return function(**kwargs)
-
-    return await sync_to_async(call)()
 
 
 def _give_back_attempt(job_id: int) -> None:
@@ -319,7 +310,12 @@ async def _send_launch(
             return "outcome known or unknown already"
         try:
             outcome = await client.call_tool(
-                call.tool, call.arguments, input_responses=call.input_responses, request_state=call.request_state
+                call.tool,
+                call.arguments,
+                input_responses=call.input_responses,
+                request_state=call.request_state,
+                # Questions the server asks on the call's session (classic elicitation) go to people, held here.
+                asker=asker_for(task, worker_id=heartbeats.RUNNING_AS.get() or f"pid-{os.getpid()}"),
             )
         except ProtocolError as error:
             await db(services.record_launch_failure, task=task, error=error.to_error_object(), sent=True)

@@ -17,7 +17,7 @@ from taskhub.approvals.notifications import outbox as notification_outbox
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import LIVE_STATUSES, Task
 from taskhub.worker import heartbeats
-from taskhub.worker.jobs import db
+from taskhub.worker.orm import db
 
 logger = logging.getLogger(__name__)
 

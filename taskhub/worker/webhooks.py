@@ -18,7 +18,8 @@ from procrastinate.contrib.django import app
 
 from taskhub.approvals import hooks
 from taskhub.approvals import webhooks as approval_webhooks
-from taskhub.worker.jobs import STOPPED, Backoff, NotBefore, db, give_back_attempt
+from taskhub.worker.jobs import STOPPED, Backoff, NotBefore, give_back_attempt
+from taskhub.worker.orm import db
 
 WEBHOOK_RETRY = Backoff(
     max_attempts=approval_webhooks.job_attempts(), retry_exceptions=(NotBefore, DatabaseError, *STOPPED)

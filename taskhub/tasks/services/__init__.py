@@ -10,6 +10,8 @@ task first, then input requests. One module per phase of a task's life, as Zulip
 - following: the snapshots the tracker reads, the input requests they open, expiry and lost stdio tasks;
 - answering: an answer under the request's approval rules (decided in taskhub.approvals);
 - delivering: answers and cancels on their way to the server;
+- held_questions: a question asked on the session of a call in flight (classic elicitation), held by the worker
+  holding the call, answered like any other and sent back on that session;
 - deadlines: what a policy decided for a request nobody answered in time, done;
 - cancelling: a cancel before the call, at the gate, or asked of the server;
 - retention: finished tasks past their time removed;

@@ -8,7 +8,6 @@ from django.utils import timezone
 from taskhub.accounts import permissions
 from taskhub.audit.services import record_event
 from taskhub.observability import tracing
-from taskhub.servers.hooks import job_queue
 from taskhub.tasks import hooks, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import (
@@ -164,7 +163,7 @@ def _answer(
     if input_request.method == GATE_METHOD:
         _pass_gate(task, input_request, user=user, comment=comment, token=token)
     else:
-        hooks.enqueue_answer_delivery(input_request.pk, server_id=task.server_id, queue=job_queue(task.server))
+        hooks.hand_over_answer(input_request, server=task.server)
     _publish_after_commit(task.id, server_id=task.server_id, asks=True)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     input_request.answer_terms = terms

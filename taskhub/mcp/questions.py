@@ -1,0 +1,120 @@
+"""Questions a server asks in the middle of a call, the way of the 2025-06-18 and 2025-11-25 revisions: a
+server→client `elicitation/create` request on the session of a `tools/call` that is still waiting for its result.
+
+`TasksClient.call_tool(..., asker=…)` hands each such question to `asker` (an async function of a `Question`,
+returning the `ElicitResult` to answer with, as a dict) and keeps the call open meanwhile: its timeout does not run
+while a question waits for its answer (`PausableDeadline`); the asker bounds its own wait.
+
+Which call asks: the server's request names no call on the wire (over stdio nothing relates them; over HTTP only the
+event stream it came on). So a question goes to the one call with an asker in flight on the client; with none it is
+declined (nobody is there to answer: the CLI without answers, the tracker's clients), and with several it is
+declined too, with a log line saying why, rather than shown to a person as another call's question. taskhub's
+launch clients of HTTP servers carry one call each; a stdio server's process carries every call on it, so a
+question asked while two calls on one process wait is declined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types
+
+logger = logging.getLogger(__name__)
+
+ELICITATION = "elicitation/create"
+
+
+@dataclass(frozen=True)
+class Question:
+    method: str
+    params: dict[str, Any]  # as sent, untrusted
+    server_request_id: str | int
+    call_ended: (
+        asyncio.Event
+    )  # set once the call that asks has its answer or failed: nobody waits for this one any more
+
+
+Asker = Callable[[Question], Awaitable[dict[str, Any]]]
+
+
+class PausableDeadline:
+    """A request's timeout that stops while a question of its call waits for a person."""
+
+    def __init__(self, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._left = seconds
+        self._deadline: float | None = self._loop.time() + seconds
+        self._pauses = 0
+        self.changed = asyncio.Event()
+
+    def remaining(self) -> float | None:
+        """Seconds until the deadline; None while paused."""
+        return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
+
+    def pause(self) -> None:
+        if self._pauses == 0 and self._deadline is not None:
+            self._left = max(0.0, self._deadline - self._loop.time())
+            self._deadline = None
+        self._pauses += 1
+        self.changed.set()
+
+    def resume(self) -> None:
+        self._pauses -= 1
+        if self._pauses == 0:
+            self._deadline = self._loop.time() + self._left
+        self.changed.set()
+
+
+@dataclass
+class _AskingCall:
+    asker: Asker
+    deadline: PausableDeadline
+    ended: asyncio.Event
+
+
+class Questions:
+    """The calls of one client that may be asked, and the SDK's elicitation callback that routes to them."""
+
+    def __init__(self, describe: Callable[[], str]) -> None:
+        self._describe = describe
+        self._calls: dict[int, _AskingCall] = {}
+
+    def open(self, asker: Asker, deadline: PausableDeadline) -> int:
+        token = id(deadline)
+        self._calls[token] = _AskingCall(asker, deadline, asyncio.Event())
+        return token
+
+    def close(self, token: int) -> None:
+        call = self._calls.pop(token, None)
+        if call is not None:
+            call.ended.set()
+
+    async def on_elicitation(self, context: Any, params: Any) -> mcp_types.ElicitResult:
+        """The SDK's elicitation callback (registering one is also what makes the SDK declare form and URL
+        elicitation at `initialize`)."""
+        if len(self._calls) != 1:
+            if self._calls:
+                logger.warning(
+                    "%s asked a question (elicitation/create) while %d calls wait on it: it names none of them, so it"
+                    " was declined",
+                    self._describe(),
+                    len(self._calls),
+                )
+            return mcp_types.ElicitResult(action="decline")
+        call = next(iter(self._calls.values()))
+        raw = params.model_dump(by_alias=True, mode="json", exclude_none=True) if hasattr(params, "model_dump") else {}
+        server_request_id = getattr(context, "request_id", "")
+        question = Question(method=ELICITATION, params=raw, server_request_id=server_request_id, call_ended=call.ended)
+        call.deadline.pause()
+        try:
+            answer = await call.asker(question)
+            return mcp_types.ElicitResult.model_validate(answer)
+        except Exception:
+            logger.exception("%s: asking its question failed; answered as cancelled", self._describe())
+            return mcp_types.ElicitResult(action="cancel")
+        finally:
+            call.deadline.resume()
