@@ -20,6 +20,7 @@ EMBEDDED_PASS_ENV = "TASKHUB_EMBEDDED_PASS"
 # Fixtures shared by several test modules: loaded here, so that no test module imports a fixture by name.
 pytest_plugins = [
     "tests.demo_process",
+    "tests.everything_fixtures",
     "tests.inbox_fixtures",
     "tests.live_fixtures",
     "tests.role_fixtures",

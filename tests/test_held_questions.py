@@ -10,13 +10,9 @@ JSON-RPC response on that session, and the server's result says what it got. A w
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -31,12 +27,11 @@ from taskhub.tasks.errors import InputNoLongerOpen
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.tasks.services import held_questions
 from tests.account_fixtures import make_user
-from tests.helpers import free_port, wait_until
+from tests.helpers import wait_until
 from tests.stack_fixtures import in_own_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 TOOL = "trigger-elicitation-request"
 # What a person fills in: every field type of the form (the server requires only the name).
 FORM = {
@@ -54,37 +49,6 @@ FORM = {
     "titledMultipleSelectEnum": ["fish-2"],
     "legacyTitledEnum": "pet-2",
 }
-
-
-@pytest.fixture(scope="session")
-def everything() -> str:
-    """The path of the reference server's entry point, installed once."""
-    installed = subprocess.run(
-        [str(PROJECT_DIR / "scripts" / "server_everything.sh")], capture_output=True, text=True, timeout=600
-    )
-    assert installed.returncode == 0, installed.stderr
-    return installed.stdout.strip()
-
-
-@pytest.fixture
-def over_http(everything) -> Iterator[str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [shutil.which("node") or "node", everything, "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            if "listening on port" in line:
-                break
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def registered(admin, everything: str, *, url: str | None = None) -> Server:

@@ -1,0 +1,89 @@
+"""Issue 32 item 1 in the browser: the official reference server's `trigger-elicitation-request` (a classic
+`elicitation/create` of every field type, asked while its tools/call waits) answered by a person in the inbox.
+
+The reference server runs over stdio in the worker that holds its process (tests/everything_fixtures.py); the
+approver's inbox gets the card live, filled with the form's defaults; the approver types a name and an email and
+accepts; the operator's task page then shows the server's result, every field as sent (defaults included).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+from playwright.sync_api import expect
+
+from taskhub.accounts.groups import ADMINS, APPROVERS
+from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
+from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.browser_fixtures import needs_redis, screenshot, sign_in
+from tests.helpers import wait_until
+from tests.stack_fixtures import Workers, in_own_thread, worker_environment
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+TOOL = "trigger-elicitation-request"
+TASK_URL = re.compile(r".*/tasks/([0-9a-f-]{36})/$")
+
+
+@pytest.fixture
+def worker(session_daphne, live_channel_env, django_db_blocker):
+    needs_redis(live_channel_env)
+    with django_db_blocker.unblock():
+        workers = Workers(worker_environment(**live_channel_env))
+    try:
+        workers.start("held-questions")
+        yield
+    finally:
+        workers.stop_all()
+
+
+def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_the_server_gets_it(
+    new_page, session_daphne, worker, everything
+):
+    admin = make_user("ada", ADMINS, password=TEST_PASSWORD)
+    make_user("arun", APPROVERS, password=TEST_PASSWORD)
+    server = in_own_thread(
+        create_server,
+        name="everything",
+        transport="stdio",
+        command=shutil.which("node") or "node",
+        args=[everything, "stdio"],
+        user=admin,
+        discover_in_background=True,
+    )
+    wait_until(
+        lambda: in_own_thread(Server.objects.filter(pk=server.pk, discovered_at__isnull=False).exists),
+        timeout=60,
+        what="the reference server discovered by the worker",
+    )
+
+    approver = new_page()
+    sign_in(approver, session_daphne.url, "arun", TEST_PASSWORD)
+    approver.goto(f"{session_daphne.url}/inbox/")
+    expect(approver.locator("#live-indicator")).to_have_attribute("data-state", "live")
+
+    operator = new_page()
+    sign_in(operator, session_daphne.url, "ada", TEST_PASSWORD)
+    operator.goto(f"{session_daphne.url}/launch/")
+    operator.get_by_role("link", name=re.compile(rf"\b{re.escape(TOOL)}\b")).first.click()
+    operator.get_by_role("button", name="Launch", exact=True).click()
+    expect(operator).to_have_url(TASK_URL)
+
+    card = approver.locator("article.ir-card").filter(has_text="Please provide inputs for the following fields:")
+    expect(card).to_be_visible(timeout=30_000)  # pushed: the inbox was not reloaded
+    expect(card).to_contain_text("the call waits until")
+    expect(card.get_by_role("spinbutton", name=re.compile("^Integer"))).to_have_value("42")  # the form's defaults
+    card.get_by_role("textbox", name=re.compile(r"^String\s+required")).fill("Ada Lovelace")
+    card.get_by_role("textbox", name=re.compile("^String with email format")).fill("ada@example.org")
+    screenshot(approver, "held-question-inbox")
+    card.get_by_role("button", name="Accept").click()
+    expect(card).to_contain_text(re.compile("answered by you|delivered"))
+
+    result = operator.locator("body")
+    expect(result).to_contain_text("User provided the requested information!", timeout=30_000)
+    for shown in ("- Name: Ada Lovelace", "- Email: ada@example.org", "- Favorite Integer: 42", "Monica"):
+        expect(result).to_contain_text(shown)
+    screenshot(operator, "held-question-result")
