@@ -12,7 +12,8 @@
 # per scenario with checks.json, plus the demo server's log.
 #
 # Environment: PYTHON (default .venv/bin/python), CONFORMANCE_RESULTS, CONFORMANCE_SCENARIOS and
-# CONFORMANCE_CLIENT_SCENARIOS (space-separated server and client scenarios). CONFORMANCE_SERVER_URL: run the
+# CONFORMANCE_CLIENT_SCENARIOS (space-separated server and client scenarios; a client scenario may name the spec
+# revision it runs at after an @, e.g. tools_call@2025-11-25, else 2026-07-28). CONFORMANCE_SERVER_URL: run the
 # server scenarios against this URL instead of starting the demo server (the gateway's test points it at
 # /mcp/servers/<name> through a proxy that adds the API token: tests/test_gateway_stack.py).
 set -euo pipefail
@@ -26,7 +27,9 @@ PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 DEFAULT_SCENARIOS="tasks-lifecycle tasks-capability-negotiation tasks-wire-fields tasks-request-state-removal
   tasks-mrtr-input tasks-request-headers tasks-dispatch-and-envelope tasks-required-task-error tasks-mrtr-composition"
 read -r -a SCENARIOS <<<"$(echo ${CONFORMANCE_SCENARIOS:-$DEFAULT_SCENARIOS})"
-DEFAULT_CLIENT_SCENARIOS="http-custom-headers http-invalid-tool-headers"
+# A client scenario runs at spec 2026-07-28 unless it names another revision after an @.
+DEFAULT_CLIENT_SCENARIOS="http-custom-headers http-invalid-tool-headers initialize@2025-11-25 tools_call@2025-11-25
+  elicitation-sep1034-client-defaults@2025-11-25 sse-retry@2025-11-25"
 read -r -a CLIENT_SCENARIOS <<<"$(echo ${CONFORMANCE_CLIENT_SCENARIOS:-$DEFAULT_CLIENT_SCENARIOS})"
 MODE="${1:-all}"
 case "$MODE" in
@@ -141,18 +144,20 @@ run_server_scenarios() {
 }
 
 run_client_scenarios() {
-  echo "conformance: suite $SUITE_VERSION with python -m taskhub.mcp as the client (spec 2026-07-28)"
+  echo "conformance: suite $SUITE_VERSION with python -m taskhub.mcp as the client"
   # The suite splits --command on spaces (and appends the scenario server's URL).
   if [[ "$PYTHON $ROOT" == *" "*" "* ]]; then
     echo "conformance: client scenarios need a Python and project path without spaces" >&2
     exit 2
   fi
-  for scenario in "${CLIENT_SCENARIOS[@]}"; do
+  for entry in "${CLIENT_SCENARIOS[@]}"; do
+    local scenario="${entry%@*}" spec="2026-07-28"
+    [[ "$entry" == *@* ]] && spec="${entry#*@}"
     local out="$RESULTS/$scenario"
     mkdir -p "$out"
     local status=0
     (cd "$ROOT" && "$NODE" "$SUITE" client --command "$PYTHON $ROOT/scripts/conformance_client.py" \
-      --scenario "$scenario" --spec-version 2026-07-28 --timeout 120000 -o "$out") >"$out/output.txt" 2>&1 \
+      --scenario "$scenario" --spec-version "$spec" --timeout 120000 -o "$out") >"$out/output.txt" 2>&1 \
       || status=$?
     judge "$scenario" "$out" "$status"
   done

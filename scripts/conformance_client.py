@@ -8,6 +8,9 @@ this with the server's URL as the last argument, the scenario's name in MCP_CONF
 - http-custom-headers: makes the context's tool calls; the server checks their `Mcp-Param-*` headers.
 - http-invalid-tool-headers: lists the tools and calls each one, with placeholder values for required
   arguments; the command line must call the valid tool and refuse the others (exit 4) before sending anything.
+- initialize, tools_call, elicitation-sep1034-client-defaults, sse-retry (the 2025-11-25 revision): lists the tools
+  and calls each one with placeholder arguments, accepting every question the server asks in the middle of a call
+  (`--answer '*={"action":"accept"}'`: the command line fills in the form's defaults, SEP-1034).
 
 Exit status: 0 when every call ended as the command line's exit-status table allows for it (0, or 4 for a
 refused tool), 1 otherwise, 2 for an unknown scenario.
@@ -34,8 +37,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return process
 
 
-def call(url: str, tool: str, arguments: dict[str, Any]) -> int:
-    return run_cli("call", "--url", url, tool, "--args", json.dumps(arguments), "--timeout", "30").returncode
+def call(url: str, tool: str, arguments: dict[str, Any], *options: str) -> int:
+    return run_cli("call", "--url", url, tool, "--args", json.dumps(arguments), "--timeout", "30", *options).returncode
 
 
 def placeholder_arguments(tool: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +68,24 @@ def invalid_tool_headers(url: str, context: dict[str, Any]) -> int:
     return 0 if statuses and all(status in (0, 4) for status in statuses) else 1
 
 
-SCENARIOS = {"http-custom-headers": custom_headers, "http-invalid-tool-headers": invalid_tool_headers}
+def every_tool_accepting(url: str, context: dict[str, Any]) -> int:
+    listing = run_cli("discover", "--url", url, "--json")
+    if listing.returncode != 0:
+        return 1
+    tools = json.loads(listing.stdout.splitlines()[-1])["tools"]
+    accept = ("--answer", '*={"action": "accept"}')
+    statuses = [call(url, tool["name"], placeholder_arguments(tool), *accept) for tool in tools]
+    return 0 if all(status == 0 for status in statuses) else 1
+
+
+SCENARIOS = {
+    "http-custom-headers": custom_headers,
+    "http-invalid-tool-headers": invalid_tool_headers,
+    "initialize": every_tool_accepting,
+    "tools_call": every_tool_accepting,
+    "elicitation-sep1034-client-defaults": every_tool_accepting,
+    "sse-retry": every_tool_accepting,
+}
 
 
 def main() -> int:

@@ -1,11 +1,13 @@
 """Acceptance: the demo server passes the MCP conformance suite's Tasks-extension scenarios, and
-`python -m taskhub.mcp` passes its client scenarios on custom headers (SEP-2243).
+`python -m taskhub.mcp` passes its client scenarios on custom headers (SEP-2243) and, at the 2025-11-25 revision, on
+initialization, tool calls, a classic elicitation's defaults (SEP-1034) and SSE retry.
 
 Runs scripts/conformance.sh, which installs Node.js 22 and @modelcontextprotocol/conformance into .cache/
 on first use (network needed once); `server` starts the demo server and runs each server scenario against it,
 `client` lets the suite start each scenario's server and run scripts/conformance_client.py against it.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -27,6 +29,9 @@ SCENARIOS = [
     "tasks-mrtr-composition",
 ]
 CLIENT_SCENARIOS = ["http-custom-headers", "http-invalid-tool-headers"]
+# At the 2025-11-25 revision (issue 32): a classic elicitation answered with the form's defaults (SEP-1034), SSE
+# resumption with Last-Event-ID and the server's retry time.
+CLIENT_SCENARIOS_2025 = ["initialize", "tools_call", "elicitation-sep1034-client-defaults", "sse-retry"]
 
 
 def run_conformance(mode: str, results: Path) -> subprocess.CompletedProcess[str]:
@@ -53,12 +58,17 @@ def test_demo_server_passes_the_tasks_conformance_scenarios(tmp_path):
 
 @pytest.mark.conformance
 @pytest.mark.slow
-def test_the_cli_passes_the_custom_header_client_scenarios(tmp_path):
+def test_the_cli_passes_the_custom_header_and_2025_11_25_client_scenarios(tmp_path):
     run = run_conformance("client", tmp_path / "conformance")
     report = run.stdout + run.stderr
     assert run.returncode == 0, report
-    for scenario in CLIENT_SCENARIOS:
+    for scenario in CLIENT_SCENARIOS + CLIENT_SCENARIOS_2025:
         assert f"PASS {scenario}:" in run.stdout, report
+    # Each of the five defaults checked (not merely no check failed).
+    (defaults,) = (tmp_path / "conformance" / "elicitation-sep1034-client-defaults").glob("*/checks.json")
+    succeeded = {check["id"] for check in json.loads(defaults.read_text()) if check["status"] == "SUCCESS"}
+    kinds = ("string", "integer", "number", "enum", "boolean")
+    assert {f"client-elicitation-sep1034-{kind}-default" for kind in kinds} <= succeeded, succeeded
 
     # The suite sees only what reached its server; the command line said why it called nothing for the others.
     (client_output,) = (tmp_path / "conformance" / "http-invalid-tool-headers").glob("*/stdout.txt")

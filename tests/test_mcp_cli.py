@@ -10,6 +10,7 @@ import pty
 import re
 import select
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -578,3 +579,21 @@ def test_the_poll_interval_is_clamped_as_the_tracker_clamps_it() -> None:
     assert interval(1) == MIN_POLL_INTERVAL_MS / 1000
     assert interval(None) == DEFAULT_POLL_INTERVAL_MS / 1000
     assert (polling.MIN_POLL_INTERVAL_MS, polling.MAX_POLL_INTERVAL_MS) == (MIN_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS)
+
+
+def test_a_classic_elicitation_of_the_reference_server_is_answered_with_the_forms_defaults(everything) -> None:
+    """Issue 32 item 5: a question asked in the middle of the call (2025-11-25 `elicitation/create`, over stdio) is
+    answered from --answer, the fields it leaves out taking the form's defaults (SEP-1034); without an answer and a
+    terminal the command says which key to pass and exits 5."""
+    server = f"{shutil.which('node') or 'node'} {everything} stdio"
+    answer = '*={"action": "accept", "content": {"name": "Ada"}}'
+    answered = run_cli("call", "--stdio", server, "trigger-elicitation-request", "--answer", answer, "--timeout", "45")
+    assert answered.returncode == 0, answered.stderr
+    for line in ("User provided the requested information!", "- Name: Ada", "- Favorite Integer: 42"):
+        assert line in answered.stdout, answered.stdout
+    assert '"untitledMultipleSelectEnum": [\n      "Guitar"\n    ]' in answered.stdout
+    assert "answered [call:" in answered.stderr + answered.stdout
+
+    unanswered = run_cli("call", "--stdio", server, "trigger-elicitation-request", "--timeout", "45")
+    assert unanswered.returncode == 5, unanswered.stderr
+    assert "stdin is not a terminal; pass --answer call:" in unanswered.stderr

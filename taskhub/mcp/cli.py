@@ -43,6 +43,7 @@ from taskhub.mcp.client import (
     ToolInputRequired,
 )
 from taskhub.mcp.errors import InvalidResult, McpClientError, ProtocolError, RequestTimeout
+from taskhub.mcp.questions import Question
 from taskhub.mcp.wire import TaskSnapshot
 
 EXIT_COMPLETED = 0
@@ -350,6 +351,7 @@ class Answerer:
     answers: dict[str, dict[str, Any]]
     reporter: Reporter
     prompter: TerminalPrompter | None
+    question_failed: Exception | None = None  # a question asked in the middle of the call that could not be answered
 
     async def respond_all(self, requests: Mapping[str, dict[str, Any]], *, task_id: str | None) -> dict[str, Any]:
         for key, request in requests.items():
@@ -360,6 +362,22 @@ class Answerer:
         for key, request in requests.items():
             responses[key] = await self._respond(key, request)
         return responses
+
+    async def ask_question(self, question: Question) -> dict[str, Any]:
+        """A question the server asks in the middle of the call (a classic `elicitation/create`): answered as an
+        input request of key `call:<its JSON-RPC id>` (or `*`), the form's defaults filling what the answer omits
+        (SEP-1034)."""
+        key = f"call:{question.server_request_id}"
+        request = {"method": question.method, "params": question.params}
+        try:
+            check_input_request(key, request)
+            self._announce(key, request, task_id=None)
+            response = with_defaults(request, await self._respond(key, request))
+        except (UsageError, InvalidResult) as error:  # said once the call returns (call_with_mrtr)
+            self.question_failed = self.question_failed or error
+            return {"action": "cancel"}
+        self.report_answered({key: response}, task_id=None)
+        return response
 
     def _announce(self, key: str, request: Mapping[str, Any], *, task_id: str | None) -> None:
         line = f"input required [{clean_text(key, cap=80)}]"
@@ -387,6 +405,19 @@ class Answerer:
             action = response.get("action") if isinstance(response, dict) else None
             human = f"answered [{clean_text(key, cap=80)}]" + (f" ({clean_text(action, cap=40)})" if action else "")
             self.reporter.event("answered", human, taskId=task_id, key=key, action=action)
+
+
+def with_defaults(request: Mapping[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """An accepted form answer with the schema's default for each field it leaves out (SEP-1034: a client applies
+    the defaults of omitted fields)."""
+    params = request.get("params") if isinstance(request.get("params"), dict) else {}
+    if response.get("action") != "accept" or request.get("method") != "elicitation/create":
+        return response
+    if params.get("mode", "form") != "form":
+        return response
+    content = response.get("content") if isinstance(response.get("content"), dict) else {}
+    defaults = schema_fields.defaults_of(params.get("requestedSchema"))
+    return {**response, "content": {**defaults, **content}}
 
 
 def check_input_request(key: str, request: Any) -> None:
@@ -597,7 +628,11 @@ async def call_with_mrtr(
     input_responses: dict[str, Any] | None = None
     request_state: str | None = None
     for _ in range(MAX_MRTR_ROUNDS):
-        outcome = await client.call_tool(tool, arguments, input_responses=input_responses, request_state=request_state)
+        outcome = await client.call_tool(
+            tool, arguments, input_responses=input_responses, request_state=request_state, asker=answerer.ask_question
+        )
+        if answerer.question_failed is not None:
+            raise answerer.question_failed
         if not isinstance(outcome, ToolInputRequired):
             return outcome
         input_responses = await answerer.respond_all(outcome.input_requests, task_id=None)
