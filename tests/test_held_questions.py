@@ -86,7 +86,9 @@ def result_text(task: Task) -> str:
     return "\n".join(part.get("text", "") for part in task.result["content"])
 
 
-def test_a_classic_elicitation_over_stdio_is_answered_by_a_person_and_the_server_gets_the_form(workers, everything):
+def test_classic_elicitations_over_stdio_form_and_url_are_answered_by_a_person_and_reach_the_server(
+    workers, everything
+):
     admin, approver = make_user("ada", ADMINS), make_user("april", APPROVERS)
     server = registered(admin, everything)
     workers.start("holder")
@@ -112,6 +114,16 @@ def test_a_classic_elicitation_over_stdio_is_answered_by_a_person_and_the_server
     assert request.state == InputRequestState.DELIVERED
     trail = list(AuditEvent.objects.filter(task_id=task.pk).values_list("action", flat=True))
     assert trail.count("task.input_requested") == trail.count("input.answered") == trail.count("input.delivered") == 1
+
+    # URL mode: the person is shown the link (never opened by taskhub) and consents.
+    url = "https://example.com/authorize?flow=42"
+    consent = services.launch(server=server, tool="trigger-url-elicitation", arguments={"url": url}, user=admin)
+    request = held_request(consent)
+    assert (request.params["mode"], request.params["url"]) == ("url", url)
+    services.answer_input(input_request=request, response={"action": "accept"}, user=approver)
+    consent = ended(consent)
+    assert consent.status == TaskStatus.COMPLETED, (consent.status, consent.error)
+    assert '"action": "accept"' in result_text(consent), result_text(consent)
 
 
 def test_over_http_a_decline_reaches_the_server_and_a_wait_that_runs_out_tells_it_cancel(

@@ -304,15 +304,18 @@ def test_stdio_environment_can_be_replaced_and_removed(client, admin):
 def test_an_admin_sets_and_clears_a_servers_worker_limits(client, admin):
     server = make_server()
     url = reverse("servers:edit", args=[server.pk])
-    assert client.post(url, edit_form(server, max_concurrent_jobs="2", call_timeout_seconds="15")).status_code == 302
+    limits = {"max_concurrent_jobs": "2", "call_timeout_seconds": "15", "question_wait_seconds": "300"}
+    assert client.post(url, edit_form(server, **limits)).status_code == 302
     server.refresh_from_db()
-    assert (server.max_concurrent_jobs, server.call_timeout_seconds) == (2, 15)
-    assert 'name="call_timeout_seconds" value="15"' in page(client.get(url))
-    refused = client.post(url, edit_form(server, max_concurrent_jobs="0", call_timeout_seconds="7200"))
-    assert refused.status_code == 400 and page(refused).count('class="field-error"') == 2
+    assert (server.max_concurrent_jobs, server.call_timeout_seconds, server.question_wait_seconds) == (2, 15, 300)
+    edit = page(client.get(url))
+    assert 'name="call_timeout_seconds" value="15"' in edit and 'name="question_wait_seconds" value="300"' in edit
+    out_of_range = {"max_concurrent_jobs": "0", "call_timeout_seconds": "7200", "question_wait_seconds": "5"}
+    refused = client.post(url, edit_form(server, **out_of_range))
+    assert refused.status_code == 400 and page(refused).count('class="field-error"') == 3
     assert client.post(url, edit_form(server)).status_code == 302  # left empty: the worker's defaults again
     server.refresh_from_db()
-    assert (server.max_concurrent_jobs, server.call_timeout_seconds) == (None, None)
+    assert (server.max_concurrent_jobs, server.call_timeout_seconds, server.question_wait_seconds) == (None, None, None)
 
 
 # --- detail -----------------------------------------------------------------------------------------------

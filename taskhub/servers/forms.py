@@ -130,6 +130,15 @@ class ServerForm(forms.Form):
         max_value=3600,
         help_text="How long a launch waits for the tool call to answer. Empty: TASKHUB_LAUNCH_TIMEOUT_SECONDS (120).",
     )
+    question_wait_seconds = forms.IntegerField(
+        label="Question wait (seconds)",
+        required=False,
+        min_value=10,
+        max_value=86400,
+        help_text="How long a call waits for a person to answer a question the server asks in the middle of it"
+        " (classic elicitation); the time does not count against the call timeout. Then the server is told the"
+        " question was cancelled. Empty: TASKHUB_QUESTION_WAIT_SECONDS (600).",
+    )
     bearer_token = forms.CharField(
         required=False,
         strip=True,
@@ -170,6 +179,7 @@ class ServerForm(forms.Form):
                 "enabled": server.enabled,
                 "max_concurrent_jobs": server.max_concurrent_jobs,
                 "call_timeout_seconds": server.call_timeout_seconds,
+                "question_wait_seconds": server.question_wait_seconds,
             }
         super().__init__(*args, **kwargs)
         self.stored_headers = sorted((server.headers or {}) if server else {})
@@ -224,6 +234,7 @@ class ServerForm(forms.Form):
             "enabled": data["enabled"],
             "max_concurrent_jobs": data["max_concurrent_jobs"],
             "call_timeout_seconds": data["call_timeout_seconds"],
+            "question_wait_seconds": data["question_wait_seconds"],
         }
         if self.server is None:
             arguments.update(headers=data["headers"], env=data["env"], bearer_token=data["bearer_token"] or None)

@@ -31,6 +31,7 @@ EDITABLE_FIELDS = frozenset(
         "bearer_token",
         "max_concurrent_jobs",
         "call_timeout_seconds",
+        "question_wait_seconds",
     }
 )
 LAST_ERROR_MAX_CHARS = 2000
@@ -112,6 +113,7 @@ def create_server(
     discover_in_background: bool = False,
     max_concurrent_jobs: int | None = None,
     call_timeout_seconds: int | None = None,
+    question_wait_seconds: int | None = None,
 ) -> Server:
     """Register a server. With `discover_in_background` (the add-server page), its discovery job is deferred in
     the same transaction; the terminal commands (`manage.py server add --discover`, `taskhub demo`) discover
@@ -128,6 +130,7 @@ def create_server(
         enabled=enabled,
         max_concurrent_jobs=max_concurrent_jobs,
         call_timeout_seconds=call_timeout_seconds,
+        question_wait_seconds=question_wait_seconds,
     )
     _secrets_out_of_the_url(server, stored={})
     _check_address(server)
