@@ -315,7 +315,7 @@ BAD_LAUNCH_ANSWERS = {
     "a task id far too long": (Result({**HANDLE, "taskId": "t" * 5000}), "taskId is longer"),
     "a connection reset mid-body": (Reset({**HANDLE, "x": "y" * 50_000}), "tools/call"),
     "a 10 MB answer": (Result({**HANDLE, "statusMessage": "x" * TEN_MB}), f"larger than {MAX_RESPONSE_BYTES} bytes"),
-    "a body that trickles slower than the timeout": (Drip(HANDLE), "timed out"),
+    "a body that trickles slower than the timeout": (Drip(HANDLE), "no answer within"),
     "a tool result of the wrong shape": (Result({"resultType": "complete", "content": "no list"}), "malformed"),
     "an MRTR key far too long": (Result({"resultType": "input_required", "inputRequests": {"k" * 600: {}}}), "key"),
 }

@@ -29,6 +29,7 @@ import httpx2
 import mcp_types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
@@ -676,6 +677,7 @@ class TasksClient:
         *,
         headers: Mapping[str, str] | None = None,
         no_timeout: bool = False,
+        on_progress: ProgressFnT | None = None,
     ) -> dict[str, Any]:
         """`ClientSession.send_request` without its strict core-result validation.
 
@@ -685,6 +687,8 @@ class TasksClient:
         """
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
         options: dict[str, Any] = {"timeout": None if no_timeout else self.timeout}
+        if on_progress is not None:
+            options["on_progress"] = on_progress
         sdk_private.stamp_request(session, data, options)
         if headers:
             options.setdefault("headers", {}).update(headers)
@@ -701,11 +705,14 @@ class TasksClient:
         input_responses: dict[str, Any] | None = None,
         request_state: str | None = None,
         asker: Asker | None = None,
+        on_progress: ProgressFnT | None = None,
     ) -> CallOutcome:
         """Send `tools/call` once. The answer is a result, an MRTR input request, or a task.
 
         `asker`: answers the questions the server asks on the call's session while it waits for the result (classic
         `elicitation/create`, taskhub.mcp.questions); the call's timeout stops while one waits for its answer.
+        `on_progress(progress, total, message)`: each `notifications/progress` the server sends about the call (the
+        request carries a progress token then); values as sent, untrusted.
 
         A tool listed (`discover`) or learnt (`learn_tools`) with `x-mcp-header` annotations gets its arguments
         mirrored into `Mcp-Param-*` headers on a 2026-07-28 HTTP connection; one whose annotations are invalid is
@@ -721,7 +728,9 @@ class TasksClient:
                 headers = param_headers(self._tool_schemas.get(name), arguments or {})
             request = mcp_types.CallToolRequest(params=params)
             # With an asker the call's deadline is ours (paused while a question waits), not the SDK's.
-            raw = await self._send_tolerant(client.session, request, headers=headers, no_timeout=asker is not None)
+            raw = await self._send_tolerant(
+                client.session, request, headers=headers, no_timeout=asker is not None, on_progress=on_progress
+            )
             return parse_call_tool_result(raw)
 
         if asker is None:

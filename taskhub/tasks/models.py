@@ -78,6 +78,11 @@ class Task(models.Model):
     # MRTR (tools/call answered input_required before any task existed): echoed exactly on the retry;
     # NULL when the server sent none, which differs from an empty string.
     mrtr_request_state = models.TextField(null=True, blank=True)  # noqa: DJ001
+    # The latest `notifications/progress` of the call in flight (any revision; services.record_progress): shown as a
+    # bar while the task is not over. Not audited: progress is no decision.
+    progress = models.FloatField(null=True, blank=True)
+    progress_total = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     # While the launch job cannot reach the server and retries (services.record_launch_retry): how many attempts
     # of the current round failed, why the last one did (untrusted text, capped), and when the next one runs.
@@ -142,6 +147,16 @@ class Task(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def shows_progress(self) -> bool:
+        return self.progress is not None and not self.is_terminal
+
+    @property
+    def progress_words(self) -> str:
+        """ "3 of 10", or "3" when the server gave no total."""
+        done = f"{self.progress:g}" if self.progress is not None else ""
+        return f"{done} of {self.progress_total:g}" if self.progress_total else done
 
     @property
     def launch_retrying(self) -> bool:

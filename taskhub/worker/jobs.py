@@ -68,6 +68,7 @@ from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
 from taskhub.worker.held_questions import asker_for
 from taskhub.worker.orm import db
+from taskhub.worker.progress import CallProgress
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 from taskhub.worker.stdio import NotOwner
 from taskhub.worker.stdio.supervisor import StdioSupervisor
@@ -308,6 +309,7 @@ async def _send_launch(
             raise NotOwner(task.server) from lost
         if call is None:
             return "outcome known or unknown already"
+        progress = CallProgress(task.pk)
         try:
             outcome = await client.call_tool(
                 call.tool,
@@ -316,6 +318,7 @@ async def _send_launch(
                 request_state=call.request_state,
                 # Questions the server asks on the call's session (classic elicitation) go to people, held here.
                 asker=asker_for(task, worker_id=heartbeats.RUNNING_AS.get() or f"pid-{os.getpid()}"),
+                on_progress=progress,
             )
         except ProtocolError as error:
             await db(services.record_launch_failure, task=task, error=error.to_error_object(), sent=True)
@@ -325,6 +328,8 @@ async def _send_launch(
             logger.warning("tools/call of task %s: no usable answer (%s)", task.id, error)
             await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
             return "outcome unknown"
+        finally:
+            await progress.aclose()  # its last report stored before the outcome ends the task
     logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
     await db(services.record_launch_outcome, task=task, outcome=outcome, answered_request_ids=call.answered_request_ids)
     return type(outcome).__name__

@@ -3,7 +3,8 @@
 
 The reference server runs over stdio in the worker that holds its process (tests/everything_fixtures.py); the
 approver's inbox gets the card live, filled with the form's defaults; the approver types a name and an email and
-accepts; the operator's task page then shows the server's result, every field as sent (defaults included).
+accepts; the operator's task page then shows the server's result, every field as sent (defaults included). Then a
+long call of the same server (`trigger-long-running-operation`) moves a progress bar on its task page while it runs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def worker(session_daphne, live_channel_env, django_db_blocker):
         workers.stop_all()
 
 
-def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_the_server_gets_it(
+def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_calls_progress_moves_live(
     new_page, session_daphne, worker, everything
 ):
     admin = make_user("ada", ADMINS, password=TEST_PASSWORD)
@@ -87,3 +88,17 @@ def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_the_server
     for shown in ("- Name: Ada Lovelace", "- Email: ada@example.org", "- Favorite Integer: 42", "Monica"):
         expect(result).to_contain_text(shown)
     screenshot(operator, "held-question-result")
+
+    # A long call of the same server: its steps move a bar on the task page, pushed while the call runs.
+    operator.goto(f"{session_daphne.url}/launch/")
+    operator.get_by_role("link", name=re.compile(r"\btrigger-long-running-operation\b")).first.click()
+    operator.get_by_label("duration", exact=False).fill("6")
+    operator.get_by_label("steps", exact=False).fill("6")
+    operator.get_by_role("button", name="Launch", exact=True).click()
+    expect(operator).to_have_url(TASK_URL)
+    bar = operator.locator(".task-progress progress")
+    expect(bar).to_have_attribute("max", "6", timeout=30_000)
+    expect(operator.locator(".task-progress")).to_contain_text(re.compile(r"[1-5] of 6"))
+    screenshot(operator, "call-progress")
+    expect(operator.locator("body")).to_contain_text("Long running operation completed", timeout=30_000)
+    expect(bar).to_have_count(0)
