@@ -22,15 +22,19 @@ from taskhub.accounts.groups import ADMINS
 from taskhub.api.tokens import create_token
 from taskhub.approvals import services as policy_services
 from taskhub.approvals import signals, webhooks
+from taskhub.approvals.hooks import enqueue_webhook_delivery
 from taskhub.approvals.models import DeliveryStatus, PolicyWebhook, WebhookDelivery, WebhookEvent
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
 from taskhub.tasks import services as task_services
-from taskhub.tasks.models import InputRequest
+from taskhub.tasks.models import InputRequest, Task
 from taskhub.worker.connector import worker_connector
 from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
+from tests.demo_process import DemoServer
+from tests.helpers import wait_until
 from tests.inbox_fixtures import task_asking
+from tests.stack_fixtures import register_and_discover
 from tests.webhook_receiver import Answer, WebhookReceiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
@@ -452,3 +456,46 @@ def test_a_receiver_that_hangs_delays_only_its_own_deliveries(server, receiver, 
         assert WebhookDelivery.objects.get(pk=to_quick.pk).status == DeliveryStatus.DELIVERED
     finally:
         hanging.stop()
+
+
+def launched_and_ended(server, user, count: int) -> float:
+    """Seconds from launching `count` quick calls (a tool error the demo answers at once) until all have ended."""
+    started = time.monotonic()
+    tasks = [task_services.launch(server=server, tool="tool_error", arguments={}, user=user) for _ in range(count)]
+    wait_until(
+        lambda: Task.objects.filter(pk__in=[task.pk for task in tasks], finished_at__isnull=False).count() == count,
+        timeout=60,
+        what=f"the {count} quick calls to end",
+    )
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_with_a_receiver_hanging_another_servers_launches_take_no_longer_than_twice_their_time(workers):
+    """Issue 31, point 4's acceptance through a real worker: 60 deliveries to a receiver that hangs 5 s each leave a
+    server's launches within 2x of their time without them (before, with ~80 hanging, quick launches took 10-20 s)."""
+    admin = make_user("ada", ADMINS)
+    hanging = WebhookReceiver(secret=SECRET, answers=[Answer(200, delay=5)]).start()
+    try:
+        with DemoServer("--poll-interval-ms", "200") as demo:
+            server = register_and_discover(demo, admin)
+            other = create_server(name="other", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+            policy = policy_services.create_policy(server=other, tool="deploy", user=None)
+            slow = webhooks.create_webhook(policy=policy, url=hanging.url, secret=SECRET, user=None)
+            workers.start("webhooks-beside-launches")
+            launched_and_ended(server, admin, 4)  # the worker warmed up: its connections, the server's client
+            alone = launched_and_ended(server, admin, 10)
+            with transaction.atomic():
+                for _ in range(60):
+                    delivery = WebhookDelivery.objects.create(webhook=slow, event="request.waiting", body={"n": 1})
+                    enqueue_webhook_delivery(delivery.pk)
+            wait_until(lambda: len(hanging.received) >= 2, timeout=30, what="the receiver to hang on deliveries")
+            beside = launched_and_ended(server, admin, 10)
+            hanging_now = WebhookDelivery.objects.filter(webhook=slow, status=DeliveryStatus.PENDING).count()
+    finally:
+        hanging.stop()
+    assert hanging_now > 40, hanging_now  # the receiver still held most of them while the launches ran
+    assert beside <= 2 * alone + 0.5, (
+        f"10 launches took {beside:.2f} s beside the hanging receiver, {alone:.2f} s alone"
+    )
