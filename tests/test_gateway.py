@@ -582,3 +582,44 @@ def test_past_a_cap_on_open_streams_and_waits_a_call_is_refused_naming_it_and_no
     assert remembered() == before
     setattr(settings, cap, 1)  # the refused ones took no slot
     assert rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}})[0] == 200
+
+
+def test_a_question_asked_in_the_middle_of_the_call_is_the_agents_to_answer_unless_people_answer(world):
+    """Issue 32 item 6: a classic elicitation of the upstream server (held by the worker holding the call) is an
+    input_required task to the agent, answered with tasks/update and handed to the worker, not to a delivery job;
+    with an approval policy on the tool, people answer it and the agent sees working."""
+    from procrastinate.contrib.django.models import ProcrastinateJob
+
+    from taskhub.tasks.services import held_questions
+
+    _, created = rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "prod"}})
+    task_id = created["result"]["taskId"]
+    held_questions.open_held_question(
+        task_id=task_id, method=QUESTION["method"], params=QUESTION["params"], server_request_id=7, held_by="w1"
+    )
+    _, seen = rpc(world["token"], "tasks/get", {"taskId": task_id})
+    assert seen["result"]["status"] == "input_required"
+    assert seen["result"]["inputRequests"] == {"call:7": QUESTION}
+
+    ProcrastinateJob.objects.all().delete()
+    _, acknowledged = rpc(
+        world["token"],
+        "tasks/update",
+        {"taskId": task_id, "inputResponses": {"call:7": {"action": "accept", "content": {"ok": True}}}},
+    )
+    assert acknowledged["result"] == {"resultType": "complete"}
+    request = InputRequest.objects.get(task_id=task_id, key="call:7")
+    assert request.state == InputRequestState.ANSWERED and request.answer["content"] == {"ok": True}
+    assert not ProcrastinateJob.objects.exists()  # the worker holding the call sends it, woken by NOTIFY
+    _, seen = rpc(world["token"], "tasks/get", {"taskId": task_id})
+    assert seen["result"]["status"] == "working"
+
+    from taskhub.approvals import services as policy_services
+
+    policy_services.create_policy(server=world["server"], tool="deploy", user=None)
+    held_questions.open_held_question(
+        task_id=task_id, method=QUESTION["method"], params=QUESTION["params"], server_request_id=8, held_by="w1"
+    )
+    _, seen = rpc(world["token"], "tasks/get", {"taskId": task_id})
+    assert seen["result"]["status"] == "working"
+    assert seen["result"]["statusMessage"].startswith("waiting for approvers of ")

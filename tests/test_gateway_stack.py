@@ -198,8 +198,21 @@ def test_with_a_people_policy_the_cli_waits_until_an_approver_answers_in_the_inb
     assert AuditEvent.objects.get(task=task, action="input.answered").actor == approver
 
 
+async def api_median(session: aiohttp.ClientSession, url: str, requests: int = 15) -> float:
+    """The median time of a page of the API's task list (`url`), in seconds, one request at a time."""
+    times = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        async with session.get(url) as response:
+            assert response.status == 200, await response.text()
+            await response.read()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
+
+
 def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_workers_change(gateway):
-    """Issue 31, item 1: each stream held a Postgres connection and a token could open any number of them."""
+    """Issue 31, item 1: each stream held a Postgres connection and a token could open any number of them. Now one
+    token's 200 streams are 20 held and 180 refused, the API answers as fast as before them and /healthz is 200."""
     from django.db import connection
 
     other_agent = make_user("otto", OPERATORS)
@@ -236,6 +249,8 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
                 return response, None
 
             before = await asyncio.to_thread(backends)  # the worker's connections among them, once it launched
+            api_tasks = f"{gateway['base']}/api/tasks"
+            api_idle = await api_median(agent, api_tasks)  # before any stream
             threads_before = gateway["daphne"].num_threads()
             tasks = listen({"taskIds": [task_id]})
             tools = listen({"toolsListChanged": True})  # the other agent's: open until the listen time runs out
@@ -243,7 +258,15 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
             opened = await asyncio.gather(
                 *(open_stream(agent, tasks, b"notifications/tasks") for _ in range(per_token))
             )
-            refused = await open_stream(agent, tasks, b"notifications/tasks")
+            # One token's 200 streams: 20 held, the other 180 refused at once; the API and /healthz as when idle.
+            attempts = await asyncio.gather(
+                *(open_stream(agent, tasks, b"notifications/tasks") for _ in range(200 - per_token))
+            )
+            refused = attempts[0]
+            refusals = sum(1 for _, error in attempts if error and error["error"]["code"] == -32002)
+            api_held = await api_median(agent, api_tasks)
+            async with agent.get(f"{gateway['base']}/healthz") as health:
+                healthz = health.status
             others = await asyncio.gather(*(open_stream(other, tools, b"acknowledged") for _ in range(10)))
             streams = [response for response, _ in opened + others]
             # Each stream's request thread exits once idle (taskhub.web.request_threads.IdleExitingExecutor).
@@ -266,7 +289,8 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
             for response in streams:
                 response.close()
             return {"refused": refused[1], "ok": [error for _, error in opened + others], "idle": idle_backends,
-                    "threads": idle_threads[0], "statuses": statuses}  # fmt: skip
+                    "threads": idle_threads[0], "statuses": statuses, "refusals": refusals, "api": (api_idle, api_held),
+                    "healthz": healthz}  # fmt: skip
 
     seen = asyncio.run(scenario())
     assert seen["ok"] == [None] * (per_token + 10)
@@ -277,3 +301,6 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
     assert seen["idle"] <= 8, seen["idle"]
     assert seen["threads"] <= 6  # the gateway pool's threads at most, none per stream
     assert seen["statuses"] == ["cancelled"] * per_token  # woken through Redis by the worker's change
+    assert seen["refusals"] == 200 - per_token and seen["healthz"] == 200
+    api_idle, api_held = seen["api"]
+    assert api_held <= 2 * api_idle + 0.005, f"the API's median: {api_held * 1000:.1f} ms, {api_idle * 1000:.1f} idle"

@@ -1,7 +1,8 @@
 """taskhub's Task as the Tasks extension's wire shapes (CreateTaskResult, DetailedTask), read from Postgres only.
 
 Status mapping (README, "Gateway"): launching → working (its message says why: launching, or waiting for approval
-before the call); working, input_required, completed, failed, cancelled → the same; a request for input that people
+before the call), or input_required while the server asks a question in the middle of the call (a classic
+elicitation); working, input_required, completed, failed, cancelled → the same; a request for input that people
 answer (the tool's approval policy has them answer an agent's calls: `input_from` people) → working, "waiting for
 approvers of <policy>"; launch outcome unknown, lost, expired → failed, with an error saying which (nothing in
 taskhub moves them on by itself).
@@ -85,6 +86,14 @@ def status_of(task: Task) -> tuple[str, str, dict[str, Any]]:
         why = ENDED_WITHOUT_OUTCOME[task.status]
         return "failed", message or why, {"error": {"code": mcp_types.INTERNAL_ERROR, "message": message or why}}
     if task.status == TaskStatus.LAUNCHING:
+        # A question the server asks in the middle of the call (classic elicitation, held by the worker holding it):
+        # the agent's to answer like any other, unless people answer this tool's requests.
+        held = [request for request in open_requests(task) if request.held_by]
+        if held:
+            policy = people_answer(task)
+            if policy is not None:
+                return "working", f"waiting for approvers of {policy}", {}
+            return "input_required", message, {"inputRequests": as_input_requests(held)}
         return "working", message or "launching: the tool call is on its way to the server", {}
     if task.status == TaskStatus.INPUT_REQUIRED:
         policy = people_answer(task)
