@@ -196,6 +196,10 @@ def test_times_under_a_minute_are_just_now_and_one_day_is_singular():
     assert "just now" in reltime(now - datetime.timedelta(seconds=50))
     assert "1 minute ago" in reltime(now - datetime.timedelta(seconds=61))
     assert "0 minutes" not in reltime(now + datetime.timedelta(seconds=55))
+    # Issue 34 item 8: a token made "in 7 days", shown a moment later, was "in 6 days" (every unit floored).
+    assert "in 1 week" in reltime(now + datetime.timedelta(days=7, seconds=-3))
+    assert "in 6 days" in reltime(now + datetime.timedelta(days=6, hours=23, minutes=58))
+    assert "in 2 hours" in reltime(now + datetime.timedelta(hours=2, seconds=-1))
     assert duration_words(86_400_000) == "1 day"
     assert duration_words(2 * 86_400_000) == "2 days"
     assert duration_text(90) == "1 min 30 s"

@@ -51,6 +51,10 @@ def test_stderr_is_logged_redacted_and_capped(caplog, monkeypatch):
     log.close()
     messages = [record.getMessage() for record in caplog.records]
     assert messages[0] == f"srv: key is {REDACTED}"
+    # Issue 34 item 9: a server's ordinary stderr (its start-up banner) is its own log, not a warning of taskhub's;
+    # what taskhub drops of it is.
+    levels = {record.getMessage(): record.levelname for record in caplog.records}
+    assert levels[messages[0]] == "INFO" and levels[messages[-1]] == "WARNING"
     assert sum(len(message) for message in messages) < 2000
     assert any("stderr output dropped" in message for message in messages)
     assert messages[-1].endswith("bytes of stderr output dropped")

@@ -1,5 +1,6 @@
 """API tokens on a page (issue 15 item 8): create (name, expiry), the secret shown once, list, revoke; audited."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -47,6 +48,15 @@ def test_a_token_is_created_shown_once_and_works_for_the_api():
     event = AuditEvent.objects.get(action="api_token.created")
     assert event.actor == olga and event.data["name"] == "CI pipeline" and "expires_at" in event.data
     assert secret not in str(event.data)
+
+
+def test_a_token_made_to_expire_in_7_days_says_so():
+    """Issue 34 item 8: it said "It expires in 6 days" (the page shown a moment after, every unit floored)."""
+    client = client_for(make_user("olga", OPERATORS))
+    client.post(reverse("tokens:list"), {"name": "a week", "expires": "7"})
+    page = client.get(reverse("tokens:list")).content.decode()
+    said = re.search(r"It expires <time[^>]*>([^<]*)</time>", page)
+    assert said and said.group(1) == "in 1 week", said
 
 
 def test_a_nameless_token_is_refused_and_nothing_is_created():

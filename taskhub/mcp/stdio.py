@@ -10,7 +10,7 @@ in the worker's log as is). Here:
   that is not JSON-RPC, or half a line at the end of stdout is handed to the session as a `BadLine`
   (`TasksClient` fails the requests waiting at that moment with an `InvalidResult`); so is an answer to a
   request that was not sent (or is answered already), which the SDK would drop while its request waits;
-- stderr goes to the `taskhub.mcp.stderr` logger, line by line, with every value of the server's configured
+- stderr goes to the `taskhub.mcp.stderr` logger at INFO, line by line, with every value of the server's configured
   environment blanked out, at most `STDERR_LOG_MAX_BYTES` a minute (the rest is read and dropped, so a loud
   server never blocks on a full pipe).
 
@@ -189,7 +189,9 @@ class StderrLog:
             stderr_logger.warning("%s: stderr line of %d bytes dropped (too long)", self.name, line)
         else:
             text = self.redact(line.decode("utf-8", "replace").rstrip())
-            stderr_logger.warning("%s: %s", self.name, text)
+            # INFO: a server's stderr is its own log (start-up banners, its INFO lines), nothing wrong by itself; the
+            # server's page keeps its last lines. What taskhub drops is a WARNING.
+            stderr_logger.info("%s: %s", self.name, text)
             if self.also is not None:
                 self.also(text)
 

@@ -39,7 +39,9 @@ def reltime(value: datetime.datetime | None) -> str:
     elif value <= now:
         words = f"{timesince(value, now, depth=1)} ago"
     else:
-        words = f"in {timesince(now, value, depth=1)}"
+        # Counted down as a countdown is, to the next whole minute: "in 7 days" made a second ago is not "in 6 days"
+        # (timesince floors every unit).
+        words = f"in {timesince(now, value + datetime.timedelta(seconds=59), depth=1)}"
     return format_html(
         '<time datetime="{}" title="{}">{}</time>',
         exact.isoformat(),
