@@ -26,16 +26,13 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from approval import ANSWER_RESPONSE_JS
 from livestack import (
-    BENCH,
     BROWSER_CORES_HELP,
     ROOT,
     ControlServer,
@@ -49,6 +46,7 @@ from livestack import (
     register,
     results_header,
     say,
+    script_server,
     seed,
     signed_in_browser,
     spread,
@@ -65,15 +63,7 @@ class ClassicServer:
     """bench/classic_question_server.py in a subprocess on a free port."""
 
     def __init__(self) -> None:
-        from benchlib import free_port
-
-        self.port = free_port()
-        command = [sys.executable, str(BENCH / "classic_question_server.py"), "--port", str(self.port)]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = self.process.stdout.readline()
-        if "listening on" not in line:
-            raise SystemExit(f"the classic question server did not start: {line!r}")
-        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()
+        self.port, self.process = script_server("classic_question_server.py")
         self.url = f"http://127.0.0.1:{self.port}/mcp"
 
     def answers(self) -> dict[str, float]:

@@ -134,19 +134,25 @@ def drop(database_url: str) -> None:
     set_database(database_url, create=False)
 
 
+def script_server(script: str, *options: str) -> tuple[int, subprocess.Popen]:
+    """A server script of bench/ in a subprocess on a free port, once it says it is listening; (port, process)."""
+    from benchlib import free_port
+
+    port = free_port()
+    command = [sys.executable, str(BENCH / script), "--port", str(port), *options]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = process.stdout.readline()
+    if "listening on" not in line:
+        raise SystemExit(f"{script} did not start: {line!r}")
+    threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()
+    return port, process
+
+
 class ControlServer:
     """bench/demo_control_server.py in a subprocess on a free port."""
 
     def __init__(self, *options: str) -> None:
-        from benchlib import free_port
-
-        self.port = free_port()
-        command = [sys.executable, str(BENCH / "demo_control_server.py"), "--port", str(self.port), *options]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = self.process.stdout.readline()
-        if "listening on" not in line:
-            raise SystemExit(f"the demo control server did not start: {line!r}")
-        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()
+        self.port, self.process = script_server("demo_control_server.py", *options)
         self.base = f"http://127.0.0.1:{self.port}"
         self.url = self.base + "/mcp"
 

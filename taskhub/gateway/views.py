@@ -90,7 +90,8 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
         return _json(
             error_message(None, RpcError(mcp_types.INVALID_REQUEST, "POST JSON-RPC requests")), 405, Allow="POST"
         )
-    user = await sync_to_async(_bearer_user)(request)
+    async with waiting.request_turn():
+        user = await sync_to_async(_bearer_user)(request)
     if user is None:
         refusal = unauthorized()
         return _json(error_message(request_id_of(request.body), refusal), 401, **{"WWW-Authenticate": "Bearer"})
@@ -124,13 +125,16 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
 async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
     if call.method == "tools/call":
         with waiting.take_slot(user.api_token.pk):  # before the launch: past the cap nothing is recorded
-            launched = await sync_to_async(calls.call_tool)(endpoint, user, call)
+            async with waiting.request_turn():
+                launched = await sync_to_async(calls.call_tool)(endpoint, user, call)
             await _wait_for_launch(launched)
-        return await sync_to_async(calls.call_answer)(launched, user)
+        async with waiting.request_turn():
+            return await sync_to_async(calls.call_answer)(launched, user)
     handler = SYNC_METHODS.get(call.method)
     if handler is None:
         raise method_not_found(call.method)  # tasks/result and tasks/list among them: removed by the extension
-    return await sync_to_async(handler)(endpoint, user, call)
+    async with waiting.request_turn():
+        return await sync_to_async(handler)(endpoint, user, call)
 
 
 async def _wait_for_launch(launched: calls.Launched) -> None:
@@ -167,7 +171,8 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
     changed (once for every stream woken by that change)."""
     slot = waiting.take_slot(user.api_token.pk)
     try:
-        subscription = await sync_to_async(calls.subscribe)(endpoint, user, call)
+        async with waiting.request_turn():
+            subscription = await sync_to_async(calls.subscribe)(endpoint, user, call)
     except BaseException:
         slot.release()
         raise
