@@ -1,6 +1,7 @@
 """The gateway's endpoints: `/mcp/servers/<name>` and `/mcp`, JSON-RPC over Streamable HTTP (stateless, 2026-07-28).
 
-Async views: everything is one short piece of sync code (calls.py) on the request's thread, but for what waits. A
+Async views: everything is one short piece of sync code (calls.py) on the request's thread, but for what waits; at
+most waiting.REQUEST_TURNS of them run at once in a process (`waiting.in_turn`), each holding a database connection. A
 `tools/call` waiting for its launch outcome and an open `subscriptions/listen` stream are woken by the task's
 changes through the channel layer and read Postgres only then, on the gateway's pool (waiting.py): while idle they
 hold no thread and no database connection, and they are capped per token and in total. Without a valid API token
@@ -90,8 +91,7 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
         return _json(
             error_message(None, RpcError(mcp_types.INVALID_REQUEST, "POST JSON-RPC requests")), 405, Allow="POST"
         )
-    async with waiting.request_turn():
-        user = await sync_to_async(_bearer_user)(request)
+    user = await waiting.in_turn(_bearer_user, request)
     if user is None:
         refusal = unauthorized()
         return _json(error_message(request_id_of(request.body), refusal), 401, **{"WWW-Authenticate": "Bearer"})
@@ -125,16 +125,13 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
 async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
     if call.method == "tools/call":
         with waiting.take_slot(user.api_token.pk):  # before the launch: past the cap nothing is recorded
-            async with waiting.request_turn():
-                launched = await sync_to_async(calls.call_tool)(endpoint, user, call)
+            launched = await waiting.in_turn(calls.call_tool, endpoint, user, call)
             await _wait_for_launch(launched)
-        async with waiting.request_turn():
-            return await sync_to_async(calls.call_answer)(launched, user)
+        return await waiting.in_turn(calls.call_answer, launched, user)
     handler = SYNC_METHODS.get(call.method)
     if handler is None:
         raise method_not_found(call.method)  # tasks/result and tasks/list among them: removed by the extension
-    async with waiting.request_turn():
-        return await sync_to_async(handler)(endpoint, user, call)
+    return await waiting.in_turn(handler, endpoint, user, call)
 
 
 async def _wait_for_launch(launched: calls.Launched) -> None:
@@ -148,7 +145,7 @@ async def _wait_for_launch(launched: calls.Launched) -> None:
     deadline = time.monotonic() + wait
     async with waiting.Wakeups([launched.task_id]) as wakeups:
         # Joined first: a change committed between the first look and the wait still wakes it.
-        if await sync_to_async(calls.launch_settled)(launched) or wait <= 0:
+        if await waiting.in_turn(calls.launch_settled, launched) or wait <= 0:
             return
         await sync_to_async(waiting.release_request_connection)()
         settled = waiting.on_gateway_thread(calls.launch_settled)
@@ -171,8 +168,7 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
     changed (once for every stream woken by that change)."""
     slot = waiting.take_slot(user.api_token.pk)
     try:
-        async with waiting.request_turn():
-            subscription = await sync_to_async(calls.subscribe)(endpoint, user, call)
+        subscription = await waiting.in_turn(calls.subscribe, endpoint, user, call)
     except BaseException:
         slot.release()
         raise
@@ -198,7 +194,7 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
             tools_of_user = user.pk if subscription.tools else None
             wakeups = waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user, access_of_user=user.pk)
             async with wakeups:
-                tools_seen, tasks_seen = await sync_to_async(calls.subscription_state)(endpoint, user, subscription)
+                tools_seen, tasks_seen = await waiting.in_turn(calls.subscription_state, endpoint, user, subscription)
                 await sync_to_async(waiting.release_request_connection)()
                 for task in tasks_seen.values():
                     yield notification("notifications/tasks", as_notified(task))
@@ -214,7 +210,7 @@ async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse
                         break
                     if any(message.get("type") == ACCESS_CHANGED for message in messages):
                         # The token revoked, its user deactivated or a role taken: the stream ends at once.
-                        refusal = await sync_to_async(calls.stream_refusal)(user)
+                        refusal = await waiting.in_turn(calls.stream_refusal, user)
                         if refusal is not None:
                             ended_by = error_message(call.id, refusal)
                             yield f"event: message\ndata: {json.dumps(ended_by)}\n\n".encode()

@@ -28,6 +28,7 @@ import weakref
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+from asgiref.sync import sync_to_async
 from channels.db import DatabaseSyncToAsync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -55,10 +56,10 @@ SAFETY_NET_OVERLAP = 5.0
 WAIT_SAFETY_NET_FIRST_SECONDS = 1.0
 # The threads (each with its database connection) on which every stream and wait of a process reads when woken.
 GATEWAY_THREADS = 4
-# How many gateway requests of a process run their sync part (the token check, a call's reads and writes) at once,
-# each on a thread with a database connection of its own; the others wait their turn without a thread. A burst of
-# 180 requests at once (one token's streams past its cap) otherwise opened a connection each: Postgres's 100 ran out
-# under CI ("too many clients"). Measured in tests/test_gateway_stack.py's burst, the test database's peak of
+# How many gateway requests of a process run their sync part (the token check, a call's reads and writes) at once
+# (in_turn), each on a thread with a database connection of its own; the others wait their turn without a thread. A
+# burst of 180 requests at once (one token's streams past its cap) otherwise opened a connection each: Postgres's 100
+# ran out under CI ("too many clients"). Measured in tests/test_gateway_stack.py's burst, the test database's peak of
 # connections: 94 without turns, 73 with 16, 40 with 8, 34 with 4.
 REQUEST_TURNS = 8
 # Implementation-defined JSON-RPC code (-32000..-32019): too many open streams and waiting calls.
@@ -87,19 +88,18 @@ def release_request_connection() -> None:
         connection.close()
 
 
-_turns: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
-def request_turn() -> asyncio.Semaphore:
-    """`async with request_turn():` around a gateway request's sync part: at most REQUEST_TURNS at once per process
-    (per event loop: daphne runs one; tests' clients a new one per request)."""
+async def in_turn(function, *args):
+    """`function(*args)`, a gateway request's sync part, on the request's thread (sync_to_async) in one of the
+    process's REQUEST_TURNS turns (per event loop: daphne runs one; tests' clients a new one per request)."""
     loop = asyncio.get_running_loop()
     turns = _turns.get(loop)
     if turns is None:
-        for known in [known for known in _turns if known.is_closed()]:
-            del _turns[known]
         turns = _turns[loop] = asyncio.Semaphore(REQUEST_TURNS)
-    return turns
+    async with turns:
+        return await sync_to_async(function)(*args)
 
 
 # --- slots --------------------------------------------------------------------------------------------------

@@ -33,9 +33,8 @@ class Question:
     method: str
     params: dict[str, Any]  # as sent, untrusted
     server_request_id: str | int
-    call_ended: (
-        asyncio.Event
-    )  # set once the call that asks has its answer or failed: nobody waits for this one any more
+    # Set once the call that asks has its answer or failed: nobody waits for this question's answer any more.
+    call_ended: asyncio.Event
 
 
 Asker = Callable[[Question], Awaitable[dict[str, Any]]]

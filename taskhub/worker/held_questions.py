@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from typing import Any
 
 import psycopg
@@ -34,7 +35,8 @@ RECONNECT_SECONDS = 2.0
 CANCELLED = {"action": "cancel"}
 
 
-_held_answers: dict[asyncio.AbstractEventLoop, HeldAnswers] = {}
+# Per event loop, as the gateway's SafetyNet keeps its own: an entry goes with its loop.
+_held_answers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HeldAnswers] = weakref.WeakKeyDictionary()
 
 
 class HeldAnswers:
@@ -43,16 +45,14 @@ class HeldAnswers:
     @staticmethod
     def of_this_loop() -> HeldAnswers:
         loop = asyncio.get_running_loop()
-        if loop not in _held_answers:
-            for known in [known for known in _held_answers if known.is_closed()]:
-                del _held_answers[known]
-            _held_answers[loop] = HeldAnswers()
-        return _held_answers[loop]
+        held = _held_answers.get(loop)
+        if held is None:
+            held = _held_answers[loop] = HeldAnswers()
+        return held
 
     def __init__(self) -> None:
         self._waiters: dict[int, asyncio.Event] = {}
         self._listening: asyncio.Task | None = None
-        self.listening = asyncio.Event()  # set while the LISTEN is in place
 
     async def wait(self, input_request_id: int, timeout: float, *, or_until: asyncio.Event) -> None:
         """Until the request's answer is notified, `or_until` is set, or `timeout` passes (whichever first)."""
@@ -79,7 +79,6 @@ class HeldAnswers:
                 params = await sync_to_async(database_params)()
                 async with await psycopg.AsyncConnection.connect(autocommit=True, **params) as connection:
                     await connection.execute(f"LISTEN {hooks.HELD_ANSWERS_CHANNEL}")
-                    self.listening.set()
                     async for notice in connection.notifies():
                         with contextlib.suppress(ValueError):
                             if (event := self._waiters.get(int(notice.payload))) is not None:
@@ -88,8 +87,6 @@ class HeldAnswers:
                 raise
             except Exception as error:
                 logger.warning("listening for the answers to held questions failed (%s); again in a moment", error)
-            finally:
-                self.listening.clear()
             await asyncio.sleep(RECONNECT_SECONDS)
 
 

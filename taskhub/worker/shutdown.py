@@ -62,10 +62,6 @@ class Watchdog:
             self._timer.daemon = True
             self._timer.start()
 
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
     def _expire(self) -> None:
         logger.critical(
             "worker %s: still running %g s after it was told to stop; exiting now (its leases expire, its jobs are"

@@ -4,7 +4,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from taskhub.audit.services import SYSTEM, record_event
 from taskhub.tasks import hooks
@@ -86,16 +85,18 @@ def apply_deadline_default(*, input_request_id: int, outcome: DeadlineOutcome, n
         )
         return _default_applied(task, "not approved", data, problems)
     if outcome.action == "cancel":
-        return _cancel_by_default(task, input_request, data, problems)
+        return _cancel_by_default(task, input_request, data, problems, now=now)
     response = outcome.response or {"action": "decline"}
     _answer_by_default(input_request, response, now)
     hooks.hand_over_answer(input_request, server=task.server)
     return _default_applied(task, ACTION_OUTCOMES[response["action"]], {**data, "answer": response}, problems)
 
 
-def _cancel_by_default(task: Task, input_request: InputRequest, data: dict[str, Any], problems: list[str]) -> str:
+def _cancel_by_default(
+    task: Task, input_request: InputRequest, data: dict[str, Any], problems: list[str], *, now
+) -> str:
     if input_request.held_by:  # a question on a call in flight: no task to cancel; its answer is "cancel"
-        _answer_by_default(input_request, {"action": "cancel"}, timezone.now())
+        _answer_by_default(input_request, {"action": "cancel"}, now)
         hooks.hand_over_answer(input_request, server=task.server)
         return _default_applied(task, "cancelled", data, problems)
     input_request.save(update_fields=["default_applied_at"])

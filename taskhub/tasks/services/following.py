@@ -187,11 +187,18 @@ def record_protocol_error_once(*, task: Task, data: dict[str, Any]) -> bool:
 
 
 def _open_requests(
-    task: Task, requests: dict[str, dict[str, Any]], *, mrtr_round: int, problems: list[str], asked_at=None
+    task: Task,
+    requests: dict[str, dict[str, Any]],
+    *,
+    mrtr_round: int,
+    problems: list[str],
+    asked_at=None,
+    fields: dict[str, Any] | None = None,
 ) -> list[InputRequest]:
     """Open the keys not seen before. A key already answered (or dropped) that the server asks for again is
     never reopened; that, and params taskhub cannot show, go to `problems` (the request still opens, so an
-    approver can decline or cancel it and the task can move on)."""
+    approver can decline or cancel it and the task can move on). `fields`: more of each new row (a held question's
+    holder and wait: held_questions.py)."""
     if not requests:
         return []
     rows = InputRequest.objects.filter(task=task, mrtr_round=mrtr_round).values_list("key", "state", "delivered_at")
@@ -224,11 +231,7 @@ def _open_requests(
             if not form.renderable:
                 problems.append(f"the schema of input request {_quote(key)!r} is invalid: {form.problem}")
         input_request = InputRequest.objects.create(
-            task=task,
-            mrtr_round=mrtr_round,
-            key=key,
-            method=method,
-            params=params,
+            task=task, mrtr_round=mrtr_round, key=key, method=method, params=params, **(fields or {})
         )
         record_event(
             action="task.input_requested",

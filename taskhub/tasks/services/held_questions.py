@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
+from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.models import TASK_PHASE, InputRequest, InputRequestState, Task
 from taskhub.tasks.services.common import _publish_after_commit
 from taskhub.tasks.services.delivering import _mark_delivered
@@ -49,16 +50,14 @@ def open_held_question(
         return None
     problems: list[str] = []
     key = f"{HELD_KEY_PREFIX}{server_request_id}"[:500]
-    opened = _open_requests(task, {key: {"method": method, "params": params}}, mrtr_round=TASK_PHASE, problems=problems)
+    held = {"held_by": held_by, "held_until": timezone.now() + question_wait(task.server)}
+    requests = {key: {"method": method, "params": params}}
+    opened = _open_requests(task, requests, mrtr_round=TASK_PHASE, problems=problems, fields=held)
     _record_problems(task, problems, source=method)
     if not opened:
         return None
-    input_request = opened[0]
-    input_request.held_by = held_by
-    input_request.held_until = timezone.now() + question_wait(task.server)
-    input_request.save(update_fields=["held_by", "held_until"])
     _publish_after_commit(task.id, server_id=task.server_id, asks=True)
-    return input_request
+    return opened[0]
 
 
 def held_question(*, input_request_id: int) -> InputRequest:
@@ -68,11 +67,11 @@ def held_question(*, input_request_id: int) -> InputRequest:
 @transaction.atomic
 def record_held_answer_sent(*, input_request_id: int) -> bool:
     """The holding worker hands the answer to the session (its JSON-RPC response goes out next): delivered."""
-    input_request = InputRequest.objects.get(pk=input_request_id)
-    Task.objects.select_for_update(of=("self",)).only("pk").get(pk=input_request.task_id)  # lock order: task first
-    if InputRequest.objects.filter(pk=input_request_id, state=InputRequestState.ANSWERED).exists():
+    input_request = InputRequest.objects.only("pk", "task_id").get(pk=input_request_id)
+    try:
         return _mark_delivered(input_request=input_request, confirmed_by="sent as the response on the call's session")
-    return False  # closed meanwhile (its worker was taken for dead)
+    except InvalidTransition:  # closed meanwhile (its worker was taken for dead): nothing is sent
+        return False
 
 
 @transaction.atomic
