@@ -20,11 +20,11 @@ EMBEDDED_PASS_ENV = "TASKHUB_EMBEDDED_PASS"
 # Fixtures shared by several test modules: loaded here, so that no test module imports a fixture by name.
 pytest_plugins = [
     "tests.demo_process",
-    "tests.everything_fixtures",
     "tests.inbox_fixtures",
     "tests.live_fixtures",
     "tests.role_fixtures",
     "tests.stack_fixtures",
+    "tests.everything_fixtures",  # after stack_fixtures, which it imports
     "tests.task_page_fixtures",
 ]
 

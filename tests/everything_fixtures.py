@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from taskhub.servers.discovery import discover_and_record
+from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
 from tests.helpers import free_port, wait_until
+from tests.stack_fixtures import in_own_thread
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -52,3 +56,19 @@ def over_http(everything) -> Iterator[str]:
 def port_open(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def register_everything(admin, everything: str, *, url: str | None = None, expect_tool: str) -> Server:
+    """The reference server registered (over Streamable HTTP at `url`, else over stdio) and discovered in this
+    process; `expect_tool` must be among its tools (they depend on the client capabilities taskhub declares)."""
+    if url is not None:
+        server = create_server(name="everything over http", transport="http", url=url, user=admin)
+    else:
+        command = shutil.which("node") or "node"
+        server = create_server(
+            name="everything over stdio", transport="stdio", command=command, args=[everything, "stdio"], user=admin
+        )
+    in_own_thread(discover_and_record, server=server, user=admin)
+    server.refresh_from_db()
+    assert expect_tool in {tool["name"] for tool in server.tools}, server.last_error
+    return server

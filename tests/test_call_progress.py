@@ -9,19 +9,17 @@ that ended takes no more.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 
 import pytest
 
 from taskhub.accounts.groups import ADMINS
-from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import Task, TaskStatus
 from taskhub.tasks.services.progress import PROGRESS_MESSAGE_MAX_CHARS, record_progress
 from tests.account_fixtures import make_user
-from tests.stack_fixtures import in_own_thread
+from tests.everything_fixtures import register_everything
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,11 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_the_steps_of_a_long_call_reach_the_task_while_it_runs(workers, everything):
     admin = make_user("ada", ADMINS)
-    server = create_server(
-        name="everything", transport="stdio", command=shutil.which("node") or "node", args=[everything, "stdio"],
-        user=admin,
-    )  # fmt: skip
-    in_own_thread(discover_and_record, server=server, user=admin)
+    server = register_everything(admin, everything, expect_tool="trigger-long-running-operation")
     workers.start("progress")
     task = services.launch(
         server=server, tool="trigger-long-running-operation", arguments={"duration": 4, "steps": 4}, user=admin

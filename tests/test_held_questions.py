@@ -10,7 +10,6 @@ JSON-RPC response on that session, and the server's result says what it got. A w
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 
@@ -19,16 +18,14 @@ import pytest
 from taskhub.accounts.groups import ADMINS, APPROVERS
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp import schema_fields
-from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
-from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.errors import InputNoLongerOpen
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
 from taskhub.tasks.services import held_questions
 from tests.account_fixtures import make_user
+from tests.everything_fixtures import register_everything
 from tests.helpers import wait_until
-from tests.stack_fixtures import in_own_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -52,20 +49,7 @@ FORM = {
 
 
 def registered(admin, everything: str, *, url: str | None = None) -> Server:
-    if url is not None:
-        server = create_server(name="everything over http", transport="http", url=url, user=admin)
-    else:
-        server = create_server(
-            name="everything over stdio",
-            transport="stdio",
-            command=shutil.which("node") or "node",
-            args=[everything, "stdio"],
-            user=admin,
-        )
-    in_own_thread(discover_and_record, server=server, user=admin)
-    server.refresh_from_db()
-    assert TOOL in {tool["name"] for tool in server.tools}, server.last_error
-    return server
+    return register_everything(admin, everything, url=url, expect_tool=TOOL)
 
 
 def held_request(task: Task) -> InputRequest:
