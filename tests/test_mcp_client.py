@@ -9,6 +9,7 @@ import ssl
 import pytest
 import pytest_asyncio
 
+from taskhub.mcp.address_policy import AddressPolicy
 from taskhub.mcp.client import (
     HttpTarget,
     TaskCreated,
@@ -16,9 +17,9 @@ from taskhub.mcp.client import (
     ToolCompleted,
     ToolInputRequired,
     http_client,
-    tls_context,
 )
 from taskhub.mcp.errors import AuthorizationFailed, TaskNotFound, TransportError
+from taskhub.mcp.outbound import tls_context
 from taskhub.mcp.wire import EXTENSION_ID, TaskSnapshot
 from tests.demo_process import DemoServer, stdio_target
 from tests.wire_recorder import WireRecorder
@@ -250,6 +251,15 @@ async def test_http_clients_share_one_verifying_tls_context():
         assert (first.timeout.connect, first.timeout.read) == (5, 300)
         assert (second.timeout.connect, second.timeout.read) == (10, 300)
         assert not first.follow_redirects
+    # Every stack connects out on that one context, with and without an address policy: httpx2 (the SDK's session,
+    # webhooks), aiohttp and the raw pool (the tracker's polls).
+    policed = HttpTarget(url="https://example.invalid/mcp", address_policy=AddressPolicy.build())
+    async with http_client(policed, timeout=5) as third:
+        assert third._transport._inner._pool._ssl_context is tls_context()
+    for target in (policed, HttpTarget(url="https://example.invalid/mcp")):
+        connector = target.outbound().aiohttp_connector(limit=1)
+        assert connector._ssl is tls_context()
+        await connector.close()
 
 
 async def test_a_bearer_token_is_sent_and_a_refusal_says_so(shared_demo_server_requiring_token):

@@ -45,8 +45,8 @@ from taskhub.approvals.models import (
 )
 from taskhub.approvals.rules import effective_policy
 from taskhub.audit.services import WORKER, record_event, storable
-from taskhub.mcp.address_policy import AddressRefused, PolicyTransport
-from taskhub.mcp.client import tls_context
+from taskhub.mcp.address_policy import AddressRefused
+from taskhub.mcp.outbound import Outbound
 from taskhub.mcp.secret_urls import masked_parameters, split_secrets, with_secrets
 from taskhub.servers.policy import server_address_policy
 from taskhub.tasks.models import InputRequest, InputRequestState
@@ -438,12 +438,11 @@ async def post(attempt: Attempt, *, timeout: float | None = None) -> Outcome:
     """POST once. Never raises for what the receiver does: a hang ends at the timeout, a huge answer is read
     RESPONSE_MAX_BYTES far, redirects are not followed, and each connection goes to an address the policy allows."""
     timeout = settings.TASKHUB_WEBHOOK_TIMEOUT_SECONDS if timeout is None else timeout
-    transport = PolicyTransport(httpx2.AsyncHTTPTransport(verify=tls_context()), server_address_policy())
     try:
         async with asyncio.timeout(timeout):
             async with (
-                httpx2.AsyncClient(
-                    transport=transport, timeout=httpx2.Timeout(timeout), follow_redirects=False
+                Outbound(server_address_policy()).httpx_client(
+                    timeout=httpx2.Timeout(timeout), follow_redirects=False
                 ) as client,
                 client.stream("POST", attempt.url, content=attempt.body, headers=attempt.headers) as answer,
             ):

@@ -1,18 +1,11 @@
 """Where MCP servers may live: an outbound address policy, checked on the resolved address of every connection.
 
 A policy is plain data (networks, host names, host:port pairs) built by the caller (taskhub.servers builds it
-from the settings) and carried by an :class:`~taskhub.mcp.client.HttpTarget`. A name is resolved once per
-connection, every address it resolves to is checked, and the connection goes to a checked address (never
-resolved again by the HTTP library), so a name that resolves to an allowed address when checked and to a
-denied one a moment later (DNS rebinding) cannot slip through:
-
-- the SDK path (httpx2): :class:`PolicyTransport` resolves and checks, then sends the request to the checked IP
-  with the original Host header and TLS server name (httpcore's `sni_hostname`), so certificates are checked
-  against the name as before;
-- the lean path (aiohttp): :class:`PolicyResolver` is the connector's resolver; aiohttp connects to what it
-  returns (a literal IP, which aiohttp never resolves, is checked by the client before it connects, with
-  :meth:`AddressPolicy.check_url`; :meth:`AddressPolicy.resolve` checks a literal too);
-- the raw pool (taskhub/mcp/rawhttp.py) connects to what :class:`PolicyResolver` returns, as aiohttp does.
+from the settings) and carried by an :class:`~taskhub.mcp.client.HttpTarget`. It judges; it does not connect:
+taskhub/mcp/outbound.py opens every outbound connection (httpx2, aiohttp and the raw pool alike) to an address
+:meth:`AddressPolicy.resolve` returned, which judges the name, resolves it once and judges every address it resolves
+to, so a name that resolves to an allowed address when checked and to a denied one a moment later (DNS rebinding)
+cannot slip through. Registration checks a URL ahead of time with :meth:`AddressPolicy.check_url`.
 
 Every path ends in :meth:`AddressPolicy.problem_with_address`, the one judgement of an address, which judges
 "this host" (0.0.0.0/8, ::) as loopback and an IPv4-mapped or 6to4 IPv6 address as the IPv4 address it carries.
@@ -27,10 +20,7 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
-
-import httpx2
 
 from taskhub.mcp.errors import TransportError
 
@@ -53,7 +43,7 @@ class AddressRefused(TransportError):
     """The server's address is one the address policy refuses (checked at registration and at every connection)."""
 
 
-def _ip(text: str) -> IPAddress | None:
+def parse_ip(text: str) -> IPAddress | None:
     try:
         address = ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
     except ValueError:
@@ -122,7 +112,7 @@ class AddressPolicy:
             return f"{host} is a cloud metadata name"
         if (name, port) in self.denied_endpoints:
             return f"{host}:{port} is one of taskhub's own services"
-        address = _ip(host)
+        address = parse_ip(host)
         return self.problem_with_address(address, port) if address is not None else None
 
     def problem_with_address(self, address: IPAddress, port: int) -> str | None:
@@ -152,7 +142,7 @@ class AddressPolicy:
         parts = urlsplit(url)
         host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
         self.check_name(host, port)
-        if resolve and _ip(host) is None:
+        if resolve and parse_ip(host) is None:
             for address in _resolve_now(host, port):
                 self._check_resolved(host, address, port)
 
@@ -164,13 +154,13 @@ class AddressPolicy:
     async def resolve(self, host: str, port: int) -> list[tuple[int, str]]:
         """(family, IP) of every address of `host`, each checked; refused if any one is denied."""
         self.check_name(host, port)
-        literal = _ip(host)
+        literal = parse_ip(host)
         if literal is not None:
             return [(socket.AF_INET6 if literal.version == 6 else socket.AF_INET, str(literal))]
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         addresses = []
         for family, _, _, _, sockaddr in infos:
-            address = _ip(str(sockaddr[0]))
+            address = parse_ip(str(sockaddr[0]))
             if address is None:
                 continue
             self._check_resolved(host, address, port)
@@ -186,68 +176,4 @@ def _resolve_now(host: str, port: int) -> list[IPAddress]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return []
-    return [address for *_, sockaddr in infos if (address := _ip(str(sockaddr[0]))) is not None]
-
-
-class PolicyTransport(httpx2.AsyncBaseTransport):
-    """An httpx2 transport that sends each request to a checked address of its host (see the module's doc)."""
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, policy: AddressPolicy) -> None:
-        self._inner = inner
-        self._policy = policy
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        url = request.url
-        host = url.host
-        port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = await self._policy.resolve(host, port)
-        if _ip(host) is not None:
-            return await self._inner.handle_async_request(request)
-        extensions = {**request.extensions, "sni_hostname": host}
-
-        def to(address: str) -> httpx2.Request:
-            # A copy: the caller's request keeps the name (httpx2 hands it back as response.request, and the SDK
-            # judges redirects by its origin); the Host header stays the name's.
-            return httpx2.Request(
-                request.method,
-                url.copy_with(host=address),
-                headers=request.headers,
-                stream=request.stream,
-                extensions=extensions,
-            )
-
-        # Each checked address in turn, as a connection to the name would (a refused connect sent nothing).
-        for _, address in addresses[:-1]:
-            try:
-                return await self._inner.handle_async_request(to(address))
-            except httpx2.ConnectError:
-                continue
-        return await self._inner.handle_async_request(to(addresses[-1][1]))
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class PolicyResolver:
-    """An aiohttp resolver (aiohttp.abc.AbstractResolver's interface) that returns checked addresses only."""
-
-    def __init__(self, policy: AddressPolicy) -> None:
-        self._policy = policy
-
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_UNSPEC) -> list[dict[str, Any]]:
-        found = await self._policy.resolve(host, port)
-        wanted = [(kind, address) for kind, address in found if family in (socket.AF_UNSPEC, kind)] or found
-        return [
-            {
-                "hostname": host,
-                "host": address,
-                "port": port,
-                "family": kind,
-                "proto": 0,
-                "flags": socket.AI_NUMERICHOST,
-            }
-            for kind, address in wanted
-        ]
-
-    async def close(self) -> None:
-        pass
+    return [address for *_, sockaddr in infos if (address := parse_ip(str(sockaddr[0]))) is not None]

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import json
 import logging
 import re
-import ssl
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -34,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
 from taskhub.mcp import sdk_private, wire
-from taskhub.mcp.address_policy import AddressPolicy, PolicyTransport
+from taskhub.mcp.address_policy import AddressPolicy
 from taskhub.mcp.errors import (
     AuthorizationFailed,
     InvalidResult,
@@ -54,6 +52,7 @@ from taskhub.mcp.extension import (
     UpdateTaskParams,
     UpdateTaskRequest,
 )
+from taskhub.mcp.outbound import Outbound
 from taskhub.mcp.questions import Asker, PausableDeadline, Questions
 from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
 from taskhub.mcp.stdio import BadLine, ProcessObserver, stdio_transport
@@ -81,31 +80,16 @@ CLIENT_INFO: dict[str, Any] = {"name": "taskhub", "version": _client_version()}
 IDLE_CONNECTION_SECONDS = 1.0
 
 
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """httpx2's default verifying TLS context, built once per process and shared by every client.
-
-    Building it loads the CA bundle: about 60 ms of CPU (bench/approval.py's profile), which each new
-    TasksClient paid before its first request (every delivery job, cancel and discovery), on the caller's
-    event loop. A context is safe to share; SSL_CERT_FILE / SSL_CERT_DIR are read on first use."""
-    return httpx2.create_ssl_context()
-
-
 def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
     """The SDK's `create_mcp_http_client` (timeouts and headers, no redirects followed), on the shared TLS context."""
     # An idle connection is dropped long before servers close theirs (uvicorn and Node: 5 s). A request sent just
     # as the server closes an idle connection fails with no way to know whether it was read: for tools/call
     # (sent after the launch marker is written, which can take seconds under load) the outcome becomes unknown.
     limits = httpx2.Limits(keepalive_expiry=IDLE_CONNECTION_SECONDS)
-    policed = None  # address policy: each request goes to a checked address of its host (address_policy.py)
-    if target.address_policy is not None:
-        policed = PolicyTransport(httpx2.AsyncHTTPTransport(verify=tls_context(), limits=limits), target.address_policy)
-    return httpx2.AsyncClient(
+    return target.outbound().httpx_client(
         headers=target.all_headers(),
         timeout=httpx2.Timeout(min(timeout, 10.0), read=max(timeout, 300.0)),
-        verify=tls_context(),
         limits=limits,
-        transport=policed,
     )
 
 
@@ -125,6 +109,9 @@ class HttpTarget:
     bearer_token: str | None = field(default=None, repr=False)
     # Where the server may be reached (checked on every connection); None: anywhere.
     address_policy: AddressPolicy | None = field(default=None, repr=False, compare=False)
+
+    def outbound(self) -> Outbound:
+        return Outbound(self.address_policy)
 
     def all_headers(self) -> dict[str, str]:
         headers = dict(self.headers)

@@ -26,7 +26,6 @@ import aiohttp
 from opentelemetry import propagate, trace
 
 from taskhub.mcp import wire
-from taskhub.mcp.address_policy import PolicyResolver
 from taskhub.mcp.client import CLIENT_INFO, HttpTarget, ServerTarget, TasksClient
 from taskhub.mcp.errors import (
     INTERNAL_ERROR,
@@ -109,9 +108,7 @@ class LeanTaskGetter:
                 policy.check_url(self.target.url)
             self._session = aiohttp.ClientSession(
                 headers={**self.target.all_headers(), **CONTENT_HEADERS},
-                connector=aiohttp.TCPConnector(
-                    limit=self._concurrency, resolver=PolicyResolver(policy) if policy is not None else None
-                ),
+                connector=self.target.outbound().aiohttp_connector(limit=self._concurrency),
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 # The SDK sends no cookies back either; each request stands alone (stateless HTTP).
                 cookie_jar=aiohttp.DummyCookieJar(),
@@ -168,12 +165,11 @@ class LeanTaskGetter:
             return None  # past the limit, aiohttp's connector queues the request (the tracker never gets here)
         if self._raw is None:
             assert self._raw_endpoint is not None
-            policy = self.target.address_policy
             self._raw = RawPool(
                 self._raw_endpoint,
                 timeout=self.timeout,
                 max_body=self.max_response_bytes,
-                resolve=PolicyResolver(policy).resolve if policy is not None else None,
+                outbound=self.target.outbound(),
             )
         lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         try:

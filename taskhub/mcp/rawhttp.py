@@ -19,19 +19,19 @@ their deadline (at most a tenth of the timeout late).
 Why it is kept beside aiohttp: measured with bench/tracker.py against bench/fake_tasks_server.py (bench/RESULTS.md,
 "aiohttp's request machinery was half of a poll"), a `get_task` cost 225 us of the worker's CPU through aiohttp and
 54 us through this pool; at saturation the worker went from 2.4x the bare aiohttp loop's CPU per poll to about half
-of it. Its connections go where the address policy says, as aiohttp's do: `resolve` is the same
-address_policy.PolicyResolver that aiohttp's connector uses (taskhub/mcp/lean.py), called at each new connection.
+of it. Its connections are opened by the same taskhub.mcp.outbound.Outbound as aiohttp's and httpx2's: to an address
+the policy allows, checked at each new connection, on the same TLS context.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
+
+from taskhub.mcp.outbound import Outbound
 
 MAX_HEAD_BYTES = 16 * 1024
 OVER_THE_CAP = "over the cap"
@@ -217,17 +217,16 @@ class RawPool:
         *,
         timeout: float,
         max_body: int,
-        resolve: Callable | None = None,
+        outbound: Outbound,
     ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self.max_body = max_body
-        self._resolve = resolve  # the address policy's, when there is one: every connection checked
+        self._outbound = outbound
         self._idle: list[_Connection] = []
         self._in_flight: set[_Connection] = set()
         self._busy = 0
         self._sweeper: asyncio.Task | None = None
-        self._ssl: ssl.SSLContext | None = ssl.create_default_context() if endpoint.ssl else None
         self._closed = False
 
     @property
@@ -253,7 +252,7 @@ class RawPool:
                 break
             candidate.transport.abort()
         if connection is None:
-            connection = await self._connect(loop)
+            connection = await self._connect()
         request = b"".join(
             (self.endpoint.prefix, headers, b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body)
         )
@@ -279,21 +278,11 @@ class RawPool:
             connection.transport.close()
         return outcome
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+    async def _connect(self) -> _Connection:
         endpoint = self.endpoint
-        host = endpoint.host
         try:
-            if self._resolve is not None:
-                found = await self._resolve(endpoint.host, endpoint.port)
-                host = found[0]["host"]
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(
-                    _Connection,
-                    host,
-                    endpoint.port,
-                    ssl=self._ssl,
-                    server_hostname=endpoint.host if self._ssl is not None else None,
-                ),
+            connection = await asyncio.wait_for(
+                self._outbound.open_connection(_Connection, endpoint.host, endpoint.port, use_tls=endpoint.ssl),
                 self.timeout,
             )
         except Exception as error:  # refused, unreachable, TLS, the address policy: aiohttp says which
