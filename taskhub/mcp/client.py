@@ -31,7 +31,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
-from taskhub.mcp import sdk_private, wire
+from taskhub.mcp import sdk_private, session_tasks, wire
 from taskhub.mcp.address_policy import AddressPolicy
 from taskhub.mcp.errors import (
     AuthorizationFailed,
@@ -187,6 +187,9 @@ class TaskCreated:
     """`tools/call` answered with a durable task handle."""
 
     task: TaskSnapshot
+    # A 2025-11-25 task (taskhub.mcp.session_tasks): it lives on the session that created it, which must stay open
+    # to follow it (`get_session_task`, `session_task_result`, `cancel_session_task`).
+    on_session: bool = False
 
 
 CallOutcome = ToolCompleted | ToolInputRequired | TaskCreated
@@ -444,6 +447,7 @@ class TasksClient:
         self._discover_result: mcp_types.DiscoverResult | None = None
         self._last_http_refusal: int | None = None
         self._tool_schemas: dict[str, Any] = {}
+        self._task_support: dict[str, str | None] = {}
         self._questions = Questions(target.describe)
 
     async def __aenter__(self) -> TasksClient:
@@ -472,7 +476,7 @@ class TasksClient:
             )
         # After the first successful negotiation, reconnects adopt the cached result instead of probing.
         mode = self._discover_result and wire.PROTOCOL_VERSION in self._discover_result.supported_versions
-        return Client(
+        client = Client(
             transport,
             read_timeout_seconds=self.timeout,
             client_info=mcp_types.Implementation.model_validate(self.client_info),
@@ -483,6 +487,10 @@ class TasksClient:
             prior_discover=self._discover_result if mode else None,
             cache=None,
         )
+        # 2025-11-25: taskhub runs tools as tasks of that revision (tools/call with `task`); it takes no task-augmented
+        # requests from servers, so the capability lists none.
+        sdk_private.declare_client_tasks(client, mcp_types.ClientTasksCapability())
+        return client
 
     async def _note_http_status(self, response: httpx2.Response) -> None:
         self._last_http_refusal = response.status_code if response.status_code in (401, 403) else None
@@ -649,6 +657,7 @@ class TasksClient:
         for tool in tools if isinstance(tools, list) else []:
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):
                 self._tool_schemas[tool["name"]] = tool.get("inputSchema")
+                self._task_support[tool["name"]] = session_tasks.task_support(tool)
 
     def check_tool(self, name: str) -> None:
         """Raise InvalidToolDefinition when the tool, as last listed, must not be called (SEP-2243)."""
@@ -665,6 +674,7 @@ class TasksClient:
         headers: Mapping[str, str] | None = None,
         no_timeout: bool = False,
         on_progress: ProgressFnT | None = None,
+        extra_params: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """`ClientSession.send_request` without its strict core-result validation.
 
@@ -673,6 +683,8 @@ class TasksClient:
         stay the SDK's own.
         """
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if extra_params:
+            data.setdefault("params", {}).update(extra_params)
         options: dict[str, Any] = {"timeout": None if no_timeout else self.timeout}
         if on_progress is not None:
             options["on_progress"] = on_progress
@@ -714,10 +726,18 @@ class TasksClient:
             if isinstance(self.target, HttpTarget) and client.protocol_version == wire.PROTOCOL_VERSION:
                 headers = param_headers(self._tool_schemas.get(name), arguments or {})
             request = mcp_types.CallToolRequest(params=params)
+            as_task = self._runs_as_session_task(client, name)
             # With an asker the call's deadline is ours (paused while a question waits), not the SDK's.
             raw = await self._send_tolerant(
-                client.session, request, headers=headers, no_timeout=asker is not None, on_progress=on_progress
+                client.session,
+                request,
+                headers=headers,
+                no_timeout=asker is not None,
+                on_progress=on_progress,
+                extra_params={"task": {}} if as_task else None,
             )
+            if as_task and session_tasks.is_task_handle(raw):
+                return TaskCreated(task=session_tasks.snapshot_of(raw["task"], source="tools/call"), on_session=True)
             return parse_call_tool_result(raw)
 
         if asker is None:
@@ -728,6 +748,57 @@ class TasksClient:
             return await self._request("tools/call", send, deadline=deadline)
         finally:
             self._questions.close(token)
+
+    def _runs_as_session_task(self, client: Client, name: str) -> bool:
+        """A 2025-11-25 session whose server runs tool calls as tasks, and a tool that may run as one."""
+        initialized = client.session.initialize_result
+        if initialized is None or initialized.protocol_version != session_tasks.VERSION:
+            return False
+        capabilities = initialized.model_dump(by_alias=True, mode="json", exclude_none=True).get("capabilities") or {}
+        support = self._task_support.get(name)
+        return session_tasks.server_runs_tool_calls_as_tasks(capabilities) and support in session_tasks.AUGMENTABLE
+
+    async def _session_request(
+        self, method: str, params: dict[str, Any], *, deadline: PausableDeadline | None = None
+    ) -> Any:
+        async def send(client: Client) -> Any:
+            data: dict[str, Any] = {"method": method, "params": dict(params)}
+            options: dict[str, Any] = {"timeout": None if deadline is not None else self.timeout}
+            sdk_private.stamp_request(client.session, data, options)
+            return await sdk_private.send_raw_request(client.session, method, data.get("params"), options)
+
+        return await self._request(method, send, deadline=deadline)
+
+    async def get_session_task(self, task_id: str) -> TaskSnapshot:
+        """`tasks/get` of a 2025-11-25 task: its status, without result or questions."""
+        snapshot = session_tasks.snapshot_of(
+            await self._session_request("tasks/get", {"taskId": task_id}), source="tasks/get"
+        )
+        if snapshot.task_id != task_id:
+            raise InvalidResult(f"tasks/get answered about another task, {snapshot.task_id[:80]!r}")
+        return snapshot
+
+    async def cancel_session_task(self, task_id: str) -> TaskSnapshot:
+        return session_tasks.snapshot_of(
+            await self._session_request("tasks/cancel", {"taskId": task_id}), source="tasks/cancel"
+        )
+
+    async def session_task_result(
+        self, task_id: str, *, wait_seconds: float, asker: Asker | None = None
+    ) -> dict[str, Any]:
+        """`tasks/result` of a 2025-11-25 task: waits (up to `wait_seconds`, paused while a question waits for its
+        answer) until the task ends and returns the call's result; a JSON-RPC error is raised as ProtocolError. The
+        task's questions (requests related to it) go to `asker` meanwhile."""
+        deadline = PausableDeadline(wait_seconds)
+        token = self._questions.open(asker, deadline, related_task=task_id) if asker is not None else None
+        try:
+            raw = await self._session_request("tasks/result", {"taskId": task_id}, deadline=deadline)
+        finally:
+            if token is not None:
+                self._questions.close(token)
+        if not isinstance(raw, dict):
+            raise InvalidResult(f"tasks/result: expected an object, got {type(raw).__name__}")
+        return raw
 
     async def get_task(self, task_id: str) -> TaskSnapshot:
         async def send(client: Client) -> TaskSnapshot:

@@ -6,7 +6,8 @@ returning the `ElicitResult` to answer with, as a dict) and keeps the call open 
 while a question waits for its answer (`PausableDeadline`); the asker bounds its own wait.
 
 Which call asks: the server's request names no call on the wire (over stdio nothing relates them; over HTTP only the
-event stream it came on). So a question goes to the one call with an asker in flight on the client; with none it is
+event stream it came on), except a 2025-11-25 task's question, which names its task (`related-task`) and goes to the
+`tasks/result` of that task. So a question goes to the one call with an asker in flight on the client; with none it is
 declined (nobody is there to answer: the CLI without answers, the tracker's clients), and with several it is
 declined too, with a log line saying why, rather than shown to a person as another call's question. taskhub's
 launch clients of HTTP servers carry one call each; a stdio server's process carries every call on it, so a
@@ -24,6 +25,8 @@ from typing import Any
 import mcp_types
 
 logger = logging.getLogger(__name__)
+
+RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
 ELICITATION = "elicitation/create"
 
@@ -73,6 +76,7 @@ class _AskingCall:
     asker: Asker
     deadline: PausableDeadline
     ended: asyncio.Event
+    related_task: str | None = None
 
 
 class Questions:
@@ -82,9 +86,10 @@ class Questions:
         self._describe = describe
         self._calls: dict[int, _AskingCall] = {}
 
-    def open(self, asker: Asker, deadline: PausableDeadline) -> int:
+    def open(self, asker: Asker, deadline: PausableDeadline, *, related_task: str | None = None) -> int:
+        """`related_task`: a 2025-11-25 task whose `tasks/result` this is; its questions name it."""
         token = id(deadline)
-        self._calls[token] = _AskingCall(asker, deadline, asyncio.Event())
+        self._calls[token] = _AskingCall(asker, deadline, asyncio.Event(), related_task)
         return token
 
     def close(self, token: int) -> None:
@@ -95,6 +100,11 @@ class Questions:
     async def on_elicitation(self, context: Any, params: Any) -> mcp_types.ElicitResult:
         """The SDK's elicitation callback (registering one is also what makes the SDK declare form and URL
         elicitation at `initialize`)."""
+        raw = params.model_dump(by_alias=True, mode="json", exclude_none=True) if hasattr(params, "model_dump") else {}
+        related = _related_task(raw)
+        named = [call for call in self._calls.values() if related is not None and call.related_task == related]
+        if named:
+            return await self._ask(named[0], raw, context)
         if len(self._calls) != 1:
             if self._calls:
                 logger.warning(
@@ -104,8 +114,9 @@ class Questions:
                     len(self._calls),
                 )
             return mcp_types.ElicitResult(action="decline")
-        call = next(iter(self._calls.values()))
-        raw = params.model_dump(by_alias=True, mode="json", exclude_none=True) if hasattr(params, "model_dump") else {}
+        return await self._ask(next(iter(self._calls.values())), raw, context)
+
+    async def _ask(self, call: _AskingCall, raw: dict[str, Any], context: Any) -> mcp_types.ElicitResult:
         server_request_id = getattr(context, "request_id", "")
         question = Question(method=ELICITATION, params=raw, server_request_id=server_request_id, call_ended=call.ended)
         call.deadline.pause()
@@ -117,3 +128,11 @@ class Questions:
             return mcp_types.ElicitResult(action="cancel")
         finally:
             call.deadline.resume()
+
+
+def _related_task(params: dict[str, Any]) -> str | None:
+    """The 2025-11-25 task a question is about (`_meta["io.modelcontextprotocol/related-task"].taskId`), if named."""
+    meta = params.get("_meta")
+    related = meta.get(RELATED_TASK_META_KEY) if isinstance(meta, dict) else None
+    task_id = related.get("taskId") if isinstance(related, dict) else None
+    return task_id if isinstance(task_id, str) else None

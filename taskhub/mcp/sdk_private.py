@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TransportStreams",
     "absorb_tool_listing",
+    "declare_client_tasks",
     "drain_stdout",
     "listen_route_honored",
     "register_listen_route",
@@ -134,3 +135,34 @@ async def stop_server_process(process: Any) -> None:
 
     Missing: as for `drain_stdout`."""
     await sdk_stdio._stop_server_process(process)
+
+
+# --- the 2025-11-25 client `tasks` capability ---------------------------------------------------------
+
+
+def declare_client_tasks(client: Any, capability: mcp_types.ClientTasksCapability) -> None:
+    """Make `client` (an un-entered `mcp.client.Client`) declare `capability` as its `tasks` capability in the
+    `initialize` of a 2025-11-25 handshake. Wraps `Client._build_session` and, on the session it builds,
+    `ClientSession._build_capabilities`.
+
+    Missing: a public way to add a capability of the 2025-11-25 revision to the handshake (the SDK builds the
+    capability ad from its callbacks and extensions only)."""
+    build_session = client._build_session
+
+    async def build(exit_stack: Any) -> Any:
+        session = await build_session(exit_stack)
+        build_capabilities = session._build_capabilities
+
+        def with_tasks(version: str) -> mcp_types.ClientCapabilities:
+            built = build_capabilities(version)
+            if version == SESSION_TASKS_VERSION:
+                return built.model_copy(update={"tasks": capability})
+            return built
+
+        session._build_capabilities = with_tasks
+        return session
+
+    client._build_session = build
+
+
+SESSION_TASKS_VERSION = "2025-11-25"

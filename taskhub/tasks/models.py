@@ -78,6 +78,9 @@ class Task(models.Model):
     # MRTR (tools/call answered input_required before any task existed): echoed exactly on the retry;
     # NULL when the server sent none, which differs from an empty string.
     mrtr_request_state = models.TextField(null=True, blank=True)  # noqa: DJ001
+    # A 2025-11-25 task lives on the session that created it: the worker that launched it follows it there (not the
+    # tracker) and is named here, so that its death ends the task as lost (heartbeats) rather than leave it live.
+    followed_by = models.CharField(max_length=200, blank=True, default="", db_default="")
     # The latest `notifications/progress` of the call in flight (any revision; services.record_progress): shown as a
     # bar while the task is not over. Not audited: progress is no decision.
     progress = models.FloatField(null=True, blank=True)

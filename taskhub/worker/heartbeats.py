@@ -43,7 +43,7 @@ from django.db.models import Exists, Q
 from django.db.models.functions import Now
 
 from taskhub import procrastinate_sql
-from taskhub.tasks.services import held_questions
+from taskhub.tasks.services import held_questions, session_tasks
 from taskhub.worker.models import WorkerHeartbeat
 from taskhub.worker.orm import db
 
@@ -269,6 +269,11 @@ class Heartbeat:
             closed = await db(held_questions.close_questions_held_by, worker_ids=dead)
             if closed:
                 logger.warning("worker %s: %d question(s) held by %s closed", self.owner, closed, ", ".join(dead))
+            lost = await db(session_tasks.lose_tasks_followed_by, worker_ids=dead)
+            if lost:
+                logger.warning(
+                    "worker %s: %d task(s) followed on sessions of %s lost", self.owner, lost, ", ".join(dead)
+                )
         rows = await self._execute(procrastinate_sql.RETRY_STALLED_JOBS_SQL, {"stalled": self.stalled})
         log_retried([(job_id, task_name) for job_id, task_name, _ in rows])
         await self._execute(FORGET_SQL, {"forget_after": FORGET_AFTER})

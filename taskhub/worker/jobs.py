@@ -54,7 +54,7 @@ from taskhub import backoff, procrastinate_sql
 from taskhub.approvals.notifications import digest
 from taskhub.approvals.notifications import outbox as notification_outbox
 from taskhub.database import pooled
-from taskhub.mcp.client import TasksClient
+from taskhub.mcp.client import TaskCreated, TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
 from taskhub.observability import metrics, tracing
 from taskhub.servers import discovery
@@ -69,6 +69,7 @@ from taskhub.worker.clients import JobClient, job_client
 from taskhub.worker.held_questions import asker_for
 from taskhub.worker.orm import db
 from taskhub.worker.progress import CallProgress
+from taskhub.worker.session_tasks import follow_on_session
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 from taskhub.worker.stdio import NotOwner
 from taskhub.worker.stdio.supervisor import StdioSupervisor
@@ -269,6 +270,7 @@ async def _send_launch(
     owned: TasksClient | None = None,
     declares_tasks: bool = True,
 ) -> str:
+    worker_id = heartbeats.RUNNING_AS.get() or f"pid-{os.getpid()}"
     async with _launch_client(task, owned, declares_tasks=declares_tasks) as client:
         # The stored catalogue tells the client the tool's `x-mcp-header` parameters (mirrored into `Mcp-Param-*`
         # headers, SEP-2243); a live listing, when one is fetched, wins.
@@ -310,6 +312,7 @@ async def _send_launch(
         if call is None:
             return "outcome known or unknown already"
         progress = CallProgress(task.pk)
+        asker = asker_for(task, worker_id=worker_id)
         try:
             outcome = await client.call_tool(
                 call.tool,
@@ -317,7 +320,7 @@ async def _send_launch(
                 input_responses=call.input_responses,
                 request_state=call.request_state,
                 # Questions the server asks on the call's session (classic elicitation) go to people, held here.
-                asker=asker_for(task, worker_id=heartbeats.RUNNING_AS.get() or f"pid-{os.getpid()}"),
+                asker=asker,
                 on_progress=progress,
             )
         except ProtocolError as error:
@@ -330,8 +333,18 @@ async def _send_launch(
             return "outcome unknown"
         finally:
             await progress.aclose()  # its last report stored before the outcome ends the task
-    logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
-    await db(services.record_launch_outcome, task=task, outcome=outcome, answered_request_ids=call.answered_request_ids)
+        logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
+        on_session = isinstance(outcome, TaskCreated) and outcome.on_session and not outcome.task.is_terminal
+        await db(
+            services.record_launch_outcome,
+            task=task,
+            outcome=outcome,
+            answered_request_ids=call.answered_request_ids,
+            follower=worker_id if on_session else "",
+        )
+        if on_session:  # a 2025-11-25 task lives on this session: followed here, to its end
+            assert isinstance(outcome, TaskCreated)
+            return await follow_on_session(client, task_id=task.pk, created=outcome.task, asker=asker)
     return type(outcome).__name__
 
 
@@ -635,6 +648,8 @@ async def cancel(task_id: uuid.UUID, *, last_attempt: bool = True) -> str:
         await db(services.record_cancel_failure, task=task, error=error)
         return "no remote task"
 
+    if task.followed_by:  # a 2025-11-25 task: only its session knows it, and the worker following it there sends this
+        return "sent by the worker following it"
     owned = stdio.owned_client(task.server)
     slot = SLOTS.slot(task.server)
     await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)

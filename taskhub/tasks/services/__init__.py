@@ -12,6 +12,8 @@ task first, then input requests. One module per phase of a task's life, as Zulip
 - delivering: answers and cancels on their way to the server;
 - held_questions: a question asked on the session of a call in flight (classic elicitation), held by the worker
   holding the call, answered like any other and sent back on that session;
+- session_tasks: a 2025-11-25 task, followed on its session by the worker that launched it (its cancel sent there,
+  its follower's death its loss);
 - deadlines: what a policy decided for a request nobody answered in time, done;
 - cancelling: a cancel before the call, at the gate, or asked of the server;
 - retention: finished tasks past their time removed;

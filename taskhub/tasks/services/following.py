@@ -297,10 +297,11 @@ def _refuse_over_cap(task: Task, *, refused: int) -> None:
 
 
 def _supersede_open_requests(task: Task, *, reason: str, keep: set[str] | frozenset[str] = frozenset()) -> int:
-    """Open requests the server no longer lists become superseded; answered ones stay as they are."""
+    """Open requests the server no longer lists become superseded; answered ones stay as they are. A question held
+    on a session (held_questions.py) is the holder's to close, never a snapshot's: it is in no list."""
     vanished = (
         InputRequest.objects.select_for_update()
-        .filter(task=task, state=InputRequestState.OPEN)
+        .filter(task=task, state=InputRequestState.OPEN, held_by="")
         .exclude(mrtr_round=TASK_PHASE, key__in=keep)
     )
     count = 0

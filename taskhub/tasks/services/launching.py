@@ -101,10 +101,14 @@ def launch(
 
 
 @transaction.atomic
-def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_ids: Iterable[int] = ()) -> Task:
+def record_launch_outcome(
+    *, task: Task, outcome: CallOutcome, answered_request_ids: Iterable[int] = (), follower: str = ""
+) -> Task:
     """What tools/call answered: a result, MRTR input requests, or a durable task to follow.
 
-    `answered_request_ids`: the answers an MRTR retry carried; the server's answer to it is their delivery."""
+    `answered_request_ids`: the answers an MRTR retry carried; the server's answer to it is their delivery.
+    `follower`: the worker that follows a 2025-11-25 task on its session (`outcome.on_session`); the tracker
+    follows the others."""
     task = _locked(task)
     if task.status != TaskStatus.LAUNCHING:
         raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}, not launching; its outcome is known.")
@@ -131,6 +135,8 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_
         if task.is_terminal:
             task.finished_at = now
         data = {"outcome": "task", "remote_task_id": snapshot.task_id, "status": snapshot.status}
+        if outcome.on_session:
+            data["revision"] = "2025-11-25"
     else:
         raise TypeError(f"not a tools/call outcome: {outcome!r}")
     _reset_launch_attempts(task)
@@ -143,7 +149,10 @@ def record_launch_outcome(*, task: Task, outcome: CallOutcome, answered_request_
         _open_requests(task, outcome.input_requests, mrtr_round=rounds_so_far + 1, problems=problems)
     elif isinstance(outcome, TaskCreated):
         _open_requests(task, outcome.task.input_requests or {}, mrtr_round=TASK_PHASE, problems=problems)
-        if task.status in LIVE_STATUSES:
+        if task.status in LIVE_STATUSES and outcome.on_session:
+            task.followed_by = follower
+            task.save(update_fields=["followed_by"])
+        elif task.status in LIVE_STATUSES:
             TaskPoll.objects.create(task=task, next_poll_at=now)
     _record_problems(task, problems, source="tools/call")
     for input_request in InputRequest.objects.filter(pk__in=list(answered_request_ids)):

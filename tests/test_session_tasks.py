@@ -1,0 +1,166 @@
+"""2025-11-25 tasks (SEP-1686) of the official reference server, @modelcontextprotocol/server-everything, driven
+through the whole stack: a task-augmented tools/call, the task followed on its session (tasks/get for its status,
+tasks/result for its end), its question (an elicitation related to the task) answered by a person, a cancel, and the
+death of the worker that follows one (issue 32, item 3)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
+from taskhub.audit.models import AuditEvent
+from taskhub.mcp import session_tasks as wire_tasks
+from taskhub.mcp.errors import InvalidResult
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
+from taskhub.tasks.services import session_tasks
+from tests.account_fixtures import make_user
+from tests.everything_fixtures import register_everything
+from tests.helpers import wait_until
+
+TOOL = "simulate-research-query"
+
+
+def followed(task: Task, what: str = "the task handle") -> Task:
+    return wait_until(lambda: (found := Task.objects.get(pk=task.pk)).remote_task_id and found, timeout=60, what=what)
+
+
+def ended(task: Task) -> Task:
+    return wait_until(
+        lambda: (found := Task.objects.get(pk=task.pk)).is_terminal and found, timeout=60, what="the task to end"
+    )
+
+
+def report(task: Task) -> str:
+    return "\n".join(part.get("text", "") for part in task.result["content"])
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_over_stdio_a_research_task_asks_a_person_and_ends_with_their_answer_in_its_report(workers, everything):
+    admin, approver = make_user("ada", ADMINS), make_user("april", APPROVERS)
+    server = register_everything(admin, everything, expect_tool=TOOL)
+    assert next(t for t in server.tools if t["name"] == TOOL)["execution"]["taskSupport"] == "required"
+    workers.start("holder")
+    task = services.launch(server=server, tool=TOOL, arguments={"topic": "python", "ambiguous": True}, user=admin)
+
+    task = followed(task)
+    assert task.followed_by == "holder" and not TaskPoll.objects.filter(task=task).exists()
+    request = wait_until(
+        lambda: InputRequest.objects.filter(task=task, state=InputRequestState.OPEN).first(),
+        timeout=60,
+        what="the task's question in the inbox",
+    )
+    assert request.method == "elicitation/create" and request.held_by == "holder"
+    assert 'The research query "python" could have multiple interpretations' in request.params["message"]
+    wait_until(  # as tasks/get says meanwhile
+        lambda: Task.objects.get(pk=task.pk).status == TaskStatus.INPUT_REQUIRED, timeout=10, what="input_required"
+    )
+    services.answer_input(
+        input_request=request, response={"action": "accept", "content": {"interpretation": "snake"}}, user=approver
+    )
+
+    task = ended(task)
+    assert task.status == TaskStatus.COMPLETED, (task.status, task.error, task.status_message)
+    assert "# Research Report: python (snake)" in report(task)
+    request.refresh_from_db()
+    assert request.state == InputRequestState.DELIVERED
+    messages = set(
+        AuditEvent.objects.filter(task_id=task.pk, action__in=("task.status_changed", "task.updated")).values_list(
+            "data__status_message", flat=True
+        )
+    )
+    assert {"Analyzing content...", 'Continuing with interpretation: "snake"...'} <= messages, messages
+    launched = AuditEvent.objects.get(task_id=task.pk, action="task.launch_answered")
+    assert launched.data["revision"] == "2025-11-25"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_over_http_a_research_task_ends_with_its_report_and_another_is_cancelled_on_its_session(
+    workers, everything, over_http
+):
+    admin, operator = make_user("ada", ADMINS), make_user("olga", OPERATORS)
+    server = register_everything(admin, everything, url=over_http, expect_tool=TOOL)
+    workers.start("holder")
+    plain = services.launch(server=server, tool=TOOL, arguments={"topic": "tides"}, user=admin)
+    doomed = services.launch(server=server, tool=TOOL, arguments={"topic": "storms"}, user=admin)
+
+    doomed = followed(doomed)
+    services.request_cancel(task=doomed, user=operator)
+    doomed = ended(doomed)
+    assert doomed.status == TaskStatus.CANCELLED, (doomed.status, doomed.error, doomed.status_message)
+    assert Task.objects.get(pk=doomed.pk).cancel_delivered_at is not None
+
+    plain = ended(plain)
+    assert plain.status == TaskStatus.COMPLETED, (plain.status, plain.error)
+    assert "# Research Report: tides" in report(plain) and "Clarification" not in report(plain)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_while_it_follows_a_task_on_its_session_leaves_it_lost_within_15_s(
+    production_timed_workers, everything
+):
+    workers = production_timed_workers  # the heartbeat and stalled times of production: the 15 s are theirs
+    admin = make_user("ada", ADMINS)
+    server = register_everything(admin, everything, expect_tool=TOOL)
+    workers.start("east")
+    workers.start("west")
+    task = services.launch(server=server, tool=TOOL, arguments={"topic": "python", "ambiguous": True}, user=admin)
+    task = followed(task)
+    request = wait_until(
+        lambda: InputRequest.objects.filter(task=task, state=InputRequestState.OPEN).first(),
+        timeout=60,
+        what="the task's question",
+    )
+    follower = workers.processes[task.followed_by]
+    follower.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    follower.wait(10)
+
+    lost = wait_until(
+        lambda: (found := Task.objects.get(pk=task.pk)).status == TaskStatus.LOST and found,
+        timeout=15 - (time.monotonic() - killed),
+        what="the task lost within 15 s of the kill",
+    )
+    assert lost.status_message == session_tasks.FOLLOWER_GONE
+    request.refresh_from_db()
+    assert request.state == InputRequestState.SUPERSEDED
+    assert AuditEvent.objects.filter(task_id=task.pk, action="task.launch_sent").count() == 1
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        [],
+        {"taskId": "t"},
+        {"taskId": "t", "status": "paused"},
+        {"taskId": "", "status": "working"},
+        {"taskId": "x" * 501, "status": "working"},
+    ],
+)
+def test_a_malformed_2025_11_25_task_is_refused_with_a_reason(raw):
+    with pytest.raises(InvalidResult):
+        wire_tasks.snapshot_of(raw, source="tasks/get")
+
+
+def test_a_2025_11_25_task_reads_as_the_extensions_snapshot_and_ends_as_tasks_result_says():
+    status = wire_tasks.snapshot_of(
+        {"taskId": "t1", "status": "working", "ttl": 300000, "pollInterval": 0.5, "createdAt": 7, "extra": 1},
+        source="tasks/get",
+    )
+    assert (status.ttl_ms, status.poll_interval_ms, status.created_at) == (300000, None, None)
+    done = wire_tasks.final_snapshot(status, result={"content": [], "_meta": {"x": 1}})
+    assert (done.status, done.result) == ("completed", {"content": [], "isError": False})
+    failed = wire_tasks.final_snapshot(status, error={"code": -32603, "message": "boom"})
+    assert (failed.status, failed.error["message"]) == ("failed", "boom")
+    cancelled = wire_tasks.final_snapshot(status.model_copy(update={"status": "cancelled"}), error={"code": 1})
+    assert (cancelled.status, cancelled.error) == ("cancelled", None)
+    assert wire_tasks.is_task_handle({"task": {}}) and not wire_tasks.is_task_handle({"task": {}, "content": []})
+    assert wire_tasks.task_support({"execution": {"taskSupport": "optional"}}) == "optional"
+    assert wire_tasks.task_support({"name": "x"}) == wire_tasks.task_support("junk") == "forbidden"
