@@ -5,7 +5,11 @@ death of the worker that follows one (issue 32, item 3)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,12 +17,13 @@ import pytest
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp import session_tasks as wire_tasks
+from taskhub.mcp.cli import EXIT_CANCELLED
 from taskhub.mcp.errors import InvalidResult
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.tasks.services import session_tasks
 from tests.account_fixtures import make_user
-from tests.everything_fixtures import register_everything
+from tests.everything_fixtures import PROJECT_DIR, register_everything
 from tests.helpers import wait_until
 
 TOOL = "simulate-research-query"
@@ -164,3 +169,29 @@ def test_a_2025_11_25_task_reads_as_the_extensions_snapshot_and_ends_as_tasks_re
     assert wire_tasks.is_task_handle({"task": {}}) and not wire_tasks.is_task_handle({"task": {}, "content": []})
     assert wire_tasks.task_support({"execution": {"taskSupport": "optional"}}) == "optional"
     assert wire_tasks.task_support({"name": "x"}) == wire_tasks.task_support("junk") == "forbidden"
+
+
+@pytest.mark.slow
+def test_the_cli_follows_a_2025_11_25_task_answers_its_question_and_cancels_another(everything):
+    stdio = f"{shutil.which('node') or 'node'} {everything} stdio"
+    answer = '*={"action":"accept","content":{"interpretation":"comedy"}}'
+    arguments = '{"topic":"python","ambiguous":true}'
+    asked = run_cli("call", "--stdio", stdio, TOOL, "--args", arguments, "--answer", answer, "--json")
+    assert asked.returncode == 0, asked.stderr
+    events = [json.loads(line) for line in asked.stdout.splitlines()]
+    kinds = [event["event"] for event in events]
+    assert kinds.index("input_required") < kinds.index("answered") < kinds.index("outcome")
+    assert any(event.get("status") == "input_required" for event in events if event["event"] == "status")
+    outcome = events[-1]
+    assert outcome["status"] == "completed", outcome
+    assert "# Research Report: python (comedy)" in outcome["result"]["content"][0]["text"]
+
+    cancelled = run_cli("call", "--stdio", stdio, TOOL, "--args", '{"topic":"x"}', "--cancel-after", "1")
+    assert cancelled.returncode == EXIT_CANCELLED, cancelled.stderr
+    assert "cancel sent (tasks/cancel)" in cancelled.stdout and "task cancelled" in cancelled.stdout
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "taskhub.mcp", *args], capture_output=True, text=True, timeout=120, cwd=PROJECT_DIR
+    )

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from taskhub.mcp import schema_fields, tool_headers, wire
+from taskhub.mcp import schema_fields, session_tasks, tool_headers, wire
 from taskhub.mcp.client import (
     HttpTarget,
     ServerTarget,
@@ -641,6 +641,55 @@ async def call_with_mrtr(
     raise InvalidResult(f"tools/call: the server still asks for input after {MAX_MRTR_ROUNDS} rounds")
 
 
+async def follow_session_task(
+    client: TasksClient, created: TaskSnapshot, *, reporter: Reporter, answerer: Answerer, cancel_at: float | None
+) -> TaskSnapshot:
+    """A 2025-11-25 task to its end on this session: `tasks/result` open throughout (the task's questions are
+    answered meanwhile, as a call's are), `tasks/get` at its poll interval for the status lines, `tasks/cancel` at
+    `cancel_at`. Returns the end as the extension states it (taskhub.mcp.session_tasks)."""
+    remote = created.task_id
+    wait = created.ttl_ms / 1000 if created.ttl_ms else session_tasks.DEFAULT_RESULT_WAIT_SECONDS
+    ending = asyncio.ensure_future(client.session_task_result(remote, wait_seconds=wait, asker=answerer.ask_question))
+    last, shown, cancel_sent = created, None, False
+    try:
+        while True:
+            if (last.status, last.status_message) != shown:
+                shown = (last.status, last.status_message)
+                reporter.event(
+                    "status", status_line(last), taskId=remote, status=last.status, statusMessage=last.status_message
+                )
+            if ending.done():
+                break
+            timeout = poll_interval(last)
+            if cancel_at is not None and not cancel_sent:
+                timeout = min(timeout, max(0.0, cancel_at - time.monotonic()))
+            await asyncio.wait({ending}, timeout=timeout)
+            if ending.done():
+                break
+            if cancel_at is not None and not cancel_sent and time.monotonic() >= cancel_at:
+                cancel_sent = True
+                last = await client.cancel_session_task(remote)
+                reporter.event(
+                    "cancel_sent", "cancel sent (tasks/cancel); following the task to its end", taskId=remote
+                )
+                continue
+            status = await client.get_session_task(remote)
+            if not status.is_terminal:  # its end is what tasks/result answers
+                last = status
+        if answerer.question_failed is not None:
+            raise answerer.question_failed
+        status = await client.get_session_task(remote)
+        try:
+            return session_tasks.final_snapshot(status, result=await ending)
+        except ProtocolError as error:
+            return session_tasks.final_snapshot(status, error=error.to_error_object())
+    finally:
+        if not ending.done():
+            ending.cancel()
+            with contextlib.suppress(BaseException):
+                await ending
+
+
 def report_final(reporter: Reporter, snapshot: TaskSnapshot) -> int:
     if snapshot.status == "completed":
         result = snapshot.tool_result or {"content": []}
@@ -679,6 +728,11 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
             print_tool_result(reporter, outcome.result)
             return exit_status_of_result(outcome.result)
         cancel_at = time.monotonic() + args.cancel_after if args.cancel_after is not None else None
+        if outcome.on_session:
+            final = await follow_session_task(
+                client, outcome.task, reporter=reporter, answerer=answerer, cancel_at=cancel_at
+            )
+            return report_final(reporter, final)
         follower = TaskFollower(
             client=client,
             reporter=reporter,

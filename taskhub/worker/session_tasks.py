@@ -7,8 +7,9 @@ at the task's `pollInterval` for its status and message, stored as any snapshot 
 out on this session. The job holds its server slot meanwhile, as a call with a held question does.
 
 When the session breaks (the server's process exits, the connection goes) the task ends as lost with the reason;
-when this worker dies, its heartbeats stop and another worker ends the task as lost
-(services.session_tasks.lose_tasks_followed_by). Never a task left "working" that nobody follows.
+when this worker stops, it ends the task as lost itself, and when it dies, its heartbeats stop and another worker ends
+the task as lost (services.session_tasks.lose_tasks_followed_by). A task whose ttl passes without an end expires.
+Never a task left "working" that nobody follows.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import uuid
 
 from taskhub.mcp import session_tasks as wire_tasks
 from taskhub.mcp.client import TasksClient
-from taskhub.mcp.errors import McpClientError, ProtocolError
+from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout
 from taskhub.mcp.questions import Asker
 from taskhub.mcp.wire import MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
 from taskhub.tasks import services
@@ -62,11 +63,19 @@ async def follow_on_session(client: TasksClient, *, task_id: uuid.UUID, created:
             final = wire_tasks.final_snapshot(await _last_status(client, remote, last), result=await result_call)
         except ProtocolError as error:
             final = wire_tasks.final_snapshot(await _last_status(client, remote, last), error=error.to_error_object())
+    except RequestTimeout:  # its ttl passed without an end: the server may have dropped it
+        await db(_expire, task_id=task_id)
+        return "expired"
     except McpClientError as error:
         reason = f"{session_tasks.SESSION_ENDED} ({error})"
         logger.warning("task %s (2025-11-25): %s", task_id, reason)
         await db(session_tasks.mark_session_task_lost, task_id=task_id, reason=reason[:1000])
         return "lost"
+    except asyncio.CancelledError:  # this worker stops: nobody else can join the session, so the task is lost
+        lost = db(session_tasks.mark_session_task_lost, task_id=task_id, reason=session_tasks.FOLLOWER_GONE)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(lost)
+        raise
     finally:
         if not result_call.done():
             result_call.cancel()
@@ -96,6 +105,10 @@ async def _cancel(client: TasksClient, *, task_id: uuid.UUID, remote: str) -> Ta
         return None
     await db(services.mark_cancel_delivered, task=task)
     return answered
+
+
+def _expire(*, task_id: uuid.UUID) -> bool:
+    return services.expire(task=Task.objects.get(pk=task_id))
 
 
 def _apply(*, task_id: uuid.UUID, snapshot: TaskSnapshot, source: str) -> bool:
