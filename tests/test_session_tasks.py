@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from django.test import Client
 
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
@@ -60,6 +61,9 @@ def test_over_stdio_a_research_task_asks_a_person_and_ends_with_their_answer_in_
         what="the task's question in the inbox",
     )
     assert request.method == "elicitation/create" and request.held_by == "holder"
+    page = Client()
+    page.force_login(admin)
+    assert "session by worker holder (a 2025-11-25 task)" in page.get(f"/tasks/{task.pk}/").text
     assert 'The research query "python" could have multiple interpretations' in request.params["message"]
     wait_until(  # as tasks/get says meanwhile
         lambda: Task.objects.get(pk=task.pk).status == TaskStatus.INPUT_REQUIRED, timeout=10, what="input_required"

@@ -4,7 +4,9 @@
 The reference server runs over stdio in the worker that holds its process (tests/everything_fixtures.py); the
 approver's inbox gets the card live, filled with the form's defaults; the approver types a name and an email and
 accepts; the operator's task page then shows the server's result, every field as sent (defaults included). Then a
-long call of the same server (`trigger-long-running-operation`) moves a progress bar on its task page while it runs.
+long call of the same server (`trigger-long-running-operation`) moves a progress bar on its task page while it runs,
+and a 2025-11-25 task of it (`simulate-research-query`, ambiguous) asks its question in the inbox and ends with the
+person's choice in its report.
 """
 
 from __future__ import annotations
@@ -102,3 +104,19 @@ def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_cal
     screenshot(operator, "call-progress")
     expect(operator.locator("body")).to_contain_text("Long running operation completed", timeout=30_000)
     expect(bar).to_have_count(0)
+
+    # A 2025-11-25 task (issue 32 item 3): the research tool runs as a task on its session; its question (related to
+    # the task, through tasks/result) reaches the inbox, and the person's choice ends up in its report.
+    operator.goto(f"{session_daphne.url}/launch/")
+    operator.get_by_role("link", name=re.compile(r"\bsimulate-research-query\b")).first.click()
+    operator.get_by_label("topic", exact=False).fill("python")
+    operator.get_by_label("ambiguous", exact=False).check()
+    operator.get_by_role("button", name="Launch", exact=True).click()
+    expect(operator).to_have_url(TASK_URL)
+    card = approver.locator("article.ir-card").filter(has_text="could have multiple interpretations")
+    expect(card).to_be_visible(timeout=30_000)
+    expect(operator.locator("body")).to_contain_text("Requesting clarification", timeout=10_000)
+    card.get_by_label(re.compile("^Clarification")).select_option(label="Monty Python comedy group")
+    card.get_by_role("button", name="Accept").click()
+    expect(operator.locator("body")).to_contain_text("Research Report: python (comedy)", timeout=30_000)
+    screenshot(operator, "session-task-result")
