@@ -68,7 +68,12 @@ def outcome_at_deadline(input_request: InputRequest) -> task_services.DeadlineOu
 
 
 def _fitting(input_request: InputRequest, response) -> dict:
-    return validate_response(method=input_request.method, params=input_request.params, response=response)
+    return validate_response(
+        method=input_request.method,
+        params=input_request.params,
+        response=response,
+        held=bool(input_request.held_by),
+    )
 
 
 def check_deadline(*, input_request_id: int, now: datetime.datetime | None = None) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -53,7 +54,7 @@ from taskhub.mcp.extension import (
     UpdateTaskRequest,
 )
 from taskhub.mcp.outbound import Outbound
-from taskhub.mcp.questions import Asker, PausableDeadline, Questions
+from taskhub.mcp.questions import SAMPLING_REFUSED, Asker, PausableDeadline, Questions
 from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
 from taskhub.mcp.stdio import BadLine, ProcessObserver, stdio_transport
 from taskhub.mcp.tool_headers import header_problem, param_headers
@@ -96,6 +97,21 @@ def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
 # --- targets --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class OwnAnswers:
+    """What taskhub answers a server's own requests with, by itself (the 2025 revisions): `roots/list` from `roots`
+    ((uri, name) pairs; none by default), and `sampling/createMessage` offered to people (`sampling`) or refused
+    outright (then not declared at `initialize` either)."""
+
+    roots: tuple[tuple[str, str], ...] = ()
+    sampling: bool = True
+
+    def roots_result(self) -> mcp_types.ListRootsResult:
+        return mcp_types.ListRootsResult(
+            roots=[mcp_types.Root(uri=uri, name=name or None) for uri, name in self.roots]  # type: ignore[arg-type]
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class HttpTarget:
     """A Streamable HTTP endpoint, with optional bearer token and extra headers (e.g. an API key).
@@ -109,6 +125,7 @@ class HttpTarget:
     bearer_token: str | None = field(default=None, repr=False)
     # Where the server may be reached (checked on every connection); None: anywhere.
     address_policy: AddressPolicy | None = field(default=None, repr=False, compare=False)
+    own_answers: OwnAnswers = field(default_factory=OwnAnswers, repr=False)
 
     def outbound(self) -> Outbound:
         return Outbound(self.address_policy)
@@ -134,6 +151,11 @@ class StdioTarget:
     args: Sequence[str] = ()
     env: Mapping[str, str] | None = field(default=None, repr=False)
     cwd: str | None = None
+    own_answers: OwnAnswers = field(default_factory=OwnAnswers, repr=False)
+
+    def same_process(self, other: StdioTarget) -> bool:
+        """Whether `other` starts the same process (only what taskhub answers by itself differs)."""
+        return dataclasses.replace(other, own_answers=self.own_answers) == self
 
     def describe(self) -> str:
         return " ".join([self.command, *self.args])
@@ -449,6 +471,7 @@ class TasksClient:
         self._tool_schemas: dict[str, Any] = {}
         self._task_support: dict[str, str | None] = {}
         self._questions = Questions(target.describe)
+        self._own_answers = target.own_answers
 
     async def __aenter__(self) -> TasksClient:
         return self
@@ -481,6 +504,8 @@ class TasksClient:
             read_timeout_seconds=self.timeout,
             client_info=mcp_types.Implementation.model_validate(self.client_info),
             elicitation_callback=self._questions.on_elicitation,
+            sampling_callback=self._sample if self._own_answers.sampling else None,
+            list_roots_callback=self._list_roots,
             message_handler=connection.on_message,
             extensions=[self._extension] if self.declare_tasks else [],
             mode=wire.PROTOCOL_VERSION if mode else "auto",
@@ -491,6 +516,27 @@ class TasksClient:
         # requests from servers, so the capability lists none.
         sdk_private.declare_client_tasks(client, mcp_types.ClientTasksCapability())
         return client
+
+    async def _list_roots(self, context: Any) -> mcp_types.ListRootsResult:
+        return self._own_answers.roots_result()
+
+    async def _sample(self, context: Any, params: Any) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        if not self._own_answers.sampling:  # declined since this session declared it
+            return mcp_types.ErrorData(code=SAMPLING_REFUSED, message="Sampling is declined for this server")
+        return await self._questions.on_sampling(context, params)
+
+    async def use_own_answers(self, own_answers: OwnAnswers) -> None:
+        """Answer the server's own requests as `own_answers` says from now on; when its roots changed, tell a live
+        session (`notifications/roots/list_changed`). Whether sampling is offered was declared at `initialize`: a
+        change of it counts from the next connection (`sampling/createMessage` is refused at once meanwhile)."""
+        before, self._own_answers = self._own_answers, own_answers
+        connection = self._connection
+        if before.roots == own_answers.roots or connection is None or connection.client is None:
+            return
+        if connection.dead.done():
+            return
+        with contextlib.suppress(Exception):  # a session going away takes the news with it
+            await connection.client.session.send_notification(mcp_types.RootsListChangedNotification())
 
     async def _note_http_status(self, response: httpx2.Response) -> None:
         self._last_http_refusal = response.status_code if response.status_code in (401, 403) else None

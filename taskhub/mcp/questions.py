@@ -23,12 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types
+from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
 RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
 ELICITATION = "elicitation/create"
+SAMPLING = "sampling/createMessage"
+# What a client answers a sampling request its person refused with (the spec's example: -1, "User rejected …").
+SAMPLING_REFUSED = -1
 
 
 @dataclass(frozen=True)
@@ -100,32 +104,54 @@ class Questions:
     async def on_elicitation(self, context: Any, params: Any) -> mcp_types.ElicitResult:
         """The SDK's elicitation callback (registering one is also what makes the SDK declare form and URL
         elicitation at `initialize`)."""
+        answer = await self._route(ELICITATION, context, params)
+        if answer is None:
+            return mcp_types.ElicitResult(action="decline")
+        try:
+            return mcp_types.ElicitResult.model_validate(answer)
+        except ValidationError:
+            logger.warning("%s: the answer to its question does not fit; answered as cancelled", self._describe())
+            return mcp_types.ElicitResult(action="cancel")
+
+    async def on_sampling(self, context: Any, params: Any) -> mcp_types.CreateMessageResult | mcp_types.ErrorData:
+        """The SDK's sampling callback: a person writes the message the model would (or refuses: an error)."""
+        answer = await self._route(SAMPLING, context, params)
+        if answer is None or answer.get("action") in ("decline", "cancel"):
+            return mcp_types.ErrorData(code=SAMPLING_REFUSED, message="The person asked refused this sampling request")
+        try:
+            return mcp_types.CreateMessageResult.model_validate(answer)
+        except ValidationError:
+            logger.warning("%s: the reply to its sampling request does not fit; refused", self._describe())
+            return mcp_types.ErrorData(code=SAMPLING_REFUSED, message="No usable reply was written")
+
+    async def _route(self, method: str, context: Any, params: Any) -> dict[str, Any] | None:
+        """The answer of the call's asker the request goes to; None when it goes to none (see the module's doc)."""
         raw = params.model_dump(by_alias=True, mode="json", exclude_none=True) if hasattr(params, "model_dump") else {}
         related = _related_task(raw)
         named = [call for call in self._calls.values() if related is not None and call.related_task == related]
         if named:
-            return await self._ask(named[0], raw, context)
+            return await self._ask(named[0], method, raw, context)
         if len(self._calls) != 1:
             if self._calls:
                 logger.warning(
-                    "%s asked a question (elicitation/create) while %d calls wait on it: it names none of them, so it"
-                    " was declined",
+                    "%s asked a question (%s) while %d calls wait on it: it names none of them, so it was refused",
                     self._describe(),
+                    method,
                     len(self._calls),
                 )
-            return mcp_types.ElicitResult(action="decline")
-        return await self._ask(next(iter(self._calls.values())), raw, context)
+            return None
+        return await self._ask(next(iter(self._calls.values())), method, raw, context)
 
-    async def _ask(self, call: _AskingCall, raw: dict[str, Any], context: Any) -> mcp_types.ElicitResult:
+    async def _ask(self, call: _AskingCall, method: str, raw: dict[str, Any], context: Any) -> dict[str, Any]:
         server_request_id = getattr(context, "request_id", "")
-        question = Question(method=ELICITATION, params=raw, server_request_id=server_request_id, call_ended=call.ended)
+        question = Question(method=method, params=raw, server_request_id=server_request_id, call_ended=call.ended)
         call.deadline.pause()
         try:
             answer = await call.asker(question)
-            return mcp_types.ElicitResult.model_validate(answer)
+            return answer if isinstance(answer, dict) else {"action": "cancel"}
         except Exception:
             logger.exception("%s: asking its question failed; answered as cancelled", self._describe())
-            return mcp_types.ElicitResult(action="cancel")
+            return {"action": "cancel"}
         finally:
             call.deadline.resume()
 

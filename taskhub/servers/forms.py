@@ -10,9 +10,10 @@ Error messages name a line by its number, never by its content (it may hold a se
 import re
 
 from django import forms
+from django.core.exceptions import ValidationError
 
 from taskhub.mcp.secret_urls import has_secrets, mask_url
-from taskhub.servers.models import Server, Transport
+from taskhub.servers.models import Server, Transport, validate_roots
 
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -139,6 +140,20 @@ class ServerForm(forms.Form):
         " (classic elicitation); the time does not count against the call timeout. Then the server is told the"
         " question was cancelled. Empty: TASKHUB_QUESTION_WAIT_SECONDS (600).",
     )
+    roots = forms.CharField(
+        label="Roots",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="What taskhub answers when the server asks for the client's roots (roots/list, 2025 revisions): one"
+        " file:// URI per line, optionally followed by a space and a name, e.g. file:///srv/repo Repository. Empty:"
+        " no roots. A change is told to the server's open sessions (notifications/roots/list_changed).",
+    )
+    sampling_declined = forms.BooleanField(
+        label="Decline sampling",
+        required=False,
+        help_text="Refuse sampling/createMessage outright. Otherwise a server that asks for a model's message in the"
+        " middle of a call gets one written by a person, in the inbox like any other request.",
+    )
     bearer_token = forms.CharField(
         required=False,
         strip=True,
@@ -180,6 +195,10 @@ class ServerForm(forms.Form):
                 "max_concurrent_jobs": server.max_concurrent_jobs,
                 "call_timeout_seconds": server.call_timeout_seconds,
                 "question_wait_seconds": server.question_wait_seconds,
+                "roots": "\n".join(
+                    f"{root.get('uri', '')} {root.get('name', '')}".rstrip() for root in server.roots or []
+                ),
+                "sampling_declined": server.sampling_declined,
             }
         super().__init__(*args, **kwargs)
         self.stored_headers = sorted((server.headers or {}) if server else {})
@@ -201,6 +220,18 @@ class ServerForm(forms.Form):
 
     def clean_env(self):
         return parse_env(self.cleaned_data.get("env", ""))
+
+    def clean_roots(self):
+        roots = []
+        for line in self.cleaned_data.get("roots", "").splitlines():
+            uri, _, name = line.strip().partition(" ")
+            if uri:
+                roots.append({"uri": uri, **({"name": name.strip()} if name.strip() else {})})
+        try:
+            validate_roots(roots)
+        except ValidationError as error:
+            raise forms.ValidationError(error.messages) from None
+        return roots
 
     def clean_args(self):
         return [line.strip() for line in self.cleaned_data.get("args", "").splitlines() if line.strip()]
@@ -235,6 +266,8 @@ class ServerForm(forms.Form):
             "max_concurrent_jobs": data["max_concurrent_jobs"],
             "call_timeout_seconds": data["call_timeout_seconds"],
             "question_wait_seconds": data["question_wait_seconds"],
+            "roots": data["roots"],
+            "sampling_declined": data["sampling_declined"],
         }
         if self.server is None:
             arguments.update(headers=data["headers"], env=data["env"], bearer_token=data["bearer_token"] or None)

@@ -1,9 +1,10 @@
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
-from taskhub.mcp.client import HttpTarget, ServerTarget, StdioTarget
+from taskhub.mcp.client import HttpTarget, OwnAnswers, ServerTarget, StdioTarget
 from taskhub.mcp.secret_urls import with_secrets
 from taskhub.servers.policy import server_address_policy
 
@@ -13,6 +14,30 @@ NAME_TAKEN = "server_name_taken"
 class Transport(models.TextChoices):
     HTTP = "http", "Streamable HTTP"
     STDIO = "stdio", "stdio subprocess"
+
+
+MAX_ROOTS = 50
+MAX_ROOT_URI_CHARS = 2000
+MAX_ROOT_NAME_CHARS = 200
+
+
+def validate_roots(value) -> None:
+    """A server's roots: a list of {"uri": "file://…", "name"?: …} (the spec's roots are file:// URIs)."""
+    if not isinstance(value, list):
+        raise ValidationError("The roots must be a list.")
+    if len(value) > MAX_ROOTS:
+        raise ValidationError(f"At most {MAX_ROOTS} roots.")
+    for root in value:
+        uri = root.get("uri") if isinstance(root, dict) else None
+        if not isinstance(uri, str) or not uri.startswith("file://") or len(uri) > MAX_ROOT_URI_CHARS:
+            raise ValidationError(
+                f"A root is a file:// URI of at most {MAX_ROOT_URI_CHARS} characters, not {uri!r:.80}."
+            )
+        if any(char.isspace() or not char.isprintable() for char in uri):
+            raise ValidationError(f"A root's URI has no spaces or control characters: {repr(uri)[:80]}.")
+        name = root.get("name", "")
+        if not isinstance(name, str) or len(name) > MAX_ROOT_NAME_CHARS or not name.isprintable():
+            raise ValidationError(f"A root's name is printable text of at most {MAX_ROOT_NAME_CHARS} characters.")
 
 
 class Server(models.Model):
@@ -59,6 +84,13 @@ class Server(models.Model):
         validators=[MinValueValidator(10), MaxValueValidator(86400)],
         help_text="how long a call waits for a person to answer a question the server asks in the middle of it"
         " (classic elicitation; default TASKHUB_QUESTION_WAIT_SECONDS); then the server is told it was cancelled",
+    )
+
+    # What taskhub answers the server's own requests with (2025 revisions): `roots/list` from these roots (a list of
+    # {"uri": "file://…", "name": …}; none by default), and whether `sampling/createMessage` is refused outright.
+    roots = models.JSONField(default=list, blank=True, validators=[validate_roots])
+    sampling_declined = models.BooleanField(
+        default=False, help_text="refuse sampling/createMessage outright (taskhub then does not offer sampling)"
     )
 
     capabilities = models.JSONField(default=dict, blank=True)
@@ -131,8 +163,22 @@ class Server(models.Model):
                 headers=dict(self.headers or {}),
                 bearer_token=self.bearer_token or None,
                 address_policy=server_address_policy(),
+                own_answers=self.own_answers(),
             )
-        return StdioTarget(command=self.command, args=tuple(self.args or ()), env=dict(self.env) if self.env else None)
+        return StdioTarget(
+            command=self.command,
+            args=tuple(self.args or ()),
+            env=dict(self.env) if self.env else None,
+            own_answers=self.own_answers(),
+        )
+
+    def own_answers(self) -> OwnAnswers:
+        roots = tuple(
+            (str(root.get("uri", "")), str(root.get("name") or ""))
+            for root in (self.roots if isinstance(self.roots, list) else [])
+            if isinstance(root, dict) and root.get("uri")
+        )
+        return OwnAnswers(roots=roots, sampling=not self.sampling_declined)
 
 
 class ProcessState(models.TextChoices):

@@ -32,6 +32,8 @@ EDITABLE_FIELDS = frozenset(
         "max_concurrent_jobs",
         "call_timeout_seconds",
         "question_wait_seconds",
+        "roots",
+        "sampling_declined",
     }
 )
 LAST_ERROR_MAX_CHARS = 2000
@@ -114,6 +116,8 @@ def create_server(
     max_concurrent_jobs: int | None = None,
     call_timeout_seconds: int | None = None,
     question_wait_seconds: int | None = None,
+    roots: Sequence[Mapping[str, str]] = (),
+    sampling_declined: bool = False,
 ) -> Server:
     """Register a server. With `discover_in_background` (the add-server page), its discovery job is deferred in
     the same transaction; the terminal commands (`manage.py server add --discover`, `taskhub demo`) discover
@@ -131,6 +135,8 @@ def create_server(
         max_concurrent_jobs=max_concurrent_jobs,
         call_timeout_seconds=call_timeout_seconds,
         question_wait_seconds=question_wait_seconds,
+        roots=[dict(root) for root in roots],
+        sampling_declined=sampling_declined,
     )
     _secrets_out_of_the_url(server, stored={})
     _check_address(server)

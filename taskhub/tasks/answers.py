@@ -13,8 +13,12 @@ from taskhub.tasks.models import GATE_METHOD
 ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 
 
-def validate_response(*, method: str, params: dict[str, Any], response: Any) -> dict[str, Any]:
-    """Return the response to send as the answer, or raise AnswerRejected."""
+def validate_response(*, method: str, params: dict[str, Any], response: Any, held: bool = False) -> dict[str, Any]:
+    """Return the response to send as the answer, or raise AnswerRejected.
+
+    `held`: asked on the session of a call in flight (held_questions): a sampling request there can be refused
+    (`{"action": "decline"}`, sent as the JSON-RPC error a refusal is); a task's own sampling request (the
+    extension's input requests) has no way to say no."""
     if not isinstance(response, dict):
         raise AnswerRejected("The answer must be an object.")
     if method == "elicitation/create":
@@ -30,9 +34,15 @@ def validate_response(*, method: str, params: dict[str, Any], response: Any) -> 
             raise AnswerRejected("A roots/list answer needs a list of roots.")
         return response
     if method == "sampling/createMessage":
+        if held and response.get("action") in ("decline", "cancel") and set(response) <= {"action"}:
+            return {"action": response["action"]}
+        if "action" in response:
+            raise AnswerRejected("A sampling request of a task cannot be declined here: write the reply.")
         missing = [name for name in ("role", "content", "model") if name not in response]
         if missing:
             raise AnswerRejected(f"A sampling answer needs {', '.join(missing)}.")
+        if response.get("role") != "assistant":
+            raise AnswerRejected("A sampling answer is the assistant's message (role assistant).")
         return response
     raise AnswerRejected(f"taskhub cannot answer requests of kind {method!r}.")
 

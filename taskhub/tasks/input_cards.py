@@ -32,10 +32,74 @@ KEY_SEPARATORS = ":/#._-|"
 PARAMS_MAX_CHARS = 6000
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 ACTION_WORDS = {"accept": "accepted", "decline": "declined", "cancel": "cancelled"}
+SAMPLING = "sampling/createMessage"
 OTHER_METHODS = {
-    "sampling/createMessage": "asks the client's language model to write a message (sampling)",
+    SAMPLING: "asks the client's language model to write a message (sampling)",
     "roots/list": "asks for the client's file-system roots",
 }
+SAMPLING_MESSAGES_SHOWN = 20
+SAMPLING_TEXT_MAX_CHARS = 4000
+REPLY_MAX_CHARS = 100_000
+# The `model` a person's reply names: the server asked for a model's message and should know it did not get one.
+PERSON_AS_MODEL = "a person, through taskhub"
+
+
+@dataclass(frozen=True)
+class SamplingMessage:
+    role: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SamplingView:
+    """What a sampling request asks, as a person reads it (every value from the server, capped)."""
+
+    messages: list[SamplingMessage]
+    more_messages: int
+    system_prompt: str
+    limits: list[tuple[str, str]]  # ("max tokens", "100"), ("temperature", "0.7"), …
+
+
+def sampling_view(params: dict[str, Any]) -> SamplingView:
+    raw_messages = params.get("messages") if isinstance(params.get("messages"), list) else []
+    messages = [
+        SamplingMessage(
+            role=_capped(message.get("role"), 20), text=_capped(_content_text(message), SAMPLING_TEXT_MAX_CHARS)
+        )
+        for message in raw_messages[:SAMPLING_MESSAGES_SHOWN]
+        if isinstance(message, dict)
+    ]
+    limits = []
+    for key, label in (("maxTokens", "max tokens"), ("temperature", "temperature"), ("includeContext", "context")):
+        if isinstance(params.get(key), int | float | str) and not isinstance(params.get(key), bool):
+            limits.append((label, _capped(params[key], 40)))
+    preferences = params.get("modelPreferences") if isinstance(params.get("modelPreferences"), dict) else {}
+    hints = [
+        h.get("name") for h in preferences.get("hints") or [] if isinstance(h, dict) and isinstance(h.get("name"), str)
+    ]
+    if hints:
+        limits.append(("models hinted", _capped(", ".join(hints), 200)))
+    stops = params.get("stopSequences")
+    if isinstance(stops, list) and stops:
+        limits.append(("stop sequences", _capped(", ".join(repr(stop) for stop in stops[:10]), 200)))
+    return SamplingView(
+        messages=messages,
+        more_messages=max(0, len(raw_messages) - SAMPLING_MESSAGES_SHOWN),
+        system_prompt=_capped(params.get("systemPrompt"), SAMPLING_TEXT_MAX_CHARS),
+        limits=limits,
+    )
+
+
+def _content_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    blocks = content if isinstance(content, list) else [content]
+    parts = []
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif isinstance(block, dict):
+            parts.append(f"[{_capped(block.get('type'), 20) or 'unknown'} content, not shown]")
+    return "\n".join(parts)
 
 
 @dataclass(frozen=True)
@@ -126,12 +190,14 @@ def _time_left(seconds: float) -> str:
 @dataclass
 class Card:
     input_request: InputRequest
-    kind: str  # form | url | other
+    kind: str  # form | url | gate | sampling | other
     state: str  # open | answered | delivered | superseded | ended | removed (its server, while it was open)
     may_answer: bool
     message: str = ""
     form: SchemaForm | None = None
     url: UrlTarget | None = None
+    sampling: SamplingView | None = None
+    submitted_reply: str = ""
     other_what: str = ""
     other_params: str = ""
     answered_by_you: bool = False
@@ -173,11 +239,16 @@ class Card:
     @property
     def answerable(self) -> bool:
         """Buttons are shown: the request is open, the user may answer, and it is an elicitation."""
-        return self.state == "open" and self.may_answer and self.kind in ("form", "url", "gate")
+        return self.state == "open" and self.may_answer and self.kind in ("form", "url", "gate", "sampling")
+
+    @property
+    def can_decline(self) -> bool:
+        """A task's own sampling request (the extension's) has no way to say no; the rest have."""
+        return self.kind != "sampling" or bool(self.input_request.held_by)
 
     @property
     def can_accept(self) -> bool:
-        if self.kind == "gate":
+        if self.kind in ("gate", "sampling"):
             return True
         if self.kind == "form":
             return self.form is not None and self.form.renderable
@@ -224,6 +295,10 @@ def card_for(
         card.url = url_target(params.get("url"))
     elif card.kind == "gate":
         card.gate_arguments = _capped(_pretty(input_request.task.arguments), PARAMS_MAX_CHARS)
+    elif card.kind == "sampling":
+        card.sampling = sampling_view(params)
+        if submitted is not None:
+            card.submitted_reply = str(submitted.get("reply", ""))[:REPLY_MAX_CHARS]
     else:
         card.other_what = OTHER_METHODS.get(input_request.method, "asks for something taskhub does not know")
         card.other_params = _capped(_pretty(params), PARAMS_MAX_CHARS)
@@ -309,6 +384,8 @@ def number_siblings(cards: list[Card]) -> list[Card]:
 def _kind(input_request: InputRequest) -> str:
     if input_request.method == GATE_METHOD:
         return "gate"
+    if input_request.method == SAMPLING:
+        return "sampling"
     if input_request.method != "elicitation/create":
         return "other"
     return "url" if input_request.mode == "url" else "form"
@@ -365,6 +442,8 @@ def response_from_post(card: Card, data) -> dict[str, Any]:
         raise AnswerRejected(f"taskhub cannot answer {card.input_request.method or 'this kind of'} requests here.")
     if action not in ELICITATION_ACTIONS:
         raise AnswerRejected("Choose Accept, Decline or Cancel.")
+    if card.kind == "sampling":
+        return _sampling_reply(data) if action == "accept" else {"action": action}
     if action != "accept" or card.kind == "gate":
         return {"action": action}
     if card.kind == "url":
@@ -380,3 +459,18 @@ def response_from_post(card: Card, data) -> dict[str, Any]:
         errors = content_errors(params.get("requestedSchema") or {}, content)
         raise AnswerRejected("The answer does not fit the form:", {**errors, **problems})
     return {"action": "accept", "content": content}
+
+
+def _sampling_reply(data) -> dict[str, Any]:
+    """A person's reply to a sampling request, as the model's message (CreateMessageResult)."""
+    reply = str(data.get("reply", "")).strip()
+    if not reply:
+        raise AnswerRejected("Write the reply the model would give (or decline).", {"reply": "Write the reply."})
+    if len(reply) > REPLY_MAX_CHARS:
+        raise AnswerRejected(f"The reply is longer than {REPLY_MAX_CHARS} characters.")
+    return {
+        "role": "assistant",
+        "content": {"type": "text", "text": reply},
+        "model": PERSON_AS_MODEL,
+        "stopReason": "endTurn",
+    }

@@ -5,8 +5,8 @@ The reference server runs over stdio in the worker that holds its process (tests
 approver's inbox gets the card live, filled with the form's defaults; the approver types a name and an email and
 accepts; the operator's task page then shows the server's result, every field as sent (defaults included). Then a
 long call of the same server (`trigger-long-running-operation`) moves a progress bar on its task page while it runs,
-and a 2025-11-25 task of it (`simulate-research-query`, ambiguous) asks its question in the inbox and ends with the
-person's choice in its report.
+a 2025-11-25 task of it (`simulate-research-query`, ambiguous) asks its question in the inbox and ends with the
+person's choice in its report, and its sampling request gets the message a person writes.
 """
 
 from __future__ import annotations
@@ -120,3 +120,17 @@ def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_cal
     card.get_by_role("button", name="Accept").click()
     expect(operator.locator("body")).to_contain_text("Research Report: python (comedy)", timeout=30_000)
     screenshot(operator, "session-task-result")
+
+    # Sampling (issue 32 item 2): the server asks for a model's message; the person writes it in the inbox.
+    operator.goto(f"{session_daphne.url}/launch/")
+    operator.get_by_role("link", name=re.compile(r"\btrigger-sampling-request\b")).first.click()
+    operator.get_by_label("prompt", exact=False).fill("Say hi")
+    operator.get_by_role("button", name="Launch", exact=True).click()
+    expect(operator).to_have_url(TASK_URL)
+    card = approver.locator("article.ir-card").filter(has_text="asks for a language model's message")
+    expect(card).to_be_visible(timeout=30_000)
+    expect(card).to_contain_text("You are a helpful test server.")
+    card.get_by_label(re.compile("^Reply")).fill("Hi, written by a person")
+    screenshot(approver, "sampling-inbox")
+    card.get_by_role("button", name="Send reply").click()
+    expect(operator.locator("body")).to_contain_text("Hi, written by a person", timeout=30_000)

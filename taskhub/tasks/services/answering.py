@@ -93,7 +93,12 @@ def _answer(
     if task.server.removed_at is not None:
         raise InputNoLongerOpen(f"The server {task.server.name!r} was removed; it takes no more answers.")
     _refuse_unstorable_answer(response)
-    answer = validate_response(method=input_request.method, params=input_request.params, response=response)
+    answer = validate_response(
+        method=input_request.method,
+        params=input_request.params,
+        response=response,
+        held=bool(input_request.held_by),
+    )
     comment = _checked_comment(comment)
     terms = permissions.answer_terms(server_id=task.server_id, tool=task.tool)
     if not as_agent:

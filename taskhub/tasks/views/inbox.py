@@ -216,7 +216,7 @@ def answer_like(request):
     try:
         response = response_from_post(card_for(lead, request.user, may_answer=True), request.POST)
         # The form is one for all: an answer that does not fit it fits none, so it is refused once, up front.
-        response = validate_response(method=lead.method, params=lead.params, response=response)
+        response = validate_response(method=lead.method, params=lead.params, response=response, held=bool(lead.held_by))
     except AnswerRejected as refused:
         return _group_refused(request, lead, refused, next_url=next_url)
 

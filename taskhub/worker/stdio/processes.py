@@ -81,6 +81,11 @@ class StdioProcess:
         self._dirty = asyncio.Event()
         self._loop = asyncio.get_running_loop()
 
+    async def use_target(self, target: StdioTarget) -> None:
+        """The same process under changed settings of what taskhub answers by itself (its roots, sampling)."""
+        self.target = target
+        await self.client.use_own_answers(target.own_answers)
+
     # -- the observer hooks (called by the stdio transport) -------------------------------------------------
 
     async def before_start(self) -> None:

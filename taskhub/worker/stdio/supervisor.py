@@ -142,6 +142,9 @@ class StdioSupervisor:
             held = self._held.get(server_id)
             if held is not None and held.process.target == target:
                 continue
+            if held is not None and held.process.target.same_process(target):  # its roots or sampling changed
+                await held.process.use_target(target)
+                continue
             if held is not None:  # its command, arguments or environment changed: a new process
                 await self._let_go(server_id)
             self._hold(server_id, target, timeout, queue)
