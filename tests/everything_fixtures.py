@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +73,10 @@ def register_everything(admin, everything: str, *, url: str | None = None, expec
     server.refresh_from_db()
     assert expect_tool in {tool["name"] for tool in server.tools}, server.last_error
     return server
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m taskhub.mcp ARGS…`, run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "taskhub.mcp", *args], capture_output=True, text=True, timeout=120, cwd=PROJECT_DIR
+    )

@@ -5,10 +5,13 @@ set on the server, the server told when they change."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from django.test import Client
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
+from taskhub.mcp.cli import EXIT_USAGE
 from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.forms import ServerForm
 from taskhub.servers.services import update_server
@@ -18,7 +21,7 @@ from taskhub.tasks.errors import AnswerRejected
 from taskhub.tasks.input_cards import PERSON_AS_MODEL, card_for, response_from_post
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
 from tests.account_fixtures import make_user
-from tests.everything_fixtures import register_everything
+from tests.everything_fixtures import register_everything, run_cli
 from tests.helpers import wait_until
 from tests.stack_fixtures import in_own_thread
 
@@ -126,3 +129,18 @@ def test_roots_an_admin_types_are_checked_and_a_task_sampling_request_cannot_be_
             params={},
             response={"role": "user", "content": {"type": "text", "text": "x"}, "model": "m"},
         )
+
+
+def test_the_cli_answers_sampling_from_its_answers_and_roots_list_from_its_roots(everything):
+    stdio = f"{shutil.which('node') or 'node'} {everything} stdio"
+    reply = '*={"role":"assistant","content":{"type":"text","text":"hello from the cli"},"model":"me"}'
+    sampled = run_cli("call", "--stdio", stdio, SAMPLING_TOOL, "--args", '{"prompt":"hi"}', "--answer", reply)
+    assert sampled.returncode == 0, sampled.stderr
+    assert "hello from the cli" in sampled.stdout
+    listed = run_cli("call", "--stdio", stdio, ROOTS_TOOL, "--root", "file:///srv/a=Alpha", "--root", "file:///srv/b")
+    assert listed.returncode == 0, listed.stderr
+    assert (
+        "1. Alpha\n   URI: file:///srv/a" in listed.stdout and "2. Unnamed Root\n   URI: file:///srv/b" in listed.stdout
+    )
+    refused = run_cli("call", "--stdio", stdio, ROOTS_TOOL, "--root", "http://nope")
+    assert refused.returncode == EXIT_USAGE and "--root must be a file:// URI" in refused.stderr

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -24,7 +22,7 @@ from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.tasks.services import session_tasks
 from tests.account_fixtures import make_user
-from tests.everything_fixtures import PROJECT_DIR, register_everything
+from tests.everything_fixtures import register_everything, run_cli
 from tests.helpers import wait_until
 
 TOOL = "simulate-research-query"
@@ -185,7 +183,7 @@ def test_the_cli_follows_a_2025_11_25_task_answers_its_question_and_cancels_anot
     events = [json.loads(line) for line in asked.stdout.splitlines()]
     kinds = [event["event"] for event in events]
     assert kinds.index("input_required") < kinds.index("answered") < kinds.index("outcome")
-    assert any(event.get("status") == "input_required" for event in events if event["event"] == "status")
+    assert next(event["statusMessage"] for event in events if event["event"] == "status") == "Gathering sources..."
     outcome = events[-1]
     assert outcome["status"] == "completed", outcome
     assert "# Research Report: python (comedy)" in outcome["result"]["content"][0]["text"]
@@ -193,9 +191,3 @@ def test_the_cli_follows_a_2025_11_25_task_answers_its_question_and_cancels_anot
     cancelled = run_cli("call", "--stdio", stdio, TOOL, "--args", '{"topic":"x"}', "--cancel-after", "1")
     assert cancelled.returncode == EXIT_CANCELLED, cancelled.stderr
     assert "cancel sent (tasks/cancel)" in cancelled.stdout and "task cancelled" in cancelled.stdout
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "taskhub.mcp", *args], capture_output=True, text=True, timeout=120, cwd=PROJECT_DIR
-    )

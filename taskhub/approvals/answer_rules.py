@@ -38,9 +38,10 @@ def answer_refusal(*, input_request, answer: dict[str, Any], user, terms: Answer
             f"You launched this task, so you cannot answer its requests: {terms.policy} does not allow "
             f"self-approval (rule: {SELF_APPROVAL_RULE}). Someone else among {terms.answerers} must answer."
         )
-    if answer["action"] == "decline" and terms.comment_on_decline and not comment:
+    action = answer.get("action", "accept")  # a sampling reply (or a roots list) has none: it is an acceptance
+    if action == "decline" and terms.comment_on_decline and not comment:
         return f"A decline needs a comment saying why ({terms.policy} asks for one)."
-    if answer["action"] == "accept" and terms.required_accepts > 1:
+    if action == "accept" and terms.required_accepts > 1:
         earlier = input_request.acceptances or []
         if any(entry.get("user") == user.pk for entry in earlier):
             return (

@@ -34,6 +34,7 @@ from typing import Any, NoReturn, TextIO
 from taskhub.mcp import schema_fields, session_tasks, tool_headers, wire
 from taskhub.mcp.client import (
     HttpTarget,
+    OwnAnswers,
     ServerTarget,
     StdioTarget,
     TaskCreated,
@@ -850,6 +851,13 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--stdio", metavar="COMMAND", help="server command line (split like a shell)")
     parser.add_argument("--header", metavar="'Name: value'", action="append", default=[], help="extra HTTP header")
     parser.add_argument("--bearer", metavar="TOKEN", help="HTTP bearer token")
+    parser.add_argument(
+        "--root",
+        metavar="URI[=NAME]",
+        action="append",
+        default=[],
+        help="a file:// root to answer roots/list with (repeat for more; none by default)",
+    )
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -872,8 +880,20 @@ def build_target(args: argparse.Namespace) -> ServerTarget:
             raise UsageError(f"--stdio: {error}") from None
         if not command:
             raise UsageError("--stdio needs a command")
-        return StdioTarget(command=command[0], args=command[1:])
-    return HttpTarget(url=args.url, headers=parse_headers(args.header), bearer_token=args.bearer)
+        return StdioTarget(command=command[0], args=command[1:], own_answers=parse_roots(args.root))
+    return HttpTarget(
+        url=args.url, headers=parse_headers(args.header), bearer_token=args.bearer, own_answers=parse_roots(args.root)
+    )
+
+
+def parse_roots(options: list[str]) -> OwnAnswers:
+    roots = []
+    for option in options:
+        uri, _, name = option.partition("=")
+        if not uri.startswith("file://") or any(char.isspace() or not char.isprintable() for char in uri):
+            raise UsageError(f"--root must be a file:// URI (optionally =NAME), got {option!r}")
+        roots.append((uri, name))
+    return OwnAnswers(roots=tuple(roots))
 
 
 def parse_headers(options: list[str]) -> dict[str, str]:

@@ -344,7 +344,9 @@ def _show_state(card: Card, input_request: InputRequest, user) -> None:
         card.answered_by_you = user is not None and input_request.answered_by_id == getattr(user, "pk", None)
         card.answered_by_name = answerer_name(input_request)
         answer = input_request.answer if isinstance(input_request.answer, dict) else {}
-        card.action_word = ACTION_WORDS.get(answer.get("action"), "")
+        card.action_word = ACTION_WORDS.get(
+            answer.get("action"), "replied" if answer.get("role") == "assistant" else ""
+        )
 
 
 def headline(message: str) -> str:

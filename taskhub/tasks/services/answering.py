@@ -117,7 +117,7 @@ def _answer(
     }
     commented = {"comment": comment} if comment else {}
     required = 1
-    if answer["action"] == "accept" and not as_agent:
+    if answer.get("action", "accept") == "accept" and not as_agent:  # a sampling reply has no action: it accepts
         count = permissions.count_acceptance(
             input_request=input_request, terms=terms, acceptance=_acceptance(user, answer, now, comment)
         )

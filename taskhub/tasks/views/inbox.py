@@ -231,7 +231,7 @@ def answer_like(request):
     done = [outcome for outcome in outcomes if outcome.answered and not outcome.waiting_for_more]
     failed = [outcome for outcome in outcomes if not outcome.answered]
     if done:
-        words = ACTION_DONE.get(response.get("action"), "Answered")
+        words = ACTION_DONE.get(response.get("action"), "Answered")  # a sampling reply: "Answered"
         many = f"{len(done)} request{'s' if len(done) != 1 else ''}"
         messages.success(
             request, f"{words} {many} from {lead.task.server.name}: each answer is recorded and being delivered."
