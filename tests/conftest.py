@@ -1,6 +1,5 @@
 """Shared fixtures. The database is whatever the settings say: DATABASE_URL, or embedded Postgres when unset."""
 
-import collections
 import os
 import sys
 import threading
@@ -40,23 +39,13 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get(EMBEDDED_PASS_ENV):
-        kept = [item for item in items if item.get_closest_marker("embedded") is not None]
-        deselected = [item for item in items if item.get_closest_marker("embedded") is None]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = kept
-    heaviest_modules_first(items)
-
-
-def heaviest_modules_first(items) -> None:
-    """Modules with the most slow tests run first (stable: pytest-django's order stays within a weight). The parallel
-    run hands each module to one worker whole (--dist loadfile), in this order: a heavy module handed out last kept
-    one worker busy for minutes while the other had nothing left (the longest-first rule of scheduling)."""
-    slow_tests = collections.Counter(
-        item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow") is not None
-    )
-    items.sort(key=lambda item: -slow_tests[item.nodeid.split("::", 1)[0]])
+    if not os.environ.get(EMBEDDED_PASS_ENV):
+        return
+    kept = [item for item in items if item.get_closest_marker("embedded") is not None]
+    deselected = [item for item in items if item.get_closest_marker("embedded") is None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture
