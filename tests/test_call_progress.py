@@ -9,28 +9,45 @@ that ended takes no more.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.test import Client
+from django.utils import timezone
 
 from taskhub.accounts.groups import ADMINS
+from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
-from taskhub.tasks.models import Task, TaskStatus
-from taskhub.tasks.services.progress import PROGRESS_MESSAGE_MAX_CHARS, record_progress
+from taskhub.tasks.models import ServerLogLine, Task, TaskStatus
+from taskhub.tasks.services.progress import (
+    PROGRESS_MESSAGE_MAX_CHARS,
+    SERVER_LOG_LINES_KEPT,
+    SERVER_LOG_TEXT_MAX_CHARS,
+    LogLine,
+    record_progress,
+    record_server_log,
+)
+from taskhub.worker.progress import LOG_BURST, CallLog
 from tests.account_fixtures import make_user
 from tests.everything_fixtures import register_everything
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.slow
-def test_the_steps_of_a_long_call_reach_the_task_while_it_runs(workers, everything):
+def test_the_steps_and_log_lines_of_a_long_call_reach_the_task_while_it_runs(workers, everything):
     admin = make_user("ada", ADMINS)
     server = register_everything(admin, everything, expect_tool="trigger-long-running-operation")
     workers.start("progress")
+    # The reference server logs a line at once, then one every 5 s, on the session (the worker's stdio process).
+    logging_on = services.launch(server=server, tool="toggle-simulated-logging", arguments={}, user=admin)
+    wait_until(lambda: Task.objects.get(pk=logging_on.pk).is_terminal, timeout=60, what="logging turned on")
     task = services.launch(
-        server=server, tool="trigger-long-running-operation", arguments={"duration": 4, "steps": 4}, user=admin
+        server=server, tool="trigger-long-running-operation", arguments={"duration": 6, "steps": 4}, user=admin
     )
     seen: list[tuple[float, float | None]] = []
     deadline = time.monotonic() + 60
@@ -48,6 +65,39 @@ def test_the_steps_of_a_long_call_reach_the_task_while_it_runs(workers, everythi
     assert [total for _, total in seen] == [4.0] * len(seen)
     assert [progress for progress, _ in seen] == sorted(progress for progress, _ in seen)
     assert not task.shows_progress  # over: no bar
+
+    lines = list(ServerLogLine.objects.filter(task=task))
+    assert any(re.search(r"-level message|level-message", line.text) for line in lines), lines
+    summary = AuditEvent.objects.get(task_id=task.pk, action="task.server_logged")
+    assert summary.data["lines"] == len(lines) and summary.data["dropped"] == 0
+    page = Client()
+    page.force_login(admin)
+    assert f"server log: {lines[0].level}" in page.get(f"/tasks/{task.pk}/").text
+
+
+async def test_a_chatty_servers_lines_are_rate_limited_capped_and_stored_escapable(admin_task):
+    log = CallLog(admin_task.pk)
+    for number in range(LOG_BURST + 30):
+        log("info", "chatty", f"line {number}\x00<b>")
+    log("warning", None, {"structured": ["data"]})
+    await log.aclose()
+    stored = await sync_to_async(list)(ServerLogLine.objects.filter(task=admin_task).order_by("at", "pk"))
+    assert len(stored) == LOG_BURST and stored[0].text == "line 0\ufffd<b>" and stored[0].logger == "chatty"
+    summary = await AuditEvent.objects.aget(task_id=admin_task.pk, action="task.server_logged")
+    assert summary.data == {"lines": LOG_BURST, "dropped": 31, "levels": {"info": LOG_BURST}}
+
+
+def test_a_task_keeps_its_last_lines_each_capped(admin_task):
+    now = timezone.now()
+    lines = [
+        LogLine(at=now, level="loud", logger="x" * 300, data="y" * 5000) for _ in range(SERVER_LOG_LINES_KEPT + 20)
+    ]
+    assert record_server_log(task_id=admin_task.pk, lines=lines) == SERVER_LOG_LINES_KEPT
+    record_server_log(task_id=admin_task.pk, lines=lines[:5])
+    stored = ServerLogLine.objects.filter(task=admin_task)
+    assert stored.count() == SERVER_LOG_LINES_KEPT
+    kept = stored.first()
+    assert (kept.level, len(kept.logger), len(kept.text)) == ("info", 100, SERVER_LOG_TEXT_MAX_CHARS)
 
 
 def test_a_servers_nonsense_progress_is_not_shown_and_an_ended_task_takes_none(admin_task):

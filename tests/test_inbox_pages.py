@@ -520,14 +520,7 @@ def test_the_whole_url_is_shown_escaped_however_long_or_odd(servers, ada):
 
 @pytest.mark.parametrize(
     "request_body",
-    [
-        {
-            "method": "sampling/createMessage",
-            "params": {"messages": [{"role": "user", "content": XSS}], "maxTokens": 9},
-        },
-        {"method": "roots/list", "params": {}},
-        {"method": "something/new", "params": {"x": 1}},
-    ],
+    [{"method": "roots/list", "params": {}}, {"method": "something/new", "params": {"x": 1}}],
 )
 def test_other_methods_are_shown_as_text_with_no_buttons_and_cannot_be_answered(servers, ada, request_body):
     request = request_of(task_asking(servers[0], {"o": request_body}), "o")
@@ -539,6 +532,31 @@ def test_other_methods_are_shown_as_text_with_no_buttons_and_cannot_be_answered(
     assert response.status_code == 400
     request.refresh_from_db()
     assert request.state == InputRequestState.OPEN
+
+
+def test_a_tasks_sampling_request_is_shown_escaped_and_answered_with_a_written_reply_only(servers, ada):
+    asking = {
+        "method": "sampling/createMessage",
+        "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": XSS}}],
+            "systemPrompt": XSS,
+            "maxTokens": 9,
+        },
+    }
+    request = request_of(task_asking(servers[0], {"o": asking}), "o")
+    client = client_for(ada)
+    page = client.get(reverse("tasks:inbox")).content.decode()
+    assert "asks for a language model's message" in page and "Send reply" in page
+    assert XSS not in page and escape(XSS) in page
+    assert 'value="decline"' not in page  # a task's own sampling request has no way to say no
+    assert client.post(reverse("tasks:answer", args=[request.pk]), {"action": "decline"}).status_code == 400
+    assert client.post(reverse("tasks:answer", args=[request.pk]), {"action": "accept", "reply": ""}).status_code == 400
+    request.refresh_from_db()
+    assert request.state == InputRequestState.OPEN
+    answered = client.post(reverse("tasks:answer", args=[request.pk]), {"action": "accept", "reply": "four"})
+    assert answered.status_code == 302
+    request.refresh_from_db()
+    assert request.answer["content"] == {"type": "text", "text": "four"} and request.answer["role"] == "assistant"
 
 
 def test_a_form_taskhub_cannot_render_offers_only_decline_and_cancel(servers, ada):

@@ -18,8 +18,9 @@ from taskhub.servers.services import update_server
 from taskhub.tasks import services
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import AnswerRejected
-from taskhub.tasks.input_cards import PERSON_AS_MODEL, card_for, response_from_post
+from taskhub.tasks.input_cards import card_for, response_from_post
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.tasks.sampling_cards import PERSON_AS_MODEL
 from tests.account_fixtures import make_user
 from tests.everything_fixtures import register_everything, run_cli
 from tests.helpers import wait_until

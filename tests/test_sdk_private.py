@@ -197,14 +197,27 @@ async def test_stop_server_process_ends_a_stdio_server_and_drain_stdout_ends_wit
         assert process.returncode is not None, "the server process is still running"
 
 
-async def test_declare_client_tasks_puts_the_capability_in_a_2025_11_25_handshake_only(demo_server):
-    client = Client(demo_server.url, read_timeout_seconds=15, extensions=[TasksClientExtension()])
-    with hook("declare_client_tasks"):
-        sdk_private.declare_client_tasks(client, mcp_types.ClientTasksCapability())
+async def test_shape_capabilities_declares_tasks_at_2025_11_25_and_no_roots_or_sampling_after(demo_server):
+    async def roots(context):
+        return mcp_types.ListRootsResult(roots=[])
+
+    async def sample(context, params):
+        return mcp_types.ErrorData(code=-1, message="no")
+
+    client = Client(
+        demo_server.url,
+        read_timeout_seconds=15,
+        extensions=[TasksClientExtension()],
+        list_roots_callback=roots,
+        sampling_callback=sample,
+    )
+    with hook("shape_capabilities"):
+        sdk_private.shape_capabilities(client, session_tasks=mcp_types.ClientTasksCapability())
         async with client:
-            declared = client.session._build_capabilities("2025-11-25").model_dump(by_alias=True, exclude_none=True)
-            assert declared["tasks"] == {}
-            assert "tasks" not in client.session._build_capabilities("2026-07-28").model_dump(exclude_none=True)
+            legacy = client.session._build_capabilities("2025-11-25").model_dump(by_alias=True, exclude_none=True)
+            assert legacy["tasks"] == {} and legacy["roots"] == {"listChanged": True} and "sampling" in legacy
+            modern = client.session._build_capabilities("2026-07-28").model_dump(by_alias=True, exclude_none=True)
+            assert not {"tasks", "roots", "sampling"} & set(modern)
 
 
 def test_transport_streams_is_still_a_read_and_a_write_stream():

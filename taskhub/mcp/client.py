@@ -54,7 +54,7 @@ from taskhub.mcp.extension import (
     UpdateTaskRequest,
 )
 from taskhub.mcp.outbound import Outbound
-from taskhub.mcp.questions import SAMPLING_REFUSED, Asker, PausableDeadline, Questions
+from taskhub.mcp.questions import SAMPLING_REFUSED, Asker, LogSink, PausableDeadline, Questions
 from taskhub.mcp.secret_urls import mask_url, mask_urls_in, mask_urls_in_logs_of
 from taskhub.mcp.stdio import BadLine, ProcessObserver, stdio_transport
 from taskhub.mcp.tool_headers import header_problem, param_headers
@@ -506,6 +506,7 @@ class TasksClient:
             elicitation_callback=self._questions.on_elicitation,
             sampling_callback=self._sample if self._own_answers.sampling else None,
             list_roots_callback=self._list_roots,
+            logging_callback=self._questions.on_log,
             message_handler=connection.on_message,
             extensions=[self._extension] if self.declare_tasks else [],
             mode=wire.PROTOCOL_VERSION if mode else "auto",
@@ -514,7 +515,7 @@ class TasksClient:
         )
         # 2025-11-25: taskhub runs tools as tasks of that revision (tools/call with `task`); it takes no task-augmented
         # requests from servers, so the capability lists none.
-        sdk_private.declare_client_tasks(client, mcp_types.ClientTasksCapability())
+        sdk_private.shape_capabilities(client, session_tasks=mcp_types.ClientTasksCapability())
         return client
 
     async def _list_roots(self, context: Any) -> mcp_types.ListRootsResult:
@@ -751,13 +752,15 @@ class TasksClient:
         request_state: str | None = None,
         asker: Asker | None = None,
         on_progress: ProgressFnT | None = None,
+        on_log: LogSink | None = None,
     ) -> CallOutcome:
         """Send `tools/call` once. The answer is a result, an MRTR input request, or a task.
 
         `asker`: answers the questions the server asks on the call's session while it waits for the result (classic
         `elicitation/create`, taskhub.mcp.questions); the call's timeout stops while one waits for its answer.
         `on_progress(progress, total, message)`: each `notifications/progress` the server sends about the call (the
-        request carries a progress token then); values as sent, untrusted.
+        request carries a progress token then); values as sent, untrusted. `on_log(level, logger, data)`: each line
+        the server logs (`notifications/message`) while this is the call in flight (with an asker only).
 
         A tool listed (`discover`) or learnt (`learn_tools`) with `x-mcp-header` annotations gets its arguments
         mirrored into `Mcp-Param-*` headers on a 2026-07-28 HTTP connection; one whose annotations are invalid is
@@ -789,7 +792,7 @@ class TasksClient:
         if asker is None:
             return await self._request("tools/call", send)
         deadline = PausableDeadline(self.timeout + 1)
-        token = self._questions.open(asker, deadline)
+        token = self._questions.open(asker, deadline, on_log=on_log)
         try:
             return await self._request("tools/call", send, deadline=deadline)
         finally:
@@ -830,13 +833,15 @@ class TasksClient:
         )
 
     async def session_task_result(
-        self, task_id: str, *, wait_seconds: float, asker: Asker | None = None
+        self, task_id: str, *, wait_seconds: float, asker: Asker | None = None, on_log: LogSink | None = None
     ) -> dict[str, Any]:
         """`tasks/result` of a 2025-11-25 task: waits (up to `wait_seconds`, paused while a question waits for its
         answer) until the task ends and returns the call's result; a JSON-RPC error is raised as ProtocolError. The
         task's questions (requests related to it) go to `asker` meanwhile."""
         deadline = PausableDeadline(wait_seconds)
-        token = self._questions.open(asker, deadline, related_task=task_id) if asker is not None else None
+        token = (
+            self._questions.open(asker, deadline, related_task=task_id, on_log=on_log) if asker is not None else None
+        )
         try:
             raw = await self._session_request("tasks/result", {"taskId": task_id}, deadline=deadline)
         finally:

@@ -28,12 +28,14 @@ import functools
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import httpx2
 
 from taskhub.mcp.address_policy import AddressPolicy, parse_ip
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 @functools.cache
@@ -85,6 +87,8 @@ class Outbound:
         return httpx2.AsyncClient(transport=transport, **options)
 
     def aiohttp_connector(self, *, limit: int) -> aiohttp.TCPConnector:
+        import aiohttp  # the tracker's stack: a quarter of a second of imports the CLI and the pages do without
+
         return aiohttp.TCPConnector(
             limit=limit,
             ssl=tls_context(),

@@ -26,6 +26,7 @@ import mcp_types
 from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
+server_log = logging.getLogger("taskhub.mcp.server_log")
 
 RELATED_TASK_META_KEY = "io.modelcontextprotocol/related-task"
 
@@ -45,6 +46,9 @@ class Question:
 
 
 Asker = Callable[[Question], Awaitable[dict[str, Any]]]
+# What a call does with the lines the server logs while it is in flight (`notifications/message`): level, logger,
+# data, each as sent (untrusted).
+LogSink = Callable[[str, str | None, Any], None]
 
 
 class PausableDeadline:
@@ -81,6 +85,7 @@ class _AskingCall:
     deadline: PausableDeadline
     ended: asyncio.Event
     related_task: str | None = None
+    on_log: LogSink | None = None
 
 
 class Questions:
@@ -90,10 +95,18 @@ class Questions:
         self._describe = describe
         self._calls: dict[int, _AskingCall] = {}
 
-    def open(self, asker: Asker, deadline: PausableDeadline, *, related_task: str | None = None) -> int:
-        """`related_task`: a 2025-11-25 task whose `tasks/result` this is; its questions name it."""
+    def open(
+        self,
+        asker: Asker,
+        deadline: PausableDeadline,
+        *,
+        related_task: str | None = None,
+        on_log: LogSink | None = None,
+    ) -> int:
+        """`related_task`: a 2025-11-25 task whose `tasks/result` this is; its questions name it. `on_log`: where the
+        lines the server logs go while this is the call in flight."""
         token = id(deadline)
-        self._calls[token] = _AskingCall(asker, deadline, asyncio.Event(), related_task)
+        self._calls[token] = _AskingCall(asker, deadline, asyncio.Event(), related_task, on_log)
         return token
 
     def close(self, token: int) -> None:
@@ -123,6 +136,23 @@ class Questions:
         except ValidationError:
             logger.warning("%s: the reply to its sampling request does not fit; refused", self._describe())
             return mcp_types.ErrorData(code=SAMPLING_REFUSED, message="No usable reply was written")
+
+    async def on_log(self, params: Any) -> None:
+        """The SDK's logging callback: a line goes to the call it names (its related task) or to the one call in
+        flight; otherwise to taskhub's own log (the server logged between calls, or over several)."""
+        raw = params.model_dump(by_alias=True, mode="json", exclude_none=True) if hasattr(params, "model_dump") else {}
+        level, logger_name, data = str(raw.get("level", "info")), raw.get("logger"), raw.get("data")
+        related = _related_task(raw)
+        calls = [call for call in self._calls.values() if call.on_log is not None]
+        named = [call for call in calls if related is not None and call.related_task == related]
+        target = named[0] if named else (calls[0] if len(calls) == 1 else None)
+        if target is not None and target.on_log is not None:
+            try:
+                target.on_log(level, logger_name if isinstance(logger_name, str) else None, data)
+            except Exception:  # a line lost is no reason to break the session
+                logger.exception("%s: keeping a line it logged failed", self._describe())
+            return
+        server_log.info("%s logged (%s): %r", self._describe(), level[:20], str(data)[:500])
 
     async def _route(self, method: str, context: Any, params: Any) -> dict[str, Any] | None:
         """The answer of the call's asker the request goes to; None when it goes to none (see the module's doc)."""

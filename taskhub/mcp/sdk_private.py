@@ -17,6 +17,7 @@ from mcp.client import stdio as sdk_stdio
 # `mcp.client._transport.TransportStreams`, what a transport context manager yields (read stream, write
 # stream). Missing: a public name for it; `mcp.client.Transport` is public, its element type is not.
 from mcp.client._transport import TransportStreams
+from mcp.client.session import HANDSHAKE_PROTOCOL_VERSIONS
 
 if TYPE_CHECKING:
     from mcp.client import ClientSession
@@ -26,12 +27,12 @@ if TYPE_CHECKING:
 __all__ = [
     "TransportStreams",
     "absorb_tool_listing",
-    "declare_client_tasks",
     "drain_stdout",
     "listen_route_honored",
     "register_listen_route",
     "send_raw_request",
     "settle_listen_route",
+    "shape_capabilities",
     "stamp_request",
     "stop_server_process",
     "unregister_listen_route",
@@ -137,29 +138,33 @@ async def stop_server_process(process: Any) -> None:
     await sdk_stdio._stop_server_process(process)
 
 
-# --- the 2025-11-25 client `tasks` capability ---------------------------------------------------------
+# --- the capabilities declared at each revision ---------------------------------------------------------
 
 
-def declare_client_tasks(client: Any, capability: mcp_types.ClientTasksCapability) -> None:
-    """Make `client` (an un-entered `mcp.client.Client`) declare `capability` as its `tasks` capability in the
-    `initialize` of a 2025-11-25 handshake. Wraps `Client._build_session` and, on the session it builds,
+def shape_capabilities(client: Any, *, session_tasks: mcp_types.ClientTasksCapability) -> None:
+    """Make `client` (an un-entered `mcp.client.Client`) declare `session_tasks` as its `tasks` capability in a
+    2025-11-25 handshake, and no `roots` or `sampling` at the revisions after the handshake ones (2026-07-28 deprecates
+    both; taskhub answers them on the 2025 sessions only, and a modern request's `_meta` stays what it was, which the
+    tracker's lean path sends byte for byte). Wraps `Client._build_session` and, on the session it builds,
     `ClientSession._build_capabilities`.
 
-    Missing: a public way to add a capability of the 2025-11-25 revision to the handshake (the SDK builds the
-    capability ad from its callbacks and extensions only)."""
+    Missing: a public way to shape the capability ad per revision (the SDK builds it from its callbacks and
+    extensions only)."""
     build_session = client._build_session
 
     async def build(exit_stack: Any) -> Any:
         session = await build_session(exit_stack)
         build_capabilities = session._build_capabilities
 
-        def with_tasks(version: str) -> mcp_types.ClientCapabilities:
+        def shaped(version: str) -> mcp_types.ClientCapabilities:
             built = build_capabilities(version)
             if version == SESSION_TASKS_VERSION:
-                return built.model_copy(update={"tasks": capability})
+                return built.model_copy(update={"tasks": session_tasks})
+            if version not in HANDSHAKE_PROTOCOL_VERSIONS:
+                return built.model_copy(update={"roots": None, "sampling": None})
             return built
 
-        session._build_capabilities = with_tasks
+        session._build_capabilities = shaped
         return session
 
     client._build_session = build

@@ -146,7 +146,7 @@ class ServerForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="What taskhub answers when the server asks for the client's roots (roots/list, 2025 revisions): one"
         " file:// URI per line, optionally followed by a space and a name, e.g. file:///srv/repo Repository. Empty:"
-        " no roots. A change is told to the server's open sessions (notifications/roots/list_changed).",
+        " no roots. A new list is announced at once to the server's open sessions.",
     )
     sampling_declined = forms.BooleanField(
         label="Decline sampling",

@@ -194,6 +194,24 @@ class TaskPoll(models.Model):
         return f"poll {self.task_id} at {self.next_poll_at}"
 
 
+class ServerLogLine(models.Model):
+    """A line a server logged (`notifications/message`, any revision) while a call of the task was in flight: shown
+    on the task page, the last SERVER_LOG_LINES_KEPT per task, gone with the task. Untrusted text, stored capped and
+    shown escaped. Not audit: the audit trail gets one summary per call (services.progress)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="server_log")
+    at = models.DateTimeField()
+    level = models.CharField(max_length=16)
+    logger = models.CharField(max_length=100, blank=True)
+    text = models.TextField()
+
+    class Meta:
+        indexes = (models.Index(fields=["task", "at"], name="server_log_task_at"),)
+
+    def __str__(self) -> str:
+        return f"{self.level} {self.logger}: {self.text[:80]}"
+
+
 class InputRequestState(models.TextChoices):
     OPEN = "open", "open"
     ANSWERED = "answered", "answered"

@@ -19,7 +19,14 @@ from django.urls import reverse
 from taskhub.accounts import permissions
 from taskhub.audit.models import AuditEvent
 from taskhub.tasks.input_cards import card_for, number_siblings
-from taskhub.tasks.models import CANCELLED_NOT_SENT, LIVE_STATUSES, InputRequestState, Task, TaskStatus
+from taskhub.tasks.models import (
+    CANCELLED_NOT_SENT,
+    LIVE_STATUSES,
+    InputRequestState,
+    ServerLogLine,
+    Task,
+    TaskStatus,
+)
 
 TEXT_CAP = 20_000  # characters of one text item, embedded resource text, or JSON shown
 JSON_CAP = 20_000
@@ -27,6 +34,7 @@ EVENT_DATA_CAP = 300  # the compact JSON of one timeline entry
 IMAGE_CAP_BYTES = 2 * 1024 * 1024  # decoded bytes of one inline image
 CONTENT_ITEMS_CAP = 100
 TIMELINE_CAP = 500
+SERVER_LOG_SHOWN = 100  # of the SERVER_LOG_LINES_KEPT a task keeps (tasks/services/progress.py)
 # Raster types only: an SVG can carry script, so it is never shown inline.
 INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 CLICKABLE_SCHEMES = frozenset({"http", "https"})
@@ -252,12 +260,34 @@ class TimelineEntry:
 
 
 def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
-    """Every audit event of the task, newest last (the latest TIMELINE_CAP), and how many earlier were left out."""
+    """Every audit event of the task, newest last (the latest TIMELINE_CAP), and how many earlier were left out; with
+    the lines its server logged during its calls (the latest SERVER_LOG_SHOWN) in their place."""
     events = AuditEvent.objects.filter(task_id=task.pk)
     newest = list(events.order_by("-time", "-id")[:TIMELINE_CAP])
     # Counted only when the cap was reached: fewer are all there are (a statement less on every live change).
     earlier = events.count() - len(newest) if len(newest) == TIMELINE_CAP else 0
     newest.reverse()
+    entries = _audit_entries(newest)
+    logged = list(ServerLogLine.objects.filter(task_id=task.pk).order_by("-at", "-pk")[:SERVER_LOG_SHOWN])
+    if logged:
+        logged.reverse()
+        lines = [
+            TimelineEntry(
+                id=-line.pk,
+                time=line.at,
+                actor=f"server{f' ({line.logger})' if line.logger else ''}",
+                action="server.log",
+                description=f"server log: {line.level}",
+                status="",
+                data=line.text,
+            )
+            for line in logged
+        ]
+        entries = sorted([*entries, *lines], key=lambda entry: entry.time)
+    return entries, max(0, earlier)
+
+
+def _audit_entries(newest: list[AuditEvent]) -> list[TimelineEntry]:
     return [
         TimelineEntry(
             id=event.pk,
@@ -269,7 +299,7 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
             data=compact_json(event.data) if event.data else "",
         )
         for event in newest
-    ], max(0, earlier)
+    ]
 
 
 # --- protocol facts ----------------------------------------------------------------------------------

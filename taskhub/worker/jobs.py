@@ -68,7 +68,7 @@ from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
 from taskhub.worker.held_questions import asker_for
 from taskhub.worker.orm import db
-from taskhub.worker.progress import CallProgress
+from taskhub.worker.progress import CallLog, CallProgress
 from taskhub.worker.session_tasks import follow_on_session
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 from taskhub.worker.stdio import NotOwner
@@ -311,40 +311,52 @@ async def _send_launch(
             raise NotOwner(task.server) from lost
         if call is None:
             return "outcome known or unknown already"
-        progress = CallProgress(task.pk)
+        progress, server_log = CallProgress(task.pk), CallLog(task.pk)
         asker = asker_for(task, worker_id=worker_id)
         try:
-            outcome = await client.call_tool(
-                call.tool,
-                call.arguments,
-                input_responses=call.input_responses,
-                request_state=call.request_state,
-                # Questions the server asks on the call's session (classic elicitation) go to people, held here.
-                asker=asker,
-                on_progress=progress,
-            )
-        except ProtocolError as error:
-            await db(services.record_launch_failure, task=task, error=error.to_error_object(), sent=True)
-            return "refused"
-        except Exception as error:
-            # The request may have reached the server (and run): say so, never resend.
-            logger.warning("tools/call of task %s: no usable answer (%s)", task.id, error)
-            await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
-            return "outcome unknown"
+            return await _call_and_follow(client, task, call, asker=asker, progress=progress, server_log=server_log)
         finally:
-            await progress.aclose()  # its last report stored before the outcome ends the task
-        logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
-        on_session = isinstance(outcome, TaskCreated) and outcome.on_session and not outcome.task.is_terminal
-        await db(
-            services.record_launch_outcome,
-            task=task,
-            outcome=outcome,
-            answered_request_ids=call.answered_request_ids,
-            follower=worker_id if on_session else "",
+            await server_log.aclose()  # its lines stored, and the call's one audit row
+
+
+async def _call_and_follow(
+    client: TasksClient, task: Task, call, *, asker, progress: CallProgress, server_log: CallLog
+) -> str:
+    """tools/call, its outcome recorded, and a 2025-11-25 task it made followed on this session to its end."""
+    worker_id = heartbeats.RUNNING_AS.get() or f"pid-{os.getpid()}"
+    try:
+        outcome = await client.call_tool(
+            call.tool,
+            call.arguments,
+            input_responses=call.input_responses,
+            request_state=call.request_state,
+            # Questions the server asks on the call's session (classic elicitation) go to people, held here.
+            asker=asker,
+            on_progress=progress,
+            on_log=server_log,
         )
-        if on_session:  # a 2025-11-25 task lives on this session: followed here, to its end
-            assert isinstance(outcome, TaskCreated)
-            return await follow_on_session(client, task_id=task.pk, created=outcome.task, asker=asker)
+    except ProtocolError as error:
+        await db(services.record_launch_failure, task=task, error=error.to_error_object(), sent=True)
+        return "refused"
+    except Exception as error:
+        # The request may have reached the server (and run): say so, never resend.
+        logger.warning("tools/call of task %s: no usable answer (%s)", task.id, error)
+        await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
+        return "outcome unknown"
+    finally:
+        await progress.aclose()  # its last report stored before the outcome ends the task
+    logger.info("tools/call of task %s answered: %s", task.id, type(outcome).__name__)
+    on_session = isinstance(outcome, TaskCreated) and outcome.on_session and not outcome.task.is_terminal
+    await db(
+        services.record_launch_outcome,
+        task=task,
+        outcome=outcome,
+        answered_request_ids=call.answered_request_ids,
+        follower=worker_id if on_session else "",
+    )
+    if on_session:  # a 2025-11-25 task lives on this session: followed here, to its end
+        assert isinstance(outcome, TaskCreated)
+        return await follow_on_session(client, task_id=task.pk, created=outcome.task, asker=asker, on_log=server_log)
     return type(outcome).__name__
 
 

@@ -22,7 +22,7 @@ import uuid
 from taskhub.mcp import session_tasks as wire_tasks
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout
-from taskhub.mcp.questions import Asker
+from taskhub.mcp.questions import Asker, LogSink
 from taskhub.mcp.wire import MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
 from taskhub.tasks import services
 from taskhub.tasks.models import Task
@@ -32,10 +32,14 @@ from taskhub.worker.orm import db
 logger = logging.getLogger(__name__)
 
 
-async def follow_on_session(client: TasksClient, *, task_id: uuid.UUID, created: TaskSnapshot, asker: Asker) -> str:
+async def follow_on_session(
+    client: TasksClient, *, task_id: uuid.UUID, created: TaskSnapshot, asker: Asker, on_log: LogSink | None = None
+) -> str:
     remote = created.task_id
     wait = created.ttl_ms / 1000 if created.ttl_ms else wire_tasks.DEFAULT_RESULT_WAIT_SECONDS
-    result_call = asyncio.ensure_future(client.session_task_result(remote, wait_seconds=wait, asker=asker))
+    result_call = asyncio.ensure_future(
+        client.session_task_result(remote, wait_seconds=wait, asker=asker, on_log=on_log)
+    )
     last = created
     cancel_tried = False  # once per session: a refused cancel is said on the task, not sent again every poll
     try:

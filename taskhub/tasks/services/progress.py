@@ -1,11 +1,17 @@
-"""The progress a server reports on a call in flight (`notifications/progress`, any revision)."""
+"""What a server reports about a call in flight, any revision: its progress (`notifications/progress`) and its log
+lines (`notifications/message`). Display, not decisions: no audit row per report."""
 
+import datetime
+import json
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 
+from taskhub.audit.services import WORKER, record_event
 from taskhub.tasks import storable_text
-from taskhub.tasks.models import LIVE_STATUSES, Task, TaskStatus
+from taskhub.tasks.models import LIVE_STATUSES, ServerLogLine, Task, TaskStatus
 from taskhub.tasks.services.common import _publish_after_commit
 
 PROGRESS_MESSAGE_MAX_CHARS = 500
@@ -36,3 +42,65 @@ def record_progress(*, task_id, progress: float, total: float | None, message: s
 
 def _count(value: float) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= PROGRESS_MAX
+
+
+# --- server log lines -----------------------------------------------------------------------------------------------
+
+SERVER_LOG_LINES_KEPT = 200
+SERVER_LOG_TEXT_MAX_CHARS = 1000
+SERVER_LOG_LEVELS = frozenset({"debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"})
+
+
+@dataclass(frozen=True)
+class LogLine:
+    at: datetime.datetime
+    level: str
+    logger: str
+    data: Any  # as sent: a string, or any JSON value
+
+
+def record_server_log(*, task_id, lines: list[LogLine]) -> int:
+    """Store what a server logged during a call of the task (escaped when shown, capped, the last
+    SERVER_LOG_LINES_KEPT kept); returns how many were stored. No audit row per line: see summarise_server_log."""
+    rows = [
+        ServerLogLine(
+            task_id=task_id,
+            at=line.at,
+            level=line.level if line.level in SERVER_LOG_LEVELS else "info",
+            logger=_log_text(line.logger, 100),
+            text=_log_text(line.data if isinstance(line.data, str) else json.dumps(line.data, default=str), None),
+        )
+        for line in lines[-SERVER_LOG_LINES_KEPT:]
+    ]
+    if not rows:
+        return 0
+    with transaction.atomic():
+        if not Task.objects.filter(pk=task_id).exists():
+            return 0
+        ServerLogLine.objects.bulk_create(rows)
+        kept = ServerLogLine.objects.filter(task_id=task_id).order_by("-at", "-pk")[
+            SERVER_LOG_LINES_KEPT : SERVER_LOG_LINES_KEPT + 1
+        ]
+        oldest_kept = kept.values_list("pk", flat=True).first()
+        if oldest_kept is not None:
+            ServerLogLine.objects.filter(task_id=task_id, pk__lte=oldest_kept).delete()
+        _publish_after_commit(task_id)
+    return len(rows)
+
+
+@transaction.atomic
+def summarise_server_log(*, task_id, lines: int, dropped: int, levels: dict[str, int]) -> None:
+    """One audit row for what a server logged during one call (the lines themselves are on the task page)."""
+    task = Task.objects.filter(pk=task_id).only("id", "server_id").first()
+    if task is None or not (lines or dropped):
+        return
+    data = {"lines": lines, "dropped": dropped, "levels": dict(sorted(levels.items()))}
+    record_event(action="task.server_logged", actor_label=WORKER, task=task, data=data)
+
+
+def _log_text(value: Any, limit: int | None) -> str:
+    text = (value if isinstance(value, str) else str(value or "")).replace("\x00", "\ufffd")
+    if storable_text.value_problem(text):
+        text = text.encode("utf-8", "replace").decode("utf-8", "replace")
+    limit = limit or SERVER_LOG_TEXT_MAX_CHARS
+    return text if len(text) <= limit else text[: limit - 1] + "…"
