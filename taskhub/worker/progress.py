@@ -22,21 +22,20 @@ logger = logging.getLogger(__name__)
 WRITE_EVERY_SECONDS = 0.5
 
 
-class CallProgress:
-    """`on_progress` for `TasksClient.call_tool`; `await aclose()` once the call has returned."""
+class _Batched:
+    """What a call reports, written on a task of its own at most every WRITE_EVERY_SECONDS (`_write`: the subclass's);
+    `_stop` once the call has returned writes what is left."""
 
-    def __init__(self, task_id: uuid.UUID) -> None:
+    def __init__(self, task_id: uuid.UUID, what: str) -> None:
         self.task_id = task_id
-        self._latest: tuple[float, float | None, str | None] | None = None
-        self._written: tuple[float, float | None, str | None] | None = None
+        self._what = what
         self._changed = asyncio.Event()
         self._writer: asyncio.Task | None = None
 
-    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
-        self._latest = (progress, total, message)
+    def _reported(self) -> None:
         self._changed.set()
         if self._writer is None:
-            self._writer = asyncio.create_task(self._write_loop(), name=f"progress of {self.task_id}")
+            self._writer = asyncio.create_task(self._write_loop(), name=f"{self._what} of {self.task_id}")
 
     async def _write_loop(self) -> None:
         while True:
@@ -44,6 +43,29 @@ class CallProgress:
             self._changed.clear()
             await self._write()
             await asyncio.sleep(WRITE_EVERY_SECONDS)
+
+    async def _write(self) -> None:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        await self._write()  # the last reported
+
+
+class CallProgress(_Batched):
+    """`on_progress` for `TasksClient.call_tool`; `await aclose()` once the call has returned."""
+
+    def __init__(self, task_id: uuid.UUID) -> None:
+        super().__init__(task_id, "progress")
+        self._latest: tuple[float, float | None, str | None] | None = None
+        self._written: tuple[float, float | None, str | None] | None = None
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self._latest = (progress, total, message)
+        self._reported()
 
     async def _write(self) -> None:
         latest = self._latest
@@ -57,11 +79,7 @@ class CallProgress:
         self._written = latest
 
     async def aclose(self) -> None:
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            await self._write()  # the last one reported
+        await self._stop()
 
 
 # What a server may log into a task's page: a burst of LOG_BURST lines, then LOG_LINES_PER_SECOND; the rest is counted
@@ -70,21 +88,19 @@ LOG_LINES_PER_SECOND = 10
 LOG_BURST = 50
 
 
-class CallLog:
+class CallLog(_Batched):
     """`on_log` for a call this worker holds open: the server's log lines, rate-limited, written in batches at most
     every WRITE_EVERY_SECONDS; `await aclose()` once the call (or the 2025-11-25 task it made) has ended writes the
     rest and the call's one audit row."""
 
     def __init__(self, task_id: uuid.UUID) -> None:
-        self.task_id = task_id
+        super().__init__(task_id, "server log")
         self._pending: list[LogLine] = []
         self._levels: collections.Counter[str] = collections.Counter()
         self._lines = 0
         self._dropped = 0
         self._tokens = float(LOG_BURST)
         self._refilled = time.monotonic()
-        self._changed = asyncio.Event()
-        self._writer: asyncio.Task | None = None
 
     def __call__(self, level: str, logger_name: str | None, data: Any) -> None:
         now = time.monotonic()
@@ -97,16 +113,7 @@ class CallLog:
         self._lines += 1
         self._levels[level[:20]] += 1
         self._pending.append(LogLine(at=timezone.now(), level=level, logger=logger_name or "", data=data))
-        self._changed.set()
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write_loop(), name=f"server log of {self.task_id}")
-
-    async def _write_loop(self) -> None:
-        while True:
-            await self._changed.wait()
-            self._changed.clear()
-            await self._write()
-            await asyncio.sleep(WRITE_EVERY_SECONDS)
+        self._reported()
 
     async def _write(self) -> None:
         lines, self._pending = self._pending, []
@@ -118,11 +125,7 @@ class CallLog:
             logger.warning("task %s: storing its server's log lines failed", self.task_id, exc_info=True)
 
     async def aclose(self) -> None:
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-        await self._write()
+        await self._stop()
         if self._lines or self._dropped:
             try:
                 await db(

@@ -389,17 +389,25 @@ def mark_lost(*, task: Task, process_started_at, exit_detail: str = "") -> bool:
     task = _locked(task)
     if task.is_terminal or task.remote_task_id is None or not sent_before(task=task, moment=process_started_at):
         return False
+    data = {
+        "process_started_at": process_started_at.isoformat(),
+        **({"exit": exit_detail[:500]} if exit_detail else {}),
+    }
+    lose(task, message=LOST_MESSAGE, data=data)
+    return True
+
+
+def lose(task: Task, *, message: str, data: dict[str, Any]) -> None:
+    """End a live task (locked by the caller) as lost: its server no longer knows it, or nobody can reach it."""
     previous_status = task.status
     task.status = TaskStatus.LOST
-    task.status_message = LOST_MESSAGE
+    task.status_message = message
     task.finished_at = timezone.now()
     task.save(update_fields=["status", "status_message", "finished_at", "updated_at"])
     TaskPoll.objects.filter(task=task).delete()
-    data = {"from": previous_status, "message": LOST_MESSAGE, "process_started_at": process_started_at.isoformat()}
-    if exit_detail:
-        data["exit"] = exit_detail[:500]
-    record_event(action="task.lost", actor_label=WORKER, task=task, data=data)
-    _supersede_open_requests(task, reason=LOST_MESSAGE)
+    record_event(
+        action="task.lost", actor_label=WORKER, task=task, data={"from": previous_status, "message": message, **data}
+    )
+    _supersede_open_requests(task, reason=message)
     _finished(task)
     _publish_after_commit(task.id)
-    return True

@@ -4,12 +4,10 @@
 worker that follows one ends it as lost, since no other worker can join that session."""
 
 from django.db import transaction
-from django.utils import timezone
 
-from taskhub.audit.services import WORKER, record_event
-from taskhub.tasks.models import Task, TaskStatus
-from taskhub.tasks.services.common import _finished, _locked, _log_after_commit, _publish_after_commit
-from taskhub.tasks.services.following import _supersede_open_requests
+from taskhub.tasks.models import Task
+from taskhub.tasks.services.common import _locked, _log_after_commit
+from taskhub.tasks.services.following import lose
 
 FOLLOWER_GONE = (
     "the worker following this task on its session with the server stopped; the server keeps such a task on that"
@@ -31,16 +29,8 @@ def mark_session_task_lost(*, task_id, reason: str) -> bool:
     task = _locked(Task.objects.get(pk=task_id))
     if task.is_terminal:
         return False
-    previous_status = task.status
-    task.status = TaskStatus.LOST
-    task.status_message = reason
-    task.finished_at = timezone.now()
-    task.save(update_fields=["status", "status_message", "finished_at", "updated_at"])
-    record_event(action="task.lost", actor_label=WORKER, task=task, data={"from": previous_status, "message": reason})
-    _log_after_commit("lost (was %s): %s", task, previous_status, reason)
-    _supersede_open_requests(task, reason=reason)
-    _finished(task)
-    _publish_after_commit(task.id)
+    _log_after_commit("lost (was %s): %s", task, task.status, reason)
+    lose(task, message=reason, data={})
     return True
 
 
