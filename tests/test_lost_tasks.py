@@ -71,7 +71,7 @@ def test_the_page_of_a_lost_task_says_lost_and_no_expiry_to_come(client, operato
     client.force_login(operator)
     html = client.get(reverse("tasks:detail", args=[sent.pk])).content.decode()
     assert "the server process that held this task exited" in html
-    assert "task lost: the server process that held it exited" in html  # the timeline's entry
+    assert "task lost: the server process or session that held it is gone" in html  # the timeline's entry
     assert ">lost<" in html
     assert "1 h" in html and "expires" not in html  # the TTL, but no "expires in 59 minutes" beside a final status
 
