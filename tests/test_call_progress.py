@@ -68,7 +68,11 @@ def test_the_steps_and_log_lines_of_a_long_call_reach_the_task_while_it_runs(wor
 
     lines = list(ServerLogLine.objects.filter(task=task))
     assert any(re.search(r"-level message|level-message", line.text) for line in lines), lines
-    summary = AuditEvent.objects.get(task_id=task.pk, action="task.server_logged")
+    summary = wait_until(  # written once the launch job has closed the call, just after its outcome
+        lambda: AuditEvent.objects.filter(task_id=task.pk, action="task.server_logged").first(),
+        timeout=30,
+        what="the call's summary of its server's log",
+    )
     assert summary.data["lines"] == len(lines) and summary.data["dropped"] == 0
     page = Client()
     page.force_login(admin)
