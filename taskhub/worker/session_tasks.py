@@ -23,11 +23,12 @@ from taskhub.mcp import session_tasks as wire_tasks
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout
 from taskhub.mcp.questions import Asker, LogSink
-from taskhub.mcp.wire import MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
+from taskhub.mcp.wire import TaskSnapshot
 from taskhub.tasks import services
 from taskhub.tasks.models import Task
 from taskhub.tasks.services import session_tasks
 from taskhub.worker.orm import db
+from taskhub.worker.tracker.polling import poll_delay_ms
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,7 @@ async def follow_on_session(
     cancel_tried = False  # once per session: a refused cancel is said on the task, not sent again every poll
     try:
         while not result_call.done():
-            interval_ms = min(max(last.poll_interval_ms or 1000, MIN_POLL_INTERVAL_MS), MAX_POLL_INTERVAL_MS)
-            await asyncio.wait({result_call}, timeout=interval_ms / 1000)
+            await asyncio.wait({result_call}, timeout=poll_delay_ms(last.poll_interval_ms) / 1000)
             if result_call.done():
                 break
             if not cancel_tried and await db(session_tasks.cancel_wanted, task_id=task_id):
