@@ -44,6 +44,10 @@ DEPLOY = {
     "annotations": {"destructiveHint": True},
     "_meta": {"vendor/x": 1},
 }
+SAMPLING = {
+    "method": "sampling/createMessage",
+    "params": {"messages": [{"role": "user", "content": {"type": "text", "text": "Go?"}}], "maxTokens": 50},
+}
 QUESTION = {
     "method": "elicitation/create",
     "params": {
@@ -613,6 +617,19 @@ def test_a_question_asked_in_the_middle_of_the_call_is_the_agents_to_answer_unle
     assert not ProcrastinateJob.objects.exists()  # the worker holding the call sends it, woken by NOTIFY
     _, seen = rpc(world["token"], "tasks/get", {"taskId": task_id})
     assert seen["result"]["status"] == "working"
+
+    # The upstream server's sampling request in the middle of the call: the agent writes the model's reply.
+    held_questions.open_held_question(
+        task_id=task_id, method=SAMPLING["method"], params=SAMPLING["params"], server_request_id=9, held_by="w1"
+    )
+    _, seen = rpc(world["token"], "tasks/get", {"taskId": task_id})
+    assert seen["result"]["inputRequests"] == {"call:9": SAMPLING}
+    reply = {"role": "assistant", "content": {"type": "text", "text": "Yes."}, "model": "the agent"}
+    _, acknowledged = rpc(world["token"], "tasks/update", {"taskId": task_id, "inputResponses": {"call:9": reply}})
+    assert acknowledged["result"] == {"resultType": "complete"}
+    request = InputRequest.objects.get(task_id=task_id, key="call:9")
+    assert request.state == InputRequestState.ANSWERED and request.answer == reply
+    assert not ProcrastinateJob.objects.exists()
 
     from taskhub.approvals import services as policy_services
 

@@ -5,20 +5,25 @@ pinned version), is driven through `manage.py worker` subprocesses and Postgres,
 `trigger-elicitation-request` asks for a form of every field type while its tools/call waits. The question opens as
 an input request held by the worker holding the call; a person's answer (the inbox's service) goes back as the
 JSON-RPC response on that session, and the server's result says what it got. A wait that runs out tells the server
-"cancel"; a worker killed with the question open closes it as lost, and nothing is sent.
+"cancel"; a worker killed with the question open closes it as lost, and nothing is sent. A URL-mode question whose
+interaction the server says completed (tests/url_flow_server.py) closes with that reason.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp import schema_fields
+from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.errors import InputNoLongerOpen
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
@@ -26,10 +31,12 @@ from taskhub.tasks.services import held_questions
 from tests.account_fixtures import make_user
 from tests.everything_fixtures import register_everything
 from tests.helpers import wait_until
+from tests.stack_fixtures import in_own_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TOOL = "trigger-elicitation-request"
+URL_FLOW_SERVER = Path(__file__).with_name("url_flow_server.py")
 # What a person fills in: every field type of the form (the server requires only the name).
 FORM = {
     "name": "Ada Lovelace",
@@ -71,7 +78,7 @@ def result_text(task: Task) -> str:
 
 
 def test_classic_elicitations_over_stdio_form_and_url_are_answered_by_a_person_and_reach_the_server(
-    workers, everything
+    workers, everything, tmp_path
 ):
     admin, approver = make_user("ada", ADMINS), make_user("april", APPROVERS)
     server = registered(admin, everything)
@@ -108,6 +115,24 @@ def test_classic_elicitations_over_stdio_form_and_url_are_answered_by_a_person_a
     consent = ended(consent)
     assert consent.status == TaskStatus.COMPLETED, (consent.status, consent.error)
     assert '"action": "accept"' in result_text(consent), result_text(consent)
+
+    # A server that says the interaction at the link completed (notifications/elicitation/complete) before anyone
+    # answered: the card closes with that reason and the server hears "accept" (the reference server never says it).
+    flow = create_server(
+        name="url flow", transport="stdio", command=sys.executable, args=[str(URL_FLOW_SERVER)], user=admin
+    )
+    in_own_thread(discover_and_record, server=flow, user=admin)
+    done_file = tmp_path / "signed-in"
+    signing_in = services.launch(
+        server=flow, tool="sign_in", arguments={"url": url, "done_file": str(done_file)}, user=admin
+    )
+    request = held_request(signing_in)
+    assert request.params["elicitationId"].startswith("flow-")
+    done_file.touch()
+    signing_in = ended(signing_in)
+    assert result_text(signing_in) == "action: accept", result_text(signing_in)
+    request.refresh_from_db()
+    assert (request.state, request.closed_reason) == (InputRequestState.SUPERSEDED, held_questions.COMPLETED_AT_LINK)
 
 
 def test_over_http_a_decline_reaches_the_server_and_a_wait_that_runs_out_tells_it_cancel(

@@ -53,6 +53,15 @@ def run_cli(*arguments: str, timeout: float = 60) -> subprocess.CompletedProcess
     )
 
 
+def run_cli_in_this_process(capsys: pytest.CaptureFixture[str], *arguments: str) -> subprocess.CompletedProcess[str]:
+    """The command's `main` in the test's own process: for the many cases that test how the client takes a server's
+    reply, not how the command starts (the tests above run it as a subprocess), two seconds of start-up each saved."""
+    capsys.readouterr()
+    status = main(list(arguments))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["python", "-m", "taskhub.mcp", *arguments], status, out, err)
+
+
 def call(url: str, tool: str, *options: str) -> subprocess.CompletedProcess[str]:
     return run_cli("call", "--url", url, tool, "--timeout", "45", *options)
 
@@ -495,14 +504,24 @@ def assert_one_protocol_error(completed: subprocess.CompletedProcess[str], expec
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_REPLIES))
-def test_a_hostile_reply_over_http_is_one_protocol_error(hostile: HostileServer, case: str) -> None:
+def test_a_hostile_reply_over_http_is_one_protocol_error(
+    hostile: HostileServer, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     make_answer, expected = HOSTILE_REPLIES[case]
     remote = f"cli-{uuid.uuid4().hex[:10]}"
     tool = f"tool-{remote}"
     hostile.tool(tool, Result({"resultType": "task", "taskId": remote, "status": "working", "pollIntervalMs": 50}))
     hostile.script(remote, make_answer(remote))
-    completed = run_cli(
-        "call", "--url", hostile.url, tool, "--timeout", "20", "--answer", '*={"action": "accept", "content": {}}'
+    completed = run_cli_in_this_process(
+        capsys,
+        "call",
+        "--url",
+        hostile.url,
+        tool,
+        "--timeout",
+        "20",
+        "--answer",
+        '*={"action": "accept", "content": {}}',
     )
     assert_one_protocol_error(completed, expected)
     assert hostile.polls[remote] >= 1
@@ -520,9 +539,10 @@ STDIO_REPLIES = {
 
 
 @pytest.mark.parametrize("kind", list(STDIO_REPLIES))
-def test_a_hostile_reply_over_stdio_is_one_protocol_error(kind: str) -> None:
+def test_a_hostile_reply_over_stdio_is_one_protocol_error(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
     arguments = json.dumps({"taskId": f"{kind}-{uuid.uuid4().hex[:8]}"})
-    completed = run_cli(
+    completed = run_cli_in_this_process(
+        capsys,
         "call",
         "--stdio",
         HOSTILE_STDIO_SERVER,

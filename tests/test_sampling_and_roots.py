@@ -91,7 +91,7 @@ def test_over_stdio_a_person_writes_the_models_message_and_the_roots_are_the_adm
     assert "1. Docs" in wait_until(relisted, timeout=30, what="the new roots listed by the server")
 
 
-def test_over_http_a_declined_sampling_request_is_refused_and_a_server_set_to_decline_is_not_offered_sampling(
+def test_over_http_a_declined_sampling_request_is_refused_roots_are_listed_and_a_declining_server_is_not_offered_it(
     workers, everything, over_http
 ):
     admin, approver = make_user("ada", ADMINS), make_user("april", APPROVERS)
@@ -102,6 +102,11 @@ def test_over_http_a_declined_sampling_request_is_refused_and_a_server_set_to_de
     asked = ended(asked)
     assert asked.status == TaskStatus.COMPLETED and asked.result["isError"], asked.result
     assert "refused" in text_of(asked), text_of(asked)
+
+    # Over HTTP each job opens its own session, which answers roots/list with the roots set at the time.
+    update_server(server=server, user=admin, roots=[{"uri": "file:///srv/http", "name": "Over HTTP"}])
+    listed = ended(services.launch(server=server, tool=ROOTS_TOOL, arguments={}, user=admin))
+    assert "1. Over HTTP\n   URI: file:///srv/http" in text_of(listed), text_of(listed)
 
     update_server(server=server, user=admin, sampling_declined=True)
     server.refresh_from_db()

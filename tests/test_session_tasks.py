@@ -81,6 +81,12 @@ def test_over_stdio_a_research_task_asks_a_person_and_ends_with_their_answer_in_
         )
     )
     assert {"Analyzing content...", 'Continuing with interpretation: "snake"...'} <= messages, messages
+    sources = set(
+        AuditEvent.objects.filter(task_id=task.pk, action__in=("task.status_changed", "task.updated")).values_list(
+            "data__source", flat=True
+        )
+    )
+    assert "notifications/tasks/status" in sources, sources  # the server's word, not only what tasks/get read
     launched = AuditEvent.objects.get(task_id=task.pk, action="task.launch_answered")
     assert launched.data["revision"] == "2025-11-25"
 

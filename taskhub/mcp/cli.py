@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import re
 import shlex
 import sys
@@ -29,9 +28,24 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from taskhub.mcp import schema_fields, session_tasks, tool_headers, wire
+
+# Exit statuses and the argument parser live in cli_args (standard library only: `--help` and bad arguments
+# answer without importing the SDK); they are re-exported here for callers of this module.
+from taskhub.mcp.cli_args import (
+    DEFAULT_CANCEL_WAIT_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    EXIT_CANCELLED,
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PROTOCOL_ERROR,
+    EXIT_TOOL_ERROR,
+    EXIT_USAGE,
+    build_parser,
+)
 from taskhub.mcp.client import (
     HttpTarget,
     OwnAnswers,
@@ -47,19 +61,9 @@ from taskhub.mcp.errors import InvalidResult, McpClientError, ProtocolError, Req
 from taskhub.mcp.questions import Question
 from taskhub.mcp.wire import TaskSnapshot
 
-EXIT_COMPLETED = 0
-EXIT_TOOL_ERROR = 1
-EXIT_FAILED = 2
-EXIT_CANCELLED = 3
-EXIT_PROTOCOL_ERROR = 4
-EXIT_USAGE = 5
-EXIT_INTERRUPTED = 130
-
-DEFAULT_CANCEL_WAIT_S = 30.0
 # With --listen, notifications drive the loop; this poll only guards against a silent stream.
 SAFETY_POLL_INTERVAL_S = 5.0
 MAX_MRTR_ROUNDS = 10
-DEFAULT_REQUEST_TIMEOUT_S = 30.0
 
 LINE_CAP = 300
 TEXT_CAP = 20_000
@@ -611,8 +615,7 @@ _STREAM_ENDED = object()
 
 def poll_interval(snapshot: TaskSnapshot) -> float:
     """The server's hint, within the bounds the tracker keeps it in."""
-    interval_ms = snapshot.poll_interval_ms or wire.DEFAULT_POLL_INTERVAL_MS
-    return min(max(interval_ms, wire.MIN_POLL_INTERVAL_MS), wire.MAX_POLL_INTERVAL_MS) / 1000
+    return wire.bounded_poll_interval_ms(snapshot.poll_interval_ms) / 1000
 
 
 def safety_poll_interval(snapshot: TaskSnapshot) -> float:
@@ -642,53 +645,60 @@ async def call_with_mrtr(
     raise InvalidResult(f"tools/call: the server still asks for input after {MAX_MRTR_ROUNDS} rounds")
 
 
+class _SessionTaskFollower(session_tasks.SessionTaskFollower):
+    """Status lines as the task's status changes, `tasks/cancel` at `cancel_at`."""
+
+    tolerate_refused_reads = False
+
+    def __init__(
+        self, client: TasksClient, created: TaskSnapshot, *, reporter: Reporter, answerer: Answerer, cancel_at
+    ) -> None:
+        super().__init__(client, created, asker=answerer.ask_question)
+        self.reporter = reporter
+        self.cancel_at = cancel_at
+        self.shown: tuple[str, str | None] | None = None
+
+    def next_look_s(self, last: TaskSnapshot) -> float:
+        if self.cancel_at is None:
+            return poll_interval(last)
+        return min(poll_interval(last), max(0.0, self.cancel_at - time.monotonic()))
+
+    async def seen(self, snapshot: TaskSnapshot, source: str) -> None:
+        if (snapshot.status, snapshot.status_message) != self.shown:
+            self.shown = (snapshot.status, snapshot.status_message)
+            self.reporter.event(
+                "status",
+                status_line(snapshot),
+                taskId=snapshot.task_id,
+                status=snapshot.status,
+                statusMessage=snapshot.status_message,
+            )
+
+    async def cancel_due(self) -> bool:
+        if self.cancel_at is None or time.monotonic() < self.cancel_at:
+            return False
+        self.cancel_at = None
+        return True
+
+    async def cancel_sent(self, answered: TaskSnapshot) -> None:
+        self.reporter.event(
+            "cancel_sent", "cancel sent (tasks/cancel); following the task to its end", taskId=answered.task_id
+        )
+        await self.seen(answered, "tasks/cancel")
+
+
 async def follow_session_task(
     client: TasksClient, created: TaskSnapshot, *, reporter: Reporter, answerer: Answerer, cancel_at: float | None
 ) -> TaskSnapshot:
-    """A 2025-11-25 task to its end on this session: `tasks/result` open throughout (the task's questions are
-    answered meanwhile, as a call's are), `tasks/get` at its poll interval for the status lines, `tasks/cancel` at
-    `cancel_at`. Returns the end as the extension states it (taskhub.mcp.session_tasks)."""
-    remote = created.task_id
-    wait = created.ttl_ms / 1000 if created.ttl_ms else session_tasks.DEFAULT_RESULT_WAIT_SECONDS
-    ending = asyncio.ensure_future(client.session_task_result(remote, wait_seconds=wait, asker=answerer.ask_question))
-    last, shown, cancel_sent = created, None, False
-    try:
-        while True:
-            if (last.status, last.status_message) != shown:
-                shown = (last.status, last.status_message)
-                reporter.event(
-                    "status", status_line(last), taskId=remote, status=last.status, statusMessage=last.status_message
-                )
-            if ending.done():
-                break
-            timeout = poll_interval(last)
-            if cancel_at is not None and not cancel_sent:
-                timeout = min(timeout, max(0.0, cancel_at - time.monotonic()))
-            await asyncio.wait({ending}, timeout=timeout)
-            if ending.done():
-                break
-            if cancel_at is not None and not cancel_sent and time.monotonic() >= cancel_at:
-                cancel_sent = True
-                last = await client.cancel_session_task(remote)
-                reporter.event(
-                    "cancel_sent", "cancel sent (tasks/cancel); following the task to its end", taskId=remote
-                )
-                continue
-            status = await client.get_session_task(remote)
-            if not status.is_terminal:  # its end is what tasks/result answers
-                last = status
-        if answerer.question_failed is not None:
-            raise answerer.question_failed
-        status = await client.get_session_task(remote)
-        try:
-            return session_tasks.final_snapshot(status, result=await ending)
-        except ProtocolError as error:
-            return session_tasks.final_snapshot(status, error=error.to_error_object())
-    finally:
-        if not ending.done():
-            ending.cancel()
-            with contextlib.suppress(BaseException):
-                await ending
+    """A 2025-11-25 task to its end on this session (taskhub.mcp.session_tasks.SessionTaskFollower): its questions
+    answered as a call's are, a status line when its status changes, `tasks/cancel` at `cancel_at`. Returns the end
+    as the extension states it."""
+    follower = _SessionTaskFollower(client, created, reporter=reporter, answerer=answerer, cancel_at=cancel_at)
+    await follower.seen(created, "tools/call")
+    final = await follower.run()
+    if answerer.question_failed is not None:
+        raise answerer.question_failed
+    return final
 
 
 def report_final(reporter: Reporter, snapshot: TaskSnapshot) -> int:
@@ -803,71 +813,7 @@ def schema_summary(schema: Any) -> str:
     return clean_text(", ".join(parts))
 
 
-# --- arguments --------------------------------------------------------------------------------------
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """Bad arguments exit with status 5 (argparse's own 2 means "failed" here)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(prog="python -m taskhub.mcp", description="Call MCP tools that may become tasks.")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    call = commands.add_parser("call", help="call a tool and follow its task to the end")
-    add_target_arguments(call)
-    call.add_argument("tool", help="tool name")
-    call.add_argument("--args", metavar="JSON", help="tool arguments as a JSON object")
-    call.add_argument(
-        "--answer", metavar="KEY=JSON", action="append", default=[], help="response for input key KEY (or '*')"
-    )
-    call.add_argument("--answers-file", metavar="FILE", help="JSON object mapping keys (or '*') to responses")
-    call.add_argument(
-        "--cancel-after", metavar="SECONDS", type=seconds(allow_zero=True), help="send tasks/cancel after this long"
-    )
-    call.add_argument(
-        "--cancel-wait",
-        metavar="SECONDS",
-        type=seconds(allow_zero=False),
-        default=DEFAULT_CANCEL_WAIT_S,
-        help=f"after the cancel, wait this long for the task to end (default {DEFAULT_CANCEL_WAIT_S:g})",
-    )
-    call.add_argument("--listen", action="store_true", help="follow the task by notifications instead of polling")
-    add_common_arguments(call)
-
-    discover = commands.add_parser("discover", help="show the server's version, capabilities and tools")
-    add_target_arguments(discover)
-    add_common_arguments(discover)
-    return parser
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--url", help="Streamable HTTP endpoint, e.g. http://127.0.0.1:8765/mcp")
-    target.add_argument("--stdio", metavar="COMMAND", help="server command line (split like a shell)")
-    parser.add_argument("--header", metavar="'Name: value'", action="append", default=[], help="extra HTTP header")
-    parser.add_argument("--bearer", metavar="TOKEN", help="HTTP bearer token")
-    parser.add_argument(
-        "--root",
-        metavar="URI[=NAME]",
-        action="append",
-        default=[],
-        help="a file:// root to answer roots/list with (repeat for more; none by default)",
-    )
-
-
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--timeout",
-        metavar="SECONDS",
-        type=seconds(allow_zero=False),
-        help="give up after this long overall (also caps each request)",
-    )
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+# --- from arguments to a target -------------------------------------------------------------------
 
 
 def build_target(args: argparse.Namespace) -> ServerTarget:
@@ -914,21 +860,6 @@ def request_timeout(args: argparse.Namespace) -> float:
     return DEFAULT_REQUEST_TIMEOUT_S if args.timeout is None else min(args.timeout, DEFAULT_REQUEST_TIMEOUT_S)
 
 
-def seconds(*, allow_zero: bool) -> Callable[[str], float]:
-    """An argparse type: a finite number of seconds, positive (or also zero)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            raise argparse.ArgumentTypeError(f"must be {'zero or more' if allow_zero else 'more than zero'} seconds")
-        return value
-
-    return parse
-
-
 # --- entry point ------------------------------------------------------------------------------------
 
 
@@ -957,7 +888,11 @@ def report_error(reporter: Reporter, error: Exception, *, exit_status: int, as_o
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out parsed arguments (see :func:`taskhub.mcp.cli_args.main`)."""
     # What goes wrong reaches the user as one line (report_error); the SDK's and our own log records of a server's
     # bad answers (a pydantic dump, a traceback) would otherwise be printed by logging's last-resort handler.
     logging.getLogger().addHandler(logging.NullHandler())

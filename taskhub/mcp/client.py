@@ -236,6 +236,8 @@ class _Connection:
         self.bad_lines = 0
 
     async def on_message(self, message: Any) -> None:
+        if isinstance(message, mcp_types.ElicitCompleteNotification):
+            self._owner._questions.on_elicitation_complete(message.params.elicitation_id)
         if isinstance(message, BadLine):
             self.bad_lines += 1
             if self.bad_lines <= 10 or self.bad_lines % 1000 == 0:  # a server spewing garbage must not flood the log
@@ -831,6 +833,16 @@ class TasksClient:
         return session_tasks.snapshot_of(
             await self._session_request("tasks/cancel", {"taskId": task_id}), source="tasks/cancel"
         )
+
+    @contextlib.contextmanager
+    def session_task_statuses(self, task_id: str) -> Iterator[session_tasks.StatusNotices]:
+        """The `notifications/tasks/status` the server sends about a 2025-11-25 task, while in this block."""
+        notices = self._extension.session_task_notices[task_id] = session_tasks.StatusNotices()
+        try:
+            yield notices
+        finally:
+            if self._extension.session_task_notices.get(task_id) is notices:
+                del self._extension.session_task_notices[task_id]
 
     async def session_task_result(
         self, task_id: str, *, wait_seconds: float, asker: Asker | None = None, on_log: LogSink | None = None

@@ -2,7 +2,8 @@
 
 Passing :class:`TasksClientExtension` to `mcp.Client(extensions=[...])` makes every request declare
 `io.modelcontextprotocol/tasks` in its `_meta` client capabilities, lets `tools/call` answer with a
-task handle (`ResultClaim`), and routes `notifications/tasks` to open subscriptions. A plain SDK user
+task handle (`ResultClaim`), and routes `notifications/tasks` to open subscriptions (and a 2025-11-25 server's
+`notifications/tasks/status` to the follower of the task it names). A plain SDK user
 also gets the usual behaviour from `Client.call_tool`: the claim's resolver polls the task to its end.
 """
 
@@ -21,6 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from taskhub.mcp import wire
 from taskhub.mcp.errors import McpClientError
+from taskhub.mcp.session_tasks import STATUS_NOTIFICATION, StatusNotices
 from taskhub.mcp.wire import CreateTaskResult
 
 if TYPE_CHECKING:
@@ -101,6 +103,8 @@ class TasksClientExtension(ClientExtension):
 
     def __init__(self) -> None:
         self.routes: dict[str, TaskSubscription] = {}
+        # 2025-11-25 tasks followed on this client's session, by task id (taskhub.mcp.session_tasks).
+        self.session_task_notices: dict[str, StatusNotices] = {}
 
     def claims(self) -> Sequence[ResultClaim[Any]]:
         return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=resolve_task_to_result),)
@@ -110,7 +114,17 @@ class TasksClientExtension(ClientExtension):
             NotificationBinding(
                 method="notifications/tasks", params_type=TaskNotificationParams, handler=self._on_task
             ),
+            # 2025-11-25's `notifications/tasks/status` (the SDK's core tables leave it to bindings at that version).
+            NotificationBinding(
+                method=STATUS_NOTIFICATION, params_type=TaskNotificationParams, handler=self._on_session_task_status
+            ),
         )
+
+    async def _on_session_task_status(self, params: TaskNotificationParams) -> None:
+        raw = dict(params.model_extra or {})
+        notices = self.session_task_notices.get(raw.get("taskId"))  # type: ignore[arg-type]
+        if notices is not None:
+            notices.offer(raw)
 
     async def _on_task(self, params: TaskNotificationParams) -> None:
         subscription_id = (params.meta or {}).get(wire.SUBSCRIPTION_ID_META_KEY)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types
@@ -43,6 +43,9 @@ class Question:
     server_request_id: str | int
     # Set once the call that asks has its answer or failed: nobody waits for this question's answer any more.
     call_ended: asyncio.Event
+    # Set when the server says the interaction at a URL-mode question's link completed
+    # (`notifications/elicitation/complete` naming its `elicitationId`): the person did what was asked there.
+    completed_at_link: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 Asker = Callable[[Question], Awaitable[dict[str, Any]]]
@@ -94,6 +97,7 @@ class Questions:
     def __init__(self, describe: Callable[[], str]) -> None:
         self._describe = describe
         self._calls: dict[int, _AskingCall] = {}
+        self._links: dict[str, asyncio.Event] = {}  # URL-mode questions waiting, by elicitationId
 
     def open(
         self,
@@ -154,6 +158,14 @@ class Questions:
             return
         server_log.info("%s logged (%s): %r", self._describe(), level[:20], str(data)[:500])
 
+    def on_elicitation_complete(self, elicitation_id: str) -> None:
+        """`notifications/elicitation/complete`: the URL-mode question it names is done with at its link."""
+        completed = self._links.get(elicitation_id)
+        if completed is None:  # answered already, or never asked here: nothing waits for it
+            logger.info("%s: an elicitation completed that no open question waits for", self._describe())
+            return
+        completed.set()
+
     async def _route(self, method: str, context: Any, params: Any) -> dict[str, Any] | None:
         """The answer of the call's asker the request goes to; None when it goes to none (see the module's doc)."""
         raw = params.model_dump(by_alias=True, mode="json", exclude_none=True) if hasattr(params, "model_dump") else {}
@@ -175,6 +187,9 @@ class Questions:
     async def _ask(self, call: _AskingCall, method: str, raw: dict[str, Any], context: Any) -> dict[str, Any]:
         server_request_id = getattr(context, "request_id", "")
         question = Question(method=method, params=raw, server_request_id=server_request_id, call_ended=call.ended)
+        link_id = raw.get("elicitationId") if method == ELICITATION and raw.get("mode") == "url" else None
+        if isinstance(link_id, str):
+            self._links[link_id] = question.completed_at_link
         call.deadline.pause()
         try:
             answer = await call.asker(question)
@@ -184,6 +199,8 @@ class Questions:
             return {"action": "cancel"}
         finally:
             call.deadline.resume()
+            if isinstance(link_id, str):
+                self._links.pop(link_id, None)
 
 
 def _related_task(params: dict[str, Any]) -> str | None:

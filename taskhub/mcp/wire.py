@@ -48,6 +48,15 @@ DEFAULT_POLL_INTERVAL_MS: Final = 1000
 MIN_POLL_INTERVAL_MS: Final = 250
 MAX_POLL_INTERVAL_MS: Final = 60_000
 
+
+def bounded_poll_interval_ms(
+    hint_ms: int | None, *, floor_ms: int = MIN_POLL_INTERVAL_MS, cap_ms: int = MAX_POLL_INTERVAL_MS
+) -> int:
+    """A task's poll interval hint (`pollIntervalMs`, or a 2025-11-25 task's `pollInterval`) kept between a floor and
+    a cap: a server cannot make its clients poll in a tight loop or never."""
+    return min(max(hint_ms or DEFAULT_POLL_INTERVAL_MS, floor_ms), cap_ms)
+
+
 # What every request of ours declares: form and URL elicitation, and the extension.
 CLIENT_CAPABILITIES: Final[dict[str, Any]] = {
     "elicitation": {"form": {}, "url": {}},

@@ -6,7 +6,9 @@ its answer, once given, is sent back as the JSON-RPC response on that session.
 woken by Postgres (`LISTEN`, `HeldAnswers`: the answering service NOTIFYs in its transaction), with a look at the
 row every `SAFETY_POLL_SECONDS` should a notification be missed (the listening connection dropped), and ends at the
 request's `held_until` ("cancel" is sent, the card says why) or when the call ends first (it got its result, or
-failed: the question closes as lost, and so it does when the session's handler is cancelled).
+failed: the question closes as lost, and so it does when the session's handler is cancelled). A URL-mode question the
+server says was completed at its link (`notifications/elicitation/complete`) before anyone answered it closes with
+that reason and the server hears "accept".
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 SAFETY_POLL_SECONDS = 2.0
 RECONNECT_SECONDS = 2.0
 CANCELLED = {"action": "cancel"}
+ACCEPTED = {"action": "accept"}
 
 
 # Per event loop, as the gateway's SafetyNet keeps its own: an entry goes with its loop.
@@ -54,12 +57,12 @@ class HeldAnswers:
         self._waiters: dict[int, asyncio.Event] = {}
         self._listening: asyncio.Task | None = None
 
-    async def wait(self, input_request_id: int, timeout: float, *, or_until: asyncio.Event) -> None:
-        """Until the request's answer is notified, `or_until` is set, or `timeout` passes (whichever first)."""
+    async def wait(self, input_request_id: int, timeout: float, *, or_until: tuple[asyncio.Event, ...]) -> None:
+        """Until the request's answer is notified, one of `or_until` is set, or `timeout` passes (whichever first)."""
         if self._listening is None or self._listening.done():
             self._listening = asyncio.create_task(self._listen(), name="held answers")
         event = self._waiters.setdefault(input_request_id, asyncio.Event())
-        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(or_until.wait())]
+        waits = [asyncio.ensure_future(waited.wait()) for waited in (event, *or_until)]
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -104,13 +107,14 @@ def asker_for(task: Task, *, worker_id: str) -> Asker:
         )
         if opened is None:
             return CANCELLED
-        return await _answer_of(opened.pk, call_ended=question.call_ended)
+        return await _answer_of(opened.pk, question=question)
 
     return ask
 
 
-async def _answer_of(input_request_id: int, *, call_ended: asyncio.Event) -> dict[str, Any]:
+async def _answer_of(input_request_id: int, *, question: Question) -> dict[str, Any]:
     held = HeldAnswers.of_this_loop()
+    call_ended, completed_at_link = question.call_ended, question.completed_at_link
     try:
         while True:
             request = await db(held_questions.held_question, input_request_id=input_request_id)
@@ -124,12 +128,17 @@ async def _answer_of(input_request_id: int, *, call_ended: asyncio.Event) -> dic
                 return CANCELLED  # closed meanwhile (its worker taken for dead): the server hears "cancel"
             if request.state != InputRequestState.OPEN:
                 return CANCELLED
+            if completed_at_link.is_set():  # done at its link before anyone answered here: the person consented
+                if await db(held_questions.close_completed_at_link, input_request_id=input_request_id):
+                    return ACCEPTED
+                continue  # answered meanwhile: that answer goes
             left = (request.held_until - timezone.now()).total_seconds() if request.held_until else 0.0
             if left <= 0:
                 reason = held_questions.WAIT_RAN_OUT.format(wait=_duration(request))
                 await db(held_questions.close_held_question, input_request_id=input_request_id, reason=reason)
                 return CANCELLED
-            await held.wait(input_request_id, min(left, SAFETY_POLL_SECONDS), or_until=call_ended)
+            waits = (call_ended,) if completed_at_link.is_set() else (call_ended, completed_at_link)
+            await held.wait(input_request_id, min(left, SAFETY_POLL_SECONDS), or_until=waits)
     except asyncio.CancelledError:
         # The call ended first (or the worker stops): the question can no longer be answered. Shielded, so that the
         # cancellation itself cannot cut the record short.

@@ -31,6 +31,10 @@ CALL_ENDED = (
     "The call that asked this ended before an answer was sent (the server stopped waiting, or the connection or the"
     " server's process went); nothing was sent."
 )
+COMPLETED_AT_LINK = (
+    "The server said the interaction at this link was completed (notifications/elicitation/complete) before anyone"
+    " answered here: taskhub told it the person accepted."
+)
 WORKER_GONE = "The worker holding the call that asked this stopped; the question can no longer be answered."
 
 
@@ -74,18 +78,22 @@ def record_held_answer_sent(*, input_request_id: int) -> bool:
         return False
 
 
+OPEN_OR_ANSWERED = (InputRequestState.OPEN, InputRequestState.ANSWERED)
+OPEN_ONLY = (InputRequestState.OPEN,)
+
+
 @transaction.atomic
-def close_held_question(*, input_request_id: int, reason: str) -> bool:
-    """Close a held question whose answer will never reach the server (open, or answered and not sent); False when it
-    is closed or delivered already."""
+def close_held_question(*, input_request_id: int, reason: str, was: tuple[str, ...] = OPEN_OR_ANSWERED) -> bool:
+    """Close a held question whose answer will never reach the server (open, or answered and not sent: `was`);
+    False when it is in none of the states of `was` (closed or delivered already)."""
     input_request = InputRequest.objects.filter(pk=input_request_id).only("task_id").first()
     if input_request is None:
         return False
     task = Task.objects.select_for_update(of=("self",)).get(pk=input_request.task_id)
     input_request = InputRequest.objects.select_for_update().get(pk=input_request_id)
-    if input_request.state not in (InputRequestState.OPEN, InputRequestState.ANSWERED):
+    if input_request.state not in was:
         return False
-    was = input_request.state
+    was_state = input_request.state
     input_request.state = InputRequestState.SUPERSEDED
     input_request.closed_reason = reason
     input_request.save(update_fields=["state", "closed_reason"])
@@ -93,10 +101,16 @@ def close_held_question(*, input_request_id: int, reason: str) -> bool:
         action="input.superseded",
         actor_label=WORKER,
         task=task,
-        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "reason": reason, "was": was},
+        data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "reason": reason, "was": was_state},
     )
     _publish_after_commit(task.id, server_id=task.server_id, asks=True)
     return True
+
+
+def close_completed_at_link(*, input_request_id: int) -> bool:
+    """A URL-mode question the server says was completed at its link: closed with that reason, its "accept" sent
+    and recorded delivered; False when it was answered or closed meanwhile (a person's answer goes instead)."""
+    return close_held_question(input_request_id=input_request_id, reason=COMPLETED_AT_LINK, was=OPEN_ONLY)
 
 
 def close_questions_held_by(*, worker_ids: list[str]) -> int:

@@ -76,7 +76,7 @@ from taskhub.mcp.errors import (
     TransportError,
 )
 from taskhub.mcp.lean import TaskGetter, task_getter
-from taskhub.mcp.wire import TaskSnapshot
+from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, TaskSnapshot
 from taskhub.observability import metrics, tracing
 from taskhub.worker.stdio import ProcessElsewhere
 from taskhub.worker.tracker import orm
@@ -86,7 +86,6 @@ from taskhub.worker.tracker.polling import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_CAP_SECONDS,
     CLAIM_AHEAD_SECONDS,
-    DEFAULT_POLL_INTERVAL_MS,
     IDLE_CLAIM_SECONDS,
     MAX_POLL_INTERVAL_MS,
     MIN_POLL_INTERVAL_MS,

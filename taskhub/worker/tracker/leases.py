@@ -18,10 +18,10 @@ from typing import Any
 
 import psycopg
 
-from taskhub.mcp.wire import TaskSnapshot
+from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, TaskSnapshot
 from taskhub.tasks import services
 from taskhub.tasks.models import LIVE_STATUSES, Task, TaskStatus
-from taskhub.worker.tracker.polling import DEFAULT_POLL_INTERVAL_MS, TrackerStats
+from taskhub.worker.tracker.polling import TrackerStats
 from taskhub.worker.waiting import wait
 
 logger = logging.getLogger(__package__)

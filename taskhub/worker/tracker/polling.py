@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pydantic_core import PydanticSerializationError
 
 from taskhub import backoff
-from taskhub.mcp.wire import DEFAULT_POLL_INTERVAL_MS, MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot
+from taskhub.mcp.wire import MAX_POLL_INTERVAL_MS, MIN_POLL_INTERVAL_MS, TaskSnapshot, bounded_poll_interval_ms
 
 # Each poll comes up to this fraction of the interval later than the server asks (never earlier), so tasks created
 # at once drift apart instead of polling in step; the drift adds up poll after poll (a random walk), so a little
@@ -68,7 +68,7 @@ def poll_delay_ms(
     poll_interval_ms: int | None, *, floor_ms: int = MIN_POLL_INTERVAL_MS, cap_ms: int = MAX_POLL_INTERVAL_MS
 ) -> float:
     """The server's latest hint, kept within the floor and cap, plus a little jitter (never earlier)."""
-    interval = min(max(poll_interval_ms or DEFAULT_POLL_INTERVAL_MS, floor_ms), cap_ms)
+    interval = bounded_poll_interval_ms(poll_interval_ms, floor_ms=floor_ms, cap_ms=cap_ms)
     return interval + _jitter.uniform(0, min(interval * JITTER_FRACTION, MAX_JITTER_MS))
 
 
