@@ -407,6 +407,21 @@ def raw_tools_list(url: str) -> list[dict]:
     return answer["result"]["tools"]
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(demo_url: str) -> None:
+    reading = subprocess.Popen(
+        [sys.executable, "-m", "taskhub.mcp", "discover", "--url", demo_url],
+        cwd=PROJECT_DIR,
+        env=demo_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    reading.stdout.close()  # as `… | head` does once it has its lines: long before the command writes any
+    _, stderr = reading.communicate(timeout=60)
+    assert reading.returncode == 141, stderr
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr, stderr
+
+
 def test_discover_human(demo_url: str) -> None:
     completed = run_cli("discover", "--url", demo_url)
     assert completed.returncode == 0, completed.stderr

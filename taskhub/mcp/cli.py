@@ -8,7 +8,8 @@ control characters and escape sequences and long strings are capped; ``--json`` 
 Exit status: 0 completed, 1 completed with ``isError``, 2 failed, 3 cancelled (or a cancel
 the server did not confirm within ``--cancel-wait``), 4 protocol or
 transport error (a tool the server describes with invalid ``x-mcp-header`` annotations, SEP-2243, is refused
-with 4 before it is called), 5 bad arguments (or an input request nobody can answer).
+with 4 before it is called), 5 bad arguments (or an input request nobody can answer), 141 the reader of its
+output went away (`… | head`).
 
 Over HTTP, ``call`` lists the server's tools first and mirrors the tool's ``x-mcp-header`` arguments into
 ``Mcp-Param-*`` headers (see :mod:`taskhub.mcp.tool_headers`).
@@ -21,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import shlex
 import sys
@@ -37,6 +39,7 @@ from taskhub.mcp import schema_fields, session_tasks, tool_headers, wire
 from taskhub.mcp.cli_args import (
     DEFAULT_CANCEL_WAIT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
+    EXIT_BROKEN_PIPE,
     EXIT_CANCELLED,
     EXIT_COMPLETED,
     EXIT_FAILED,
@@ -908,6 +911,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         reporter.problem(f"interrupted; {reporter.still_running()}")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went (`… | head`): no traceback, nothing more written (Python's docs' way)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

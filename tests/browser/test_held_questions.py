@@ -6,7 +6,8 @@ approver's inbox gets the card live, filled with the form's defaults; the approv
 accepts; the operator's task page then shows the server's result, every field as sent (defaults included). Then a
 long call of the same server (`trigger-long-running-operation`) moves a progress bar on its task page while it runs,
 a 2025-11-25 task of it (`simulate-research-query`, ambiguous) asks its question in the inbox and ends with the
-person's choice in its report, and its sampling request gets the message a person writes.
+person's choice in its report, and its sampling request gets the message a person writes. Last, the same server over
+Streamable HTTP asks a URL-mode question (`trigger-url-elicitation`): the card shows the link, the person accepts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
+from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from tests.account_fixtures import TEST_PASSWORD, make_user
@@ -44,8 +46,9 @@ def worker(session_daphne, live_channel_env, django_db_blocker):
 
 
 def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_calls_progress_moves_live(
-    new_page, session_daphne, worker, everything
+    new_page, session_daphne, worker, everything, over_http
 ):
+    everything_over_http = over_http
     admin = make_user("ada", ADMINS, password=TEST_PASSWORD)
     make_user("arun", APPROVERS, password=TEST_PASSWORD)
     server = in_own_thread(
@@ -62,6 +65,12 @@ def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_cal
         timeout=60,
         what="the reference server discovered by the worker",
     )
+
+    # Made before the inbox opens: a server made in this process (not a web process) reaches no open socket.
+    over_http = in_own_thread(
+        create_server, name="everything-http", transport="http", url=everything_over_http, user=admin
+    )
+    in_own_thread(discover_and_record, server=over_http, user=admin)
 
     approver = new_page()
     sign_in(approver, session_daphne.url, "arun", TEST_PASSWORD)
@@ -134,3 +143,16 @@ def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_cal
     screenshot(approver, "sampling-inbox")
     card.get_by_role("button", name="Send reply").click()
     expect(operator.locator("body")).to_contain_text("Hi, written by a person", timeout=30_000)
+
+    # Over Streamable HTTP (the same server, its own session per job): a URL-mode question shows its link, never
+    # opened by taskhub; the person's Accept reaches the server, which says the flow completed.
+    operator.goto(f"{session_daphne.url}/launch/{over_http.pk}/trigger-url-elicitation/")
+    operator.get_by_label(re.compile(r"^url\b")).fill("https://example.com/authorize?flow=7")
+    operator.get_by_role("button", name="Launch", exact=True).click()
+    expect(operator).to_have_url(TASK_URL)
+    card = approver.locator("article.ir-card").filter(has_text="Please open the link to complete this action.")
+    expect(card).to_be_visible(timeout=30_000)
+    expect(card.locator(".ir-host").first).to_have_text("example.com")
+    expect(card.locator(".ir-url-text")).to_have_text("https://example.com/authorize?flow=7")
+    card.get_by_role("button", name="Accept").click()
+    expect(operator.locator("body")).to_contain_text("User completed the URL elicitation flow", timeout=30_000)
