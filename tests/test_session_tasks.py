@@ -1,14 +1,17 @@
 """2025-11-25 tasks (SEP-1686) of the official reference server, @modelcontextprotocol/server-everything, driven
 through the whole stack: a task-augmented tools/call, the task followed on its session (tasks/get for its status,
 tasks/result for its end), its question (an elicitation related to the task) answered by a person, a cancel, and the
-death of the worker that follows one (issue 32, item 3)."""
+death of the worker that follows one (issue 32, item 3): the task is taken up by another worker, which follows it on
+where the server still knows it (tests/durable_tasks_server.py) and ends it lost where only its session did."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -18,14 +21,18 @@ from taskhub.audit.models import AuditEvent
 from taskhub.mcp import session_tasks as wire_tasks
 from taskhub.mcp.cli import EXIT_CANCELLED
 from taskhub.mcp.errors import InvalidResult
+from taskhub.servers.discovery import discover_and_record
+from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.tasks.services import session_tasks
 from tests.account_fixtures import make_user
 from tests.everything_fixtures import register_everything, run_cli
 from tests.helpers import wait_until
+from tests.stack_fixtures import in_own_thread
 
 TOOL = "simulate-research-query"
+DURABLE_SERVER = Path(__file__).with_name("durable_tasks_server.py")
 
 
 def followed(task: Task, what: str = "the task handle") -> Task:
@@ -115,7 +122,7 @@ def test_over_http_a_research_task_ends_with_its_report_and_another_is_cancelled
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_killed_while_it_follows_a_task_on_its_session_leaves_it_lost_within_15_s(
+def test_a_task_whose_follower_was_killed_is_lost_within_15_s_when_only_its_session_knew_it(
     production_timed_workers, everything
 ):
     workers = production_timed_workers  # the heartbeat and stalled times of production: the 15 s are theirs
@@ -130,7 +137,8 @@ def test_a_worker_killed_while_it_follows_a_task_on_its_session_leaves_it_lost_w
         timeout=60,
         what="the task's question",
     )
-    follower = workers.processes[task.followed_by]
+    killed_follower = task.followed_by
+    follower = workers.processes[killed_follower]
     follower.send_signal(signal.SIGKILL)
     killed = time.monotonic()
     follower.wait(10)
@@ -140,9 +148,43 @@ def test_a_worker_killed_while_it_follows_a_task_on_its_session_leaves_it_lost_w
         timeout=15 - (time.monotonic() - killed),
         what="the task lost within 15 s of the kill",
     )
-    assert lost.status_message == session_tasks.FOLLOWER_GONE
+    # Handed on, taken up by the other worker on a session of its own, where the reference server does not know it.
+    assert lost.status_message == session_tasks.NOT_KNOWN_ELSEWHERE.format(why=session_tasks.FOLLOWER_GONE)
+    handed_on = AuditEvent.objects.get(task_id=task.pk, action=session_tasks.TAKE_UP_ACTION)
+    assert handed_on.data == {"follower": killed_follower, "why": session_tasks.FOLLOWER_GONE}
     request.refresh_from_db()
     assert request.state == InputRequestState.SUPERSEDED
+    assert AuditEvent.objects.filter(task_id=task.pk, action="task.launch_sent").count() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_task_whose_follower_was_killed_is_followed_on_by_another_worker_where_the_server_still_knows_it(
+    workers, tmp_path
+):
+    """A server whose tasks outlive the session and the process that made them (tests/durable_tasks_server.py keeps
+    them in a file): the other worker takes the stdio process over, takes the task up and follows it to its end."""
+    admin = make_user("ada", ADMINS)
+    store = tmp_path / "tasks.json"
+    server = create_server(
+        name="durable", transport="stdio", command=sys.executable, args=[str(DURABLE_SERVER), str(store)], user=admin
+    )
+    in_own_thread(discover_and_record, server=server, user=admin)
+    workers.start("east")
+    workers.start("west")
+    task = services.launch(server=server, tool="brew", arguments={"seconds": 8}, user=admin)
+    task = wait_until(
+        lambda: (found := Task.objects.get(pk=task.pk)).followed_by and found, timeout=60, what="a follower"
+    )
+    killed_follower = task.followed_by
+    workers.processes[killed_follower].send_signal(signal.SIGKILL)
+
+    task = ended(task)
+    assert task.status == TaskStatus.COMPLETED, (task.status, task.status_message, task.error)
+    assert report(task) == "brewed for 8 s"
+    assert task.followed_by not in ("", killed_follower), task.followed_by
+    handed_on = AuditEvent.objects.get(task_id=task.pk, action=session_tasks.TAKE_UP_ACTION)
+    assert handed_on.data == {"follower": killed_follower, "why": session_tasks.FOLLOWER_GONE}
     assert AuditEvent.objects.filter(task_id=task.pk, action="task.launch_sent").count() == 1
 
 

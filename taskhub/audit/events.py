@@ -27,6 +27,7 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "task.cancel_failed": "the server refused the cancel",
     "task.expired": "task expired",
     "task.lost": "task lost: the server process or session that held it is gone",
+    "task.follower_gone": "the worker following a 2025-11-25 task on its session went; another takes it up",
     "task.server_logged": "what the server logged during the call (the lines are on the task page)",
     "task.protocol_error": "server sent something that contradicts the protocol",
     "task.purged": "old finished task deleted by retention",

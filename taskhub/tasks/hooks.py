@@ -29,6 +29,7 @@ LAUNCH_JOB = "taskhub.launch_task"
 ANSWER_DELIVERY_JOB = "taskhub.deliver_answer"
 CANCEL_DELIVERY_JOB = "taskhub.deliver_cancel"
 ANSWER_DEADLINE_JOB = "taskhub.answer_deadline"
+SESSION_TASK_FOLLOW_JOB = "taskhub.follow_session_task"
 
 # procrastinate's default priority is 0; higher runs first.
 LAUNCH_PRIORITY = 0
@@ -114,6 +115,19 @@ def enqueue_cancel_delivery(task_id: uuid.UUID, *, queue: str = DEFAULT_QUEUE, l
         CANCEL_DELIVERY_JOB,
         lock=lane or f"cancel:{task_id}",
         priority=BULK_CANCEL_PRIORITY if lane else DELIVERY_PRIORITY,
+        queue=queue,
+        task_id=str(task_id),
+        **tracing.job_args(),
+    )
+
+
+def enqueue_session_task_follow(task_id: uuid.UUID, *, queue: str = DEFAULT_QUEUE) -> None:
+    """The follow job takes up a 2025-11-25 task whose follower went (stopped, died, lost its session): it asks the
+    server about the task on a session of its own and, if the server still knows it, follows it to its end."""
+    _defer(
+        SESSION_TASK_FOLLOW_JOB,
+        lock=f"follow:{task_id}",
+        priority=DELIVERY_PRIORITY,
         queue=queue,
         task_id=str(task_id),
         **tracing.job_args(),

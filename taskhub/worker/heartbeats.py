@@ -269,10 +269,10 @@ class Heartbeat:
             closed = await db(held_questions.close_questions_held_by, worker_ids=dead)
             if closed:
                 logger.warning("worker %s: %d question(s) held by %s closed", self.owner, closed, ", ".join(dead))
-            lost = await db(session_tasks.lose_tasks_followed_by, worker_ids=dead)
-            if lost:
+            handed_on = await db(session_tasks.hand_on_tasks_followed_by, worker_ids=dead)
+            if handed_on:
                 logger.warning(
-                    "worker %s: %d task(s) followed on sessions of %s lost", self.owner, lost, ", ".join(dead)
+                    "worker %s: %d task(s) followed on sessions of %s handed on", self.owner, handed_on, ", ".join(dead)
                 )
         rows = await self._execute(procrastinate_sql.RETRY_STALLED_JOBS_SQL, {"stalled": self.stalled})
         log_retried([(job_id, task_name) for job_id, task_name, _ in rows])

@@ -64,12 +64,14 @@ from taskhub.servers.models import Server
 from taskhub.tasks import hooks, services
 from taskhub.tasks.errors import InvalidTransition, LeaseLost
 from taskhub.tasks.models import LAUNCH_ATTEMPTS, TASK_PHASE, InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.tasks.services import session_tasks
 from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
 from taskhub.worker.held_questions import asker_for
 from taskhub.worker.orm import db
 from taskhub.worker.progress import CallLog, CallProgress
 from taskhub.worker.session_tasks import follow_on_session
+from taskhub.worker.session_tasks import take_up as take_up_on_session
 from taskhub.worker.slots import DELIVERY_SLOT_WAIT_SECONDS, SLOTS, ServerBusy, Slot, launch_timeout
 from taskhub.worker.stdio import NotOwner
 from taskhub.worker.stdio.supervisor import StdioSupervisor
@@ -356,12 +358,57 @@ async def _call_and_follow(
     )
     if on_session:  # a 2025-11-25 task lives on this session: followed here, to its end
         assert isinstance(outcome, TaskCreated)
-        return await follow_on_session(client, task_id=task.pk, created=outcome.task, asker=asker, on_log=server_log)
+        return await follow_on_session(
+            client, task_id=task.pk, created=outcome.task, asker=asker, follower=worker_id, on_log=server_log
+        )
     return type(outcome).__name__
 
 
 def _not_sent(error: Exception) -> dict[str, Any]:
     return {**error_object(error), "message": f"The tool call was not sent: {error}"}
+
+
+# --- take up a 2025-11-25 task whose follower went ----------------------------------------------------
+
+
+# NotOwner (a stdio server's process is another worker's) moves it to its owner; nothing else is retried: a take-up
+# that fails hands the task on again (services.session_tasks counts how often).
+TAKE_UP_RETRY = Backoff(max_attempts=0, retry_exceptions=())
+
+
+@app.task(name=hooks.SESSION_TASK_FOLLOW_JOB, pass_context=True, retry=TAKE_UP_RETRY)
+@tracing.job
+async def follow_session_task(context, task_id: str) -> str:
+    try:
+        return await take_up(uuid.UUID(task_id))
+    except (ServerBusy, NotOwner):
+        await give_back_attempt(context.job)
+        raise
+
+
+async def take_up(task_id: uuid.UUID) -> str:
+    worker_id = heartbeats.RUNNING_AS.get() or f"pid-{os.getpid()}"
+    task = await db(Task.objects.select_related("server").filter(pk=task_id).first)
+    if task is None:
+        return "no such task"
+    server = task.server
+    # The process's owner and a slot before the claim: a job moved on (NotOwner, ServerBusy) has claimed nothing.
+    owned = stdio.owned_client(server)
+    slot = SLOTS.slot(server)
+    await slot.take()
+    try:
+        task = await db(session_tasks.take_up_session_task, task_id=task_id, follower=worker_id)
+        if task is None:
+            return "nothing to follow"
+        server_log = CallLog(task.pk)
+        try:
+            async with _launch_client(task, owned) as client:
+                asker = asker_for(task, worker_id=worker_id)
+                return await take_up_on_session(client, task, asker=asker, follower=worker_id, on_log=server_log)
+        finally:
+            await server_log.aclose()
+    finally:
+        slot.release()
 
 
 # --- deliver an answer ------------------------------------------------------------------------------

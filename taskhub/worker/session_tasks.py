@@ -7,10 +7,12 @@ come from the server's `notifications/tasks/status` or, failing those, from `tas
 stored as any snapshot is (the loop is taskhub.mcp.session_tasks.SessionTaskFollower, the CLI's too). A cancel a
 person asks for goes out on this session. The job holds its server slot meanwhile, as a call with a held question does.
 
-When the session breaks (the server's process exits, the connection goes) the task ends as lost with the reason;
-when this worker stops, it ends the task as lost itself, and when it dies, its heartbeats stop and another worker ends
-the task as lost (services.session_tasks.lose_tasks_followed_by). A task whose ttl passes without an end expires.
-Never a task left "working" that nobody follows.
+When the session breaks (the server's process exits, the connection goes) or this worker stops, the task is handed on;
+when this worker dies, its heartbeats stop and another worker hands it on (services.session_tasks). Handed on, it is
+taken up by the follow job (`take_up`), on a session of its own: a server whose tasks outlive their session answers
+`tasks/get` and the task is followed on to its end; the reference server, which keeps a task on the session that made
+it only, does not know it there, and the task ends as lost with the reason. A task whose ttl passes without an end
+expires. Never a task left "working" that nobody follows.
 """
 
 from __future__ import annotations
@@ -58,25 +60,56 @@ class _Follower(wire_tasks.SessionTaskFollower):
 
 
 async def follow_on_session(
-    client: TasksClient, *, task_id: uuid.UUID, created: TaskSnapshot, asker: Asker, on_log: LogSink | None = None
+    client: TasksClient,
+    *,
+    task_id: uuid.UUID,
+    created: TaskSnapshot,
+    asker: Asker,
+    follower: str,
+    on_log: LogSink | None = None,
 ) -> str:
+    """Follow the task to its end on `client`'s session as worker `follower`; when the session breaks or this worker
+    stops, hand it on for another to take up (services.session_tasks.hand_on_session_task)."""
     try:
         final = await _Follower(client, created, task_id=task_id, asker=asker, on_log=on_log).run()
     except RequestTimeout:  # its ttl passed without an end: the server may have dropped it
         await db(_expire, task_id=task_id)
         return "expired"
     except McpClientError as error:
-        reason = f"{session_tasks.SESSION_ENDED} ({error})"
-        logger.warning("task %s (2025-11-25): %s", task_id, reason)
-        await db(session_tasks.mark_session_task_lost, task_id=task_id, reason=reason[:1000])
-        return "lost"
-    except asyncio.CancelledError:  # this worker stops: nobody else can join the session, so the task is lost
-        lost = db(session_tasks.mark_session_task_lost, task_id=task_id, reason=session_tasks.FOLLOWER_GONE)
+        why = f"{session_tasks.SESSION_ENDED} ({error})"[:900]
+        logger.warning("task %s (2025-11-25): %s; handed on", task_id, why)
+        await db(session_tasks.hand_on_session_task, task_id=task_id, follower=follower, why=why)
+        return "handed on"
+    except asyncio.CancelledError:  # this worker stops: another takes the task up
+        handed_on = db(
+            session_tasks.hand_on_session_task, task_id=task_id, follower=follower, why=session_tasks.FOLLOWER_GONE
+        )
         with contextlib.suppress(Exception):
-            await asyncio.shield(lost)
+            await asyncio.shield(handed_on)
         raise
     await db(_apply, task_id=task_id, snapshot=final, source="tasks/result")
     return final.status
+
+
+async def take_up(client: TasksClient, task: Task, *, asker: Asker, follower: str, on_log: LogSink | None) -> str:
+    """A task handed on (its follower went), claimed by this worker: the server is asked about it on `client`'s
+    session; a server that still knows it is followed on to its end, one that does not ends it as lost."""
+    try:
+        await client.discover()
+        status = await client.get_session_task(task.remote_task_id)
+    except ProtocolError as error:  # "task not found", or any refusal: this session cannot follow it
+        logger.warning("task %s (2025-11-25): the server does not know it on a new session (%s)", task.pk, error)
+        await db(session_tasks.lose_task_not_known_elsewhere, task_id=task.pk)
+        return "lost"
+    except McpClientError as error:
+        why = f"taking the task up failed: {error}"[:900]
+        await db(session_tasks.hand_on_session_task, task_id=task.pk, follower=follower, why=why)
+        return "handed on"
+    if not status.is_terminal:  # one that ended meanwhile: its end is what tasks/result answers
+        await db(_apply, task_id=task.pk, snapshot=status, source="tasks/get")
+    return await follow_on_session(
+        client, task_id=task.pk, created=status, asker=asker, follower=follower, on_log=on_log
+    )
 
 
 def _cancel_delivered(*, task_id: uuid.UUID) -> None:
