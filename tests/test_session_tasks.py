@@ -100,7 +100,7 @@ def test_over_stdio_a_research_task_asks_a_person_and_ends_with_their_answer_in_
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_over_http_a_research_task_ends_with_its_report_and_another_is_cancelled_on_its_session(
+def test_over_http_research_tasks_end_with_their_reports_one_is_cancelled_and_a_long_calls_progress_is_shown(
     workers, everything, over_http
 ):
     admin, operator = make_user("ada", ADMINS), make_user("olga", OPERATORS)
@@ -118,6 +118,30 @@ def test_over_http_a_research_task_ends_with_its_report_and_another_is_cancelled
     plain = ended(plain)
     assert plain.status == TaskStatus.COMPLETED, (plain.status, plain.error)
     assert "# Research Report: tides" in report(plain) and "Clarification" not in report(plain)
+
+    # Its question over HTTP (on the event stream of tasks/result), answered by a person.
+    asking = services.launch(server=server, tool=TOOL, arguments={"topic": "python", "ambiguous": True}, user=admin)
+    request = wait_until(
+        lambda: InputRequest.objects.filter(task=asking, state=InputRequestState.OPEN).first(),
+        timeout=60,
+        what="the task's question over HTTP",
+    )
+    services.answer_input(
+        input_request=request, response={"action": "accept", "content": {"interpretation": "snake"}}, user=admin
+    )
+    assert "# Research Report: python (snake)" in report(ended(asking))
+
+    # A long call's progress over HTTP (on the event stream of its POST) moves the task while it runs.
+    long = services.launch(
+        server=server, tool="trigger-long-running-operation", arguments={"duration": 4, "steps": 4}, user=admin
+    )
+    seen, deadline = set(), time.monotonic() + 60
+    while not (now := Task.objects.values("finished_at", "progress").get(pk=long.pk))["finished_at"]:
+        assert time.monotonic() < deadline, "the long call did not end within 60 s"
+        seen.add(now["progress"])
+        time.sleep(0.05)
+    assert seen - {None}, seen  # seen while the call ran
+    assert "Long running operation completed" in report(ended(long))
 
 
 @pytest.mark.slow
