@@ -14,6 +14,7 @@ server answers.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -21,6 +22,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+# Started by path: the project directory on the path, so that `tests` is the package it is under pytest.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.stdio_peer import answer, refuse
 
 VERSION = "2025-11-25"
 POLL_INTERVAL_MS = 500
@@ -32,21 +38,7 @@ TOOL = {
 }
 
 store = Path(sys.argv[1])
-_writing = threading.Lock()
-
-
-def send(message: dict[str, Any]) -> None:
-    with _writing:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
-
-
-def answer(request_id: Any, result: dict[str, Any]) -> None:
-    send({"jsonrpc": "2.0", "id": request_id, "result": result})
-
-
-def refuse(request_id: Any, code: int, message: str) -> None:
-    send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+_storing = threading.Lock()
 
 
 def tasks() -> dict[str, Any]:
@@ -54,7 +46,7 @@ def tasks() -> dict[str, Any]:
 
 
 def save(task_id: str, record: dict[str, Any]) -> None:
-    with _writing:
+    with _storing:
         known = tasks()
         known[task_id] = record
         store.write_text(json.dumps(known))

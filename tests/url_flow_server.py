@@ -17,6 +17,11 @@ import threading
 import time
 from typing import Any
 
+# Started by path: the project directory on the path, so that `tests` is the package it is under pytest.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.stdio_peer import answer, send
+
 VERSION = "2025-11-25"
 TOOL = {
     "name": "sign_in",
@@ -28,18 +33,7 @@ TOOL = {
     },
 }
 
-_writing = threading.Lock()
 _asked: dict[str, Any] = {}  # the id of our elicitation/create -> the id of the tools/call it belongs to
-
-
-def send(message: dict[str, Any]) -> None:
-    with _writing:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
-
-
-def answer(request_id: Any, result: dict[str, Any]) -> None:
-    send({"jsonrpc": "2.0", "id": request_id, "result": result})
 
 
 def complete_once_done(done_file: str, elicitation_id: str) -> None:

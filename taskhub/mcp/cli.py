@@ -153,6 +153,16 @@ def status_line(snapshot: TaskSnapshot) -> str:
     return line
 
 
+def report_status(reporter: Reporter, snapshot: TaskSnapshot) -> None:
+    reporter.event(
+        "status",
+        status_line(snapshot),
+        taskId=snapshot.task_id,
+        status=snapshot.status,
+        statusMessage=snapshot.status_message,
+    )
+
+
 def describe_content(item: Any) -> str:
     """One content block for a terminal: text as is (cleaned), anything else summarised."""
     if not isinstance(item, dict):
@@ -589,13 +599,7 @@ class TaskFollower:
         status = (snapshot.status, snapshot.status_message)
         if status != self.last_status:
             self.last_status = status
-            self.reporter.event(
-                "status",
-                status_line(snapshot),
-                taskId=snapshot.task_id,
-                status=snapshot.status,
-                statusMessage=snapshot.status_message,
-            )
+            report_status(self.reporter, snapshot)
         await self._cancel_if_due()
         if snapshot.status == "input_required" and not self.cancel_sent:
             await self._answer(snapshot)
@@ -669,13 +673,7 @@ class _SessionTaskFollower(session_tasks.SessionTaskFollower):
     async def seen(self, snapshot: TaskSnapshot, source: str) -> None:
         if (snapshot.status, snapshot.status_message) != self.shown:
             self.shown = (snapshot.status, snapshot.status_message)
-            self.reporter.event(
-                "status",
-                status_line(snapshot),
-                taskId=snapshot.task_id,
-                status=snapshot.status,
-                statusMessage=snapshot.status_message,
-            )
+            report_status(self.reporter, snapshot)
 
     async def cancel_due(self) -> bool:
         if self.cancel_at is None or time.monotonic() < self.cancel_at:
