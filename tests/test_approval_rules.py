@@ -6,6 +6,7 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import QueryDict
+from django.urls import reverse
 
 from taskhub.accounts import permissions
 from taskhub.accounts.groups import APPROVERS
@@ -152,13 +153,22 @@ def test_a_decline_by_one_of_them_ends_it_and_is_sent(server, people):
     assert card.accepted_by == ["olga"]
 
 
-def test_the_launcher_may_not_answer_unless_the_policy_allows_it(server, people):
+def test_the_launcher_may_not_answer_unless_the_policy_allows_it(server, people, client):
     policy = create_policy(server=server, user=None)
     request = open_request(server, launched_by=people["olga"])
     with pytest.raises(PolicyRefused, match=r"You launched this task.*rule: no self-approval"):
         services.answer_input(input_request=request, response=ACCEPT, user=people["olga"])
     assert not AuditEvent.objects.filter(task=request.task, action="input.answered").exists()
+    # Issue 34 item 4: the launcher's card says so instead of offering a form the answer service would refuse.
+    card = card_for(InputRequest.objects.select_related("task__server").get(pk=request.pk), people["olga"])
+    assert not card.may_answer and not card.answerable and card.barred_as_launcher
+    assert card_for(InputRequest.objects.select_related("task__server").get(pk=request.pk), people["pete"]).may_answer
+    client.force_login(people["olga"])
+    inbox = client.get("/inbox/").text
+    answer_url = reverse("tasks:answer", args=[request.pk])
+    assert "You launched this task, and" in inbox and f'action="{answer_url}"' not in inbox
     update_policy(policy=policy, user=None, allow_self_approval=True)
+    assert card_for(InputRequest.objects.select_related("task__server").get(pk=request.pk), people["olga"]).may_answer
     assert services.answer_input(input_request=request, response=ACCEPT, user=people["olga"]).state == "answered"
 
 

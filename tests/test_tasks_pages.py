@@ -315,6 +315,26 @@ def test_empty_list_says_so(client, olga):
 # --- detail ------------------------------------------------------------------------------------------
 
 
+def test_taskhubs_own_words_are_labelled_as_taskhubs_and_the_servers_as_the_servers(client, alpha, olga):
+    """Issue 34 item 5: a gated launch's message is taskhub's, not the server's; a message the server sends later is
+    the server's again."""
+    from taskhub.approvals.services import create_policy
+
+    create_policy(server=alpha, tool="deploy", gate_before_call=True, user=None)
+    gated = services.launch(server=with_tools(alpha, "deploy"), tool="deploy", arguments={"target": "x"}, user=olga)
+    page = signed_in(client, olga).get(reverse("tasks:detail", args=[gated.pk])).content.decode()
+    message = page.split(f'id="task-{gated.pk}-message"')[1].split("</section>")[0]
+    assert "taskhub says:" in message and "waiting for approval before the call" in message
+    assert "server says:" not in message
+
+    task = durable(alpha, olga, status="working", statusMessage="warming up")
+    Task.objects.filter(pk=task.pk).update(status_message_is_taskhubs=True)  # as if taskhub had spoken last
+    services.apply_snapshot(task=task, snapshot=snapshot("working", task_id=task.remote_task_id, statusMessage="hot"))
+    page = client.get(reverse("tasks:detail", args=[task.pk])).content.decode()
+    message = page.split(f'id="task-{task.pk}-message"')[1].split("</section>")[0]
+    assert "server says:" in message and "hot" in message and "taskhub says:" not in message
+
+
 def test_the_detail_shows_header_message_requests_facts_and_timeline(client, alpha, olga):
     task = durable(alpha, olga, status="input_required", statusMessage="need a <b>yes</b>", pollIntervalMs=5000)
     services.apply_snapshot(

@@ -157,6 +157,7 @@ class Card:
     comment_on_decline: bool = False
     submitted_comment: str = ""
     gate_arguments: str = ""  # the gate before the call: the exact arguments the launch will send
+    barred_as_launcher: str = ""  # the policy that refuses self-approval, when this user launched the task
     deadline: "DeadlineView | None" = None  # the answer deadline of an open request, as it stands at this render
     escalated_to: str = ""  # the group a request was handed to at its deadline
     ordinal: int = 0  # "request 1 of 3" when the page shows several requests of one task (number_siblings)
@@ -261,6 +262,9 @@ def _show_state(card: Card, input_request: InputRequest, user) -> None:
     )
     card.answerers, card.required_accepts = terms.answerers, terms.required_accepts
     card.comment_on_decline = terms.comment_on_decline
+    if card.may_answer and not terms.self_approval and input_request.task.launched_by_id == getattr(user, "pk", None):
+        # The answer service would refuse it (approvals.answer_rules): no form to fill in for nothing.
+        card.may_answer, card.barred_as_launcher = False, terms.policy or "its approval policy"
     if input_request.escalated_to_id is not None:
         card.escalated_to = input_request.escalated_to.name if input_request.escalated_to else "a removed group"
     card.deadline = deadline_view(input_request, now=timezone.now())

@@ -69,6 +69,9 @@ class Task(models.Model):
     remote_task_id = models.CharField(max_length=500, null=True, blank=True)  # noqa: DJ001
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.LAUNCHING)
     status_message = models.TextField(blank=True)
+    # The status message is taskhub's own words (a launch waiting at or stopped by the gate, a task lost, a call cut
+    # off), not the server's: pages label it so.
+    status_message_is_taskhubs = models.BooleanField(default=False, db_default=False)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     ttl_ms = models.BigIntegerField(null=True, blank=True)

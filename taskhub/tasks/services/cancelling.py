@@ -87,7 +87,7 @@ def _cancel_at_the_gate(task: Task, *, user, bulk_action: int | None = None, tok
     task.cancel_requested_at = task.cancel_delivered_at = task.finished_at = now
     task.cancel_requested_by = user
     task.status = TaskStatus.CANCELLED
-    task.status_message = "cancelled before the call was approved"
+    task.status_message, task.status_message_is_taskhubs = "cancelled before the call was approved", True
     task.save()
     data = {"status": TaskStatus.LAUNCHING, **({"bulk_action": bulk_action} if bulk_action is not None else {})}
     record_event(action="task.cancel_requested", user=user, task=task, data=data, token=token)

@@ -91,7 +91,16 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
         task.remote_last_updated_at = snapshot.last_updated_at or task.remote_last_updated_at
         if task.is_terminal:
             task.finished_at = timezone.now()
-        task.save(update_fields=[*changed, "remote_last_updated_at", "finished_at", "updated_at"])
+        task.status_message_is_taskhubs = False  # what the server says now (a message of its own, or none)
+        task.save(
+            update_fields=[
+                *changed,
+                "remote_last_updated_at",
+                "finished_at",
+                "status_message_is_taskhubs",
+                "updated_at",
+            ]
+        )
         data = {"source": source, "fields": changed, "status_message": task.status_message}
         if "status" in changed:
             record_event(
@@ -401,9 +410,9 @@ def lose(task: Task, *, message: str, data: dict[str, Any]) -> None:
     """End a live task (locked by the caller) as lost: its server no longer knows it, or nobody can reach it."""
     previous_status = task.status
     task.status = TaskStatus.LOST
-    task.status_message = message
+    task.status_message, task.status_message_is_taskhubs = message, True
     task.finished_at = timezone.now()
-    task.save(update_fields=["status", "status_message", "finished_at", "updated_at"])
+    task.save(update_fields=["status", "status_message", "status_message_is_taskhubs", "finished_at", "updated_at"])
     TaskPoll.objects.filter(task=task).delete()
     record_event(
         action="task.lost", actor_label=WORKER, task=task, data={"from": previous_status, "message": message, **data}

@@ -21,7 +21,8 @@ from taskhub.tasks.services.common import _finished, _name, _start_deadline, cap
 def _gate(task: Task, *, terms) -> None:
     """Hold the launch for an approval (the gate before the call): nothing is sent until it is accepted."""
     task.status_message = f"waiting for approval before the call ({terms.policy})"
-    task.save(update_fields=["status_message", "updated_at"])
+    task.status_message_is_taskhubs = True
+    task.save(update_fields=["status_message", "status_message_is_taskhubs", "updated_at"])
     gate = InputRequest.objects.create(
         task=task,
         mrtr_round=TASK_PHASE,
@@ -48,8 +49,8 @@ def _pass_gate(
     input_request.delivered_at = input_request.answered_at
     input_request.save(update_fields=["state", "delivered_at"])
     if input_request.answer["action"] == "accept":
-        task.status_message = ""
-        task.save(update_fields=["status_message", "updated_at"])
+        task.status_message, task.status_message_is_taskhubs = "", False
+        task.save(update_fields=["status_message", "status_message_is_taskhubs", "updated_at"])
         record_event(action="task.launch_approved", user=user, task=task, data={"key": input_request.key}, token=token)
         hooks.enqueue_launch(task.id, queue=job_queue(task.server))
         return
@@ -57,9 +58,11 @@ def _pass_gate(
     message = f"not approved: {why or f'{words} by {_name(user)}'}" + (f" ({comment})" if comment else "")
     task.status = TaskStatus.FAILED
     task.error = {"message": message, "kind": NOT_APPROVED}
-    task.status_message = cap_status_message(message)
+    task.status_message, task.status_message_is_taskhubs = cap_status_message(message), True
     task.finished_at = timezone.now()
-    task.save(update_fields=["status", "error", "status_message", "finished_at", "updated_at"])
+    task.save(
+        update_fields=["status", "error", "status_message", "status_message_is_taskhubs", "finished_at", "updated_at"]
+    )
     record_event(
         action="task.not_approved",
         user=user,

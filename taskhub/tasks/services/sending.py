@@ -46,8 +46,8 @@ def mark_launch_unknown(*, task: Task, reason: str) -> bool:
     if task.status != TaskStatus.LAUNCHING:
         raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}; only a launching task can be unknown.")
     task.status = TaskStatus.LAUNCH_UNKNOWN
-    task.status_message = cap_status_message(storable(reason))
-    task.save(update_fields=["status", "status_message", "updated_at"])
+    task.status_message, task.status_message_is_taskhubs = cap_status_message(storable(reason)), True
+    task.save(update_fields=["status", "status_message", "status_message_is_taskhubs", "updated_at"])
     record_event(action="task.launch_unknown", actor_label=WORKER, task=task, data={"reason": task.status_message})
     _publish_after_commit(task.id)
     return True
@@ -130,12 +130,23 @@ def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool, unre
     task.status = TaskStatus.FAILED
     task.error = error
     task.status_message = cap_status_message(str(error.get("message") or ""))
+    task.status_message_is_taskhubs = not sent  # refused: the server's error; not sent: taskhub says why
     task.finished_at = timezone.now()
     if unreachable is not None:
         task.launch_attempts += 1
         task.launch_last_error = _launch_error(unreachable)
     task.launch_next_try_at = None
-    task.save(update_fields=["status", "error", "status_message", "finished_at", *LAUNCH_ATTEMPT_FIELDS, "updated_at"])
+    task.save(
+        update_fields=[
+            "status",
+            "error",
+            "status_message",
+            "status_message_is_taskhubs",
+            "finished_at",
+            *LAUNCH_ATTEMPT_FIELDS,
+            "updated_at",
+        ]
+    )
     record_event(action="task.launch_failed", actor_label=WORKER, task=task, data={"error": error, "sent": sent})
     if unreachable is not None:
         _count_against_server(task, unreachable)
