@@ -177,6 +177,7 @@ class AnswerPolicies(Protocol):
     # The approval rules of one answer and one request (taskhub.approvals.answer_rules); the task services apply
     # what these decide and decide none of it themselves.
     def answer_refusal(self, *, input_request, answer: dict, user, terms: AnswerTerms, comment: str) -> str: ...
+    def launcher_barred(self, *, input_request, user, terms: AnswerTerms) -> bool: ...
     def count_acceptance(self, *, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount: ...
     def answer_deadline(self, *, terms: AnswerTerms, opened_at: datetime.datetime) -> AnswerDeadline | None: ...
     def deadline_near_at(self, *, opened_at: datetime.datetime, deadline: datetime.datetime) -> datetime.datetime: ...
@@ -247,6 +248,13 @@ def answer_refusal(*, input_request, answer: dict, user, terms: AnswerTerms, com
     if policies is None:
         return f"Nobody may answer: {RULES_MISSING}."
     return policies.answer_refusal(input_request=input_request, answer=answer, user=user, terms=terms, comment=comment)
+
+
+def launcher_barred(*, input_request, user, terms: AnswerTerms) -> bool:
+    """Whether `user` may not answer this request because they launched its task (self-approval refused), which
+    their card says instead of offering a form. With no rules registered, nobody may answer anyway: False."""
+    policies = answer_policies()
+    return policies is not None and policies.launcher_barred(input_request=input_request, user=user, terms=terms)
 
 
 def count_acceptance(*, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount:

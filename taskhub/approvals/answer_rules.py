@@ -53,6 +53,11 @@ def answer_refusal(*, input_request, answer: dict[str, Any], user, terms: Answer
     return ""
 
 
+def launcher_barred(*, input_request, user, terms: AnswerTerms) -> bool:
+    """Whether the policy's refusal of self-approval is what bars `user` from answering (their card says so)."""
+    return user is not None and _barred(user, input_request=input_request, terms=terms) == LAUNCHED_IT
+
+
 def count_acceptance(*, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount:
     """N of M re-checks every earlier acceptance against the policy in force when another arrives: one whose giver it
     no longer allows (removed from the policy or its groups, no longer an approver, deactivated, deleted, or the

@@ -149,6 +149,9 @@ class PolicyRules:
             input_request=input_request, answer=answer, user=user, terms=terms, comment=comment
         )
 
+    def launcher_barred(self, *, input_request, user, terms: AnswerTerms) -> bool:
+        return answer_rules.launcher_barred(input_request=input_request, user=user, terms=terms)
+
     def count_acceptance(self, *, input_request, terms: AnswerTerms, acceptance: dict) -> AcceptanceCount:
         return answer_rules.count_acceptance(input_request=input_request, terms=terms, acceptance=acceptance)
 

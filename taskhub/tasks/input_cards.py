@@ -262,8 +262,8 @@ def _show_state(card: Card, input_request: InputRequest, user) -> None:
     )
     card.answerers, card.required_accepts = terms.answerers, terms.required_accepts
     card.comment_on_decline = terms.comment_on_decline
-    if card.may_answer and not terms.self_approval and input_request.task.launched_by_id == getattr(user, "pk", None):
-        # The answer service would refuse it (approvals.answer_rules): no form to fill in for nothing.
+    if card.may_answer and permissions.launcher_barred(input_request=input_request, user=user, terms=terms):
+        # The answer service would refuse it: no form to fill in for nothing.
         card.may_answer, card.barred_as_launcher = False, terms.policy or "its approval policy"
     if input_request.escalated_to_id is not None:
         card.escalated_to = input_request.escalated_to.name if input_request.escalated_to else "a removed group"
