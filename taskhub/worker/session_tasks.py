@@ -81,11 +81,7 @@ async def follow_on_session(
         await db(session_tasks.hand_on_session_task, task_id=task_id, follower=follower, why=why)
         return "handed on"
     except asyncio.CancelledError:  # this worker stops: another takes the task up
-        handed_on = db(
-            session_tasks.hand_on_session_task, task_id=task_id, follower=follower, why=session_tasks.FOLLOWER_GONE
-        )
-        with contextlib.suppress(Exception):
-            await asyncio.shield(handed_on)
+        await _hand_on_as_this_worker_stops(task_id, follower=follower)
         raise
     await db(_apply, task_id=task_id, snapshot=final, source="tasks/result")
     return final.status
@@ -105,11 +101,23 @@ async def take_up(client: TasksClient, task: Task, *, asker: Asker, follower: st
         why = f"taking the task up failed: {error}"[:900]
         await db(session_tasks.hand_on_session_task, task_id=task.pk, follower=follower, why=why)
         return "handed on"
+    except asyncio.CancelledError:  # this worker stops before it could follow
+        await _hand_on_as_this_worker_stops(task.pk, follower=follower)
+        raise
     if not status.is_terminal:  # one that ended meanwhile: its end is what tasks/result answers
         await db(_apply, task_id=task.pk, snapshot=status, source="tasks/get")
     return await follow_on_session(
         client, task_id=task.pk, created=status, asker=asker, follower=follower, on_log=on_log
     )
+
+
+async def _hand_on_as_this_worker_stops(task_id: uuid.UUID, *, follower: str) -> None:
+    """Shielded: the cancellation that stops the worker cannot cut the record short."""
+    handed_on = db(
+        session_tasks.hand_on_session_task, task_id=task_id, follower=follower, why=session_tasks.FOLLOWER_GONE
+    )
+    with contextlib.suppress(Exception):
+        await asyncio.shield(handed_on)
 
 
 def _cancel_delivered(*, task_id: uuid.UUID) -> None:
