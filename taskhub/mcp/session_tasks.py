@@ -24,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Final
 
 from taskhub.mcp import wire
-from taskhub.mcp.errors import InvalidResult, ProtocolError
+from taskhub.mcp.errors import InvalidResult, McpClientError, ProtocolError
 
 if TYPE_CHECKING:
     from taskhub.mcp.client import TasksClient
@@ -224,5 +224,5 @@ class SessionTaskFollower:
             return last
         try:
             return await self.client.get_session_task(last.task_id)
-        except Exception:  # the end is tasks/result's; the status only says how it ended
+        except McpClientError:  # the end is tasks/result's; the status only says how it ended
             return last
