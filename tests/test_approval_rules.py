@@ -347,7 +347,8 @@ def test_a_declined_launch_ends_not_approved_and_is_never_sent(server, people):
         "comment": "not today",
     }
     row = with_row_facts(Task.objects.filter(pk=task.pk)).get()
-    assert 'data-outcome="failed">not approved</span>' in outcome_badge(row)  # the list's and home's words
+    # The list's and home's word, as the filter's: declined (issue 34, item 3).
+    assert 'data-outcome="declined">declined</span> <span class="outcome-detail">at the gate' in outcome_badge(row)
 
 
 def test_a_gated_launch_cancelled_before_its_approval_ends_here(server, people):

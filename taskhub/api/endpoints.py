@@ -42,7 +42,7 @@ from taskhub.tasks.errors import (
 from taskhub.tasks.inbox_listing import inbox_listing
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequest, Task
-from taskhub.tasks.outcomes import OUTCOME_WORDS
+from taskhub.tasks.outcomes import OUTCOME_WORDS, outcome_of, settle_declined, with_row_facts
 from taskhub.tasks.queries import ENDED_CHOICES, NEEDS, TAB_STATUSES, TaskFilterForm, filtered_tasks
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ def _task_out(task: Task) -> dict:
         "server_id": task.server_id,
         "tool": task.tool,
         "status": task.status,
+        "outcome": task.outcome if hasattr(task, "outcome") else outcome_of(task),
         "status_message": task.status_message,
         "launched_by": task.launched_by.get_username() if task.launched_by else None,
         "launched_via": (
@@ -250,9 +251,10 @@ def list_tasks(request, filters: Query[TaskFilters]):
     count = tasks.count()
     pages = max(1, math.ceil(count / page_size))
     page = max(1, min(filters.page, pages))
-    rows = tasks.select_related("server", "launched_by").order_by("-created_at")[
+    rows = with_row_facts(tasks.select_related("server", "launched_by")).order_by("-created_at")[
         (page - 1) * page_size : page * page_size
     ]
+    rows = settle_declined(list(rows))
     return {"count": count, "page": page, "pages": pages, "results": [_task_out(task) for task in rows]}
 
 

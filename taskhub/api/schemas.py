@@ -41,6 +41,9 @@ class TaskOut(Schema):
     server_id: int
     tool: str
     status: str
+    outcome: str = Field(
+        "", description="how it ended, as the task list's outcome filter says it (empty while it runs)"
+    )
     status_message: str
     launched_by: str | None
     launched_via: LaunchedVia | None = Field(None, description="the API token (agent) it was launched with, if any")

@@ -13,21 +13,27 @@ and no read grows with the number of tasks kept (bench/metrics_scrape.py):
 - leases held by worker: the owners' rows of changes, told apart by the workers' heartbeats (an owner whose
   heartbeat stopped holds nothing; one without a heartbeat row, such as a tracker run outside `manage.py worker`,
   has its unexpired leases counted);
-- servers: reachable, last success, and their names (`taskhub_server_info`).
+- servers: reachable, last success, and their names (`taskhub_server_info`);
+- tasks ended in the last 24 hours by outcome (outcomes.outcome_counts, the task list's and Home's rule): the
+  partial finished_at index, growing with a day's work rather than with the tasks kept.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 
 from taskhub import procrastinate_sql
 from taskhub.observability import counts
 from taskhub.observability.jobs import job_kind
+from taskhub.tasks.models import Task
+from taskhub.tasks.outcomes import outcome_counts
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +84,7 @@ class DatabaseCollector:
         for server, status, count in counts.task_counts(cursor):
             tasks.add_metric([str(server), status], count)
         yield tasks
+        yield _ended()
 
         yield from _inbox(cursor, [row[0] for row in servers])
         yield from _jobs(cursor)
@@ -87,6 +94,21 @@ class DatabaseCollector:
         for server, failures, _ in counts.poll_failure_counts(cursor):
             most_failures[server] = max(most_failures.get(server, 0), failures)
         yield from _servers(servers, most_failures)
+
+
+def _ended() -> GaugeMetricFamily:
+    """Tasks that ended in the last 24 hours by outcome: the words and the rule of the task list's outcome filter
+    and of Home's "Ended in the last 24 hours" (outcomes.outcome_counts); read from the partial finished_at index, so
+    it grows with the day's work, not with the tasks kept."""
+    ended = GaugeMetricFamily(
+        "taskhub_tasks_ended_24h",
+        "Tasks that ended in the last 24 hours, by outcome (as the task list's outcome filter and Home say it)",
+        labels=["outcome"],
+    )
+    since = timezone.now() - datetime.timedelta(hours=24)
+    for outcome, count in outcome_counts(Task.objects.filter(finished_at__gte=since)).items():
+        ended.add_metric([outcome], count)
+    return ended
 
 
 def _inbox(cursor, server_ids: list[int]):

@@ -7,14 +7,14 @@ import datetime
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from django.db.models import Count, F, Q
+from django.db.models import F, Q
 from django.urls import reverse
 from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.servers.models import Server
-from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
-from taskhub.tasks.outcomes import OUTCOMES, Outcome, is_error_filter, outcome_filter
+from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts
 from taskhub.tasks.queries import (
     COUNT_CAP,
     ENDED_WITHIN,
@@ -130,34 +130,6 @@ def _troubled_servers(user) -> list[TroubledServer]:
             )
         )
     return troubled
-
-
-def outcome_counts(ended) -> dict[str, int]:
-    """How many of `ended` had each outcome (outcomes.outcome_expression), from two plain aggregates: per status with
-    its isError results, and the declined ones per status. (Grouping by the CASE itself costs a subplan per row.)"""
-    per_status = {
-        status: (n, errors)
-        for status, n, errors in ended.order_by()
-        .values_list("status")
-        .annotate(n=Count("*"), errors=Count("pk", filter=Q(status=TaskStatus.COMPLETED) & is_error_filter()))
-    }
-    declined = dict(
-        ended.filter(outcome_filter(Outcome.DECLINED)).order_by().values_list("status").annotate(n=Count("*"))
-    )
-
-    def total(status):
-        return per_status.get(status, (0, 0))[0]
-
-    errors = per_status.get(TaskStatus.COMPLETED, (0, 0))[1]
-    return {
-        Outcome.COMPLETED: total(TaskStatus.COMPLETED) - errors,
-        Outcome.COMPLETED_ERROR: errors - declined.get(TaskStatus.COMPLETED, 0),
-        Outcome.DECLINED: sum(declined.values()),
-        Outcome.CANCELLED: total(TaskStatus.CANCELLED) - declined.get(TaskStatus.CANCELLED, 0),
-        Outcome.FAILED: total(TaskStatus.FAILED) - declined.get(TaskStatus.FAILED, 0),
-        Outcome.LOST: total(TaskStatus.LOST),
-        Outcome.EXPIRED: total(TaskStatus.EXPIRED),
-    }
 
 
 def dashboard(user, *, now: datetime.datetime | None = None) -> Dashboard:

@@ -1,5 +1,10 @@
-"""What became of each task, as the task list, its filters, the API and the live rows say it: an outcome (completed,
+"""What became of each task, as the task list, its filters, Home, the API and /metrics say it: an outcome (completed,
 failed, declined, …) from its status and result, and the facts of a row (error code and kind, a result preview).
+
+The one definition of "declined": a task that ended (completed, failed or cancelled) after a person declined one of
+its questions, or that the gate before the call stopped (not approved: declined, cancelled or left unanswered by its
+deadline). A server may well answer a decline with an ordinary result (the demo's `approval` does): it is declined
+all the same, not "completed".
 """
 
 import copy
@@ -7,6 +12,7 @@ import json
 
 from django.db.models import (
     Case,
+    Count,
     Exists,
     OuterRef,
     Q,
@@ -17,7 +23,7 @@ from django.db.models import (
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
 
-from taskhub.tasks.models import InputRequest, Task, TaskStatus
+from taskhub.tasks.models import NOT_APPROVED, InputRequest, Task, TaskStatus
 
 
 class Outcome:
@@ -47,9 +53,16 @@ OUTCOME_STATUSES = {value: statuses for value, _, statuses in OUTCOMES}
 ENDED_STATUSES = tuple(dict.fromkeys(status for _, _, statuses in OUTCOMES for status in statuses))
 
 
-def _declined():
-    """A person declined one of the task's input requests."""
-    return Exists(InputRequest.objects.filter(task=OuterRef("pk"), answer__action="decline"))
+DECLINABLE_STATUSES = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+def _not_approved() -> Q:
+    return Q(error__contains={"kind": NOT_APPROVED})
+
+
+def _declined() -> Q:
+    """A person declined one of the task's input requests, or the gate before the call stopped it."""
+    return Q(Exists(InputRequest.objects.filter(task=OuterRef("pk"), answer__action="decline"))) | _not_approved()
 
 
 def is_error_filter() -> Q:
@@ -58,22 +71,21 @@ def is_error_filter() -> Q:
 
 
 def outcome_expression(*, declined: bool = True) -> Case:
-    """How a task ended, in SQL: "" while it runs. A task that a person declined and that did not then complete
-    cleanly is "declined"; a completed result with isError is "completed_error". The home's counts follow the same
-    rule (dashboard.outcome_counts); the list's ?outcome= uses outcome_filter, the rule as plain conditions.
+    """How a task ended, in SQL: "" while it runs (the module's docstring says when it is "declined"); a completed
+    result with isError is "completed_error". Home and /metrics count with outcome_counts, the list's ?outcome= with
+    outcome_filter: the same rule as plain conditions.
 
-    `declined=False` leaves the declined ones out (they show as completed_error, failed or cancelled): an EXISTS per
-    row makes the planner cost a deep page of the list high enough for JIT; the list settles them for its page of
-    rows afterwards (settle_declined)."""
+    `declined=False` leaves the declined ones out (they show as completed, completed_error, failed or cancelled): an
+    EXISTS per row makes the planner cost a deep page of the list high enough for JIT; the list settles them for its
+    page of rows afterwards (settle_declined)."""
     is_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
-    declined_when = (
-        [
-            When(is_error & _declined(), then=Value(Outcome.DECLINED)),
-            When(Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED)) & _declined(), then=Value(Outcome.DECLINED)),
-        ]
-        if declined
-        else []
-    )
+    # Stopped at the gate: a column of the row says so, no EXISTS needed.
+    declined_when = [
+        When(
+            Q(status__in=DECLINABLE_STATUSES) & (_declined() if declined else _not_approved()),
+            then=Value(Outcome.DECLINED),
+        )
+    ]
     return Case(
         *declined_when,
         When(is_error, then=Value(Outcome.COMPLETED_ERROR)),
@@ -87,12 +99,16 @@ def outcome_expression(*, declined: bool = True) -> Case:
     )
 
 
-DECLINABLE_OUTCOMES = frozenset({Outcome.COMPLETED_ERROR, Outcome.FAILED, Outcome.CANCELLED})
+DECLINABLE_OUTCOMES = frozenset({Outcome.COMPLETED, Outcome.COMPLETED_ERROR, Outcome.FAILED, Outcome.CANCELLED})
 
 
 def settle_declined(tasks: list[Task]) -> list[Task]:
-    """Marks "declined" the tasks of with_row_facts whose outcome a person's decline decided; one query."""
+    """Marks "declined" the tasks of with_row_facts whose outcome a person's decline or the gate decided; one query."""
     candidates = {task.pk: task for task in tasks if getattr(task, "outcome", "") in DECLINABLE_OUTCOMES}
+    for task in list(candidates.values()):
+        if getattr(task, "error_kind", None) == NOT_APPROVED:
+            task.outcome = Outcome.DECLINED
+            del candidates[task.pk]
     if candidates:
         declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")
         for task_id in declined.values_list("task_id", flat=True).distinct():
@@ -100,19 +116,55 @@ def settle_declined(tasks: list[Task]) -> list[Task]:
     return tasks
 
 
+def outcome_of(task: Task) -> str:
+    """One task's outcome, by the same rule (the API's task)."""
+    return settle_declined([with_row_facts_of(task)])[0].outcome
+
+
 def outcome_filter(outcome: str) -> Q:
     """The tasks whose outcome_expression() is `outcome`."""
-    completed_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
     declined = _declined()
     if outcome == Outcome.COMPLETED:
-        return Q(status=TaskStatus.COMPLETED) & ~is_error_filter()
+        return Q(status=TaskStatus.COMPLETED) & ~is_error_filter() & ~declined
     if outcome == Outcome.COMPLETED_ERROR:
-        return completed_error & ~declined
+        return Q(status=TaskStatus.COMPLETED) & is_error_filter() & ~declined
     if outcome == Outcome.DECLINED:
-        return (completed_error | Q(status__in=(TaskStatus.FAILED, TaskStatus.CANCELLED))) & declined
+        return Q(status__in=DECLINABLE_STATUSES) & declined
     if outcome in (Outcome.CANCELLED, Outcome.FAILED):
         return Q(status=outcome) & ~declined
     return Q(status__in=OUTCOME_STATUSES[outcome])
+
+
+def outcome_counts(ended: QuerySet[Task]) -> dict[str, int]:
+    """How many of `ended` had each outcome (outcome_expression), from two plain aggregates: per status with its
+    isError results, and the declined ones the same way. (Grouping by the CASE itself costs a subplan per row.)"""
+
+    def per_status(tasks) -> dict[str, tuple[int, int]]:
+        rows = (
+            tasks.order_by()
+            .values_list("status")
+            .annotate(n=Count("*"), errors=Count("pk", filter=Q(status=TaskStatus.COMPLETED) & is_error_filter()))
+        )
+        return {status: (n, errors) for status, n, errors in rows}
+
+    every = per_status(ended)
+    declined = per_status(ended.filter(outcome_filter(Outcome.DECLINED)))
+
+    def total(counts, status):
+        return counts.get(status, (0, 0))[0]
+
+    errors = every.get(TaskStatus.COMPLETED, (0, 0))[1]
+    declined_errors = declined.get(TaskStatus.COMPLETED, (0, 0))[1]
+    declined_completed = total(declined, TaskStatus.COMPLETED)
+    return {
+        Outcome.COMPLETED: total(every, TaskStatus.COMPLETED) - errors - (declined_completed - declined_errors),
+        Outcome.COMPLETED_ERROR: errors - declined_errors,
+        Outcome.DECLINED: sum(n for n, _ in declined.values()),
+        Outcome.CANCELLED: total(every, TaskStatus.CANCELLED) - total(declined, TaskStatus.CANCELLED),
+        Outcome.FAILED: total(every, TaskStatus.FAILED) - total(declined, TaskStatus.FAILED),
+        Outcome.LOST: total(every, TaskStatus.LOST),
+        Outcome.EXPIRED: total(every, TaskStatus.EXPIRED),
+    }
 
 
 PREVIEW_CHARS = 200
@@ -140,7 +192,10 @@ def with_row_facts_of(task: Task) -> Task:
     row = copy.copy(task)
     result, error = task.result, task.error
     completed = task.status == TaskStatus.COMPLETED
-    if completed and isinstance(result, dict) and result.get("isError") is True:
+    not_approved = isinstance(error, dict) and error.get("kind") == NOT_APPROVED
+    if not_approved and task.status in DECLINABLE_STATUSES:
+        row.outcome = Outcome.DECLINED
+    elif completed and isinstance(result, dict) and result.get("isError") is True:
         row.outcome = Outcome.COMPLETED_ERROR
     else:
         row.outcome = next((outcome for outcome, status in _OUTCOME_OF_STATUS if task.status == status), "")

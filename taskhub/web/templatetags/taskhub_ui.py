@@ -69,9 +69,9 @@ def short_id(value, length: int = 8) -> str:
 
 @register.simple_tag
 def outcome_badge(task) -> str:
-    """How a finished task ended, in a colour and words: "completed with error", "cancelled by dana", "failed
-    (-32603)", "not approved"… `task` carries the list's annotations (outcomes.with_row_facts); a running task shows
-    a dash."""
+    """How a finished task ended, in a colour and the words of outcomes.OUTCOMES (the filter's and Home's): "completed
+    with error", "cancelled by dana", "failed (-32603)", "declined at the gate"… `task` carries the list's annotations
+    (outcomes.with_row_facts); a running task shows a dash."""
     outcome = getattr(task, "outcome", "") or ""
     if not outcome:
         return format_html('<span class="muted">{}</span>', "—")
@@ -82,8 +82,8 @@ def outcome_badge(task) -> str:
         detail = f"by {who}" if who else "by the server"
     elif outcome == Outcome.FAILED and getattr(task, "error_code", None):
         detail = f"({task.error_code})"
-    if getattr(task, "error_kind", None) == NOT_APPROVED:
-        words, detail = "not approved", ""  # ended at the gate before the call: tools/call was never sent
+    if outcome == Outcome.DECLINED and getattr(task, "error_kind", None) == NOT_APPROVED:
+        detail = "at the gate"  # not approved: ended at the gate before the call: tools/call was never sent
     return format_html(
         '<span class="outcome outcome-{}" data-outcome="{}">{}</span>{}',
         outcome,
