@@ -188,7 +188,8 @@ def test_the_same_snapshot_twice_writes_nothing_the_second_time(live):
     assert services.apply_snapshot(task=live, snapshot=progressed) is False
     assert Task.objects.get(pk=live.pk).updated_at == updated_at
     assert AuditEvent.objects.count() == events
-    assert audit(live)[-1] == "task.updated"
+    assert audit(live)[-1] == "task.launch_answered"  # a status message alone is progress, not audit (issue 36)
+    assert list(live.progress_messages.values_list("text", flat=True)) == ["step 2 of 5"]
 
 
 def test_last_updated_at_alone_is_not_a_change(live):

@@ -23,7 +23,7 @@ from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server, update_server
 from taskhub.tasks import services
-from taskhub.tasks.models import Task, TaskPoll, TaskStatus
+from taskhub.tasks.models import ProgressMessage, Task, TaskPoll, TaskStatus
 from taskhub.worker.heartbeats import Heartbeat, dead_owners, is_alive
 from taskhub.worker.models import WorkerHeartbeat
 from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed, Leases
@@ -95,7 +95,8 @@ def test_follows_tasks_to_completed_through_the_services(demo):
     assert task.finished_at is not None and not TaskPoll.objects.filter(task__in=tasks).exists()
     trail = actions(task)
     assert trail[:2] == ["task.launched", "task.launch_answered"]
-    assert "task.updated" in trail and trail[-1] == "task.status_changed"
+    assert "task.updated" not in trail and trail[-1] == "task.status_changed"
+    assert task.progress_messages.exists()
     assert AuditEvent.objects.filter(task_id=task.pk, action="task.status_changed").last().data["to"] == "completed"
     # Unchanged polls wrote nothing: fewer changes than polls, and one status change per task.
     assert running.tracker.stats.changes < running.tracker.stats.polls
@@ -153,8 +154,9 @@ def test_with_a_subscription_polling_is_only_a_safety_net(demo):
     assert running.tracker.stats.notifications >= 3 * 4 - running.tracker.stats.polls
     # Once followed, no step is missed. The steps before that are lost (a notification is sent only to subscribers)
     # when the tracker starts late on a loaded machine.
-    steps = AuditEvent.objects.filter(task_id=tasks[0].pk, action="task.updated").values_list("data", flat=True)
-    messages = [data["status_message"] for data in steps]
+    messages = list(
+        ProgressMessage.objects.filter(task_id=tasks[0].pk).order_by("number").values_list("text", flat=True)
+    )
     first = int(messages[0].split()[1]) if messages else 0
     assert 2 <= first <= 4, messages
     assert messages == [f"step {n} of 5" for n in range(first, 6)]

@@ -89,6 +89,9 @@ class Task(models.Model):
     progress = models.FloatField(null=True, blank=True)
     progress_total = models.FloatField(null=True, blank=True)
     progress_message = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # How many progress reports the task had (status messages alone, `notifications/progress`): its end's audit row
+    # says so; each one is in its progress history (ProgressMessage), not in the audit trail.
+    progress_updates = models.PositiveIntegerField(default=0, db_default=0)
 
     # While the launch job cannot reach the server and retries (services.record_launch_retry): how many attempts
     # of the current round failed, why the last one did (untrusted text, capped), and when the next one runs.
@@ -213,6 +216,23 @@ class ServerLogLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.level} {self.logger}: {self.text[:80]}"
+
+
+class ProgressMessage(models.Model):
+    """A status message a server reported while the task ran (its status unchanged): the task's progress history, on
+    its timeline. Display, not decisions, so not audit (services.progress.record_progress_message): the newest
+    PROGRESS_MESSAGES_KEPT per task and a thinned sample of the older ones, gone with the task."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="progress_messages")
+    number = models.PositiveIntegerField(help_text="the task's progress_updates when it came")
+    at = models.DateTimeField()
+    text = models.TextField()
+
+    class Meta:
+        indexes = (models.Index(fields=["task", "number"], name="progress_message_task_number"),)
+
+    def __str__(self) -> str:
+        return f"#{self.number} {self.text[:80]}"
 
 
 class InputRequestState(models.TextChoices):

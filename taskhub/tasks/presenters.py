@@ -23,6 +23,7 @@ from taskhub.tasks.models import (
     CANCELLED_NOT_SENT,
     LIVE_STATUSES,
     InputRequestState,
+    ProgressMessage,
     ServerLogLine,
     Task,
     TaskStatus,
@@ -35,6 +36,7 @@ IMAGE_CAP_BYTES = 2 * 1024 * 1024  # decoded bytes of one inline image
 CONTENT_ITEMS_CAP = 100
 TIMELINE_CAP = 500
 SERVER_LOG_SHOWN = 100  # of the SERVER_LOG_LINES_KEPT a task keeps (tasks/services/progress.py)
+PROGRESS_SHOWN = 100  # of the progress history a task keeps (the same module)
 # Raster types only: an SVG can carry script, so it is never shown inline.
 INLINE_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 CLICKABLE_SCHEMES = frozenset({"http", "https"})
@@ -284,6 +286,13 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
             for line in logged
         ]
         entries = sorted([*entries, *lines], key=lambda entry: entry.time)
+    said = ProgressMessage.objects.filter(task_id=task.pk).order_by("-number")[:PROGRESS_SHOWN]
+    said = list(reversed(said)) if task.progress_updates else []  # none: a query less
+    if said:  # the progress history: status messages alone, not audit (ids apart from the log lines' negative ones)
+        progress = [
+            TimelineEntry(-(10**12) - m.pk, m.at, "server", "task.progress", "progress", "", m.text) for m in said
+        ]
+        entries = sorted([*entries, *progress], key=lambda entry: entry.time)
     return entries, max(0, earlier)
 
 

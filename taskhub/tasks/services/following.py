@@ -41,6 +41,11 @@ from taskhub.tasks.services.common import (
     logger,
 )
 from taskhub.tasks.services.delivering import _mark_delivered
+from taskhub.tasks.services.progress import record_progress_message
+
+# What a server changes to say how a task is getting on, not what it decided: the task's progress history has it
+# (issue 36), the audit trail only how many there were, when the task ends.
+PROGRESS_FIELDS = frozenset({"status_message", "poll_interval_ms"})
 
 
 @transaction.atomic
@@ -103,12 +108,17 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
         )
         data = {"source": source, "fields": changed, "status_message": task.status_message}
         if "status" in changed:
+            if task.is_terminal:  # the summary of its progress: the reports themselves are not audit
+                data["progress_updates"] = task.progress_updates
             record_event(
                 action="task.status_changed",
                 actor_label=WORKER,
                 task=task,
                 data={"from": previous_status, "to": task.status, **data},
             )
+        elif set(changed) <= PROGRESS_FIELDS:
+            if "status_message" in changed:
+                record_progress_message(task=task, text=task.status_message)
         else:
             record_event(action="task.updated", actor_label=WORKER, task=task, data=data)
         # Announced before task_finished: its receivers (the mail outbox) run first otherwise, and the pages wait.
@@ -415,7 +425,10 @@ def lose(task: Task, *, message: str, data: dict[str, Any]) -> None:
     task.save(update_fields=["status", "status_message", "status_message_is_taskhubs", "finished_at", "updated_at"])
     TaskPoll.objects.filter(task=task).delete()
     record_event(
-        action="task.lost", actor_label=WORKER, task=task, data={"from": previous_status, "message": message, **data}
+        action="task.lost",
+        actor_label=WORKER,
+        task=task,
+        data={"from": previous_status, "message": message, "progress_updates": task.progress_updates, **data},
     )
     _supersede_open_requests(task, reason=message)
     _finished(task)

@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Mod
+from django.utils import timezone
 
 from taskhub.audit.services import WORKER, record_event
 from taskhub.tasks import storable_text
-from taskhub.tasks.models import LIVE_STATUSES, ServerLogLine, Task, TaskStatus
+from taskhub.tasks.models import LIVE_STATUSES, ProgressMessage, ServerLogLine, Task, TaskStatus
 from taskhub.tasks.services.common import _publish_after_commit
 
 PROGRESS_MESSAGE_MAX_CHARS = 500
@@ -31,13 +34,50 @@ def record_progress(*, task_id, progress: float, total: float | None, message: s
         text = ""
     if len(text) > PROGRESS_MESSAGE_MAX_CHARS:
         text = text[: PROGRESS_MESSAGE_MAX_CHARS - 1] + "…"
-    live = (TaskStatus.LAUNCHING, *LIVE_STATUSES)
-    updated = Task.objects.filter(pk=task_id, status__in=live).update(
-        progress=progress, progress_total=total, progress_message=text
+    live = Task.objects.filter(pk=task_id, status__in=(TaskStatus.LAUNCHING, *LIVE_STATUSES))
+    said_before = live.values_list("progress_message", flat=True).first()
+    updated = live.update(
+        progress=progress, progress_total=total, progress_message=text, progress_updates=F("progress_updates") + 1
     )
     if updated:
+        if text and text != said_before:
+            number = Task.objects.filter(pk=task_id).values_list("progress_updates", flat=True).get()
+            _keep_progress_message(task_id=task_id, number=number, text=text)
         _publish_after_commit(task_id)
     return bool(updated)
+
+
+# --- the progress history -------------------------------------------------------------------------------------------
+
+# The newest this many a task's history keeps whole; of the older ones at most PROGRESS_OLDER_KEPT, evenly spread.
+PROGRESS_MESSAGES_KEPT = 200
+PROGRESS_OLDER_KEPT = 50
+PROGRESS_TRIM_EVERY = 20  # trimmed on every 20th message: one DELETE per 20 inserts
+
+
+def record_progress_message(*, task: Task, text: str) -> None:
+    """A status message the server reported with the task's status unchanged (apply_snapshot, in its transaction, the
+    task locked): counted on the task and kept in its progress history, not in the audit trail."""
+    task.progress_updates += 1
+    Task.objects.filter(pk=task.pk).update(progress_updates=F("progress_updates") + 1)
+    if text:
+        _keep_progress_message(task_id=task.pk, number=task.progress_updates, text=text)
+
+
+def _keep_progress_message(*, task_id, number: int, text: str) -> None:
+    ProgressMessage.objects.create(task_id=task_id, number=number, at=timezone.now(), text=text)
+    if number % PROGRESS_TRIM_EVERY:
+        return
+    # Older than the newest PROGRESS_MESSAGES_KEPT: the first stays, and numbers divisible by a power-of-two stride,
+    # the smallest that leaves at most PROGRESS_OLDER_KEPT of them. A larger stride keeps a subset of a smaller
+    # one's, so what was thinned once is never wanted back.
+    older_than = number - PROGRESS_MESSAGES_KEPT
+    stride = 1
+    while older_than // stride > PROGRESS_OLDER_KEPT:
+        stride *= 2
+    if older_than > 0:
+        older = ProgressMessage.objects.filter(task_id=task_id, number__gt=1, number__lte=older_than)
+        older.alias(off_stride=Mod("number", stride)).exclude(off_stride=0).delete()
 
 
 def _count(value: float) -> bool:
