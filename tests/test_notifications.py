@@ -445,3 +445,24 @@ def test_the_mails_about_a_request_go_to_whoever_may_answer_it_before_and_after_
         assert deadlines.check_deadline(input_request_id=request.pk, now=request.answer_deadline_at) == "escalated"
     assert may_answer() == {"gil", "ivy"}
     assert told(NotificationKind.DEFAULT_APPLIED) == may_answer()
+
+
+def test_a_digest_leaves_out_the_requests_answered_before_it_went(alpha, people, on_commit):
+    """Issue 34, item 7: a digest listed two requests as waiting that had been answered seconds before it was sent."""
+    with on_commit():
+        task = launched_asking(alpha, people["olga"], {"a": ask("First?"), "b": ask("Second?"), "c": ask("Third?")})
+    for key in ("a", "b"):  # answered after the events were recorded, before the digest goes
+        request = InputRequest.objects.select_related("task__server").get(task=task, key=key)
+        services.answer_input(input_request=request, response={"action": "decline"}, user=people["bob"])
+
+    assert digest.send_digest(user_id=people["ada"].pk).startswith("mailed 1 ")
+    (message,) = mails_to("ada@example.com")
+    assert message.subject == "taskhub: 1 request waits for you"
+    assert "Third?" in message.body and "First?" not in message.body and "Second?" not in message.body
+    assert waiting(people["ada"]) == []  # the answered ones are settled, not carried by the next digest
+
+    # All of them answered: no mail at all.
+    request = InputRequest.objects.select_related("task__server").get(task=task, key="c")
+    services.answer_input(input_request=request, response={"action": "decline"}, user=people["bob"])
+    assert digest.send_digest(user_id=people["bob"].pk) == "nothing to mail"
+    assert mails_to("bob@example.com") == []

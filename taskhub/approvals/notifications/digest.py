@@ -25,7 +25,7 @@ from django.utils import timezone
 from taskhub.approvals.models import MailEvent, NotificationKind, NotificationPreferences
 from taskhub.approvals.notifications import outbox, recipients
 from taskhub.audit.services import WORKER, record_event
-from taskhub.tasks.models import GATE_METHOD
+from taskhub.tasks.models import GATE_METHOD, InputRequestState
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def _send(user_id: int) -> str:
         return "nothing waiting"
     user = get_user_model().objects.filter(pk=user_id).first()
     preferences = NotificationPreferences.objects.filter(user_id=user_id).first()
-    wanted = [event for event in events if _wants(preferences, event.kind)]
+    wanted = [event for event in events if _wants(preferences, event.kind) and _still_news(event)]
     if user is None or not user.is_active or not user.email or not wanted:
         # Nobody to mail (the address was removed, the preference turned off since): nothing will ever carry these.
         MailEvent.objects.filter(pk__in=[event.pk for event in events]).update(sent_at=timezone.now())
@@ -219,6 +219,17 @@ def _send(user_id: int) -> str:
         data={"to": user.get_username(), "events": len(wanted), "kinds": dict(sorted(kinds.items()))},
     )
     return f"mailed {len(wanted)} event(s) to {user.get_username()}"
+
+
+# What asks for an answer is news only while its request is open: one answered (by anyone), cancelled or gone since
+# the event was recorded is left out of the digest, and settled with it (issue 34, item 7).
+ASKS_FOR_AN_ANSWER = frozenset({NotificationKind.REQUEST_WAITING, NotificationKind.DEADLINE_NEAR})
+
+
+def _still_news(event: MailEvent) -> bool:
+    if event.kind not in ASKS_FOR_AN_ANSWER:
+        return True
+    return event.input_request is not None and event.input_request.state == InputRequestState.OPEN
 
 
 def _wants(preferences: NotificationPreferences | None, kind: str) -> bool:
