@@ -102,6 +102,7 @@ def run_demo(args: argparse.Namespace) -> int:
     link_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     link_host = f"[{link_host}]" if ":" in link_host else link_host
     os.environ.setdefault("TASKHUB_BASE_URL", f"http://{link_host}:{args.port}")
+    metrics_access = demo_metrics_access(os.environ)
 
     # The web port is held from now on (daphne adopts this very socket), so nothing started before daphne
     # listens, such as the demo MCP server on a port the system picks, can take it.
@@ -122,6 +123,7 @@ def run_demo(args: argparse.Namespace) -> int:
             demo_server, demo_url = start_demo_server(args.demo_server_port, data_dir)
             if demo_url:
                 register_demo_server(demo_url)
+        say(f"• Metrics: http://{link_host}:{args.port}/metrics ({metrics_access})")
         worker = InProcessWorker()
         worker.start()
         serve(web_socket, args.host, args.port, access_log=args.access_log)
@@ -138,6 +140,20 @@ def run_demo(args: argparse.Namespace) -> int:
             stop_embedded_database()
         say("Stopped.")
     return 0
+
+
+DEMO_METRICS_NETWORKS = "127.0.0.1/32,::1/128"
+
+
+def demo_metrics_access(environ) -> str:
+    """/metrics in the demo (issue 34, item 9): readable from the demo's own machine (loopback) without a restart or
+    a variable, as a person trying taskhub expects; unless TASKHUB_METRICS_TOKEN or TASKHUB_METRICS_ALLOWED_NETWORKS
+    say otherwise. Only `taskhub demo` does this: a deployment (manage.py, daphne) still refuses /metrics to everyone
+    until one of them is set. Returns how the banner words it."""
+    if environ.get("TASKHUB_METRICS_TOKEN", "").strip() or environ.get("TASKHUB_METRICS_ALLOWED_NETWORKS", "").strip():
+        return "as TASKHUB_METRICS_TOKEN / TASKHUB_METRICS_ALLOWED_NETWORKS say"
+    environ["TASKHUB_METRICS_ALLOWED_NETWORKS"] = DEMO_METRICS_NETWORKS
+    return "from this machine only; set TASKHUB_METRICS_TOKEN to scrape it from elsewhere"
 
 
 def use_demo_settings(data_dir: Path | None) -> Path:

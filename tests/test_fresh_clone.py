@@ -84,6 +84,10 @@ def test_from_git_clone_to_an_approved_task_with_the_readme_command(clone):
         passwords = dict(re.findall(r"User created: (\w+) / (\S+)", text))
         assert set(passwords) == {"admin", "operator", "approver"}, text
         assert "registered as server 'demo' with " in text, text
+        # /metrics without a restart or a variable, from this machine (issue 34, item 9); the banner says where.
+        assert f"• Metrics: {base}/metrics (from this machine only" in text, text
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+            assert response.status == 200 and "taskhub_tasks_ended_24h" in response.read().decode()
         approver = SignedIn(base, "approver", passwords["approver"])
 
         # The README's command, as written there, in the same environment (no DEBUG, no SECRET_KEY).

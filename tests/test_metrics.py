@@ -522,3 +522,21 @@ def test_a_malformed_allowed_network_stops_the_settings():
         run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
         assert (run.returncode != 0) is fails, run.stderr
         assert ("ImproperlyConfigured: TASKHUB_METRICS_ALLOWED_NETWORKS" in run.stderr) is fails, run.stderr
+
+
+def test_the_demo_opens_metrics_to_its_own_machine_and_a_deployment_stays_closed(client, settings):
+    """Issue 34, item 9: `taskhub demo` serves /metrics to its own machine without a restart or a variable (the
+    README's demo user can look at once), keeps whatever the variables say when set, and nothing else changes:
+    without them, a deployment refuses /metrics to everyone (test_without_a_token_or_networks_…)."""
+    from taskhub.cli import demo_metrics_access
+
+    demo: dict[str, str] = {}
+    assert demo_metrics_access(demo).startswith("from this machine only")
+    settings.TASKHUB_METRICS_TOKEN = ""
+    settings.TASKHUB_METRICS_ALLOWED_NETWORKS = demo["TASKHUB_METRICS_ALLOWED_NETWORKS"].split(",")
+    assert client.get("/metrics").status_code == 200  # the test client comes from 127.0.0.1
+    assert client.get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="192.168.1.20").status_code == 403
+
+    told = {"TASKHUB_METRICS_TOKEN": "a-token-of-the-operators-own"}
+    assert demo_metrics_access(told).startswith("as TASKHUB_METRICS_TOKEN") and "ALLOWED" not in str(told)
