@@ -162,6 +162,7 @@ class Card:
     escalated_to: str = ""  # the group a request was handed to at its deadline
     ordinal: int = 0  # "request 1 of 3" when the page shows several requests of one task (number_siblings)
     siblings: int = 0
+    context: Any = None  # card_context.CardContext: the inbox's "launched with" and "before this question"
 
     @property
     def message_says_more(self) -> bool:

@@ -9,11 +9,15 @@ from django.contrib.auth.models import Group
 from playwright.sync_api import expect
 
 from taskhub.accounts.groups import APPROVERS
+from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
+from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.browser_fixtures import screenshot, sign_in
+from tests.catalogue_fixtures import with_tools
+from tests.helpers import snapshot
 from tests.inbox_fixtures import request_of, task_asking
 
 SCHEMA = {
@@ -339,3 +343,31 @@ def test_a_flooding_server_is_grouped_and_the_inbox_filters_by_server_and_pages(
     page.get_by_role("button", name="Filter").click()
     expect(page.locator(".ir-card")).to_have_count(50)  # one server left: listed, not grouped
     expect(page.locator(".inbox-flood")).to_have_count(0)
+
+
+@pytest.mark.slow
+def test_a_card_uses_the_width_and_shows_the_launch_and_what_came_before(daphne_server, page, server):
+    """Issue 34, item 10: at 1280 px a card took about 60 % of the screen, and what the task was launched with and
+    what happened before the question were on another page."""
+    approver("ada")
+    task = services.launch(
+        server=with_tools(server, "pay_invoice"), tool="pay_invoice", arguments={"invoice": "INV-7731"}, user=None
+    )
+    services.record_launch_outcome(task=task, outcome=TaskCreated(task=snapshot(task_id="r-pay")))
+    services.apply_snapshot(
+        task=task,
+        snapshot=snapshot(
+            "input_required", task_id="r-pay", statusMessage="matched 3 of 4 lines", inputRequests={"approve": APPROVE}
+        ),
+    )
+    sign_in(page, daphne_server.url, "ada", TEST_PASSWORD)
+    page.goto(f"{daphne_server.url}/inbox/")
+    shown = card(page, request_of(task, "approve"))
+    context = shown.locator(".ir-context")
+    expect(context.locator(".ir-context-arguments")).to_contain_text('"invoice": "INV-7731"')
+    expect(context.locator(".ir-before-list")).to_contain_text("tool call launched")
+    expect(context.locator(".ir-before-status")).to_have_text("server says: matched 3 of 4 lines")
+    assert shown.bounding_box()["width"] >= 0.85 * 1280
+    form, beside = shown.locator(".ir-form").bounding_box(), context.bounding_box()
+    assert beside["x"] >= form["x"] + form["width"]  # beside the form, not below it
+    screenshot(page, "inbox-card-context")

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from taskhub.accounts.permissions import approver_required, may_answer, may_see_task
 from taskhub.tasks import like_requests, services
 from taskhub.tasks.answers import validate_response
+from taskhub.tasks.card_context import with_context
 from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
 from taskhub.tasks.inbox_listing import InboxListing, inbox_listing
 from taskhub.tasks.input_cards import (
@@ -52,12 +53,14 @@ def inbox(request):
         shown = {ir.pk for ir in requests}
         extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
         requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
-        cards = number_siblings(
-            [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
+        cards = with_context(
+            number_siblings(
+                [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
+            )
         )
         return render(request, f"{INBOX_TEMPLATE}#card-list", _page_context(listing, cards, request.user))
-    cards = number_siblings(
-        [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
+    cards = with_context(
+        number_siblings([card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests])
     )
     return render(request, INBOX_TEMPLATE, _page_context(listing, cards, request.user))
 
@@ -166,7 +169,7 @@ def _safe_next(request) -> str:
 def _refused(request, card, *, status: int):
     """htmx: the card in place (200, so htmx swaps it); a plain POST: the inbox with this card in it."""
     if request.htmx:
-        return render(request, CARD_TEMPLATE, {"card": card})
+        return render(request, CARD_TEMPLATE, {"card": with_context([card])[0]})
     target = urlsplit(_safe_next(request))
     filters = QueryDict(target.query) if target.path == reverse("tasks:inbox") else QueryDict()
     listing = inbox_listing(request.user, filters, page_size=CARDS_SHOWN)
@@ -174,7 +177,7 @@ def _refused(request, card, *, status: int):
     cards = [card if other.pk == card.pk else other for other in cards]
     if all(other.pk != card.pk for other in cards):
         cards.insert(0, card)
-    number_siblings(cards)
+    with_context(number_siblings(cards))
     context = {**_page_context(listing, cards, request.user), "page_notice": card.notice or card.form_error}
     return render(request, INBOX_TEMPLATE, context, status=status)
 
@@ -270,8 +273,10 @@ def _group_refused(request, lead: InputRequest, refused: AnswerRejected, *, next
     target = urlsplit(next_url)
     filters = QueryDict(target.query) if target.path == reverse("tasks:inbox") else QueryDict()
     listing = inbox_listing(request.user, filters, page_size=CARDS_SHOWN)
-    cards = number_siblings(
-        [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in listing.requests]
+    cards = with_context(
+        number_siblings(
+            [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in listing.requests]
+        )
     )
     group = like_requests.like_groups(cards, request.user, next_url=_back_to(listing))
     likeness = like_requests.likeness(lead)
