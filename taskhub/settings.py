@@ -310,6 +310,9 @@ if TASKHUB_WEBHOOK_ATTEMPTS < 1 or TASKHUB_WEBHOOK_TIMEOUT_SECONDS <= 0 or TASKH
     )
 # Finished tasks (and finished job rows) older than this are deleted; their audit rows stay. 0 keeps them.
 TASKHUB_RETENTION_DAYS = int(os.environ.get("TASKHUB_RETENTION_DAYS", "30"))
+# Audit months older than this many (before the current month) may be archived and dropped by the database owner
+# (`manage.py audit retain`, taskhub/audit/retention.py); unset or 0: the audit trail is kept forever.
+TASKHUB_AUDIT_RETENTION_MONTHS = int(os.environ.get("TASKHUB_AUDIT_RETENTION_MONTHS") or 0)
 # One server may have at most this many input requests open at once; past it, its new requests are not opened (each
 # task's timeline says so once, and the servers page shows the server as over its cap), so one server cannot flood
 # the inbox.

@@ -287,6 +287,8 @@ def test_csv_export_has_a_header_and_exactly_the_filtered_rows(as_admin, history
         "description",
         "task_id",
         "server_id",
+        "prev_hash",
+        "hash",
         "data",
     ]
     assert first["time"] == event.time.astimezone(UTC).isoformat().replace("+00:00", "Z")
@@ -294,6 +296,7 @@ def test_csv_export_has_a_header_and_exactly_the_filtered_rows(as_admin, history
     assert first["description"] == "task status changed"
     assert (first["task_id"], first["server_id"]) == (str(event.task_id), str(history["demo"].id))
     assert json.loads(first["data"]) == event.data
+    assert first["hash"] == bytes(AuditEvent.objects.get(pk=event.pk).hash).hex()  # the chain goes with it
     assert response["X-Audit-Rows"] == "2"
 
 

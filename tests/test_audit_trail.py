@@ -1,16 +1,30 @@
 """Issue 36: the audit trail records decisions, not progress ticks; it is a hash chain anyone can verify, the database
 owner included; it lives in monthly partitions the owner archives and drops, the application's role never."""
 
+import datetime
+import importlib.util
+import io
+import json
+import threading
 from functools import partial
+from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection, transaction
+from django.urls import reverse
+from django.utils import timezone
 
+from taskhub.accounts.groups import ADMINS
+from taskhub.audit import chain, retention
 from taskhub.audit.models import AuditEvent
+from taskhub.audit.services import record_event
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import presenters, services
 from taskhub.tasks.models import ProgressMessage
 from taskhub.tasks.services.progress import PROGRESS_MESSAGES_KEPT, PROGRESS_OLDER_KEPT
+from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
 from tests.helpers import snapshot as snapshot_any_time
 
@@ -48,3 +62,162 @@ def test_900_progress_messages_leave_a_handful_of_audit_rows_and_the_timeline_sh
 
     services.purge_finished_tasks(finished_before=live.created_at.max)  # retention: the history goes with the task
     assert not ProgressMessage.objects.filter(task_id=live.pk).exists()
+
+
+# --- the hash chain -------------------------------------------------------------------------------------------------
+
+HOSTILE_DATA = {
+    'quote"and\\slash/': "tab\there\nnewline\x01\x1f\x7f é 😀 \u2028",
+    "n": [0, -1, 1.5, 1.5e-10, 1e20, 12345678901234567890, 0.1, True, False, None],
+    "nested": {"b": {}, "aa": [], "a": {"zz": "", "z": "<script>"}},
+}
+
+
+def verifier():
+    path = Path(__file__).resolve().parent.parent / "scripts" / "verify_audit_export.py"
+    spec = importlib.util.spec_from_file_location("verify_audit_export", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def chained_rows(admin) -> list[AuditEvent]:
+    with transaction.atomic():
+        events = [record_event(action="server.updated", user=admin, data={"step": n, **HOSTILE_DATA}) for n in range(5)]
+        events.append(record_event(action="server.created", data={}))
+    return events
+
+
+def as_owner_broken(statement: str, params: list) -> chain.MonthChain:
+    """`statement` run as the database owner with every trigger off, the chain verified, all rolled back."""
+    month = f"{timezone.now().astimezone(datetime.UTC):%Y-%m}"
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL session_replication_role = replica")
+            cursor.execute(statement, params)
+            found = chain.verify_month(month)
+            raise RuntimeError("rolled back")
+    except RuntimeError:
+        pass
+    return found
+
+
+def test_the_chain_finds_an_edit_a_deleted_row_and_a_reordering_and_an_export_verifies_offline(client, tmp_path):
+    admin = make_user("alex", ADMINS)
+    events = chained_rows(admin)
+    ids = [event.pk for event in events]
+    assert all(month.whole for month in chain.verify_all())
+    out = io.StringIO()
+    call_command("audit", "verify", stdout=out)
+    assert out.getvalue().rstrip().endswith("whole: 1 month(s)")
+
+    edited = as_owner_broken("UPDATE audit_auditevent SET data = data || '{\"step\": 9}' WHERE id = %s", [ids[2]])
+    assert (edited.broken_at, "changed") == (ids[2], edited.problem.split(": it was ")[1][:7])
+    deleted = as_owner_broken("DELETE FROM audit_auditevent WHERE id = %s", [ids[2]])
+    assert deleted.broken_at == ids[3] and "missing" in deleted.problem
+    swap = "UPDATE audit_auditevent SET id = CASE id WHEN %s THEN %s ELSE %s END WHERE id IN (%s, %s)"
+    reordered = as_owner_broken(swap, [ids[1], ids[2], ids[1], ids[1], ids[2]])
+    assert reordered.broken_at == ids[1]
+    # What the command says of it, the same walk:
+    with pytest.raises(CommandError, match="broken in 1 month"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("DELETE FROM audit_auditevent WHERE id = %s", [ids[0]])
+        call_command("audit", "verify", stdout=io.StringIO())
+    assert all(month.whole for month in chain.verify_all())
+
+    client.force_login(admin)
+    response = client.get(reverse("audit:export", args=["json"]), {"made_by": "all"})
+    with pytest.warns(Warning, match="StreamingHttpResponse must consume asynchronous iterators"):
+        exported = b"".join(response).decode()
+    (tmp_path / "export.json").write_text(exported, encoding="utf-8")
+    script = verifier()
+    assert script.main([str(tmp_path / "export.json")]) == 0
+    assert json.loads(exported)[1]["data"]["nested"]["a"]["z"] == "<script>"
+    (tmp_path / "edited.json").write_text(exported.replace('"step": 3', '"step": 4'), encoding="utf-8")
+    assert script.main([str(tmp_path / "edited.json")]) == 1
+
+
+# --- retention --------------------------------------------------------------------------------------------------------
+
+
+def months_ago(count: int) -> datetime.datetime:
+    month = timezone.now().astimezone(datetime.UTC).replace(day=15, hour=12, minute=0, second=0, microsecond=0)
+    for _ in range(count):
+        month = (month.replace(day=1) - datetime.timedelta(days=1)).replace(day=15)
+    return month
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_owner_archives_and_drops_a_month_past_retention_the_application_role_cannot(
+    application_role, settings, tmp_path
+):
+    old = months_ago(3)
+    month = f"{old:%Y-%m}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT audit_ensure_month(%s)", [old.date()])
+    with transaction.atomic():  # two writers' rows of an old month, then this month's
+        for n in range(4):
+            AuditEvent.objects.create(
+                time=old + datetime.timedelta(minutes=n), actor_label="alex", action="server.updated"
+            )
+        record_event(action="server.created", data={"name": "now"})
+    partition = f"audit_auditevent_{month.replace('-', '_')}"
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {application_role.name}")
+        try:
+            retention.ensure_months_ahead(now=timezone.now() + datetime.timedelta(days=200))  # the worker's hourly
+            cursor.execute("SELECT count(*) FROM pg_inherits WHERE inhparent = 'audit_auditevent'::regclass")
+            assert cursor.fetchone()[0] >= 7  # the default, the old month, this month and the 2 next, then 3 later
+            with pytest.raises(retention.RetentionRefused, match="does not own the audit trail"):
+                retention.archive_month(month=month, directory=tmp_path)
+            for statement in (
+                f"DROP TABLE {partition}",
+                f"DELETE FROM {partition}",
+                f"UPDATE {partition} SET data = '{{}}'",
+            ):
+                with pytest.raises(DatabaseError, match=r"must be owner|permission denied"), transaction.atomic():
+                    cursor.execute(statement)
+        finally:
+            cursor.execute("RESET ROLE")
+
+    with pytest.raises(retention.RetentionRefused, match="keep forever"):  # TASKHUB_AUDIT_RETENTION_MONTHS unset
+        retention.drop_month(month=month)
+    settings.TASKHUB_AUDIT_RETENTION_MONTHS = 2
+    with pytest.raises(retention.RetentionRefused, match="no archive"):
+        retention.drop_month(month=month)
+    archive = retention.archive_month(month=month, directory=tmp_path)
+    assert (archive.rows, archive.path.name) == (4, f"taskhub-audit-{month}.jsonl")
+    assert verifier().main([str(archive.path)]) == 0
+    assert retention.drop_month(month=month) == 4
+
+    assert not AuditEvent.objects.filter(time__lt=old + datetime.timedelta(days=20)).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [partition])
+        assert cursor.fetchone()[0] is None
+    recorded = dict(AuditEvent.objects.filter(action__startswith="audit.").values_list("action", "data"))
+    assert recorded["audit.archived"]["head"] == recorded["audit.partition_dropped"]["head"] == archive.head
+    assert recorded["audit.partition_dropped"]["rows"] == 4
+    assert all(month.whole for month in chain.verify_all())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_extend_one_chain_without_forking_it():
+    start = threading.Barrier(4)
+
+    def write(n: int) -> None:
+        start.wait()
+        try:
+            for step in range(10):
+                with transaction.atomic():
+                    record_event(action="server.updated", data={"writer": n, "step": step})
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    walked = chain.verify_all()
+    assert [(month.rows, month.whole) for month in walked] == [(40, True)], walked

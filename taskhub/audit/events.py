@@ -37,6 +37,12 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     # API tokens
     "api_token.created": "API token created",
     "api_token.revoked": "API token revoked",
+    # people (taskhub/accounts/people.py)
+    "person.added": "person added",
+    "person.groups_changed": "person's groups (roles) changed",
+    "person.deactivated": "person deactivated: sessions ended, API tokens revoked",
+    "person.reactivated": "person reactivated",
+    "person.password_reset": "person's password reset: sessions ended",
     # input requests
     "input.answered": "input answered",
     "input.accepted": "input accepted by one of the several people its approval policy needs",
@@ -60,6 +66,8 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "notification.mail_given_up": "notification mail given up (its address refused for good, or every try failed)",
     # the audit trail itself
     "audit.exported": "audit trail exported",
+    "audit.archived": "a month of the audit trail archived to a file (its rows and chain head)",
+    "audit.partition_dropped": "an archived month of the audit trail dropped by retention (the database owner)",
 }
 
 

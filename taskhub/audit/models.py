@@ -16,7 +16,8 @@ def agent_label(facts: dict | None) -> str:
 
 
 class AuditEvent(models.Model):
-    """One row per state change or human action; a database trigger refuses UPDATE and DELETE.
+    """One row per state change or human action; a database trigger refuses UPDATE and DELETE. Stored in monthly
+    partitions (the primary key is (id, time) in the database), each month one hash chain (migration 0009).
 
     The foreign keys have no database constraint and `DO_NOTHING` on delete: deleting a user, a server
     or (retention) an old task must never touch audit rows, which the trigger would refuse anyway. The
@@ -56,6 +57,10 @@ class AuditEvent(models.Model):
         related_name="audit_events",
     )
     data = models.JSONField(default=dict, blank=True)
+    # Set by the database (migration 0009's trigger), whatever an INSERT gives: the hash of the month's previous
+    # row (32 zero bytes for its first) and sha256(prev_hash + this row's content). audit/chain.py verifies them.
+    prev_hash = models.BinaryField(null=True, editable=False)
+    hash = models.BinaryField(null=True, editable=False)
 
     class Meta:
         indexes = (
@@ -70,6 +75,8 @@ class AuditEvent(models.Model):
                 condition=Q(data__has_key="agent"),
             ),
             models.Index(F("time").desc(), name="audit_any_agent_time", condition=Q(data__has_key="agent")),
+            # The audit page's default: people's actions (a user acted), newest first.
+            models.Index(F("time").desc(), name="audit_people_time", condition=Q(actor__isnull=False)),
         )
 
     def __str__(self) -> str:

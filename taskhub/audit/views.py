@@ -2,7 +2,6 @@
 
 import csv
 import datetime
-import json
 from collections.abc import AsyncIterator
 
 from django.core.paginator import Paginator
@@ -13,6 +12,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from taskhub.accounts.permissions import admin_required
+from taskhub.audit.exporting import export_line, export_row, with_data_text
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.queries import filtered_events
 from taskhub.audit.services import record_event
@@ -20,7 +20,19 @@ from taskhub.servers.models import Server
 
 PAGE_SIZE = 100
 EXPORT_FORMATS = ("csv", "json")
-EXPORT_COLUMNS = ("id", "time", "actor_label", "actor_id", "action", "description", "task_id", "server_id", "data")
+EXPORT_COLUMNS = (
+    "id",
+    "time",
+    "actor_label",
+    "actor_id",
+    "action",
+    "description",
+    "task_id",
+    "server_id",
+    "prev_hash",
+    "hash",
+    "data",
+)
 EXPORT_CHUNK = 500
 # A spreadsheet runs a cell starting with one of these as a formula (OWASP "CSV injection").
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -83,20 +95,6 @@ def audit_export(request, fmt):
     return response
 
 
-def export_row(event: AuditEvent) -> dict:
-    return {
-        "id": event.id,
-        "time": event.time.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z"),
-        "actor_label": event.actor_label,
-        "actor_id": event.actor_id,
-        "action": event.action,
-        "description": event.description,
-        "task_id": str(event.task_id) if event.task_id else None,
-        "server_id": event.server_id,
-        "data": event.data,
-    }
-
-
 def spreadsheet_safe(value):
     """A text cell a spreadsheet would run as a formula gets a leading apostrophe; numbers pass as they are."""
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
@@ -113,7 +111,7 @@ class _Line:
 
 async def _rows(events) -> AsyncIterator[dict]:
     # Async, so that daphne streams row by row; a server-side cursor fetches EXPORT_CHUNK rows at a time.
-    async for event in events.aiterator(chunk_size=EXPORT_CHUNK):
+    async for event in with_data_text(events).aiterator(chunk_size=EXPORT_CHUNK):
         yield export_row(event)
 
 
@@ -121,7 +119,6 @@ async def csv_stream(events) -> AsyncIterator[str]:
     writer = csv.writer(_Line())
     yield writer.writerow(EXPORT_COLUMNS)
     async for row in _rows(events):
-        row["data"] = json.dumps(row["data"], ensure_ascii=False, sort_keys=True)
         yield writer.writerow(["" if row[c] is None else spreadsheet_safe(row[c]) for c in EXPORT_COLUMNS])
 
 
@@ -130,6 +127,6 @@ async def json_stream(events) -> AsyncIterator[str]:
     yield "["
     separator = "\n"
     async for row in _rows(events):
-        yield separator + json.dumps(row, ensure_ascii=False)
+        yield separator + export_line(row)
         separator = ",\n"
     yield "\n]\n"

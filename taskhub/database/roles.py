@@ -73,6 +73,14 @@ def grant_application_role(*, connection, role: str, password: str = "") -> None
             schema=sql.Identifier(schema), role=sql.Identifier(role), audit=sql.Identifier(AUDIT_TABLE)
         )
         cursor.execute(grants.as_string(raw))
+        # The audit trail's monthly partitions (audit migration 0009): reached through the parent table only, whose
+        # grants above apply; the schema-wide grant gave the ones that exist now UPDATE and DELETE directly.
+        cursor.execute("SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass", [AUDIT_TABLE])
+        for (partition,) in cursor.fetchall():
+            revoke = sql.SQL("REVOKE ALL ON {partition} FROM {role}").format(
+                partition=sql.Identifier(partition), role=sql.Identifier(role)
+            )
+            cursor.execute(revoke.as_string(raw))
 
 
 def grant_after_migrate(sender, *, using: str = "default", **kwargs) -> None:

@@ -14,6 +14,7 @@ from procrastinate.contrib.django import app
 from taskhub.approvals import deadlines
 from taskhub.approvals import webhooks as approval_webhooks
 from taskhub.approvals.notifications import outbox as notification_outbox
+from taskhub.audit import retention as audit_retention
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import LIVE_STATUSES, Task
 from taskhub.worker import heartbeats
@@ -98,6 +99,7 @@ async def sweep_answer_deadlines(timestamp: int) -> int:
 @app.task(name="taskhub.purge_old_tasks", queueing_lock="taskhub.purge_old_tasks", pass_context=True)
 async def purge_old_tasks(context, timestamp: int) -> int:
     days = settings.TASKHUB_RETENTION_DAYS
+    await db(audit_retention.ensure_months_ahead)  # the audit trail's partitions for this month and the next two
     purged = await db(purge_finished, now=timezone.now(), retention_days=days)
     if days > 0:
         cutoff = timezone.now() - datetime.timedelta(days=days)
