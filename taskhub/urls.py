@@ -11,6 +11,7 @@ urlpatterns = [
     path("approvals/", include("taskhub.approvals.urls")),
     path("audit/", include("taskhub.audit.urls")),
     path("accounts/", include("taskhub.accounts.urls")),
+    path("people/", include("taskhub.accounts.people_urls")),
     path("account/notifications/", include("taskhub.approvals.notifications.urls")),
     path("tokens/", include("taskhub.api.urls")),
     path("api/", api.urls),

@@ -328,7 +328,7 @@ def test_signing_out_needs_post_and_says_so(client):
         ("anonymous", set()),
         ("approver", {"Tasks", "Inbox", "API", "Notifications"}),
         ("operator", {"Tasks", "Launch", "API", "Notifications"}),
-        ("admin", {"Tasks", "Launch", "Servers", "Approvals", "Audit", "API", "Notifications"}),
+        ("admin", {"Tasks", "Launch", "Servers", "Approvals", "Audit", "People", "API", "Notifications"}),
         ("nobody", {"Tasks", "API", "Notifications"}),
         ("agent", {"API", "Notifications"}),  # an agent's account: its tokens; its tasks are followed through them
     ],

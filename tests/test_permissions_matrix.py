@@ -101,6 +101,13 @@ MATRIX = {
     ("GET", "tokens:revoke"):                 (LOGIN, 404, 404, 200, 200, 404),  # the confirmation page
     ("POST", "tokens:revoke"):                (LOGIN, 404, 404, 302, 302, 404),
     ("GET", "audit:list"):                    (LOGIN, 403, 403, 403, 200, 403),
+    # People (the subject is the operator): admins only.
+    ("GET", "people:list"):                   (LOGIN, 403, 403, 403, 200, 403),
+    ("POST", "people:list"):                  (LOGIN, 403, 403, 403, 400, 403),  # empty POST: the form says no
+    ("GET", "people:detail"):                 (LOGIN, 403, 403, 403, 200, 403),
+    ("POST", "people:detail"):                (LOGIN, 403, 403, 403, 302, 403),  # empty POST: no groups
+    ("POST", "people:state"):                 (LOGIN, 403, 403, 403, 302, 403),  # neither: nothing changed
+    ("POST", "people:password"):              (LOGIN, 403, 403, 403, 302, 403),  # unconfirmed: nothing changed
     ("GET", "audit:export"):                  (LOGIN, 403, 403, 403, 200, 403),
     # The API: a bearer token of the role's user; anonymous sends none.
     ("GET", "api:api-root"):                  (404,   404, 404, 404, 404, 404),
@@ -224,6 +231,10 @@ def request_for(method: str, route: str, world) -> tuple[str, dict]:
         "notifications:preferences": "/account/notifications/",
         "tokens:revoke": f"/tokens/{world['token'].pk}/revoke",
         "audit:list": "/audit/",
+        "people:list": "/people/",
+        "people:detail": f"/people/{world['users']['operator'].pk}/",
+        "people:state": f"/people/{world['users']['operator'].pk}/state",
+        "people:password": f"/people/{world['users']['operator'].pk}/password",
         "audit:export": "/audit/export.csv",
         "api:api-root": "/api/",
         "api:openapi-json": "/api/openapi.json",

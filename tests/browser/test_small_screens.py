@@ -102,6 +102,7 @@ def build_phone_world():
         "webhook_id": PolicyWebhook.objects.create(policy=policy, url=f"https://hooks.example/{LONG}", secret="s").pk,
         "fmt": "csv",
         "token_id": create_token(user=world.admin, name=f"token {LONG}")[0].pk,
+        "user_id": users["operator"].pk,
     }
     return world, users, kwargs
 
