@@ -42,10 +42,27 @@ def history(admin, operator):
     return make_audit_history(admin, operator)
 
 
+class WholeTrail:
+    """The admin's client, asking the audit pages for everything (made_by=all) unless a test says whose events: these
+    tests read the whole trail; the page's default (people's actions) has its own test."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def get(self, path, data=None, **kwargs):
+        if path in (LIST, CSV, JSON):
+            data = {**(data or {})}
+            data.setdefault("made_by", "all")
+        return self.client.get(path, data, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
 @pytest.fixture
 def as_admin(client, admin):
     client.force_login(admin)
-    return client
+    return WholeTrail(client)
 
 
 def shown_actions(response) -> list[str]:
@@ -220,10 +237,10 @@ def test_pagination_keeps_the_filters(as_admin, admin):
     assert (page.paginator.count, page.paginator.num_pages, len(page.object_list)) == (205, 3, 100)
     assert [e.data["n"] for e in page.object_list][:2] == [204, 203]
     html = first.content.decode()
-    assert 'href="?action=server.updated&amp;page=2"' in html and "Page 1 of 3" in html
+    assert 'href="?action=server.updated&amp;made_by=all&amp;page=2"' in html and "Page 1 of 3" in html
     last = as_admin.get(LIST, {"action": "server.updated", "page": "3"})
     assert [e.data["n"] for e in last.context["page"].object_list] == [4, 3, 2, 1, 0]
-    assert 'href="?action=server.updated&amp;page=2"' in last.content.decode()
+    assert 'href="?action=server.updated&amp;made_by=all&amp;page=2"' in last.content.decode()
     # A page number out of range or not a number shows the last or first page, not an error.
     assert as_admin.get(LIST, {"action": "server.updated", "page": "99"}).context["page"].number == 3
     assert as_admin.get(LIST, {"action": "server.updated", "page": "x"}).context["page"].number == 1
@@ -239,8 +256,8 @@ def test_htmx_gets_only_the_filtered_part(as_admin, history):
 
 def test_export_links_carry_the_current_filters(as_admin, history):
     html = as_admin.get(LIST, {"action": "task.launched", "actor": "olga", "task": "", "page": "1"}).content.decode()
-    assert f'href="{CSV}?action=task.launched&amp;actor=olga"' in html
-    assert f'href="{JSON}?action=task.launched&amp;actor=olga"' in html
+    assert f'href="{CSV}?action=task.launched&amp;actor=olga&amp;made_by=all"' in html
+    assert f'href="{JSON}?action=task.launched&amp;actor=olga&amp;made_by=all"' in html
     assert "Export these 2" in html
 
 
@@ -275,7 +292,7 @@ def test_csv_export_has_a_header_and_exactly_the_filtered_rows(as_admin, history
     assert response["Content-Disposition"].startswith('attachment; filename="taskhub-audit-')
     assert response["Content-Disposition"].endswith('Z.csv"')
     rows = list(csv.DictReader(io.StringIO(body(response))))
-    expected = list(filtered_events(params)[1].exclude(action="audit.exported"))
+    expected = list(filtered_events({"made_by": "all", **params})[1].exclude(action="audit.exported"))
     assert [int(row["id"]) for row in rows] == [e.id for e in expected] and len(rows) == 2
     first, event = rows[0], expected[0]
     assert list(first) == [
@@ -321,7 +338,7 @@ def test_json_export_parses_and_matches_the_filtered_rows(as_admin, history, adm
     assert response["Content-Type"] == "application/json"
     assert response["Content-Disposition"].endswith('Z.json"')
     rows = json.loads(body(response))
-    expected = list(filtered_events(params)[1].exclude(action="audit.exported"))
+    expected = list(filtered_events({"made_by": "all", **params})[1].exclude(action="audit.exported"))
     assert [row["id"] for row in rows] == [e.id for e in expected] and len(rows) == 3
     launched = next(row for row in rows if row["action"] == "task.launched")
     assert launched["data"] == {"tool": "build_report", "arguments": {"quarter": "Q3"}, "server": "reports"}
@@ -334,9 +351,14 @@ def test_the_recorded_filters_are_the_ones_in_use(as_admin, history):
     body(as_admin.get(JSON, {"actor": "olga", "actor_exact": "on", "since": "2026-01-01", "task": ""}))
     body(as_admin.get(JSON, {"actor": "", "actor_exact": "on"}))
     first, second = AuditEvent.objects.filter(action="audit.exported").order_by("id")
-    assert first.data["filters"] == {"actor": "olga", "actor_exact": True, "since": "2026-01-01T00:00:00+00:00"}
+    assert first.data["filters"] == {
+        "made_by": "all",
+        "actor": "olga",
+        "actor_exact": True,
+        "since": "2026-01-01T00:00:00+00:00",
+    }
     assert (first.data["format"], first.data["rows"]) == ("json", 2)
-    assert second.data["filters"] == {}
+    assert second.data["filters"] == {"made_by": "all"}
 
 
 def test_an_empty_json_export_is_an_empty_array(as_admin):
@@ -349,7 +371,7 @@ def test_the_export_is_recorded_with_its_filters_and_row_count(as_admin, history
     event = AuditEvent.objects.get(action="audit.exported")
     assert (event.actor_id, event.actor_label) == (admin.id, "alex")
     assert event.data["format"] == "csv"
-    assert event.data["filters"] == {"server": f"{history['reports'].id} (reports)", "q": "report"}
+    assert event.data["filters"] == {"made_by": "all", "server": f"{history['reports'].id} (reports)", "q": "report"}
     assert event.data["rows"] == 2
     assert event.data["up_to_event"] == AuditEvent.objects.filter(id__lt=event.id).latest("id").id
     assert AuditEvent.objects.count() == before + 1
@@ -435,3 +457,17 @@ def test_no_one_gets_a_bulk_delete_action(superuser_client, rf, history):
 def test_a_uuid_that_matches_no_task_is_fine(as_admin, history):
     response = as_admin.get(LIST, {"task": str(uuid.uuid4())})
     assert response.context["form"].is_valid() and list(response.context["page"].object_list) == []
+
+
+def test_the_page_shows_peoples_actions_unless_asked_for_taskhubs_own_one_click_away(client, admin, history):
+    client.force_login(admin)
+    response = client.get(LIST)
+    shown = list(response.context["page"].object_list)
+    assert shown and all(event.actor_id is not None for event in shown)
+    assert {event.actor_label for event in shown} == {"alex", "olga"}
+    html = response.content.decode()
+    assert 'href="?made_by=system"' in html and 'href="?made_by=all"' in html
+    system = client.get(LIST, {"made_by": "system"}).context["page"].object_list
+    assert system and all(event.actor_id is None for event in system)
+    everything = client.get(LIST, {"made_by": "all", "action": "task.launched"})
+    assert 'href="?made_by=people&amp;action=task.launched"' in everything.content.decode()

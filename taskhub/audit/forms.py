@@ -89,7 +89,14 @@ class UTCMomentField(forms.CharField):
         return parse_utc(text, end_of_day=self.end_of_day) if text else None
 
 
+PEOPLE, SYSTEM, EVERYONE = "people", "system", "all"
+MADE_BY = ((PEOPLE, "people's actions"), (SYSTEM, "taskhub's own (system, worker)"), (EVERYONE, "everything"))
+
+
 class AuditFilterForm(forms.Form):
+    # People's actions unless asked otherwise: what a person decided is what the page is read for; the worker's
+    # own records (status changes, deliveries, retries) are one click away.
+    made_by = forms.ChoiceField(required=False, label="Made by", choices=MADE_BY)
     actor = forms.CharField(
         required=False,
         max_length=150,
@@ -133,6 +140,9 @@ class AuditFilterForm(forms.Form):
         help_text="actor, action and event details",
         widget=forms.TextInput(attrs={"type": "search", "placeholder": "text in the event", "autocomplete": "off"}),
     )
+
+    def clean_made_by(self) -> str:
+        return self.cleaned_data["made_by"] or PEOPLE
 
     def clean_task(self) -> uuid.UUID | None:
         text = self.cleaned_data["task"].strip()

@@ -13,7 +13,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
 from taskhub.audit.events import AUDIT_EVENTS
-from taskhub.audit.forms import ANY_AGENT, NO_AGENT, AuditFilterForm
+from taskhub.audit.forms import ANY_AGENT, EVERYONE, NO_AGENT, SYSTEM, AuditFilterForm
 from taskhub.audit.models import AuditEvent
 
 NEWEST_FIRST = ("-time", "-id")
@@ -28,6 +28,9 @@ def filtered_events(params: Mapping[str, str]) -> tuple[AuditFilterForm, QuerySe
 
 def events_matching(filters: Mapping) -> QuerySet[AuditEvent]:
     events = AuditEvent.objects.all()
+    made_by = filters.get("made_by") or EVERYONE  # the form says PEOPLE when the page is asked for nothing
+    if made_by != EVERYONE:  # PEOPLE: with the partial index audit_people_time
+        events = events.filter(actor__isnull=made_by == SYSTEM)
     if actor := filters.get("actor"):
         events = (
             events.filter(actor_label=actor)

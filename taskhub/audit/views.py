@@ -9,10 +9,12 @@ from django.db import transaction
 from django.http import Http404, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.views.decorators.http import require_GET
 
 from taskhub.accounts.permissions import admin_required
 from taskhub.audit.exporting import export_line, export_row, with_data_text
+from taskhub.audit.forms import MADE_BY, PEOPLE
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.queries import filtered_events
 from taskhub.audit.services import record_event
@@ -38,16 +40,47 @@ EXPORT_CHUNK = 500
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
+COUNT_CAP = 10_000  # counted at most this far: an exact count of millions of rows costs seconds
+
+
+class CappedPaginator(Paginator):
+    """Counts at most COUNT_CAP rows (`over_cap` says there are more): past that, filters narrow faster than pages."""
+
+    @cached_property
+    def count(self) -> int:
+        counted = self.object_list.order_by()[: COUNT_CAP + 1].count()
+        self.over_cap = counted > COUNT_CAP
+        return min(counted, COUNT_CAP)
+
+
+def made_by_links(params: QueryDict, form) -> list[dict]:
+    """One link per "made by" choice, keeping the other filters: people's actions, taskhub's own, everything."""
+    current = form.cleaned_data.get("made_by", PEOPLE) if form.is_valid() else params.get("made_by") or PEOPLE
+    links = []
+    for value, label in MADE_BY:
+        kept = QueryDict(filter_query(params), mutable=True)
+        kept["made_by"] = value
+        links.append({"label": label, "query": kept.urlencode(), "current": value == current})
+    return links
+
+
 @require_GET
 @admin_required
 def audit_list(request):
     form, events = filtered_events(request.GET)
-    page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
+    paginator = CappedPaginator(events, PAGE_SIZE)
+    page = paginator.get_page(request.GET.get("page"))
     server_ids = {event.server_id for event in page if event.server_id is not None}
     server_names = dict(Server.objects.filter(pk__in=server_ids).values_list("pk", "name"))
     for event in page:
         event.server_name = server_names.get(event.server_id)
-    context = {"form": form, "page": page, "filters": filter_query(request.GET)}
+    context = {
+        "form": form,
+        "page": page,
+        "filters": filter_query(request.GET),
+        "over_cap": getattr(paginator, "over_cap", False),
+        "made_by": made_by_links(request.GET, form),
+    }
     template = "audit/list.html#filtered" if request.htmx else "audit/list.html"
     return render(request, template, context)
 
