@@ -126,6 +126,13 @@ def test_the_chain_finds_an_edit_a_deleted_row_and_a_reordering_and_an_export_ve
     assert all(month.whole for month in chain.verify_all())
 
     client.force_login(admin)
+    assert "<strong>Whole:</strong>" in client.get(reverse("audit:verify")).content.decode()
+    with transaction.atomic(), connection.cursor() as cursor:  # the admin page says what the command says
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("DELETE FROM audit_auditevent WHERE id = %s", [ids[4]])
+        page = client.get(reverse("audit:verify")).content.decode()
+        transaction.set_rollback(True)
+    assert f"broken at row {ids[5]}: a row is missing before row {ids[5]}" in page
     response = client.get(reverse("audit:export", args=["json"]), {"made_by": "all"})
     with pytest.warns(Warning, match="StreamingHttpResponse must consume asynchronous iterators"):
         exported = b"".join(response).decode()

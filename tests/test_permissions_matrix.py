@@ -109,6 +109,7 @@ MATRIX = {
     ("POST", "people:state"):                 (LOGIN, 403, 403, 403, 302, 403),  # neither: nothing changed
     ("POST", "people:password"):              (LOGIN, 403, 403, 403, 302, 403),  # unconfirmed: nothing changed
     ("GET", "audit:export"):                  (LOGIN, 403, 403, 403, 200, 403),
+    ("GET", "audit:verify"):                  (LOGIN, 403, 403, 403, 200, 403),
     # The API: a bearer token of the role's user; anonymous sends none.
     ("GET", "api:api-root"):                  (404,   404, 404, 404, 404, 404),
     ("GET", "api:openapi-json"):              (LOGIN, 200, 200, 200, 200, 200),  # a token or a session (any role)
@@ -236,6 +237,7 @@ def request_for(method: str, route: str, world) -> tuple[str, dict]:
         "people:state": f"/people/{world['users']['operator'].pk}/state",
         "people:password": f"/people/{world['users']['operator'].pk}/password",
         "audit:export": "/audit/export.csv",
+        "audit:verify": "/audit/verify",
         "api:api-root": "/api/",
         "api:openapi-json": "/api/openapi.json",
         "api:openapi-view": "/api/docs",
