@@ -170,6 +170,7 @@ class AnswerPolicies(Protocol):
 
     def servers(self, user) -> QuerySet[Server]: ...  # servers with any request the user may answer
     def requests(self, user) -> Q: ...  # over InputRequest: those the user may answer
+    def servers_refusing_some(self, user) -> set[int]: ...  # servers where requests() leaves some out
     def for_me(self, user) -> Q: ...  # over InputRequest: those whose policy names the user (or a group of theirs)
     def terms(self, server_id: int, tool: str) -> AnswerTerms: ...
     def answerers(self, server_id: int, tool: str) -> Q: ...  # over the user model: those the policy names
@@ -214,6 +215,16 @@ def requests_user_may_answer(user) -> Q:
         return Q(pk__in=[])
     policies = answer_policies()
     return policies.requests(user) if policies is not None else Q(pk__in=[])
+
+
+def servers_answered_in_part(user) -> set[int]:
+    """The servers where requests_user_may_answer refuses this user some requests by policy (on the others, only a
+    request escalated away at its deadline is not theirs): "waiting for me" counts those servers' requests one by
+    one, the others' from the kept per-server counts (taskhub/tasks/waiting.py)."""
+    policies = answer_policies()
+    if policies is None or not is_approver(user):
+        return set()
+    return policies.servers_refusing_some(user)
 
 
 def requests_for_me(user) -> Q:

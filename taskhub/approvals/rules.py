@@ -108,6 +108,12 @@ class PolicyRules:
         escalated_here = _escalated_to_groups_of(user).values("server_id")
         return Server.objects.exclude(Q(pk__in=closed) & ~Q(pk__in=escalated_here))
 
+    def servers_refusing_some(self, user) -> set[int]:
+        """The servers where a policy (the server's or a tool's) refuses this user some requests; on the others, the
+        rules refuse them nothing (but a request escalated at its deadline)."""
+        rows, allowed = self._allowed(user)
+        return {row.server_id for row in rows if not allowed[row.pk]}
+
     def requests(self, user) -> Q:
         """A request escalated at its deadline is answered by its escalation group, whatever its policy says."""
         refused, _ = self._refused(user)

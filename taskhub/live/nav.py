@@ -1,13 +1,14 @@
-"""The navigation counts: running tasks (for those who see all tasks) and open requests the user may answer.
+"""The navigation counts: running tasks (for those who see all tasks) and the requests waiting for the user.
 
 Both on every page: read from the counts triggers keep per server (observability.counts), not counted over the
-tasks and requests."""
+tasks and requests (but the few servers where the user may answer only some requests: tasks/waiting.py)."""
 
 from django.template.loader import render_to_string
 
 from taskhub.live.access import LiveAccess, access_in_force
 from taskhub.observability import counts
 from taskhub.tasks.models import TaskStatus
+from taskhub.tasks.waiting import waiting_count
 
 NAV_COUNTS_TEMPLATE = "live/nav_counts.html"
 RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
@@ -24,7 +25,8 @@ def nav_counts(user, access: LiveAccess | None = None, *, running: int | None = 
         running = sum(per_status.get(status, 0) for status in RUNNING_STATUSES)
     open_requests = None
     if access.approvable_server_ids:
-        open_requests = counts.open_input_requests(server_ids=set(access.approvable_server_ids))
+        # "Waiting for me", as Home, the inbox and the API count it (taskhub/tasks/waiting.py).
+        open_requests = waiting_count(user, approvable_server_ids=access.approvable_server_ids)
     return {"running": running, "open_requests": open_requests}
 
 

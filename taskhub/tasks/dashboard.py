@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.servers.models import Server
-from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from taskhub.tasks.models import Task
 from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts
 from taskhub.tasks.queries import (
     COUNT_CAP,
@@ -25,6 +25,7 @@ from taskhub.tasks.queries import (
     needs_filter,
     tasks_visible_to,
 )
+from taskhub.tasks.waiting import waiting_count, waiting_for
 
 MY_RUNNING_SHOWN = 5
 SERVERS_SHOWN = 10
@@ -99,16 +100,10 @@ class Dashboard:
 def _waiting(user) -> Waiting | None:
     if not permissions.is_approver(user):
         return None
-    open_requests = InputRequest.objects.filter(
-        permissions.requests_user_may_answer(user),
-        state=InputRequestState.OPEN,
-        server__in=permissions.servers_user_may_approve(user),
-        server__enabled=True,
-    )
-    # The oldest from the (state, created_at) index; the count capped, as 100,000 open requests are not counted
-    # on every visit.
-    oldest = open_requests.order_by("created_at").values_list("created_at", flat=True).first()
-    return Waiting(count=capped_count(open_requests), oldest=oldest, href=reverse("tasks:inbox"))
+    # "Waiting for me", as the nav, the inbox and the API count it (tasks/waiting.py); the oldest from the
+    # (state, created_at) index.
+    oldest = waiting_for(user).order_by("created_at").values_list("created_at", flat=True).first()
+    return Waiting(count=waiting_count(user), oldest=oldest, href=reverse("tasks:inbox"))
 
 
 def _troubled_servers(user) -> list[TroubledServer]:

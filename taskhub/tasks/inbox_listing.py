@@ -16,8 +16,9 @@ from django.db.models import Count, QuerySet
 from taskhub.accounts import permissions
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
-from taskhub.tasks.models import InputRequest, InputRequestState
+from taskhub.tasks.models import InputRequest
 from taskhub.tasks.queries import filter_errors
+from taskhub.tasks.waiting import waiting_for
 
 PAGE_SIZE = 50
 FLOOD_THRESHOLD = 20
@@ -103,11 +104,8 @@ def inbox_listing(user, params, *, page_size: int = PAGE_SIZE) -> InboxListing:
 
     # The few servers by id, not joined: 100,000 open requests are then read from their server index alone.
     approvable = dict(permissions.servers_user_may_approve(user).values_list("pk", "enabled"))
-    waiting: QuerySet[InputRequest] = InputRequest.objects.filter(
-        permissions.requests_user_may_answer(user),
-        state=InputRequestState.OPEN,
-        server__in=list(approvable),
-    )
+    # "Waiting for me" (tasks/waiting.py), disabled servers' requests counted apart.
+    waiting: QuerySet[InputRequest] = waiting_for(user, server_ids=list(approvable))
     hidden_disabled = 0
     if not show_disabled:
         hidden_disabled = waiting.filter(server__in=[pk for pk, enabled in approvable.items() if not enabled]).count()

@@ -1,0 +1,49 @@
+"""One definition of "waiting for me" (issue 34, item 2): the open input requests a person may answer (their
+approval policies and escalations: permissions.requests_user_may_answer) on the enabled servers they approve for. The
+nav's Inbox badge and the tab title, Home, the unfiltered inbox (the cards listed, those grouped in floods) and
+GET /api/inbox all count these: a disabled server's requests are not waiting (the inbox shows them on request).
+
+Counted fast, as the nav needs on every page at a million tasks: per server from the counts triggers keep
+(observability.counts), except on the servers where the rules refuse this person some requests (a tool's policy, an
+escalation to another group): those servers' open requests are counted one by one, through the open-request index.
+"""
+
+from django.db.models import QuerySet
+
+from taskhub.accounts import permissions
+from taskhub.observability import counts
+from taskhub.servers.models import Server
+from taskhub.tasks.models import InputRequest, InputRequestState
+
+
+def waiting_for(user, *, server_ids=None, include_disabled: bool = False) -> QuerySet[InputRequest]:
+    """The requests waiting for `user` (in `server_ids` if given, read as the servers they approve for)."""
+    servers = permissions.servers_user_may_approve(user)
+    if not include_disabled:
+        servers = servers.filter(enabled=True)
+    ids = list(servers.values_list("pk", flat=True)) if server_ids is None else list(server_ids)
+    return InputRequest.objects.filter(
+        permissions.requests_user_may_answer(user), state=InputRequestState.OPEN, server__in=ids
+    )
+
+
+def waiting_count(user, *, approvable_server_ids=None) -> int:
+    """How many requests wait for `user`; `approvable_server_ids`: permissions.servers_user_may_approve's ids, when
+    the caller has them (the live access)."""
+    if approvable_server_ids is None:
+        approvable_server_ids = permissions.servers_user_may_approve(user).values_list("pk", flat=True)
+    enabled = set(Server.objects.filter(pk__in=list(approvable_server_ids), enabled=True).values_list("pk", flat=True))
+    if not enabled:
+        return 0
+    in_part = permissions.servers_answered_in_part(user) & enabled
+    escalated = set(
+        InputRequest.objects.filter(state=InputRequestState.OPEN, escalated_to__isnull=False, server__in=enabled)
+        .values_list("server_id", flat=True)
+        .distinct()
+    )
+    one_by_one = in_part | escalated
+    whole = enabled - one_by_one
+    total = counts.open_input_requests(server_ids=whole) if whole else 0
+    if one_by_one:
+        total += waiting_for(user, server_ids=one_by_one).count()
+    return total
