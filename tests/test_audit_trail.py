@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -231,3 +231,8 @@ def test_concurrent_writers_extend_one_chain_without_forking_it():
         thread.join()
     walked = chain.verify_all()
     assert [(month.rows, month.whole) for month in walked] == [(40, True)], walked
+    # A snapshot older than the lock would fork the chain: refused there, as a serialization failure to retry.
+    with pytest.raises(OperationalError, match="READ COMMITTED only"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        record_event(action="server.updated", data={})
