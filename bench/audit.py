@@ -11,6 +11,9 @@
    alike), then timed in-process through Django's test Client (DEBUG off, an admin signed in), `--requests` per
    page after warm-ups: the page as it opens (people's actions), taskhub's own, everything, one task, one action,
    page 50. Reports p50/p95/max ms against the goal, p95 ≤ 150 ms.
+3. Between the two, what the chain costs writers: 1 and 4 processes each writing audit rows (one transaction per row,
+   through record_event) for `--writer-seconds`, with the chain trigger and without it (triggers off for the
+   session): rows per second. Its lock serialises a month's writers from their row to their commit.
 
     uv run python bench/audit.py                                             # full scale (see README: Benchmarks)
     uv run python bench/audit.py --tasks 10 --seconds 20 --rows 20000 --requests 5      # a quick look
@@ -141,6 +144,42 @@ def progress_phase(args, label: str, *, old_behaviour: bool) -> dict:
     }
 
 
+# --- the chain's cost to writers ------------------------------------------------------------------------------------
+
+
+def write_events(database_url: str, seconds: float, chained: bool, results) -> None:
+    """One writer: a transaction per audit row, as services write them, for `seconds`; puts how many it wrote."""
+    django_setup(database_url)
+    from django.db import connection, transaction
+
+    from taskhub.audit.services import record_event
+
+    if not chained:
+        with connection.cursor() as cursor:  # every trigger off for this session (a superuser's): no chain
+            cursor.execute("SET session_replication_role = replica")
+    written, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with transaction.atomic():
+            record_event(action="server.updated", data={"writer": os.getpid(), "n": written})
+        written += 1
+    results.put(written)
+
+
+def writers_phase(args, *, writers: int, chained: bool) -> dict:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [
+        context.Process(target=write_events, args=(args.database_url, args.writer_seconds, chained, results))
+        for _ in range(writers)
+    ]
+    for process in processes:
+        process.start()
+    written = sum(results.get() for _ in processes)
+    for process in processes:
+        process.join()
+    return {"writers": writers, "chained": chained, "per_second": written / args.writer_seconds}
+
+
 # --- 2. the page at scale -------------------------------------------------------------------------------------------
 
 
@@ -226,6 +265,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=600, help="simulated seconds of progress per task")
     parser.add_argument("--workers", type=int, default=2, help="processes applying the progress")
+    parser.add_argument("--writer-seconds", type=float, default=20.0, help="seconds of each concurrent-writer run")
     parser.add_argument("--rows", type=int, default=10_000_000, help="audit rows for the page's timing")
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
@@ -242,6 +282,9 @@ def main() -> None:
         phases = [
             progress_phase(args, "before", old_behaviour=True),
             progress_phase(args, "after", old_behaviour=False),
+        ]
+        writing = [
+            writers_phase(args, writers=writers, chained=chained) for writers in (1, 4) for chained in (False, True)
         ]
         data = fill_audit(args.rows)
         timings = time_pages(data, requests=args.requests, warmup=args.warmup)
@@ -262,6 +305,11 @@ def main() -> None:
             f"| {phase['label']} | {phase['audit_rows']:,} | {phase['audit_bytes'] / 2**20:,.1f} MiB"
             f" | {phase['history_rows']:,} | {phase['history_bytes'] / 2**20:,.1f} MiB | {phase['seconds']:.0f} s |"
         )
+    print(f"\nAudit rows written, one transaction each, for {args.writer_seconds:g} s (the chain's lock and hash):\n")
+    print("| writers | without the chain trigger | with it |")
+    print("|---:|---:|---:|")
+    for plain, chained in zip(writing[::2], writing[1::2], strict=True):
+        print(f"| {plain['writers']} | {plain['per_second']:,.0f} rows/s | {chained['per_second']:,.0f} rows/s |")
     filled = f"filled in {data['fill_seconds']:.0f} s"
     print(f"\nThe Audit page at {args.rows:,} rows ({filled}), goal p95 ≤ {GOAL_P95_MS:g} ms:\n")
     print("| page | p50 ms | p95 ms | max ms | goal |")
