@@ -373,7 +373,12 @@ def expire(*, task: Task) -> bool:
         action="task.expired",
         actor_label=WORKER,
         task=task,
-        data={"from": previous_status, "ttl_ms": task.ttl_ms, "remote_created_at": task.remote_created_at},
+        data={
+            "from": previous_status,
+            "ttl_ms": task.ttl_ms,
+            "remote_created_at": task.remote_created_at,
+            "progress_updates": task.progress_updates,
+        },
     )
     _log_after_commit("expired (was %s, ttl %s ms)", task, previous_status, task.ttl_ms)
     _supersede_open_requests(task, reason="the task expired")
