@@ -194,6 +194,8 @@ def test_the_owner_archives_and_drops_a_month_past_retention_the_application_rol
     with pytest.raises(retention.RetentionRefused, match="keep forever"):  # TASKHUB_AUDIT_RETENTION_MONTHS unset
         retention.drop_month(month=month)
     settings.TASKHUB_AUDIT_RETENTION_MONTHS = 2
+    with pytest.raises(retention.RetentionRefused, match="not a month"):
+        retention.drop_month(month=f"{month}; DROP TABLE audit_auditevent")
     with pytest.raises(retention.RetentionRefused, match="no archive"):
         retention.drop_month(month=month)
     archive = retention.archive_month(month=month, directory=tmp_path)

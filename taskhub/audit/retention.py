@@ -11,6 +11,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import SYSTEM, record_event
 
 MONTHS_AHEAD = 2
+MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 
 
 class RetentionRefused(Exception):
@@ -79,6 +81,8 @@ def expired_months(*, now: datetime.datetime) -> list[str]:
 
 
 def _index(month: str) -> int:
+    if not MONTH.fullmatch(month):
+        raise RetentionRefused(f"{month!r} is not a month: write it YYYY-MM (2025-11).")
     year, number = map(int, month.split("-"))
     return year * 12 + number - 1
 
@@ -91,16 +95,18 @@ def archive_month(*, month: str, directory: Path | str, now: datetime.datetime |
     now = now or timezone.now()
     if _index(month) >= _index(f"{now.astimezone(datetime.UTC):%Y-%m}"):
         raise RetentionRefused(f"{month} is not over yet: only a past month can be archived.")
-    walked = chain.verify_month(month)
-    if not walked.whole:
-        raise RetentionRefused(f"{month}: its chain is broken ({walked.problem}); not archived.")
     start, end = chain.month_bounds(month)
     directory = Path(directory)
     path = directory / f"taskhub-audit-{month}.jsonl"
     partial = directory / f".{path.name}.partial"
     digest = hashlib.sha256()
-    header = {"taskhub_audit_archive": 1, "month": month, "rows": walked.rows, "head": walked.head}
     with partial.open("w", encoding="utf-8") as file, transaction.atomic():
+        with connection.cursor() as cursor:  # the header and the rows from one snapshot, a late row or not
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        walked = chain.verify_month(month)
+        if not walked.whole:
+            raise RetentionRefused(f"{month}: its chain is broken ({walked.problem}); not archived.")
+        header = {"taskhub_audit_archive": 1, "month": month, "rows": walked.rows, "head": walked.head}
         events = AuditEvent.objects.filter(time__gte=start, time__lt=end).order_by("id")
         lines = [json.dumps(header)]
         for event in with_data_text(events).iterator(chunk_size=2000):
@@ -131,6 +137,7 @@ def archive_month(*, month: str, directory: Path | str, now: datetime.datetime |
 def drop_month(*, month: str, now: datetime.datetime | None = None) -> int:
     """Drop the partition of an archived month past retention; return how many rows went."""
     role = require_owner()
+    _index(month)  # a month, written YYYY-MM
     if month not in expired_months(now=now or timezone.now()):
         keep = settings.TASKHUB_AUDIT_RETENTION_MONTHS
         raise RetentionRefused(
