@@ -220,7 +220,7 @@ class ServerLogLine(models.Model):
 
 class ProgressMessage(models.Model):
     """A status message a server reported while the task ran (its status unchanged): the task's progress history, on
-    its timeline. Display, not decisions, so not audit (services.progress.record_progress_message): the newest
+    its timeline. Display, not decisions, so not audit (services.progress.keep_progress_message): the newest
     PROGRESS_MESSAGES_KEPT per task and a thinned sample of the older ones, gone with the task."""
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="progress_messages")

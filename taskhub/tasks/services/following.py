@@ -41,7 +41,7 @@ from taskhub.tasks.services.common import (
     logger,
 )
 from taskhub.tasks.services.delivering import _mark_delivered
-from taskhub.tasks.services.progress import record_progress_message
+from taskhub.tasks.services.progress import keep_progress_message
 
 # What a server changes to say how a task is getting on, not what it decided: the task's progress history has it
 # (issue 36), the audit trail only how many there were, when the task ends.
@@ -97,12 +97,15 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
         if task.is_terminal:
             task.finished_at = timezone.now()
         task.status_message_is_taskhubs = False  # what the server says now (a message of its own, or none)
+        progress_only = set(changed) <= PROGRESS_FIELDS
+        task.progress_updates += progress_only
         task.save(
             update_fields=[
                 *changed,
                 "remote_last_updated_at",
                 "finished_at",
                 "status_message_is_taskhubs",
+                "progress_updates",
                 "updated_at",
             ]
         )
@@ -116,9 +119,9 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
                 task=task,
                 data={"from": previous_status, "to": task.status, **data},
             )
-        elif set(changed) <= PROGRESS_FIELDS:
-            if "status_message" in changed:
-                record_progress_message(task=task, text=task.status_message)
+        elif progress_only:
+            if "status_message" in changed and task.status_message:
+                keep_progress_message(task_id=task.pk, number=task.progress_updates, text=task.status_message)
         else:
             record_event(action="task.updated", actor_label=WORKER, task=task, data=data)
         # Announced before task_finished: its receivers (the mail outbox) run first otherwise, and the pages wait.

@@ -35,14 +35,13 @@ def record_progress(*, task_id, progress: float, total: float | None, message: s
     if len(text) > PROGRESS_MESSAGE_MAX_CHARS:
         text = text[: PROGRESS_MESSAGE_MAX_CHARS - 1] + "…"
     live = Task.objects.filter(pk=task_id, status__in=(TaskStatus.LAUNCHING, *LIVE_STATUSES))
-    said_before = live.values_list("progress_message", flat=True).first()
+    said_before, counted = live.values_list("progress_message", "progress_updates").first() or ("", 0)
     updated = live.update(
         progress=progress, progress_total=total, progress_message=text, progress_updates=F("progress_updates") + 1
     )
     if updated:
-        if text and text != said_before:
-            number = Task.objects.filter(pk=task_id).values_list("progress_updates", flat=True).get()
-            _keep_progress_message(task_id=task_id, number=number, text=text)
+        if text and text != said_before:  # numbered with gaps (repeats are counted, not kept): trimmed every time
+            keep_progress_message(task_id=task_id, number=counted + 1, text=text, trim_every=1)
         _publish_after_commit(task_id)
     return bool(updated)
 
@@ -55,18 +54,11 @@ PROGRESS_OLDER_KEPT = 50
 PROGRESS_TRIM_EVERY = 20  # trimmed on every 20th message: one DELETE per 20 inserts
 
 
-def record_progress_message(*, task: Task, text: str) -> None:
-    """A status message the server reported with the task's status unchanged (apply_snapshot, in its transaction, the
-    task locked): counted on the task and kept in its progress history, not in the audit trail."""
-    task.progress_updates += 1
-    Task.objects.filter(pk=task.pk).update(progress_updates=F("progress_updates") + 1)
-    if text:
-        _keep_progress_message(task_id=task.pk, number=task.progress_updates, text=text)
-
-
-def _keep_progress_message(*, task_id, number: int, text: str) -> None:
+def keep_progress_message(*, task_id, number: int, text: str, trim_every: int = PROGRESS_TRIM_EVERY) -> None:
+    """Keep the `number`th progress report of a task (counted by the caller, in its transaction), a status message
+    the server reported with the task's status unchanged, in the task's progress history; older ones thinned."""
     ProgressMessage.objects.create(task_id=task_id, number=number, at=timezone.now(), text=text)
-    if number % PROGRESS_TRIM_EVERY:
+    if number % trim_every:
         return
     # Older than the newest PROGRESS_MESSAGES_KEPT: the first stays, and numbers divisible by a power-of-two stride,
     # the smallest that leaves at most PROGRESS_OLDER_KEPT of them. A larger stride keeps a subset of a smaller
