@@ -8,7 +8,8 @@ records the task in STORE (its id, when it is due) and answers with it at once. 
 process started later (after the one that made the task was killed with its worker) knows the task: `tasks/get`
 says `working` until it is due, then `completed`; `tasks/result` answers when it is due with the result
 ("brewed for N s"); `tasks/cancel` ends it cancelled. A task id STORE does not hold is -32602, as the reference
-server answers.
+server answers. A call with a progress token gets `notifications/progress` with it while its task brews, after the
+call answered, as the revision says the token stays the task's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 # Started by path: the project directory on the path, so that `tests` is the package it is under pytest.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.stdio_peer import answer, refuse
+from tests.stdio_peer import answer, refuse, send
 
 VERSION = "2025-11-25"
 POLL_INTERVAL_MS = 500
@@ -80,6 +81,14 @@ def result_when_due(request_id: Any, task_id: str) -> None:
         time.sleep(0.1)
 
 
+def report_progress(token: Any, task_id: str) -> None:
+    while (record := tasks().get(task_id)) is not None and not record.get("status") and time.time() < record["due"]:
+        time.sleep(0.3)
+        done = min(record["seconds"], round(record["seconds"] - (record["due"] - time.time()), 1))
+        params = {"progressToken": token, "progress": done, "total": record["seconds"], "message": "brewing"}
+        send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+
 def main() -> None:
     for line in sys.stdin:
         message = json.loads(line)
@@ -102,6 +111,8 @@ def main() -> None:
             record = {"seconds": seconds, "due": time.time() + seconds, "created": datetime.now(UTC).isoformat()}
             save(task_id, record)
             answer(request_id, {"task": status_of(task_id, record)})
+            if (token := (params.get("_meta") or {}).get("progressToken")) is not None:
+                threading.Thread(target=report_progress, args=(token, task_id), daemon=True).start()
         elif method in ("tasks/get", "tasks/result", "tasks/cancel"):
             task_id = str(params.get("taskId"))
             record = tasks().get(task_id)

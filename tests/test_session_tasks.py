@@ -6,6 +6,7 @@ where the server still knows it (tests/durable_tasks_server.py) and ends it lost
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import signal
@@ -19,7 +20,7 @@ from django.test import Client
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp import session_tasks as wire_tasks
-from taskhub.mcp.cli import EXIT_CANCELLED
+from taskhub.mcp.cli import EXIT_CANCELLED, ProgressLines, Reporter
 from taskhub.mcp.errors import InvalidResult
 from taskhub.servers.discovery import discover_and_record
 from taskhub.servers.services import create_server
@@ -100,9 +101,7 @@ def test_over_stdio_a_research_task_asks_a_person_and_ends_with_their_answer_in_
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_over_http_research_tasks_end_with_their_reports_one_is_cancelled_and_a_long_calls_progress_is_shown(
-    workers, everything, over_http
-):
+def test_over_http_a_research_task_ends_with_its_report_and_another_is_cancelled(workers, everything, over_http):
     admin, operator = make_user("ada", ADMINS), make_user("olga", OPERATORS)
     server = register_everything(admin, everything, url=over_http, expect_tool=TOOL)
     workers.start("holder")
@@ -118,30 +117,7 @@ def test_over_http_research_tasks_end_with_their_reports_one_is_cancelled_and_a_
     plain = ended(plain)
     assert plain.status == TaskStatus.COMPLETED, (plain.status, plain.error)
     assert "# Research Report: tides" in report(plain) and "Clarification" not in report(plain)
-
-    # Its question over HTTP (on the event stream of tasks/result), answered by a person.
-    asking = services.launch(server=server, tool=TOOL, arguments={"topic": "python", "ambiguous": True}, user=admin)
-    request = wait_until(
-        lambda: InputRequest.objects.filter(task=asking, state=InputRequestState.OPEN).first(),
-        timeout=60,
-        what="the task's question over HTTP",
-    )
-    services.answer_input(
-        input_request=request, response={"action": "accept", "content": {"interpretation": "snake"}}, user=admin
-    )
-    assert "# Research Report: python (snake)" in report(ended(asking))
-
-    # A long call's progress over HTTP (on the event stream of its POST) moves the task while it runs.
-    long = services.launch(
-        server=server, tool="trigger-long-running-operation", arguments={"duration": 4, "steps": 4}, user=admin
-    )
-    seen, deadline = set(), time.monotonic() + 60
-    while not (now := Task.objects.values("finished_at", "progress").get(pk=long.pk))["finished_at"]:
-        assert time.monotonic() < deadline, "the long call did not end within 60 s"
-        seen.add(now["progress"])
-        time.sleep(0.05)
-    assert seen - {None}, seen  # seen while the call ran
-    assert "Long running operation completed" in report(ended(long))
+    # Its question, and a long call's progress, over HTTP: tests/browser/test_held_questions.py.
 
 
 @pytest.mark.slow
@@ -187,7 +163,8 @@ def test_a_task_whose_follower_was_killed_is_followed_on_by_another_worker_where
     workers, tmp_path
 ):
     """A server whose tasks outlive the session and the process that made them (tests/durable_tasks_server.py keeps
-    them in a file): the other worker takes the stdio process over, takes the task up and follows it to its end."""
+    them in a file): the other worker takes the stdio process over, takes the task up and follows it to its end. Before,
+    the task's progress, reported after its call answered, was shown."""
     admin = make_user("ada", ADMINS)
     store = tmp_path / "tasks.json"
     server = create_server(
@@ -200,6 +177,8 @@ def test_a_task_whose_follower_was_killed_is_followed_on_by_another_worker_where
     task = wait_until(
         lambda: (found := Task.objects.get(pk=task.pk)).followed_by and found, timeout=60, what="a follower"
     )
+    # Its progress, which the server reports with the call's token after the call answered, reaches the task.
+    wait_until(lambda: Task.objects.get(pk=task.pk).progress, timeout=30, what="the task's progress")
     killed_follower = task.followed_by
     workers.processes[killed_follower].send_signal(signal.SIGKILL)
 
@@ -263,3 +242,26 @@ def test_the_cli_follows_a_2025_11_25_task_answers_its_question_and_cancels_anot
     cancelled = run_cli("call", "--stdio", stdio, TOOL, "--args", '{"topic":"x"}', "--cancel-after", "1")
     assert cancelled.returncode == EXIT_CANCELLED, cancelled.stderr
     assert "cancel sent (tasks/cancel)" in cancelled.stdout and "task cancelled" in cancelled.stdout
+
+
+@pytest.mark.slow
+def test_the_cli_prints_the_progress_a_task_reports_after_its_call_answered(tmp_path):
+    stdio = f"{sys.executable} {DURABLE_SERVER} {tmp_path / 'tasks.json'}"
+    brewed = run_cli("call", "--stdio", stdio, "brew", "--args", '{"seconds": 1.5}', "--json")
+    assert brewed.returncode == 0, brewed.stderr
+    events = [json.loads(line) for line in brewed.stdout.splitlines()]
+    kinds = [event["event"] for event in events]
+    assert kinds.index("task_created") < kinds.index("progress") < kinds.index("outcome"), kinds
+    progress = next(event for event in events if event["event"] == "progress")
+    assert progress["total"] == 1.5 and progress["message"] == "brewing", progress
+    assert events[-1]["result"]["content"][0]["text"] == "brewed for 1.5 s"
+
+
+async def test_the_clis_progress_lines_say_how_far_and_skip_a_flood():
+    out = io.StringIO()
+    lines = ProgressLines(Reporter(as_json=False, out=out))
+    await lines(1, 6, "step one")
+    for step in range(2, 6):
+        await lines(step, 6, "fast")  # within PROGRESS_LINE_EVERY_S of the first: not shown
+    await lines(6, 6, None)  # the last always is
+    assert out.getvalue().splitlines() == ["progress: 1 of 6 — server says “step one”", "progress: 6 of 6"]

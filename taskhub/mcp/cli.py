@@ -153,6 +153,18 @@ def status_line(snapshot: TaskSnapshot) -> str:
     return line
 
 
+def report_task_created(reporter: Reporter, snapshot: TaskSnapshot) -> None:
+    reporter.event(
+        "task_created",
+        f"task {clean_text(snapshot.task_id, cap=120)} created",
+        taskId=snapshot.task_id,
+        status=snapshot.status,
+        statusMessage=snapshot.status_message,
+        pollIntervalMs=snapshot.poll_interval_ms,
+        ttlMs=snapshot.ttl_ms,
+    )
+
+
 def report_status(reporter: Reporter, snapshot: TaskSnapshot) -> None:
     reporter.event(
         "status",
@@ -161,6 +173,32 @@ def report_status(reporter: Reporter, snapshot: TaskSnapshot) -> None:
         status=snapshot.status,
         statusMessage=snapshot.status_message,
     )
+
+
+# A progress line at most this often (a server may report hundreds a second); the last one of a run is always shown.
+PROGRESS_LINE_EVERY_S = 0.25
+
+
+@dataclass
+class ProgressLines:
+    """`on_progress` of a call and of the 2025-11-25 task it made: "progress: 3 of 6 — server says '…'"."""
+
+    reporter: Reporter
+    _shown_at: float = float("-inf")
+    _shown: tuple[float, float | None, str | None] | None = None
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        now = time.monotonic()
+        reached_total = total is not None and progress >= total
+        if (progress, total, message) == self._shown or (
+            now - self._shown_at < PROGRESS_LINE_EVERY_S and not reached_total
+        ):
+            return
+        self._shown, self._shown_at = (progress, total, message), now
+        line = f"progress: {progress:g}" + (f" of {total:g}" if total is not None else "")
+        if message:
+            line += f" — server says {quoted(message)}"
+        self.reporter.event("progress", line, progress=progress, total=total, message=message)
 
 
 def describe_content(item: Any) -> str:
@@ -493,15 +531,7 @@ class TaskFollower:
             ) from None
 
     async def _run(self, snapshot: TaskSnapshot) -> TaskSnapshot:
-        self.reporter.event(
-            "task_created",
-            f"task {clean_text(snapshot.task_id, cap=120)} created",
-            taskId=snapshot.task_id,
-            status=snapshot.status,
-            statusMessage=snapshot.status_message,
-            pollIntervalMs=snapshot.poll_interval_ms,
-            ttlMs=snapshot.ttl_ms,
-        )
+        report_task_created(self.reporter, snapshot)
         await self._observe(snapshot)
         if snapshot.status == "completed" and snapshot.result is None:
             # A task handle carries no result: tasks/get has it.
@@ -633,14 +663,19 @@ def safety_poll_interval(snapshot: TaskSnapshot) -> float:
 
 
 async def call_with_mrtr(
-    client: TasksClient, *, tool: str, arguments: dict[str, Any], answerer: Answerer
+    client: TasksClient, *, tool: str, arguments: dict[str, Any], answerer: Answerer, progress: ProgressLines
 ) -> ToolCompleted | TaskCreated:
     """`tools/call`, retried with answers and the exact `requestState` while the server asks for input."""
     input_responses: dict[str, Any] | None = None
     request_state: str | None = None
     for _ in range(MAX_MRTR_ROUNDS):
         outcome = await client.call_tool(
-            tool, arguments, input_responses=input_responses, request_state=request_state, asker=answerer.ask_question
+            tool,
+            arguments,
+            input_responses=input_responses,
+            request_state=request_state,
+            asker=answerer.ask_question,
+            on_progress=progress,
         )
         if answerer.question_failed is not None:
             raise answerer.question_failed
@@ -658,9 +693,16 @@ class _SessionTaskFollower(session_tasks.SessionTaskFollower):
     tolerate_refused_reads = False
 
     def __init__(
-        self, client: TasksClient, created: TaskSnapshot, *, reporter: Reporter, answerer: Answerer, cancel_at
+        self,
+        client: TasksClient,
+        created: TaskSnapshot,
+        *,
+        reporter: Reporter,
+        answerer: Answerer,
+        cancel_at,
+        **progress,
     ) -> None:
-        super().__init__(client, created, asker=answerer.ask_question)
+        super().__init__(client, created, asker=answerer.ask_question, **progress)
         self.reporter = reporter
         self.cancel_at = cancel_at
         self.shown: tuple[str, str | None] | None = None
@@ -689,13 +731,28 @@ class _SessionTaskFollower(session_tasks.SessionTaskFollower):
 
 
 async def follow_session_task(
-    client: TasksClient, created: TaskSnapshot, *, reporter: Reporter, answerer: Answerer, cancel_at: float | None
+    client: TasksClient,
+    created: TaskCreated,
+    *,
+    reporter: Reporter,
+    answerer: Answerer,
+    cancel_at: float | None,
+    progress: ProgressLines,
 ) -> TaskSnapshot:
     """A 2025-11-25 task to its end on this session (taskhub.mcp.session_tasks.SessionTaskFollower): its questions
-    answered as a call's are, a status line when its status changes, `tasks/cancel` at `cancel_at`. Returns the end
-    as the extension states it."""
-    follower = _SessionTaskFollower(client, created, reporter=reporter, answerer=answerer, cancel_at=cancel_at)
-    await follower.seen(created, "tools/call")
+    answered as a call's are, a status line when its status changes, a progress line as the server reports it,
+    `tasks/cancel` at `cancel_at`. Returns the end as the extension states it."""
+    follower = _SessionTaskFollower(
+        client,
+        created.task,
+        reporter=reporter,
+        answerer=answerer,
+        cancel_at=cancel_at,
+        on_progress=progress,
+        progress_token=created.progress_token,
+    )
+    report_task_created(reporter, created.task)
+    await follower.seen(created.task, "tools/call")
     final = await follower.run()
     if answerer.question_failed is not None:
         raise answerer.question_failed
@@ -734,7 +791,10 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
         client.check_tool(args.tool)
         if problems := argument_errors(listed, arguments):
             raise UsageError(f"the arguments do not fit the tool's input schema: {clean_text(problems, cap=1000)}")
-        outcome = await call_with_mrtr(client, tool=args.tool, arguments=arguments, answerer=answerer)
+        progress = ProgressLines(reporter)
+        outcome = await call_with_mrtr(
+            client, tool=args.tool, arguments=arguments, answerer=answerer, progress=progress
+        )
         if isinstance(outcome, ToolCompleted):
             reporter.event("outcome", None, status="completed", taskId=None, result=outcome.result)
             print_tool_result(reporter, outcome.result)
@@ -742,7 +802,7 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
         cancel_at = time.monotonic() + args.cancel_after if args.cancel_after is not None else None
         if outcome.on_session:
             final = await follow_session_task(
-                client, outcome.task, reporter=reporter, answerer=answerer, cancel_at=cancel_at
+                client, outcome, reporter=reporter, answerer=answerer, cancel_at=cancel_at, progress=progress
             )
             return report_final(reporter, final)
         follower = TaskFollower(

@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -212,6 +213,9 @@ class TaskCreated:
     # A 2025-11-25 task (taskhub.mcp.session_tasks): it lives on the session that created it, which must stay open
     # to follow it (`get_session_task`, `session_task_result`, `cancel_session_task`).
     on_session: bool = False
+    # The progress token of the call that made a 2025-11-25 task: the server keeps using it for the task's progress
+    # after the call answered (`session_task_progress`). None when the call asked for no progress.
+    progress_token: str | None = None
 
 
 CallOutcome = ToolCompleted | ToolInputRequired | TaskCreated
@@ -238,6 +242,8 @@ class _Connection:
     async def on_message(self, message: Any) -> None:
         if isinstance(message, mcp_types.ElicitCompleteNotification):
             self._owner._questions.on_elicitation_complete(message.params.elicitation_id)
+        if isinstance(message, mcp_types.ProgressNotification):  # the SDK routed those of calls in flight already
+            await self._owner._late_progress(message.params)
         if isinstance(message, BadLine):
             self.bad_lines += 1
             if self.bad_lines <= 10 or self.bad_lines % 1000 == 0:  # a server spewing garbage must not flood the log
@@ -474,6 +480,7 @@ class TasksClient:
         self._task_support: dict[str, str | None] = {}
         self._questions = Questions(target.describe)
         self._own_answers = target.own_answers
+        self._session_task_progress: dict[str, ProgressFnT] = {}
 
     async def __aenter__(self) -> TasksClient:
         return self
@@ -724,6 +731,7 @@ class TasksClient:
         no_timeout: bool = False,
         on_progress: ProgressFnT | None = None,
         extra_params: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
         """`ClientSession.send_request` without its strict core-result validation.
 
@@ -737,6 +745,8 @@ class TasksClient:
         options: dict[str, Any] = {"timeout": None if no_timeout else self.timeout}
         if on_progress is not None:
             options["on_progress"] = on_progress
+        if request_id is not None:
+            options["request_id"] = request_id  # with on_progress, the progress token too
         sdk_private.stamp_request(session, data, options)
         if headers:
             options.setdefault("headers", {}).update(headers)
@@ -778,6 +788,8 @@ class TasksClient:
                 headers = param_headers(self._tool_schemas.get(name), arguments or {})
             request = mcp_types.CallToolRequest(params=params)
             as_task = self._runs_as_session_task(client, name)
+            # A task's progress comes after the call answered, with the call's token (the request id): one we know.
+            token = f"taskhub-{uuid.uuid4().hex}" if as_task and on_progress is not None else None
             # With an asker the call's deadline is ours (paused while a question waits), not the SDK's.
             raw = await self._send_tolerant(
                 client.session,
@@ -786,9 +798,11 @@ class TasksClient:
                 no_timeout=asker is not None,
                 on_progress=on_progress,
                 extra_params={"task": {}} if as_task else None,
+                request_id=token,
             )
             if as_task and session_tasks.is_task_handle(raw):
-                return TaskCreated(task=session_tasks.snapshot_of(raw["task"], source="tools/call"), on_session=True)
+                task = session_tasks.snapshot_of(raw["task"], source="tools/call")
+                return TaskCreated(task=task, on_session=True, progress_token=token)
             return parse_call_tool_result(raw)
 
         if asker is None:
@@ -843,6 +857,25 @@ class TasksClient:
         finally:
             if self._extension.session_task_notices.get(task_id) is notices:
                 del self._extension.session_task_notices[task_id]
+
+    @contextlib.contextmanager
+    def session_task_progress(self, token: str | None, on_progress: ProgressFnT | None) -> Iterator[None]:
+        """The `notifications/progress` the server sends with `token` (TaskCreated.progress_token) go to
+        `on_progress` while in this block."""
+        if token is None or on_progress is None:
+            yield
+            return
+        self._session_task_progress[token] = on_progress
+        try:
+            yield
+        finally:
+            self._session_task_progress.pop(token, None)
+
+    async def _late_progress(self, params: mcp_types.ProgressNotificationParams) -> None:
+        token = params.progress_token
+        on_progress = self._session_task_progress.get(token) if isinstance(token, str) else None
+        if on_progress is not None:
+            await on_progress(params.progress, params.total, params.message)
 
     async def session_task_result(
         self, task_id: str, *, wait_seconds: float, asker: Asker | None = None, on_log: LogSink | None = None

@@ -11,7 +11,8 @@ event stream it came on), except a 2025-11-25 task's question, which names its t
 declined (nobody is there to answer: the CLI without answers, the tracker's clients), and with several it is
 declined too, with a log line saying why, rather than shown to a person as another call's question. taskhub's
 launch clients of HTTP servers carry one call each; a stdio server's process carries every call on it, so a
-question asked while two calls on one process wait is declined.
+question asked while two calls on one process wait is declined. A task's `tasks/result` waiting beside one call does
+not make that call's question ambiguous: the task's own questions name it.
 """
 
 from __future__ import annotations
@@ -173,16 +174,19 @@ class Questions:
         named = [call for call in self._calls.values() if related is not None and call.related_task == related]
         if named:
             return await self._ask(named[0], method, raw, context)
-        if len(self._calls) != 1:
-            if self._calls:
+        # A 2025-11-25 task's questions name it, so one that names nothing is a call's; a sloppy server's untagged
+        # question still reaches a task's tasks/result when that is all that waits.
+        calls = [call for call in self._calls.values() if call.related_task is None] or list(self._calls.values())
+        if len(calls) != 1:
+            if calls:
                 logger.warning(
                     "%s asked a question (%s) while %d calls wait on it: it names none of them, so it was refused",
                     self._describe(),
                     method,
-                    len(self._calls),
+                    len(calls),
                 )
             return None
-        return await self._ask(next(iter(self._calls.values())), method, raw, context)
+        return await self._ask(calls[0], method, raw, context)
 
     async def _ask(self, call: _AskingCall, method: str, raw: dict[str, Any], context: Any) -> dict[str, Any]:
         server_request_id = getattr(context, "request_id", "")

@@ -27,6 +27,8 @@ from taskhub.mcp import wire
 from taskhub.mcp.errors import InvalidResult, McpClientError, ProtocolError
 
 if TYPE_CHECKING:
+    from mcp.shared.dispatcher import ProgressFnT
+
     from taskhub.mcp.client import TasksClient
     from taskhub.mcp.questions import Asker, LogSink
 
@@ -142,12 +144,22 @@ class SessionTaskFollower:
     tolerate_refused_reads = True
 
     def __init__(
-        self, client: TasksClient, created: wire.TaskSnapshot, *, asker: Asker, on_log: LogSink | None = None
+        self,
+        client: TasksClient,
+        created: wire.TaskSnapshot,
+        *,
+        asker: Asker,
+        on_log: LogSink | None = None,
+        on_progress: ProgressFnT | None = None,
+        progress_token: str | None = None,
     ) -> None:
         self.client = client
         self.created = created
         self.asker = asker
         self.on_log = on_log
+        # The server's progress on the task, sent with the progress token of the call that made it.
+        self.on_progress = on_progress
+        self.progress_token = progress_token
 
     def next_look_s(self, last: wire.TaskSnapshot) -> float:
         """Seconds until the next `tasks/get`: the server's hint, within the bounds the tracker keeps it in."""
@@ -176,7 +188,10 @@ class SessionTaskFollower:
         last = self.created
         cancel_tried = False
         try:
-            with self.client.session_task_statuses(remote) as notices:
+            with (
+                self.client.session_task_statuses(remote) as notices,
+                self.client.session_task_progress(self.progress_token, self.on_progress),
+            ):
                 while not ending.done():
                     notified = asyncio.ensure_future(notices.arrived.wait())
                     try:
@@ -214,8 +229,8 @@ class SessionTaskFollower:
         finally:
             if not ending.done():
                 ending.cancel()
-                with contextlib.suppress(BaseException):
-                    await ending
+            with contextlib.suppress(BaseException):  # its failure, if the session broke under both, is said above
+                await ending
 
     async def _status_at_end(self, last: wire.TaskSnapshot) -> wire.TaskSnapshot:
         """The task's status once tasks/result answered (the server settles it first); the last one seen if it

@@ -359,7 +359,13 @@ async def _call_and_follow(
     if on_session:  # a 2025-11-25 task lives on this session: followed here, to its end
         assert isinstance(outcome, TaskCreated)
         return await follow_on_session(
-            client, task_id=task.pk, created=outcome.task, asker=asker, follower=worker_id, on_log=server_log
+            client,
+            task_id=task.pk,
+            created=outcome.task,
+            asker=asker,
+            follower=worker_id,
+            on_log=server_log,
+            progress_token=outcome.progress_token,
         )
     return type(outcome).__name__
 

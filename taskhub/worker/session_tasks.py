@@ -31,6 +31,7 @@ from taskhub.tasks import services
 from taskhub.tasks.models import Task
 from taskhub.tasks.services import session_tasks
 from taskhub.worker.orm import db
+from taskhub.worker.progress import CallProgress
 from taskhub.worker.tracker.polling import poll_delay_ms
 
 logger = logging.getLogger(__name__)
@@ -39,8 +40,10 @@ logger = logging.getLogger(__name__)
 class _Follower(wire_tasks.SessionTaskFollower):
     """Each status seen stored as a snapshot; a person's Cancel (the cancel job leaves it to us) sent on the session."""
 
-    def __init__(self, client: TasksClient, created: TaskSnapshot, *, task_id: uuid.UUID, asker, on_log) -> None:
-        super().__init__(client, created, asker=asker, on_log=on_log)
+    def __init__(
+        self, client: TasksClient, created: TaskSnapshot, *, task_id: uuid.UUID, asker, on_log, **progress
+    ) -> None:
+        super().__init__(client, created, asker=asker, on_log=on_log, **progress)
         self.task_id = task_id
 
     def next_look_s(self, last: TaskSnapshot) -> float:
@@ -67,11 +70,23 @@ async def follow_on_session(
     asker: Asker,
     follower: str,
     on_log: LogSink | None = None,
+    progress_token: str | None = None,
 ) -> str:
     """Follow the task to its end on `client`'s session as worker `follower`; when the session breaks or this worker
-    stops, hand it on for another to take up (services.session_tasks.hand_on_session_task)."""
+    stops, hand it on for another to take up (services.session_tasks.hand_on_session_task). `progress_token`: that of
+    the call that made the task, with which the server reports the task's progress."""
+    progress = CallProgress(task_id)
+    following = _Follower(
+        client,
+        created,
+        task_id=task_id,
+        asker=asker,
+        on_log=on_log,
+        on_progress=progress,
+        progress_token=progress_token,
+    )
     try:
-        final = await _Follower(client, created, task_id=task_id, asker=asker, on_log=on_log).run()
+        final = await following.run()
     except RequestTimeout:  # its ttl passed without an end: the server may have dropped it
         await db(_expire, task_id=task_id)
         return "expired"
@@ -83,6 +98,8 @@ async def follow_on_session(
     except asyncio.CancelledError:  # this worker stops: another takes the task up
         await _hand_on_as_this_worker_stops(task_id, follower=follower)
         raise
+    finally:
+        await progress.aclose()  # its last report stored before the end
     await db(_apply, task_id=task_id, snapshot=final, source="tasks/result")
     return final.status
 

@@ -1,13 +1,15 @@
-"""Issue 32 item 1 in the browser: the official reference server's `trigger-elicitation-request` (a classic
-`elicitation/create` of every field type, asked while its tools/call waits) answered by a person in the inbox.
+"""Issue 32 in the browser: the official reference server, @modelcontextprotocol/server-everything, registered twice
+(over stdio, its process held by the worker, and over Streamable HTTP) and driven through the whole stack, every
+answer given by a person in the inbox.
 
-The reference server runs over stdio in the worker that holds its process (tests/everything_fixtures.py); the
-approver's inbox gets the card live, filled with the form's defaults; the approver types a name and an email and
-accepts; the operator's task page then shows the server's result, every field as sent (defaults included). Then a
-long call of the same server (`trigger-long-running-operation`) moves a progress bar on its task page while it runs,
-a 2025-11-25 task of it (`simulate-research-query`, ambiguous) asks its question in the inbox and ends with the
-person's choice in its report, and its sampling request gets the message a person writes. Last, the same server over
-Streamable HTTP asks a URL-mode question (`trigger-url-elicitation`): the card shows the link, the person accepts.
+Each of its tools runs once over each transport, launched from the launch page: `trigger-elicitation-request` (a
+classic `elicitation/create` of every field type while its tools/call waits: the card is filled with the form's
+defaults, the person types a name and an email), `trigger-url-elicitation` (a URL-mode question: the card shows the
+link, never opened by taskhub), `simulate-research-query` as a 2025-11-25 task with and without `ambiguous` (its
+question arrives through tasks/result and the person's choice ends up in its report), `trigger-sampling-request`
+(the person writes the model's message), `get-roots-list` (the roots the admin configured) and
+`trigger-long-running-operation` (its steps move a bar on the task page, pushed while the call runs). Each task page
+then shows what the server answered.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import shutil
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
 from taskhub.servers.discovery import discover_and_record
@@ -29,8 +31,8 @@ from tests.stack_fixtures import Workers, in_own_thread, worker_environment
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-TOOL = "trigger-elicitation-request"
 TASK_URL = re.compile(r".*/tasks/([0-9a-f-]{36})/$")
+ROOTS = [{"uri": "file:///srv/repo", "name": "Repository"}]
 
 
 @pytest.fixture
@@ -45,114 +47,174 @@ def worker(session_daphne, live_channel_env, django_db_blocker):
         workers.stop_all()
 
 
-def test_a_person_answers_the_reference_servers_form_in_the_inbox_and_a_long_calls_progress_moves_live(
+def launch(page: Page, base_url: str, server: Server, tool: str, *, fill=(), check=()) -> str:
+    """Launch `tool` of `server` from its launch page with these fields; the task page's URL."""
+    page.goto(f"{base_url}/launch/{server.pk}/{tool}/")
+    for label, value in fill:
+        page.get_by_label(re.compile(rf"^\s*{label}\b")).fill(value)
+    for label in check:
+        page.get_by_label(re.compile(rf"^\s*{label}\b")).check()
+    page.get_by_role("button", name="Launch", exact=True).click()
+    expect(page).to_have_url(TASK_URL)
+    return page.url
+
+
+def test_a_person_answers_every_question_of_the_reference_server_over_stdio_and_http_and_sees_its_progress_live(
     new_page, session_daphne, worker, everything, over_http
 ):
-    everything_over_http = over_http
     admin = make_user("ada", ADMINS, password=TEST_PASSWORD)
     make_user("arun", APPROVERS, password=TEST_PASSWORD)
-    server = in_own_thread(
+    node = shutil.which("node") or "node"
+    # Enough slots for every question to be held at once on each server.
+    over_stdio = in_own_thread(
         create_server,
         name="everything",
         transport="stdio",
-        command=shutil.which("node") or "node",
+        command=node,
         args=[everything, "stdio"],
         user=admin,
+        roots=ROOTS,
+        max_concurrent_jobs=8,
         discover_in_background=True,
     )
-    wait_until(
-        lambda: in_own_thread(Server.objects.filter(pk=server.pk, discovered_at__isnull=False).exists),
-        timeout=60,
-        what="the reference server discovered by the worker",
-    )
-
     # Made before the inbox opens: a server made in this process (not a web process) reaches no open socket.
-    over_http = in_own_thread(
-        create_server, name="everything-http", transport="http", url=everything_over_http, user=admin
+    streamable = in_own_thread(
+        create_server,
+        name="everything-http",
+        transport="http",
+        url=over_http,
+        user=admin,
+        roots=ROOTS,
+        max_concurrent_jobs=8,
     )
-    in_own_thread(discover_and_record, server=over_http, user=admin)
+    in_own_thread(discover_and_record, server=streamable, user=admin)
+    wait_until(
+        lambda: in_own_thread(Server.objects.filter(pk=over_stdio.pk, discovered_at__isnull=False).exists),
+        timeout=60,
+        what="the reference server over stdio discovered by the worker",
+    )
+    servers = (over_stdio, streamable)
 
     approver = new_page()
     sign_in(approver, session_daphne.url, "arun", TEST_PASSWORD)
     approver.goto(f"{session_daphne.url}/inbox/")
     expect(approver.locator("#live-indicator")).to_have_attribute("data-state", "live")
-
     operator = new_page()
     sign_in(operator, session_daphne.url, "ada", TEST_PASSWORD)
-    operator.goto(f"{session_daphne.url}/launch/")
-    operator.get_by_role("link", name=re.compile(rf"\b{re.escape(TOOL)}\b")).first.click()
-    operator.get_by_role("button", name="Launch", exact=True).click()
-    expect(operator).to_have_url(TASK_URL)
 
-    card = approver.locator("article.ir-card").filter(has_text="Please provide inputs for the following fields:")
-    expect(card).to_be_visible(timeout=30_000)  # pushed: the inbox was not reloaded
-    expect(card).to_contain_text("the call waits until")
-    expect(card.get_by_role("spinbutton", name=re.compile("^Integer"))).to_have_value("42")  # the form's defaults
-    card.get_by_role("textbox", name=re.compile(r"^String\s+required")).fill("Ada Lovelace")
-    card.get_by_role("textbox", name=re.compile("^String with email format")).fill("ada@example.org")
-    screenshot(approver, "held-question-inbox")
-    card.get_by_role("button", name="Accept").click()
-    expect(card).to_contain_text(re.compile("answered by you|delivered"))
+    launches = {
+        "form": ("trigger-elicitation-request", {}),
+        "url": ("trigger-url-elicitation", {"fill": [("url", "https://example.com/authorize?flow=7")]}),
+        "asks": ("simulate-research-query", {"fill": [("topic", "python")], "check": ["ambiguous"]}),
+        "plain": ("simulate-research-query", {"fill": [("topic", "tides")]}),
+        "sampling": ("trigger-sampling-request", {"fill": [("prompt", "Say hi")]}),
+        "roots": ("get-roots-list", {}),
+    }
+    ends = {
+        "form": (
+            "User provided the requested information!",
+            "- Name: Ada Lovelace",
+            "- Email: ada@example.org",
+            "- Favorite Integer: 42",
+            "Monica",
+        ),
+        "url": ("User completed the URL elicitation flow",),
+        "asks": ("Research Report: python (comedy)",),
+        "plain": ("Research Report: tides",),
+        "sampling": ("Hi, written by a person for {name}",),
+        "roots": ("1. Repository", "file:///srv/repo"),
+    }
+    tasks: dict[tuple[str, str], str] = {}
+    checked: set[tuple[str, str]] = set()
 
-    result = operator.locator("body")
-    expect(result).to_contain_text("User provided the requested information!", timeout=30_000)
-    for shown in ("- Name: Ada Lovelace", "- Email: ada@example.org", "- Favorite Integer: 42", "Monica"):
-        expect(result).to_contain_text(shown)
-    screenshot(operator, "held-question-result")
+    def start(server: Server, kind: str) -> None:
+        tool, fields = launches[kind]
+        tasks[server.name, kind] = launch(operator, session_daphne.url, server, tool, **fields)
 
-    # A long call of the same server: its steps move a bar on the task page, pushed while the call runs.
-    operator.goto(f"{session_daphne.url}/launch/")
-    operator.get_by_role("link", name=re.compile(r"\btrigger-long-running-operation\b")).first.click()
-    operator.get_by_label("duration", exact=False).fill("6")
-    operator.get_by_label("steps", exact=False).fill("6")
-    operator.get_by_role("button", name="Launch", exact=True).click()
-    expect(operator).to_have_url(TASK_URL)
-    bar = operator.locator(".task-progress progress")
-    expect(bar).to_have_attribute("max", "6", timeout=30_000)
-    expect(operator.locator(".task-progress")).to_contain_text(re.compile(r"[1-5] of 6"))
-    screenshot(operator, "call-progress")
-    expect(operator.locator("body")).to_contain_text("Long running operation completed", timeout=30_000)
-    expect(bar).to_have_count(0)
+    def card(server: Server, asking: str):
+        from_server = approver.locator(".ir-server", has_text=re.compile(rf"^{re.escape(server.name)}$"))
+        found = approver.locator("article.ir-card").filter(has_text=asking).filter(has=from_server)
+        expect(found).to_be_visible(timeout=30_000)  # pushed: the inbox is never reloaded
+        return found
 
-    # A 2025-11-25 task (issue 32 item 3): the research tool runs as a task on its session; its question (related to
-    # the task, through tasks/result) reaches the inbox, and the person's choice ends up in its report.
-    operator.goto(f"{session_daphne.url}/launch/")
-    operator.get_by_role("link", name=re.compile(r"\bsimulate-research-query\b")).first.click()
-    operator.get_by_label("topic", exact=False).fill("python")
-    operator.get_by_label("ambiguous", exact=False).check()
-    operator.get_by_role("button", name="Launch", exact=True).click()
-    expect(operator).to_have_url(TASK_URL)
-    card = approver.locator("article.ir-card").filter(has_text="could have multiple interpretations")
-    expect(card).to_be_visible(timeout=30_000)
-    expect(operator.locator("body")).to_contain_text("Requesting clarification", timeout=10_000)
-    card.get_by_label(re.compile("^Clarification")).select_option(label="Monty Python comedy group")
-    card.get_by_role("button", name="Accept").click()
-    expect(operator.locator("body")).to_contain_text("Research Report: python (comedy)", timeout=30_000)
-    screenshot(operator, "session-task-result")
+    def answer(server: Server, kind: str) -> None:
+        if kind == "form":
+            form = card(server, "Please provide inputs for the following fields:")
+            expect(form).to_contain_text("the call waits until")
+            expect(form.get_by_role("spinbutton", name=re.compile("^Integer"))).to_have_value("42")  # the defaults
+            form.get_by_role("textbox", name=re.compile(r"^String\s+required")).fill("Ada Lovelace")
+            form.get_by_role("textbox", name=re.compile("^String with email format")).fill("ada@example.org")
+            if server is over_stdio:
+                screenshot(approver, "held-question-inbox")
+            form.get_by_role("button", name="Accept").click()
+            expect(form).to_contain_text(re.compile("answered by you|delivered"))
+        elif kind == "url":
+            link = card(server, "Please open the link to complete this action.")
+            expect(link.locator(".ir-host").first).to_have_text("example.com")
+            expect(link.locator(".ir-url-text")).to_have_text("https://example.com/authorize?flow=7")
+            link.get_by_role("button", name="Accept").click()
+        elif kind == "asks":
+            research = card(server, "could have multiple interpretations")
+            research.get_by_label(re.compile("^Clarification")).select_option(label="Monty Python comedy group")
+            research.get_by_role("button", name="Accept").click()
+        elif kind == "sampling":
+            sampling = card(server, "asks for a language model's message")
+            expect(sampling).to_contain_text("You are a helpful test server.")
+            sampling.get_by_label(re.compile("^Reply")).fill(f"Hi, written by a person for {server.name}")
+            if server is over_stdio:
+                screenshot(approver, "sampling-inbox")
+            sampling.get_by_role("button", name="Send reply").click()
 
-    # Sampling (issue 32 item 2): the server asks for a model's message; the person writes it in the inbox.
-    operator.goto(f"{session_daphne.url}/launch/")
-    operator.get_by_role("link", name=re.compile(r"\btrigger-sampling-request\b")).first.click()
-    operator.get_by_label("prompt", exact=False).fill("Say hi")
-    operator.get_by_role("button", name="Launch", exact=True).click()
-    expect(operator).to_have_url(TASK_URL)
-    card = approver.locator("article.ir-card").filter(has_text="asks for a language model's message")
-    expect(card).to_be_visible(timeout=30_000)
-    expect(card).to_contain_text("You are a helpful test server.")
-    card.get_by_label(re.compile("^Reply")).fill("Hi, written by a person")
-    screenshot(approver, "sampling-inbox")
-    card.get_by_role("button", name="Send reply").click()
-    expect(operator.locator("body")).to_contain_text("Hi, written by a person", timeout=30_000)
+    def ended_as_meant(server: Server, kind: str) -> None:
+        checked.add((server.name, kind))
+        operator.goto(tasks[server.name, kind])
+        for shown in ends[kind]:
+            expect(operator.locator("body")).to_contain_text(shown.format(name=server.name), timeout=30_000)
+        if server is over_stdio and kind in ("form", "asks"):
+            screenshot(operator, {"form": "held-question-result", "asks": "session-task-result"}[kind])
 
-    # Over Streamable HTTP (the same server, its own session per job): a URL-mode question shows its link, never
-    # opened by taskhub; the person's Accept reaches the server, which says the flow completed.
-    operator.goto(f"{session_daphne.url}/launch/{over_http.pk}/trigger-url-elicitation/")
-    operator.get_by_label(re.compile(r"^url\b")).fill("https://example.com/authorize?flow=7")
-    operator.get_by_role("button", name="Launch", exact=True).click()
-    expect(operator).to_have_url(TASK_URL)
-    card = approver.locator("article.ir-card").filter(has_text="Please open the link to complete this action.")
-    expect(card).to_be_visible(timeout=30_000)
-    expect(card.locator(".ir-host").first).to_have_text("example.com")
-    expect(card.locator(".ir-url-text")).to_have_text("https://example.com/authorize?flow=7")
-    card.get_by_role("button", name="Accept").click()
-    expect(operator.locator("body")).to_contain_text("User completed the URL elicitation flow", timeout=30_000)
+    # Over Streamable HTTP a question comes on the event stream of the call it belongs to: every tool at once.
+    for kind in launches:
+        start(streamable, kind)
+    # Over stdio a classic question names no call: while two calls wait, it cannot be told whose it is (README), so
+    # the calls that ask run one at a time; a 2025-11-25 task's question names its task, so tasks run beside them.
+    for kind in ("asks", "plain", "form"):
+        start(over_stdio, kind)
+    for server, kind in (
+        (over_stdio, "form"),
+        (over_stdio, "asks"),
+        *((streamable, kind) for kind in ("form", "url", "asks", "sampling")),
+    ):
+        answer(server, kind)
+    ended_as_meant(over_stdio, "form")
+    for kind in ("url", "sampling", "roots"):
+        start(over_stdio, kind)
+        answer(over_stdio, kind)
+        ended_as_meant(over_stdio, kind)
+    for server in servers:
+        for kind in launches:
+            if (server.name, kind) not in checked:
+                ended_as_meant(server, kind)
+
+    # A long call over each transport: its steps move a bar on its task page while it runs.
+    watchers = {server.name: new_page() for server in servers}
+    for server in servers:
+        sign_in(watchers[server.name], session_daphne.url, "ada", TEST_PASSWORD)
+    for server in servers:
+        launch(
+            watchers[server.name],
+            session_daphne.url,
+            server,
+            "trigger-long-running-operation",
+            fill=[("duration", "8"), ("steps", "8")],
+        )
+    for server in servers:
+        page = watchers[server.name]
+        bar = page.locator(".task-progress progress")
+        expect(bar).to_have_attribute("max", "8", timeout=30_000)
+        expect(page.locator(".task-progress")).to_contain_text(re.compile(r"[1-7] of 8"))
+        if server is over_stdio:
+            screenshot(page, "call-progress")
+    for page in watchers.values():
+        expect(page.locator("body")).to_contain_text("Long running operation completed", timeout=30_000)
+        expect(page.locator(".task-progress progress")).to_have_count(0)
