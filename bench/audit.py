@@ -271,7 +271,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--database-url", default=os.environ.get("BENCH_AUDIT_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument(
+        "--phases",
+        default="progress,writers,pages",
+        help="which of progress, writers, pages to run (comma-separated; the progress counts need no quiet machine)",
+    )
     args = parser.parse_args()
+    wanted = set(args.phases.split(","))
+    if unknown := wanted - {"progress", "writers", "pages"}:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
     print(f"audit at scale: {' '.join(sys.argv[1:]) or 'defaults'}; load {os.getloadavg()[0]:.1f}", flush=True)
 
     set_database(args.database_url, create=True)
@@ -279,15 +287,19 @@ def main() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env={**env, "DEBUG": "false"}, check=True)
     django_setup(args.database_url)
     try:
-        phases = [
-            progress_phase(args, "before", old_behaviour=True),
-            progress_phase(args, "after", old_behaviour=False),
-        ]
-        writing = [
-            writers_phase(args, writers=writers, chained=chained) for writers in (1, 4) for chained in (False, True)
-        ]
-        data = fill_audit(args.rows)
-        timings = time_pages(data, requests=args.requests, warmup=args.warmup)
+        phases, writing, timings = [], [], []
+        if "progress" in wanted:
+            phases = [
+                progress_phase(args, "before", old_behaviour=True),
+                progress_phase(args, "after", old_behaviour=False),
+            ]
+        if "writers" in wanted:
+            writing = [
+                writers_phase(args, writers=writers, chained=chained) for writers in (1, 4) for chained in (False, True)
+            ]
+        if "pages" in wanted:
+            data = fill_audit(args.rows)
+            timings = time_pages(data, requests=args.requests, warmup=args.warmup)
     finally:
         if not args.keep:
             from django.db import connections
@@ -297,6 +309,16 @@ def main() -> None:
 
     print(f"\n## Audit trail (issue 36) — {time.strftime('%Y-%m-%d')}\n\n- machine: {machine()}")
     print(f"- command: uv run python bench/audit.py {' '.join(sys.argv[1:])}\n")
+    print(f"- load at the end: {os.getloadavg()[0]:.1f}\n")
+    if phases:
+        print_progress(args, phases)
+    if writing:
+        print_writers(args, writing)
+    if timings:
+        print_pages(args, data, timings)
+
+
+def print_progress(args, phases) -> None:
     print(f"{args.tasks:,} tasks reporting a new status message every second for {args.seconds:,} s (simulated):\n")
     print("| behaviour | audit rows added | audit bytes added | progress history rows | history bytes | took |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -305,11 +327,17 @@ def main() -> None:
             f"| {phase['label']} | {phase['audit_rows']:,} | {phase['audit_bytes'] / 2**20:,.1f} MiB"
             f" | {phase['history_rows']:,} | {phase['history_bytes'] / 2**20:,.1f} MiB | {phase['seconds']:.0f} s |"
         )
+
+
+def print_writers(args, writing) -> None:
     print(f"\nAudit rows written, one transaction each, for {args.writer_seconds:g} s (the chain's lock and hash):\n")
     print("| writers | without the chain trigger | with it |")
     print("|---:|---:|---:|")
     for plain, chained in zip(writing[::2], writing[1::2], strict=True):
         print(f"| {plain['writers']} | {plain['per_second']:,.0f} rows/s | {chained['per_second']:,.0f} rows/s |")
+
+
+def print_pages(args, data, timings) -> None:
     filled = f"filled in {data['fill_seconds']:.0f} s"
     print(f"\nThe Audit page at {args.rows:,} rows ({filled}), goal p95 ≤ {GOAL_P95_MS:g} ms:\n")
     print("| page | p50 ms | p95 ms | max ms | goal |")
