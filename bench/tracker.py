@@ -18,6 +18,11 @@ table with the ratios and the goals of issue 6, and appends it to bench/RESULTS.
     uv run python bench/tracker.py    # 1,000 / 5,000 / 10,000 tasks at 1,000 ms, then saturation (< 10 min)
     uv run python bench/tracker.py --tasks 1000 --duration 10 --no-saturation --no-record    # a quick look
     uv run python bench/tracker.py --tasks 5000 --systems taskhub,aiohttp --scale-out 10000   # issue 18 item 3
+    uv run python bench/tracker.py --tasks 0,1000,5000,20000 --systems taskhub,aiohttp --no-saturation  # issue 37
+
+Each poller's resident memory (RSS) at the end of its window is in the table; with two task counts or more, the
+memory per followed task (RSS growth from the fewest to the most, per task; 0 tasks: the process's own floor) is
+checked against issue 37's goal (≤ 20 KB), the aiohttp loop's beside it.
 
 `--scale-out N` adds a run of two pollers following N tasks at 1,000 ms together: two `manage.py worker`s on one
 database (sharing the rows by claims and leases), against two aiohttp loops of N/2 task ids each on the same
@@ -62,6 +67,7 @@ TARGETS = {
     "ratio_aiohttp_sdk": 5.0,
     "lateness_p99_ms": 250.0,
     "lateness_ratio_to_aiohttp": 1.5,
+    "kb_per_task": 20.0,  # issue 37 item 4: a worker's memory per followed task
 }
 
 
@@ -425,6 +431,7 @@ class Measured:
     warmup_seconds: float
     others_busy: float  # fraction of the poller's core used by other processes (Postgres included) in the window
     load: float
+    rss_mib: float = 0.0  # the poller's resident memory at the end of the window
     note: str = ""
 
 
@@ -510,7 +517,8 @@ class Bench:
         server.clear()
         if system == "taskhub":
             self.db.fresh()
-            seed(tasks, server.url, server.sample(task_ids(tasks)[0]))
+            if tasks:  # none: the worker's own footprint, the floor of the memory per task
+                seed(tasks, server.url, server.sample(task_ids(tasks)[0]))
             server.clear()
         poller = self.start_poller(system, server, tasks, interval_ms)
         profiler = None
@@ -537,6 +545,7 @@ class Bench:
             time.sleep(options.duration)
             window = server.stats()["window"]
             after_cpu = sum(process.cpu_times()[:2])
+            rss = process.memory_info().rss
             after_core = self.core_busy()
             after_db = self.db.counters()
             time.sleep(1.2)  # the next stats line covers the end of the window
@@ -576,6 +585,7 @@ class Bench:
             warmup_seconds=warmup,
             others_busy=max(0.0, (after_core - before_core) - cpu) / window["seconds"],
             load=os.getloadavg()[0],
+            rss_mib=rss / 2**20,
             note=note,
         )
         self.log(
@@ -583,7 +593,8 @@ class Bench:
             f"p99 {result.lateness_p99_ms} ms  cpu {result.cpu_ms_per_poll:.3f} ms/poll"
             f" ({result.cpu_busy:.0%} of a core)"
             f"  statements/poll {percent(statements)}  xacts/poll {percent(xacts)}  warm-up {warmup:.1f}s"
-            f"  others on its core {result.others_busy:.0%}, load {result.load:.1f} {note}"
+            f"  others on its core {result.others_busy:.0%}, RSS {result.rss_mib:.1f} MiB"
+            f", load {result.load:.1f} {note}"
         )
         return result
 
@@ -627,7 +638,8 @@ class Bench:
         server.clear()
         if system == "taskhub":
             self.db.fresh()
-            seed(tasks, server.url, server.sample(task_ids(tasks)[0]))
+            if tasks:  # none: the worker's own footprint, the floor of the memory per task
+                seed(tasks, server.url, server.sample(task_ids(tasks)[0]))
             server.clear()
         names = [f"{WORKER_NAME if system == 'taskhub' else system + '-loop'}-{letter}" for letter in "ab"]
         pollers: list[Poller] = []
@@ -796,8 +808,8 @@ class Bench:
             "pg_stat_database delta of the benchmark database (includes procrastinate); db cpu: its Postgres backends",
             "",
             "| tasks | pollIntervalMs | poller | polls/s | lateness p50 ms | lateness p99 ms | cpu ms/poll "
-            "| cpu busy | db cpu ms/poll | statements/poll | xacts/poll | others on poller core | load |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| cpu busy | db cpu ms/poll | statements/poll | xacts/poll | others on poller core | RSS MiB | load |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for result in self.results:
             lines.append(
@@ -805,14 +817,16 @@ class Bench:
                 f"| {result.lateness_p50_ms} | {result.lateness_p99_ms} | {result.cpu_ms_per_poll:.3f} "
                 f"| {result.cpu_busy:.0%} | {percent(result.db_cpu_ms_per_poll)} "
                 f"| {percent(result.statements_per_poll)} "
-                f"| {percent(result.xacts_per_poll)} | {result.others_busy:.0%} | {result.load:.1f} |"
-                + (f" {result.note}" if result.note else "")
+                f"| {percent(result.xacts_per_poll)} | {result.others_busy:.0%} | {result.rss_mib:.1f} "
+                f"| {result.load:.1f} |" + (f" {result.note}" if result.note else "")
             )
         lines += ["", "| check | measured | goal | met |", "|---|---:|---:|---|"]
         sizes = [(tasks, options.poll_interval_ms) for tasks in options.tasks]
         if options.saturation_tasks:
             sizes.append((options.saturation_tasks, options.saturation_interval_ms))
         for tasks, interval_ms in sizes:
+            if not tasks:  # measured for its memory only
+                continue
             taskhub, limit, sdk = (self.find(name, tasks, interval_ms) for name in ("taskhub", "aiohttp", "sdk"))
             saturation = interval_ms == options.saturation_interval_ms and tasks == options.saturation_tasks
             where = f"{tasks:,} tasks @ {interval_ms} ms" + (" (saturation)" if saturation else "")
@@ -840,10 +854,30 @@ class Bench:
                 if limit and limit.lateness_p99_ms is not None:
                     check = f"taskhub / aiohttp lateness p99, {where}"
                     lines.append(self.lateness_check(check, taskhub.lateness_p99_ms, limit.lateness_p99_ms))
+        lines += self.memory_report()
         lines += self.scale_out_report()
         if self.profile_written:
             lines.append(f"\nprofile of the worker at saturation (py-spy raw): `{self.profile_written}`")
         return "\n".join(lines) + "\n"
+
+    def memory_report(self) -> list[str]:
+        """Memory per followed task (issue 37 item 4): each poller's RSS growth from the fewest tasks measured to the
+        most, at the same poll interval, per task."""
+        sizes = sorted(set(self.options.tasks))
+        if len(sizes) < 2:
+            return []
+        lines = []
+        for system in ("taskhub", "aiohttp", "sdk"):
+            low, high = (self.find(system, tasks, self.options.poll_interval_ms) for tasks in (sizes[0], sizes[-1]))
+            if low is None or high is None:
+                continue
+            per_task_kb = (high.rss_mib - low.rss_mib) * 1024 / (high.tasks - low.tasks)
+            goal = f"≤ {TARGETS['kb_per_task']:g} KB" if system == "taskhub" else "baseline"
+            met = ("yes" if per_task_kb <= TARGETS["kb_per_task"] else "no") if system == "taskhub" else "-"
+            check = f"{system} memory per followed task, {low.tasks:,} → {high.tasks:,} tasks"
+            figures = f"{per_task_kb:.1f} KB ({low.rss_mib:.1f} → {high.rss_mib:.1f} MiB)"
+            lines.append(f"| {check} | {figures} | {goal} | {met} |")
+        return ["", "| check | measured | goal | met |", "|---|---:|---:|---|", *lines] if lines else []
 
     @staticmethod
     def lateness_check(check: str, measured_ms: float, baseline_ms: float) -> str:
