@@ -16,7 +16,8 @@ middleware and channel layer, a consumer that forwards a group message as it is)
 tiny message, timed the same way: the transport without the rendering. The baseline's sockets each join the group
 (one Redis message per socket and change); taskhub's join through their process's hub (taskhub/live/hub.py, one
 message per process), so taskhub can beat its baseline.
-Goal of issue 18: all clients have the change within 1 s (p99).
+Goal of issue 18: all clients have the change within 1 s (p99). Memory (issue 37 item 4): the daphnes' RSS with no
+socket, at `--memory-at` sockets and with all connected; KB per idle socket against the baseline's (goal ≤ 60 KB).
 
     uv run python bench/fanout.py                                  # 2,000 clients over 2 daphnes, 5 changes
     uv run python bench/fanout.py --clients 500 --daphnes 1        # issue 6's figure
@@ -49,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_fanout"
 SECRET_KEY = "taskhub-bench-only-not-secret"
 GOAL_P99_MS = 1000.0
+GOAL_KB_PER_SOCKET = 60.0  # issue 37 item 4
 LIST_TASKS = 100
 T0 = time.monotonic()
 CONNECT_ATTEMPTS = 5
@@ -132,10 +134,20 @@ class Listener:
 
 
 async def run_phase(
-    kind: str, ports: list[int], cookies: list[str], changes: int, change, concurrency: int, timeout: float
+    kind: str,
+    ports: list[int],
+    cookies: list[str],
+    changes: int,
+    change,
+    concurrency: int,
+    timeout: float,
+    *,
+    rss=None,
+    memory_marks: tuple[int, ...] = (),
 ):
     """Connect every client (client i to ports[i mod len(ports)]), then `changes` times: change(k) → (t0, marker);
-    wait for every client's frame."""
+    wait for every client's frame. `rss()`: the daphnes' resident memory, read with no socket open and once each of
+    `memory_marks` clients are connected (1 s after the last connect)."""
     import aiohttp
 
     listeners = [Listener() for _ in cookies]
@@ -173,9 +185,17 @@ async def run_phase(
             sockets.append(ws)
             readers.append(asyncio.create_task(listeners[index].read(ws)))
 
+    memory = {0: rss()} if rss is not None else {}
+    marks = sorted({mark for mark in memory_marks if 0 < mark < len(cookies)} | {len(cookies)})
     started = time.perf_counter()
-    await asyncio.gather(*(connect(index) for index in range(len(cookies))))
-    all_connected_s = time.perf_counter() - started
+    connected = 0
+    for mark in marks:
+        await asyncio.gather(*(connect(index) for index in range(connected, mark)))
+        connected = mark
+        if rss is not None:
+            await asyncio.sleep(1)  # the last handshakes' work done
+            memory[mark] = rss()
+    all_connected_s = time.perf_counter() - started - (len(marks) if rss is not None else 0)
     await asyncio.sleep(1)
 
     latencies, per_change, missing = [], [], 0
@@ -209,7 +229,27 @@ async def run_phase(
         "missing": missing,
         "retries": retries,
         "per_change": per_change,
+        "memory": memory,
     }
+
+
+def memory_lines(results: list[dict], daphnes: int) -> list[str]:
+    """The daphnes' RSS with 0, some and all sockets open, and the memory per idle socket (issue 37 item 4: ≤ 60 KB)
+    from none to all, against the baseline consumer's (it renders nothing)."""
+    lines = ["", f"Memory (RSS of the {daphnes} daphne(s) together, idle sockets):", ""]
+    lines += ["| server | " + " | ".join(f"{mark:,} sockets" for mark in results[0]["memory"]) + " | KB per socket |"]
+    lines += ["|---|" + "---:|" * (len(results[0]["memory"]) + 1)]
+    per_socket = {}
+    for outcome in results:
+        memory = outcome["memory"]
+        most = max(memory)
+        per_socket[outcome["kind"]] = (memory[most] - memory[0]) / 1024 / most
+        cells = " | ".join(f"{rss / 2**20:,.1f} MiB" for rss in memory.values())
+        lines.append(f"| {outcome['kind']} | {cells} | {per_socket[outcome['kind']]:.1f} |")
+    if "taskhub" in per_socket:
+        met = "yes" if per_socket["taskhub"] <= GOAL_KB_PER_SOCKET else "no"
+        lines += ["", f"taskhub KB per idle socket: {per_socket['taskhub']:.1f} (goal ≤ {GOAL_KB_PER_SOCKET:g}: {met})"]
+    return lines
 
 
 def main() -> None:
@@ -232,6 +272,12 @@ def main() -> None:
         choices=("core", "pubsub"),
         default="core",
         help="pubsub: channels_redis's RedisPubSubChannelLayer (with bench/fanout_settings.py), to compare",
+    )
+    parser.add_argument(
+        "--memory-at",
+        type=lambda text: [int(part) for part in text.split(",") if part],
+        default=[500],
+        help="also read the daphnes' RSS once this many clients are connected (comma-separated; default 500)",
     )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
@@ -306,6 +352,9 @@ def main() -> None:
             def daphne_cpu(watched=watched) -> float:
                 return sum(times.user + times.system for times in (process.cpu_times() for process in watched))
 
+            def daphne_rss(watched=watched) -> int:
+                return sum(process.memory_info().rss for process in watched)
+
             state = {}
 
             def change(k: int, step: str, kind=kind, state=state, daphne_cpu=daphne_cpu):
@@ -330,7 +379,15 @@ def main() -> None:
             try:
                 outcome = asyncio.run(
                     run_phase(
-                        kind, ports, data["cookies"], args.changes, change, args.connect_concurrency, args.timeout
+                        kind,
+                        ports,
+                        data["cookies"],
+                        args.changes,
+                        change,
+                        args.connect_concurrency,
+                        args.timeout,
+                        rss=daphne_rss,
+                        memory_marks=tuple(args.memory_at),
                     )
                 )
             finally:
@@ -388,6 +445,7 @@ def main() -> None:
     if len(results) == 2:
         base, hub = (percentile(outcome["latencies"], 0.99) for outcome in results)
         lines += ["", f"p99 ratio taskhub / baseline transport: **{hub / base:.1f}x**"]
+    lines += memory_lines(results, args.daphnes)
     lines += [
         "",
         "per change (p50 / max ms): "

@@ -22,7 +22,8 @@ the database's transactions per second (pg_stat_database xact_commit + xact_roll
 every statement outside a transaction is one, so it counts each read a stream makes, and it needs no extension;
 the worker's own background work is in it too, so the same window is measured first with no stream open, and
 that row is the floor), daphne's CPU (utime + stime from /proc, % of one core), its threads and the database's
-connections (pg_stat_activity). Then the latency of a change reaching a listening agent: `--changes` times, the
+connections (pg_stat_activity), and daphne's resident memory (VmRSS; KB per idle stream, issue 37 item 4's
+goal ≤ 30 KB). Then the latency of a change reaching a listening agent: `--changes` times, the
 benchmark process commits a new statusMessage on a listened task (services.apply_snapshot; the publish goes
 through Redis as a worker's does) and times until that stream delivers it (p50, p95). With `--baseline-tree DIR`
 (a checkout of the implementation before, e.g. `git worktree add /tmp/taskhub-before ef93752`), a second daphne is
@@ -233,6 +234,7 @@ def report(args, results: dict, load_start: str) -> None:
 STREAMS_PER_TOKEN = 20
 ASGI_APPLICATION = "taskhub.asgi:application"
 CHANGE_TIMEOUT_SECONDS = 30.0
+GOAL_KB_PER_STREAM = 30.0  # issue 37 item 4: memory per idle listen stream
 # The demo's `long` reports each second: its listeners would not be idle. One step of ten minutes says nothing.
 QUIET_TASK = {"steps": 1, "step_ms": 600_000}
 
@@ -258,6 +260,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_of(pid: int) -> int:
+    """Resident memory in bytes (VmRSS of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
@@ -280,6 +290,7 @@ def window_figures(pid: int, before: tuple[int, float, float]) -> dict:
         "tps": (database_transactions() - transactions - 1) / elapsed,
         "cpu": 100 * (cpu_seconds(pid) - cpu) / elapsed,
         "threads": threads_of(pid),
+        "rss": rss_of(pid),
         "connections": database_connections() - 1,  # less this query's own
     }
     connection.close()
@@ -444,8 +455,9 @@ def listen_report(args, results: dict, load_start: str) -> None:
         " with no stream open (the worker's own work); transactions: pg_stat_database xact_commit + xact_rollback",
         "",
         "| daphne | transactions/s, no stream | with the streams | over the floor | daphne CPU % of a core (no "
-        "stream → streams) | daphne threads | DB connections | change → agent p50 ms | p95 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "stream → streams) | daphne threads | DB connections | daphne RSS MiB | KB per stream "
+        "| change → agent p50 ms | p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, figures in results.items():
         floor, held = figures["floor"], figures["held"]
@@ -454,7 +466,10 @@ def listen_report(args, results: dict, load_start: str) -> None:
         lines.append(
             f"| {label} | {floor['tps']:.2f} | {held['tps']:.2f} | {held['tps'] - floor['tps']:.2f} | "
             f"{floor['cpu']:.1f} → {held['cpu']:.1f} | {floor['threads']} → {held['threads']} | "
-            f"{floor['connections']} → {held['connections']} | {spreads['p50']:.1f} | "
+            f"{floor['connections']} → {held['connections']} | "
+            f"{floor['rss'] / 2**20:.1f} → {held['rss'] / 2**20:.1f} | "
+            f"{(held['rss'] - floor['rss']) / 1024 / args.streams:.1f} (goal ≤ {GOAL_KB_PER_STREAM:g}) | "
+            f"{spreads['p50']:.1f} | "
             f"{spreads['p95']:.1f} ({reached}) |"
         )
     text = "\n".join(lines) + "\n"
