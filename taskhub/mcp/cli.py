@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -27,10 +28,12 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from mcp_types import INTERNAL_ERROR
 
 from taskhub.mcp import schema_fields, session_tasks, tool_headers, wire
 
@@ -48,6 +51,7 @@ from taskhub.mcp.cli_args import (
     EXIT_TOOL_ERROR,
     EXIT_USAGE,
     build_parser,
+    oauth_requested,
 )
 from taskhub.mcp.client import (
     HttpTarget,
@@ -60,7 +64,7 @@ from taskhub.mcp.client import (
     ToolCompleted,
     ToolInputRequired,
 )
-from taskhub.mcp.errors import InvalidResult, McpClientError, ProtocolError, RequestTimeout
+from taskhub.mcp.errors import AuthorizationFailed, InvalidResult, McpClientError, ProtocolError, RequestTimeout
 from taskhub.mcp.questions import Question
 from taskhub.mcp.wire import TaskSnapshot
 
@@ -784,7 +788,7 @@ async def run_call(args: argparse.Namespace, reporter: Reporter) -> int:
         reporter=reporter,
         prompter=TerminalPrompter(server=describe_target(args), err=reporter.err) if sys.stdin.isatty() else None,
     )
-    async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
+    async with opened_target(args, reporter) as target, TasksClient(target, timeout=request_timeout(args)) as client:
         # The listing also teaches the client the tool's `x-mcp-header` parameters (mirrored into `Mcp-Param-*`
         # headers by every `tools/call` below) and whether the tool may be called at all.
         listed = next((tool for tool in (await client.discover()).tools if tool.get("name") == args.tool), None)
@@ -832,7 +836,7 @@ def parse_tool_arguments(text: str | None) -> dict[str, Any]:
 
 
 async def run_discover(args: argparse.Namespace, reporter: Reporter) -> int:
-    async with TasksClient(build_target(args), timeout=request_timeout(args)) as client:
+    async with opened_target(args, reporter) as target, TasksClient(target, timeout=request_timeout(args)) as client:
         discovery = await client.discover()
     if reporter.as_json:
         document = {"discover": discovery.raw, "tools": discovery.tools, "protocolVersion": discovery.protocol_version}
@@ -891,6 +895,94 @@ def build_target(args: argparse.Namespace) -> ServerTarget:
     return HttpTarget(
         url=args.url, headers=parse_headers(args.header), bearer_token=args.bearer, own_answers=parse_roots(args.root)
     )
+
+
+@contextlib.asynccontextmanager
+async def opened_target(args: argparse.Namespace, reporter: Reporter) -> AsyncIterator[ServerTarget]:
+    """The target the arguments name, authorized by OAuth when they ask for it (see :func:`build_target`); an
+    authorization that fails is reported as AuthorizationFailed (exit 4) with what went wrong."""
+    target = build_target(args)
+    if not oauth_requested(args):
+        yield target
+        return
+    if not isinstance(target, HttpTarget):
+        raise UsageError("the OAuth flags apply to --url only")
+    if args.bearer or any(name.lower() == "authorization" for name in target.headers):
+        raise UsageError("--bearer or an Authorization header cannot be combined with the OAuth flags")
+    from taskhub.mcp import oauth  # the authorization side: only a command that authorizes loads it
+
+    settings = oauth_settings(args)
+    async with contextlib.AsyncExitStack() as stack:
+        redirect: Any = None
+        if not settings.client_credentials:
+            if args.oauth_unattended:
+                redirect = oauth.UnattendedRedirect(outbound=target.outbound())
+            else:
+                loopback = oauth.LoopbackRedirect(
+                    port=args.redirect_port, announce=lambda url: announce_authorization(reporter, url)
+                )
+                try:
+                    redirect = await stack.enter_async_context(loopback)
+                except OSError as error:
+                    raise UsageError(f"cannot listen for the redirect on 127.0.0.1: {error.strerror}") from None
+        try:
+            storage: Any = oauth.MemoryTokenStore()
+            if args.token_file is not None:
+                storage = oauth.FileTokenStore(Path(args.token_file), resource=target.url)
+                storage.load()
+            provider = oauth.oauth_provider(
+                server_url=target.url, settings=settings, storage=storage, redirect=redirect
+            )
+        except oauth.AuthorizationProblem as error:
+            raise UsageError(str(error)) from None
+        try:
+            yield dataclasses.replace(target, auth=provider)
+        except McpClientError:
+            if (problem := provider.failure_message()) is None:
+                raise
+            raise AuthorizationFailed(INTERNAL_ERROR, f"authorization failed: {problem}") from None
+
+
+def oauth_settings(args: argparse.Namespace) -> Any:
+    from taskhub.mcp.oauth import OAuthClientSettings
+
+    return OAuthClientSettings(
+        client_id=args.client_id,
+        client_secret=read_secret_file(args.client_secret_file, what="--client-secret-file"),
+        client_auth=args.client_auth,
+        client_metadata_url=args.client_metadata_url,
+        client_credentials=args.client_credentials,
+        private_key_pem=read_secret_file(args.private_key_file, what="--private-key-file"),
+        signing_algorithm=args.jwt_algorithm,
+        scope=args.scope,
+        issuer=args.issuer,
+    )
+
+
+SECRET_FILE_LIMIT = 64_000
+
+
+def read_secret_file(path: str | None, *, what: str) -> str | None:
+    """A secret kept in a file (never on the command line, where other users' `ps` sees it), trailing newline off."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read(SECRET_FILE_LIMIT + 1)
+    except (OSError, UnicodeError) as error:
+        raise UsageError(f"cannot read {what}: {getattr(error, 'strerror', None) or error}") from None
+    if len(text) > SECRET_FILE_LIMIT or not text.strip():
+        raise UsageError(f"{what} must hold the secret (and nothing larger than {SECRET_FILE_LIMIT} bytes)")
+    return text.rstrip("\r\n") if "PRIVATE KEY" not in text else text
+
+
+def announce_authorization(reporter: Reporter, url: str) -> None:
+    """The URL a person opens to authorize (built from the authorization server's metadata: shown cleaned)."""
+    reporter.event("authorization_needed", None, url=url)
+    reporter.problem("the server asks for authorization; open this URL in a browser:")
+    reporter.err.write(f"  {clean_text(url, cap=None)}\n")
+    reporter.err.write("waiting for the authorization server to redirect back to this machine …\n")
+    reporter.err.flush()
 
 
 def parse_roots(options: list[str]) -> OwnAnswers:

@@ -85,6 +85,87 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="a file:// root to answer roots/list with (repeat for more; none by default)",
     )
+    add_oauth_arguments(parser)
+
+
+CLIENT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none")
+# The flags that turn OAuth on (with --url); --oauth alone uses a Client ID Metadata Document or dynamic registration.
+OAUTH_FLAGS = (
+    "oauth",
+    "oauth_unattended",
+    "client_id",
+    "client_secret_file",
+    "client_credentials",
+    "private_key_file",
+    "client_metadata_url",
+    "token_file",
+)
+
+
+def add_oauth_arguments(parser: argparse.ArgumentParser) -> None:
+    oauth = parser.add_argument_group(
+        "authorization (OAuth, --url only)",
+        "Authorize when the server demands it (HTTP 401, or 403 insufficient_scope). Any of these flags turns it on. "
+        "Tokens are kept in memory for this run only, unless --token-file says where; they are never printed.",
+    )
+    oauth.add_argument(
+        "--oauth",
+        action="store_true",
+        help="authorize as a person: prints the URL to open and waits for the redirect to 127.0.0.1",
+    )
+    oauth.add_argument(
+        "--oauth-unattended",
+        action="store_true",
+        help="authorize without a person: follow the authorization URL and take the code from its redirect "
+        "(for authorization servers that approve by themselves)",
+    )
+    oauth.add_argument(
+        "--redirect-port", metavar="PORT", type=port_number, default=0, help="loopback redirect port (default: any)"
+    )
+    oauth.add_argument("--client-id", metavar="ID", help="a client registered beforehand (else CIMD or registration)")
+    oauth.add_argument("--client-secret-file", metavar="FILE", help="file holding that client's secret")
+    oauth.add_argument(
+        "--client-auth",
+        choices=CLIENT_AUTH_METHODS,
+        help="how the client authenticates at the token endpoint (default: basic with a secret, else none)",
+    )
+    oauth.add_argument(
+        "--client-credentials",
+        action="store_true",
+        help="use the client-credentials grant (no person): --client-id, --client-secret-file or --private-key-file",
+    )
+    oauth.add_argument(
+        "--private-key-file", metavar="PEM", help="private key signing a JWT client assertion (client credentials)"
+    )
+    oauth.add_argument("--jwt-algorithm", metavar="ALG", help="the assertion's algorithm (default: from the key)")
+    oauth.add_argument(
+        "--client-metadata-url",
+        metavar="URL",
+        help="this client's Client ID Metadata Document (https), used where the authorization server supports it",
+    )
+    oauth.add_argument("--scope", metavar="SCOPES", help="scopes to ask for (default: what the server names)")
+    oauth.add_argument(
+        "--issuer", metavar="URL", help="the authorization server the client credentials belong to (sent nowhere else)"
+    )
+    oauth.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="keep tokens and the client's registration in FILE (created 0600) for later runs against this server",
+    )
+
+
+def oauth_requested(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) for name in OAUTH_FLAGS)
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number from 0 to 65535")
+    return value
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:

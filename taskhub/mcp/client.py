@@ -92,6 +92,7 @@ def http_client(target: HttpTarget, *, timeout: float) -> httpx2.AsyncClient:
         headers=target.all_headers(),
         timeout=httpx2.Timeout(min(timeout, 10.0), read=max(timeout, 300.0)),
         limits=limits,
+        auth=target.auth,
     )
 
 
@@ -127,6 +128,9 @@ class HttpTarget:
     # Where the server may be reached (checked on every connection); None: anywhere.
     address_policy: AddressPolicy | None = field(default=None, repr=False, compare=False)
     own_answers: OwnAnswers = field(default_factory=OwnAnswers, repr=False)
+    # Authorizes requests when the server demands it (taskhub.mcp.oauth.oauth_provider: OAuth, its requests to the
+    # authorization server made through this target's outbound client); it keeps its tokens across reconnects.
+    auth: httpx2.Auth | None = field(default=None, repr=False, compare=False)
 
     def outbound(self) -> Outbound:
         return Outbound(self.address_policy)
