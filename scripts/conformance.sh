@@ -2,7 +2,7 @@
 # Run the MCP conformance suite: its Tasks-extension server scenarios against the demo server, and its client
 # scenarios with `python -m taskhub.mcp` as the client.
 #
-# Usage: scripts/conformance.sh [server|client|all]   (default all)
+# Usage: scripts/conformance.sh [server|client|auth|all]   (default all: server and client)
 #
 # Installs Node.js 22 (npm package node-linux-*) and @modelcontextprotocol/conformance into .cache/conformance
 # on first use. `server`: starts `python -m taskhub.demo --http --port 0 --conformance` and runs every server
@@ -31,10 +31,19 @@ read -r -a SCENARIOS <<<"$(echo ${CONFORMANCE_SCENARIOS:-$DEFAULT_SCENARIOS})"
 DEFAULT_CLIENT_SCENARIOS="http-custom-headers http-invalid-tool-headers initialize@2025-11-25 tools_call@2025-11-25
   elicitation-sep1034-client-defaults@2025-11-25 sse-retry@2025-11-25"
 read -r -a CLIENT_SCENARIOS <<<"$(echo ${CONFORMANCE_CLIENT_SCENARIOS:-$DEFAULT_CLIENT_SCENARIOS})"
+DEFAULT_AUTH_SCENARIOS="auth/metadata-default auth/metadata-var1 auth/metadata-var2 auth/metadata-var3
+  auth/basic-cimd auth/scope-from-www-authenticate auth/scope-from-scopes-supported auth/scope-omitted-when-undefined
+  auth/scope-step-up auth/scope-retry-limit auth/token-endpoint-auth-basic auth/token-endpoint-auth-post
+  auth/token-endpoint-auth-none auth/pre-registration auth/resource-mismatch auth/offline-access-scope
+  auth/offline-access-not-supported auth/authorization-server-migration auth/iss-supported auth/iss-not-advertised
+  auth/iss-supported-missing auth/iss-wrong-issuer auth/iss-unexpected auth/iss-normalized
+  auth/metadata-issuer-mismatch auth/client-credentials-jwt auth/client-credentials-basic"
+read -r -a AUTH_SCENARIOS <<<"$(echo ${CONFORMANCE_AUTH_SCENARIOS:-$DEFAULT_AUTH_SCENARIOS})"
+JOBS="${CONFORMANCE_JOBS:-3}"
 MODE="${1:-all}"
 case "$MODE" in
-  server | client | all) ;;
-  *) echo "usage: $0 [server|client|all]" >&2; exit 2 ;;
+  server | client | auth | all) ;;
+  *) echo "usage: $0 [server|client|auth|all]" >&2; exit 2 ;;
 esac
 
 case "$(uname -m)" in
@@ -163,15 +172,50 @@ run_client_scenarios() {
   done
 }
 
+# One auth scenario, its results in $RESULTS/<scenario>/ and its exit status in status.txt there.
+run_auth_scenario() {
+  local scenario="$1" out="$RESULTS/$1" status=0
+  mkdir -p "$out"
+  # --force: the extension scenarios (client credentials) are off the dated timeline; the others ignore it.
+  (cd "$ROOT" && "$NODE" "$SUITE" client --command "$PYTHON $ROOT/scripts/conformance_client.py" \
+    --scenario "$scenario" --spec-version 2026-07-28 --force --timeout 120000 -o "$out") >"$out/output.txt" 2>&1 \
+    || status=$?
+  echo "$status" >"$out/status.txt"
+}
+
+run_auth_scenarios() {
+  echo "conformance: suite $SUITE_VERSION, auth scenarios with python -m taskhub.mcp authorizing ($JOBS at a time)"
+  if [[ "$PYTHON $ROOT" == *" "*" "* ]]; then
+    echo "conformance: client scenarios need a Python and project path without spaces" >&2
+    exit 2
+  fi
+  local running=0
+  for scenario in "${AUTH_SCENARIOS[@]}"; do
+    run_auth_scenario "$scenario" &
+    running=$((running + 1))
+    if [[ "$running" -ge "$JOBS" ]]; then
+      wait -n || true
+      running=$((running - 1))
+    fi
+  done
+  wait || true
+  for scenario in "${AUTH_SCENARIOS[@]}"; do
+    judge "$scenario" "$RESULTS/$scenario" "$(cat "$RESULTS/$scenario/status.txt" 2>/dev/null || echo 99)"
+  done
+}
+
 main() {
   install_tools
   rm -rf "$RESULTS"
   mkdir -p "$RESULTS"
-  if [[ "$MODE" != client ]]; then
+  if [[ "$MODE" == server || "$MODE" == all ]]; then
     run_server_scenarios
   fi
-  if [[ "$MODE" != server ]]; then
+  if [[ "$MODE" == client || "$MODE" == all ]]; then
     run_client_scenarios
+  fi
+  if [[ "$MODE" == auth ]]; then
+    run_auth_scenarios
   fi
   if [[ "$FAILURES" -ne 0 ]]; then
     echo "conformance: $FAILURES of $RAN scenarios failed"

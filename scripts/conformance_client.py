@@ -12,6 +12,13 @@ this with the server's URL as the last argument, the scenario's name in MCP_CONF
   and calls each one with placeholder arguments, accepting every question the server asks in the middle of a call
   (`--answer '*={"action":"accept"}'`: the command line fills in the form's defaults, SEP-1034).
 
+- auth/* (`scripts/conformance.sh auth`, spec 2026-07-28): calls the scenario server's tool authorizing by OAuth, the
+  context mapped to the command line's OAuth flags (`oauth_flags`): client credentials (a secret, or a private key for
+  a JWT assertion) for auth/client-credentials-*, else the authorization code grant completed without a person
+  (`--oauth-unattended`, the suite's authorization server approving by itself) as a client with the suite's Client ID
+  Metadata Document URL, or pre-registered (`client_id`, `client_secret`, `issuer`) where the context gives one.
+  Secrets reach the command line in files, never as arguments.
+
 Exit status: 0 when every call ended as the command line's exit-status table allows for it (0, or 4 for a
 refused tool), 1 otherwise, 2 for an unknown scenario.
 """
@@ -22,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,6 +86,54 @@ def every_tool_accepting(url: str, context: dict[str, Any]) -> int:
     return 0 if all(status == 0 for status in statuses) else 1
 
 
+# The Client ID Metadata Document URL the suite's authorization servers expect (auth/basic-cimd).
+CONFORMANCE_CIMD_URL = "https://conformance-test.local/client-metadata.json"
+
+
+def oauth_flags(scenario: str, context: dict[str, Any], folder: str) -> list[str]:
+    """The command line's OAuth flags for an auth/ scenario's context: secrets and keys go into files (never on a
+    command line), tokens into a token file the scenario's commands share."""
+
+    def secret_file(name: str, text: str) -> str:
+        path = os.path.join(folder, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as file:
+            file.write(text)
+        return path
+
+    flags = ["--token-file", os.path.join(folder, "tokens.json")]
+    if scenario.startswith("auth/client-credentials-"):
+        flags += ["--client-credentials", "--client-id", context["client_id"]]
+        if context.get("private_key_pem"):
+            flags += ["--private-key-file", secret_file("key.pem", context["private_key_pem"])]
+            if context.get("signing_algorithm"):
+                flags += ["--jwt-algorithm", context["signing_algorithm"]]
+        else:
+            flags += ["--client-secret-file", secret_file("secret", context["client_secret"])]
+        return flags
+    flags += ["--oauth-unattended", "--client-metadata-url", CONFORMANCE_CIMD_URL]
+    if context.get("client_id"):
+        flags += ["--client-id", context["client_id"]]
+        if context.get("client_secret"):
+            flags += ["--client-secret-file", secret_file("secret", context["client_secret"])]
+        if context.get("issuer"):
+            flags += ["--issuer", context["issuer"]]
+    return flags
+
+
+# The one tool every auth/ scenario's server serves.
+AUTH_SCENARIO_TOOL = "test-tool"
+
+
+def authorized_call(url: str, context: dict[str, Any]) -> int:
+    """auth/*: calls the scenario server's tool (`call` discovers and lists the tools first), authorizing when the
+    server demands it as the context's flags say (where a person would approve, the scenario's authorization server
+    approves by itself: --oauth-unattended). One process per scenario: most of it is Python starting up."""
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
+    with tempfile.TemporaryDirectory(prefix="taskhub-conformance-") as folder:
+        status = call(url, AUTH_SCENARIO_TOOL, {}, *oauth_flags(scenario, context, folder))
+    return 0 if status == 0 else 1
+
+
 SCENARIOS = {
     "http-custom-headers": custom_headers,
     "http-invalid-tool-headers": invalid_tool_headers,
@@ -92,6 +148,8 @@ def main() -> int:
     url = sys.argv[-1]
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    if scenario.startswith("auth/"):
+        return authorized_call(url, context)
     if scenario not in SCENARIOS:
         print(f"conformance_client: no driver for scenario {scenario!r}", file=sys.stderr)
         return 2
