@@ -17,6 +17,7 @@ this with the server's URL as the last argument, the scenario's name in MCP_CONF
   a JWT assertion) for auth/client-credentials-*, else the authorization code grant completed without a person
   (`--oauth-unattended`, the suite's authorization server approving by itself) as a client with the suite's Client ID
   Metadata Document URL, or pre-registered (`client_id`, `client_secret`, `issuer`) where the context gives one.
+  auth/basic-cimd is authorized as a person would (`--oauth`: the loopback redirect, a urllib "browser").
   Secrets reach the command line in files, never as arguments.
 
 Exit status: 0 when every call ended as the command line's exit-status table allows for it (0, or 4 for a
@@ -30,6 +31,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -124,13 +127,59 @@ def oauth_flags(scenario: str, context: dict[str, Any], folder: str) -> list[str
 AUTH_SCENARIO_TOOL = "test-tool"
 
 
+# This scenario's authorization is done as a person would (--oauth, the loopback redirect): see as_a_person.
+PERSON_SCENARIO = "auth/basic-cimd"
+
+
+def as_a_person(arguments: list[str]) -> int:
+    """`python -m taskhub.mcp ... --oauth`: the command prints the URL to open and waits; a browser (here urllib: the
+    suite's authorization server approves at once, no page to click through) opens it and follows its redirect to the
+    command's loopback listener."""
+    print(f"$ python -m taskhub.mcp {' '.join(arguments)}  (a person opens the URL)", flush=True)
+    process = subprocess.Popen([*CLI, *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = []
+    assert process.stderr is not None
+    for line in process.stderr:
+        said.append(line)
+        if line.startswith("  http"):
+            try:
+                browser_follows(line.strip())
+            except OSError as error:
+                said.append(f"(the browser: {error})\n")
+    out, _ = process.communicate(timeout=60)
+    print(f"-> exit {process.returncode}", "".join(said).rstrip(), out.rstrip(), sep="\n", flush=True)
+    return process.returncode
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def browser_follows(authorization_url: str) -> None:
+    try:
+        urllib.request.build_opener(_NoRedirects).open(authorization_url, timeout=10)
+        raise OSError("the authorization server did not redirect")
+    except urllib.error.HTTPError as answer:
+        location = answer.headers.get("Location")
+    if not location:
+        raise OSError("the authorization server's redirect has no Location")
+    with urllib.request.urlopen(location, timeout=10):
+        pass
+
+
 def authorized_call(url: str, context: dict[str, Any]) -> int:
     """auth/*: calls the scenario server's tool (`call` discovers and lists the tools first), authorizing when the
     server demands it as the context's flags say (where a person would approve, the scenario's authorization server
     approves by itself: --oauth-unattended). One process per scenario: most of it is Python starting up."""
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     with tempfile.TemporaryDirectory(prefix="taskhub-conformance-") as folder:
-        status = call(url, AUTH_SCENARIO_TOOL, {}, *oauth_flags(scenario, context, folder))
+        flags = oauth_flags(scenario, context, folder)
+        if scenario == PERSON_SCENARIO:
+            flags = ["--oauth" if flag == "--oauth-unattended" else flag for flag in flags]
+            status = as_a_person(["call", "--url", url, AUTH_SCENARIO_TOOL, "--timeout", "30", *flags])
+        else:
+            status = call(url, AUTH_SCENARIO_TOOL, {}, *flags)
     return 0 if status == 0 else 1
 
 

@@ -133,6 +133,8 @@ def test_the_cli_passes_the_auth_scenarios(tmp_path):
     assert "does not match expected" in outputs["auth/resource-mismatch"]
     assert "refused the authorization it granted: HTTP 403 insufficient_scope" in outputs["auth/scope-retry-limit"]
     assert "-> exit 0" in outputs["auth/scope-step-up"]
+    # A person's way (--oauth): the URL to open printed, the browser's redirect taken on the loopback listener.
+    assert "open this URL in a browser" in outputs["auth/basic-cimd"] and "-> exit 0" in outputs["auth/basic-cimd"]
     # No token or secret in anything the command line printed (the suite's tokens are its own; a bearer header never).
     for scenario, output in outputs.items():
         assert "Bearer " not in output and "access_token" not in output, scenario

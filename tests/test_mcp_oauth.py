@@ -194,6 +194,17 @@ def test_the_authorization_server_is_reached_through_the_address_policy(caplog) 
     assert "cs-secret" not in caplog.text
 
 
+def test_without_oauth_flags_a_401_says_how_to_authorize(capsys) -> None:
+    server = protected_server("http://127.0.0.1:1/")
+    port = server.start()
+    try:
+        assert exit_status(["discover", "--url", f"http://127.0.0.1:{port}/mcp", "--timeout", "20"]) == 4
+    finally:
+        server.stop()
+    said = capsys.readouterr().err
+    assert "HTTP 401 Unauthorized" in said and "authorize with --oauth" in said
+
+
 def test_a_token_response_that_fails_validation_is_not_quoted(tmp_path: Path) -> None:
     """The SDK quotes a token response that fails validation (pydantic's input_value): neither the message nor the
     SDK's log record may carry it."""

@@ -903,7 +903,14 @@ async def opened_target(args: argparse.Namespace, reporter: Reporter) -> AsyncIt
     authorization that fails is reported as AuthorizationFailed (exit 4) with what went wrong."""
     target = build_target(args)
     if not oauth_requested(args):
-        yield target
+        try:
+            yield target
+        except AuthorizationFailed as error:
+            data = error.data if isinstance(error.data, dict) else {}
+            if not isinstance(target, HttpTarget) or args.bearer or data.get("httpStatus") != 401:
+                raise
+            hint = f"{error.message}; if the server uses OAuth, authorize with --oauth (see --help)"
+            raise AuthorizationFailed(error.code, hint, error.data, method=error.method) from None
         return
     if not isinstance(target, HttpTarget):
         raise UsageError("the OAuth flags apply to --url only")
@@ -936,11 +943,28 @@ async def opened_target(args: argparse.Namespace, reporter: Reporter) -> AsyncIt
         except oauth.AuthorizationProblem as error:
             raise UsageError(str(error)) from None
         try:
+            if isinstance(redirect, oauth.LoopbackRedirect):
+                await authorize_person_ahead(target, provider)
             yield dataclasses.replace(target, auth=provider)
         except McpClientError:
             if (problem := provider.failure_message()) is None:
                 raise
             raise AuthorizationFailed(INTERNAL_ERROR, f"authorization failed: {problem}") from None
+
+
+async def authorize_person_ahead(target: HttpTarget, provider: Any) -> None:
+    """A person authorizes before the session opens (its requests time out long before a person is done); anything
+    but an authorization failure is left for the session to meet and report."""
+    from taskhub.mcp import oauth
+
+    try:
+        await oauth.authorize_ahead(
+            server_url=target.url, auth=provider, outbound=target.outbound(), protocol_version=wire.PROTOCOL_VERSION
+        )
+    except Exception as error:
+        if (problem := provider.failure_message()) is not None:
+            raise AuthorizationFailed(INTERNAL_ERROR, f"authorization failed: {problem}") from None
+        logging.getLogger(__name__).debug("authorizing ahead: %s", type(error).__name__)
 
 
 def oauth_settings(args: argparse.Namespace) -> Any:

@@ -98,6 +98,10 @@ OAUTH_FLAGS = (
     "client_credentials",
     "private_key_file",
     "client_metadata_url",
+    "client_auth",
+    "jwt_algorithm",
+    "scope",
+    "issuer",
     "token_file",
 )
 
@@ -105,7 +109,8 @@ OAUTH_FLAGS = (
 def add_oauth_arguments(parser: argparse.ArgumentParser) -> None:
     oauth = parser.add_argument_group(
         "authorization (OAuth, --url only)",
-        "Authorize when the server demands it (HTTP 401, or 403 insufficient_scope). Any of these flags turns it on. "
+        "Authorize when the server demands it (HTTP 401, or 403 insufficient_scope). Any of these flags but "
+        "--redirect-port turns it on (by default as a person, --oauth). "
         "Tokens are kept in memory for this run only, unless --token-file says where; they are never printed.",
     )
     oauth.add_argument(
@@ -143,7 +148,7 @@ def add_oauth_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="this client's Client ID Metadata Document (https), used where the authorization server supports it",
     )
-    oauth.add_argument("--scope", metavar="SCOPES", help="scopes to ask for (default: what the server names)")
+    oauth.add_argument("--scope", metavar="SCOPES", help="scopes to ask for besides those the server names")
     oauth.add_argument(
         "--issuer", metavar="URL", help="the authorization server the client credentials belong to (sent nowhere else)"
     )

@@ -327,6 +327,24 @@ async def _respond(writer: asyncio.StreamWriter, status: int, message: str) -> N
     await writer.drain()
 
 
+async def authorize_ahead(*, server_url: str, auth: httpx2.Auth, outbound: Outbound, protocol_version: str) -> None:
+    """Authorize before an MCP session opens, where a person may take minutes to approve and the session's requests
+    have timeouts: one `server/discover` request (harmless, the first thing a client sends anyway) through `auth`,
+    which authorizes if the server demands it. Its answer is not read beyond the status; the session that follows
+    finds the token in `auth`. Exceptions as `auth` and httpx2 raise them."""
+    body = {"jsonrpc": "2.0", "id": "taskhub-authorize", "method": "server/discover", "params": {}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": protocol_version,
+        "Mcp-Method": "server/discover",
+    }
+    async with (
+        outbound.httpx_client(auth=auth, timeout=30.0, follow_redirects=False) as client,
+        client.stream("POST", server_url, json=body, headers=headers) as response,
+    ):
+        await response.aclose()
+
+
 # --- where tokens are kept ------------------------------------------------------------------------------------------
 
 
