@@ -21,7 +21,26 @@
       .catch(function () {});
   }
 
+  // The trends (#trends) follow live changes too, but at most every TRENDS_EVERY_MS: a week of charts need not be
+  // redrawn for each task that changes (they also refresh every minute by themselves, hx-trigger).
+  var TRENDS_EVERY_MS = 15000;
+  var trendsTimer = null;
+  var trendsLast = 0;
+
+  function refreshTrends() {
+    trendsTimer = null;
+    trendsLast = Date.now();
+    var element = document.getElementById("trends");
+    if (!element) return;
+    htmx
+      .ajax("GET", element.getAttribute("hx-get"), { target: "#trends", swap: "outerHTML" })
+      .catch(function () {});
+  }
+
   function schedule() {
+    if (trendsTimer === null && document.getElementById("trends")) {
+      trendsTimer = setTimeout(refreshTrends, Math.max(0, trendsLast + TRENDS_EVERY_MS - Date.now()));
+    }
     if (timer === null) timer = setTimeout(refresh, Math.max(0, last + REFRESH_EVERY_MS - Date.now()));
   }
 

@@ -12,6 +12,7 @@ import json
 
 from django.db.models import (
     Case,
+    CharField,
     Count,
     Exists,
     OuterRef,
@@ -138,18 +139,29 @@ def outcome_filter(outcome: str) -> Q:
 def outcome_counts(ended: QuerySet[Task]) -> dict[str, int]:
     """How many of `ended` had each outcome (outcome_expression), from two plain aggregates: per status with its
     isError results, and the declined ones the same way. (Grouping by the CASE itself costs a subplan per row.)"""
+    return outcome_counts_per(ended).get(None) or _outcomes_of({}, {})
 
-    def per_status(tasks) -> dict[str, tuple[int, int]]:
-        rows = (
-            tasks.order_by()
-            .values_list("status")
-            .annotate(n=Count("*"), errors=Count("pk", filter=Q(status=TaskStatus.COMPLETED) & is_error_filter()))
+
+def outcome_counts_per(ended: QuerySet[Task], *, per=None) -> dict:
+    """outcome_counts grouped by the expression `per` too (Home's hours and days, a Trunc of finished_at): {its value:
+    {outcome: count}}, for the values that have tasks; `per=None`: one group, None."""
+
+    def per_status(tasks) -> dict:
+        rows = tasks.order_by().annotate(per=per if per is not None else Value(None, output_field=CharField()))
+        rows = rows.values_list("per", "status").annotate(
+            n=Count("*"), errors=Count("pk", filter=Q(status=TaskStatus.COMPLETED) & is_error_filter())
         )
-        return {status: (n, errors) for status, n, errors in rows}
+        grouped: dict = {}
+        for group, status, n, errors in rows:
+            grouped.setdefault(group, {})[status] = (n, errors)
+        return grouped
 
     every = per_status(ended)
     declined = per_status(ended.filter(outcome_filter(Outcome.DECLINED)))
+    return {group: _outcomes_of(counts, declined.get(group, {})) for group, counts in every.items()}
 
+
+def _outcomes_of(every: dict, declined: dict) -> dict[str, int]:
     def total(counts, status):
         return counts.get(status, (0, 0))[0]
 

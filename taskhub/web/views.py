@@ -6,21 +6,26 @@ from django.views.decorators.http import require_GET
 
 from taskhub.accounts.permissions import is_admin
 from taskhub.tasks.dashboard import dashboard
+from taskhub.tasks.trends import trends
 from taskhub.web.health import database_status
 
 
 @require_GET
 def home(request):
     """Anonymous visitors get the public page; signed-in people their dashboard (taskhub/tasks/dashboard.py).
-    htmx refreshes a fragment: the dashboard (?fragment=dashboard, after a live change) or the system status."""
+    htmx refreshes a fragment: the dashboard (?fragment=dashboard, after a live change), the trends (?fragment=trends,
+    taskhub/tasks/trends.py) or the system status."""
     signed_in = request.user.is_authenticated
     if signed_in and request.GET.get("fragment") == "dashboard":
         return render(request, "web/dashboard.html#dashboard", {"board": dashboard(request.user)})
+    if signed_in and request.GET.get("fragment") == "trends":
+        return render(request, "web/dashboard.html#trends", {"trends": trends(request.user)})
     context = {"database": database_status(with_version=_admin(request))}
     if request.htmx:
         return render(request, "web/home.html#system-status", context)
     if signed_in:
-        return render(request, "web/dashboard.html", {**context, "board": dashboard(request.user)})
+        board = {"board": dashboard(request.user), "trends": trends(request.user)}
+        return render(request, "web/dashboard.html", {**context, **board})
     return render(request, "web/home.html", context)
 
 

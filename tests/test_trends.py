@@ -1,0 +1,173 @@
+"""Issue 34 deliver 3: Home's trends (taskhub/tasks/trends.py), counted exactly for tasks placed in time, for what a
+person may see, and when there is nothing. In a browser: tests/browser/test_control_room.py."""
+
+import datetime
+
+import pytest
+from django.contrib.auth.models import Group
+from django.core.cache import cache
+
+from taskhub.accounts.groups import APPROVERS, OPERATORS
+from taskhub.approvals.services import create_policy
+from taskhub.servers.services import create_server
+from taskhub.tasks.models import InputRequest, Task, TaskStatus
+from taskhub.tasks.trends import trends
+from tests.account_fixtures import make_user
+
+pytestmark = pytest.mark.django_db
+
+# A fixed "now", 40 minutes into an hour: the hours before the current one are settled (kept in the cache).
+NOW = datetime.datetime(2026, 12, 4, 15, 40, tzinfo=datetime.UTC)
+HOUR = datetime.timedelta(hours=1)
+
+
+@pytest.fixture(autouse=True)
+def no_kept_hours():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def alpha():
+    return create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
+
+
+@pytest.fixture
+def beta():
+    """A server whose policy names a group amy is not in: she sees none of its tasks."""
+    server = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
+    create_policy(server=server, tool="", groups=[Group.objects.create(name="finance")], user=None)
+    return server
+
+
+def placed(server, *, started, ended=None, status=TaskStatus.COMPLETED, tool="deploy", **fields) -> Task:
+    task = Task.objects.create(server=server, tool=tool, status=status, **fields)
+    Task.objects.filter(pk=task.pk).update(created_at=started, finished_at=ended)
+    return task
+
+
+def answered(task, *, asked, after, action="accept", user=None):
+    request = InputRequest.objects.create(
+        task=task,
+        key=f"q-{asked.timestamp()}",
+        method="elicitation/create",
+        state="answered",
+        answer={"action": action},
+        answered_by=user,
+        answered_at=asked + after,
+    )
+    InputRequest.objects.filter(pk=request.pk).update(created_at=asked)
+    return request
+
+
+def bucket(chart, start):
+    return next(bucket for bucket in chart.buckets if bucket.start == start)
+
+
+def test_started_and_ended_per_hour_and_per_day_by_outcome(alpha):
+    olga = make_user("olga", OPERATORS)
+    amy = make_user("amy", APPROVERS)
+    two_hours_ago = NOW.replace(minute=0) - 2 * HOUR  # 13:00
+    placed(
+        alpha,
+        started=two_hours_ago + datetime.timedelta(minutes=5),
+        ended=two_hours_ago + datetime.timedelta(minutes=50),
+    )
+    placed(alpha, started=two_hours_ago, ended=two_hours_ago + datetime.timedelta(minutes=1), result={"isError": True})
+    failed = placed(alpha, started=NOW - 3 * 24 * HOUR, ended=NOW - 3 * 24 * HOUR, status=TaskStatus.FAILED)
+    declined = placed(alpha, started=NOW - datetime.timedelta(minutes=30), ended=NOW, status=TaskStatus.CANCELLED)
+    answered(
+        declined,
+        asked=NOW - datetime.timedelta(minutes=20),
+        after=datetime.timedelta(seconds=90),
+        action="decline",
+        user=amy,
+    )
+    placed(alpha, started=NOW - datetime.timedelta(minutes=10), status=TaskStatus.WORKING)
+    placed(alpha, started=NOW - 8 * 24 * HOUR, ended=NOW - 8 * 24 * HOUR)  # before the week
+
+    board = trends(olga, now=NOW)
+    again = trends(olga, now=NOW)  # the settled hours now from the cache: the same counts
+    for seen in (board, again):
+        hour = bucket(seen.per_hour, two_hours_ago)
+        assert (hour.started, hour.ended["completed"], hour.ended["completed_error"]) == (2, 1, 1)
+        current = seen.per_hour.buckets[-1]
+        assert current.start == NOW.replace(minute=0)
+        assert (current.started, current.ended["declined"], current.ended["cancelled"]) == (2, 1, 0)
+        assert seen.per_hour.started_total == 4 and seen.per_hour.ended_total == 3
+        today = seen.per_day.buckets[-1]
+        assert (today.started, today.ended_total) == (4, 3)
+        three_days = bucket(seen.per_day, (NOW - 3 * 24 * HOUR).replace(hour=0, minute=0))
+        assert (three_days.started, three_days.ended["failed"]) == (1, 1)
+        assert seen.per_day.started_total == 5 and seen.per_day.ended_total == 4
+    legend = {item.outcome: (item.total, item.href) for item in board.per_day.legend}
+    assert legend["failed"] == (1, "/tasks/?outcome=failed&ended=7d")
+    assert legend["declined"][0] == 1 and legend["completed"][0] == 1
+    assert (
+        bucket(board.per_day, three_days.start).href
+        == f"/tasks/?since={three_days.start.date()}&until={three_days.start.date()}"
+    )
+    assert failed.pk  # counted on its day, not in the 24 hours
+    assert board.per_hour.legend[[i.outcome for i in board.per_hour.legend].index("failed")].total == 0
+
+
+def test_durations_and_answer_times_at_p50_and_p95(alpha):
+    olga = make_user("olga", OPERATORS)
+    amy = make_user("amy", APPROVERS)
+    for minutes in range(1, 11):  # 1 … 10 minutes long
+        task = placed(
+            alpha, started=NOW - 2 * HOUR, ended=NOW - 2 * HOUR + minutes * datetime.timedelta(minutes=1), tool="render"
+        )
+        answered(task, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=10 * minutes), user=amy)
+    placed(alpha, started=NOW - HOUR, ended=NOW - HOUR + datetime.timedelta(seconds=5), tool="ping")
+    by_default = placed(alpha, started=NOW - HOUR, ended=NOW)
+    answered(by_default, asked=NOW - HOUR, after=HOUR)  # applied at a deadline: nobody's answer
+
+    board = trends(olga, now=NOW)
+    slowest = [(row.label, row.count, row.p50, row.p95) for row in board.slowest_tools]
+    # slowest first; percentile_cont over 60 … 600 s
+    assert slowest == [
+        ("deploy", 1, 3600.0, 3600.0),
+        ("render", 10, 330.0, pytest.approx(573.0)),
+        ("ping", 1, 5.0, 5.0),
+    ]
+    assert board.slowest_tools[1].href == f"/tasks/?server={alpha.pk}&tool=render&ended=24h"
+    [answers] = board.answer_times
+    assert (answers.label, answers.count, answers.p50, answers.p95) == ("alpha", 10, 55.0, pytest.approx(95.5))
+    assert answers.p95_text == "1.6 min" and answers.p50_text == "55.0 s"
+
+
+def test_an_approver_sees_the_trends_of_their_servers_only(alpha, beta):
+    amy = make_user("amy", APPROVERS)
+    olga = make_user("olga", OPERATORS)
+    mine = placed(alpha, started=NOW - 2 * HOUR, ended=NOW - HOUR, tool="mine")
+    answered(mine, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=30), user=olga)
+    theirs = placed(beta, started=NOW - 2 * HOUR, ended=NOW - HOUR, status=TaskStatus.FAILED, tool="theirs")
+    answered(theirs, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=30), user=olga)
+
+    for_amy = trends(amy, now=NOW)  # first: her settled hours go into the cache under her own servers
+    for_olga = trends(olga, now=NOW)
+    assert (for_amy.per_day.started_total, for_amy.per_day.ended_total) == (1, 1)
+    assert {item.outcome: item.total for item in for_amy.per_day.legend}["failed"] == 0
+    assert [row.label for row in for_amy.slowest_tools] == ["mine"]
+    assert [row.label for row in for_amy.answer_times] == ["alpha"]
+    assert (for_olga.per_day.started_total, for_olga.per_day.ended_total) == (2, 2)
+    assert sorted(row.label for row in for_olga.answer_times) == ["alpha", "beta"]
+
+
+def test_nothing_yet_and_no_role(client, alpha):
+    olga = make_user("olga", OPERATORS)
+    board = trends(olga)
+    assert board.per_hour.started_total == 0 and board.per_day.ended_total == 0
+    assert len(board.per_hour.buckets) == 24 and len(board.per_day.buckets) == 7
+    assert board.slowest_tools == [] and board.answer_times == []
+    assert trends(make_user("nobody")) is None
+
+    client.force_login(olga)
+    page = client.get("/").content.decode()
+    assert 'id="trends"' in page and "No task ended in the last 24 hours." in page
+    fragment = client.get("/?fragment=trends", headers={"HX-Request": "true"}).content.decode()
+    assert fragment.lstrip().startswith('<section id="trends"') and "<html" not in fragment
+    client.force_login(make_user("nobody2"))
+    assert 'id="trends"' not in client.get("/").content.decode()
