@@ -218,3 +218,62 @@ def test_a_token_response_that_fails_validation_is_not_quoted(tmp_path: Path) ->
     )
     provider.failure = OAuthTokenError(f"Invalid token response: {json.dumps({'access_token': 'at-secret'})}")
     assert provider.failure_message() == "OAuthTokenError: Invalid token response"
+
+
+def test_a_kept_token_that_expired_is_refreshed_at_the_kept_token_endpoint(tmp_path: Path) -> None:
+    """A later run (or process) with the token file refreshes an expired token by itself, at the authorization
+    server's own token endpoint found by the earlier discovery, with the resource parameter; nobody asked again."""
+    import time
+
+    import httpx2
+    from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, ProtectedResourceMetadata
+
+    from taskhub.mcp.oauth import Discovery, UnattendedRedirect
+    from taskhub.mcp.outbound import Outbound
+
+    resource = "https://mcp.example.com/mcp"
+    path = tmp_path / "tokens.json"
+    store = FileTokenStore(path, resource=resource)
+
+    async def keep() -> None:
+        await store.set_tokens(OAuthToken(access_token="old-at", refresh_token="rt-1", expires_in=60))
+        await store.set_client_info(OAuthClientInformationFull(client_id="registered", redirect_uris=None))
+        metadata = OAuthMetadata(
+            issuer="https://as.example.com",
+            authorization_endpoint="https://as.example.com/authorize",
+            token_endpoint="https://as.example.com/oauth/token",
+        )
+        prm = ProtectedResourceMetadata(resource=resource, authorization_servers=["https://as.example.com"])
+        await store.set_discovery(Discovery(prm, metadata, "https://as.example.com"))
+
+    asyncio.run(keep())
+    document = json.loads(path.read_text())
+    document["expires_at"] = time.time() - 1  # expired since
+    path.write_text(json.dumps(document))
+
+    provider = oauth_provider(
+        server_url=resource,
+        settings=OAuthClientSettings(),
+        storage=FileTokenStore(path, resource=resource),
+        redirect=UnattendedRedirect(outbound=Outbound(None)),
+    )
+
+    async def one_request() -> tuple[httpx2.Request, httpx2.Request]:
+        request = httpx2.Request("POST", resource, headers={"MCP-Protocol-Version": "2026-07-28"})
+        flow = provider.async_auth_flow(request)
+        refresh = await flow.__anext__()
+        renewed = {"access_token": "new-at", "token_type": "Bearer", "expires_in": 3600}
+        sent = await flow.asend(httpx2.Response(200, json=renewed, request=refresh))
+        with pytest.raises(StopAsyncIteration):
+            await flow.asend(httpx2.Response(200, json={}, request=sent))
+        return refresh, sent
+
+    refresh, sent = asyncio.run(one_request())
+    assert str(refresh.url) == "https://as.example.com/oauth/token"
+    form = dict(item.split("=", 1) for item in refresh.content.decode().split("&"))
+    assert form["grant_type"] == "refresh_token" and form["refresh_token"] == "rt-1"
+    assert form["resource"] == "https%3A%2F%2Fmcp.example.com%2Fmcp"
+    assert sent.headers["Authorization"] == "Bearer new-at"
+    kept = json.loads(path.read_text())
+    assert kept["tokens"]["access_token"] == "new-at" and kept["tokens"]["refresh_token"] == "rt-1"
+    assert kept["expires_at"] > time.time() + 3000

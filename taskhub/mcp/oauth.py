@@ -40,7 +40,7 @@ import warnings
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
@@ -50,7 +50,15 @@ from mcp.client.auth.extensions.client_credentials import (
     PrivateKeyJWTOAuthProvider,
 )
 from mcp.client.auth.utils import extract_field_from_www_auth, union_scopes
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthMetadata,
+    OAuthToken,
+    ProtectedResourceMetadata,
+)
+from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import AnyUrl, ValidationError
 
 from taskhub.mcp.excerpts import validation_summary
@@ -348,18 +356,52 @@ async def authorize_ahead(*, server_url: str, auth: httpx2.Auth, outbound: Outbo
 # --- where tokens are kept ------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Discovery:
+    """What discovery found: kept beside the tokens, so that a later process refreshes at the authorization server's
+    own token endpoint (and with the `resource` parameter) without a request refused first."""
+
+    protected_resource: ProtectedResourceMetadata | None
+    authorization_server: OAuthMetadata | None
+    authorization_server_url: str | None
+
+
+@runtime_checkable
+class KeptAuthorization(TokenStorage, Protocol):
+    """A TokenStorage that also keeps when the access token expires and what discovery found (the SDK's protocol
+    keeps neither: a token loaded from storage would count as valid until refused, then a person asked again)."""
+
+    async def get_expires_at(self) -> float | None: ...
+
+    async def get_discovery(self) -> Discovery | None: ...
+
+    async def set_discovery(self, discovery: Discovery) -> None: ...
+
+
 class MemoryTokenStore(TokenStorage):
     """Tokens and the client's registration for this process only."""
 
     def __init__(self) -> None:
         self._tokens: OAuthToken | None = None
+        self._expires_at: float | None = None
         self._client: OAuthClientInformationFull | None = None
+        self._discovery: Discovery | None = None
 
     async def get_tokens(self) -> OAuthToken | None:
         return self._tokens
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
         self._tokens = tokens
+        self._expires_at = calculate_token_expiry(tokens.expires_in) if tokens.expires_in is not None else None
+
+    async def get_expires_at(self) -> float | None:
+        return self._expires_at
+
+    async def get_discovery(self) -> Discovery | None:
+        return self._discovery
+
+    async def set_discovery(self, discovery: Discovery) -> None:
+        self._discovery = discovery
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         return self._client
@@ -418,7 +460,41 @@ class FileTokenStore(TokenStorage):
             return None
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
-        self._loaded()["tokens"] = tokens.model_dump(mode="json", exclude_none=True)
+        document = self._loaded()
+        document["tokens"] = tokens.model_dump(mode="json", exclude_none=True)
+        expires_in = tokens.expires_in
+        document["expires_at"] = calculate_token_expiry(expires_in) if expires_in is not None else None
+        self._write()
+
+    async def get_expires_at(self) -> float | None:
+        expires_at = self._loaded().get("expires_at")
+        return float(expires_at) if isinstance(expires_at, int | float) else None
+
+    async def get_discovery(self) -> Discovery | None:
+        stored = self._loaded().get("discovery")
+        if not isinstance(stored, dict):
+            return None
+        try:
+            resource = stored.get("protected_resource")
+            server = stored.get("authorization_server")
+            server_url = stored.get("authorization_server_url")
+            return Discovery(
+                protected_resource=ProtectedResourceMetadata.model_validate(resource) if resource else None,
+                authorization_server=OAuthMetadata.model_validate(server) if server else None,
+                authorization_server_url=server_url if isinstance(server_url, str) else None,
+            )
+        except ValidationError:
+            return None
+
+    async def set_discovery(self, discovery: Discovery) -> None:
+        def dumped(model: Any) -> Any:
+            return model.model_dump(mode="json", exclude_none=True) if model is not None else None
+
+        self._loaded()["discovery"] = {
+            "protected_resource": dumped(discovery.protected_resource),
+            "authorization_server": dumped(discovery.authorization_server),
+            "authorization_server_url": discovery.authorization_server_url,
+        }
         self._write()
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
@@ -465,6 +541,35 @@ class _Guarded:
     extra_scope: str | None = None
     context: Any
 
+    _kept_discovery: Discovery | None = None
+
+    async def _initialize(self) -> None:
+        await super()._initialize()  # type: ignore[misc]
+        storage = self.context.storage
+        if not isinstance(storage, KeptAuthorization):
+            return
+        if self.context.current_tokens is not None:
+            self.context.token_expiry_time = await storage.get_expires_at()
+        discovery = await storage.get_discovery()
+        if discovery is not None and self.context.oauth_metadata is None:
+            self.context.protected_resource_metadata = discovery.protected_resource
+            self.context.oauth_metadata = discovery.authorization_server
+            self.context.auth_server_url = discovery.authorization_server_url
+            self._kept_discovery = discovery
+
+    async def _keep_discovery(self) -> None:
+        storage = self.context.storage
+        if not isinstance(storage, KeptAuthorization) or self.context.oauth_metadata is None:
+            return
+        discovery = Discovery(
+            protected_resource=self.context.protected_resource_metadata,
+            authorization_server=self.context.oauth_metadata,
+            authorization_server_url=self.context.auth_server_url,
+        )
+        if discovery != self._kept_discovery:
+            await storage.set_discovery(discovery)
+            self._kept_discovery = discovery
+
     async def _perform_authorization(self) -> httpx2.Request:
         self.authorizations += 1
         if self.authorizations > MAX_AUTHORIZATIONS:
@@ -487,6 +592,7 @@ class _Guarded:
         except StopAsyncIteration:
             if response is not None and response.request is request:
                 self._note_outcome(response)
+            await self._keep_discovery()
             return
         except Exception as error:
             if self.failure is None:
