@@ -18,9 +18,12 @@ taskhub owns the rest, here, for the command line today and the web Connect flow
   failure kept (:class:`AuthorizationProblem`) so callers can say what went wrong;
 - where the code comes back (:class:`LoopbackRedirect` for a person, RFC 8252; :class:`UnattendedRedirect` where the
   authorization server approves without one);
-- where tokens and the client's registration are kept (:class:`MemoryTokenStore`, :class:`FileTokenStore`; the web
-  app's encrypted store implements the same :class:`~mcp.client.auth.TokenStorage` protocol). A store is bound to one
-  resource: tokens are only ever sent to the server they were issued for.
+- where tokens, their expiry, the client's registration and what discovery found are kept
+  (:class:`KeptAuthorization`: the SDK's :class:`~mcp.client.auth.TokenStorage` and the expiry and
+  :class:`Discovery`, so a later process refreshes by itself; :class:`MemoryTokenStore`, :class:`FileTokenStore`; the
+  web app's encrypted store implements the same protocol). A store is bound to one resource: tokens are only ever sent
+  to the server they were issued for;
+- :func:`authorize_ahead`: authorize before a session opens (a person takes longer than a request may).
 
 Tokens and secrets never appear in a repr, a message or a log line from here. No Django.
 """
