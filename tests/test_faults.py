@@ -12,7 +12,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -75,8 +74,8 @@ def orm_on(postgres: OwnPostgres, django_db_blocker) -> Iterator[None]:
 
 
 @pytest.fixture
-def fault_postgres(tmp_path: Path, django_db_blocker) -> Iterator[OwnPostgres]:
-    with own_postgres(tmp_path) as postgres, orm_on(postgres, django_db_blocker):
+def fault_postgres(django_db_blocker) -> Iterator[OwnPostgres]:
+    with own_postgres() as postgres, orm_on(postgres, django_db_blocker):
         yield postgres
 
 

@@ -41,7 +41,7 @@ def test_an_admin_who_approves_sees_every_page(daphne_server, page):
     make_user("alex", ADMINS, APPROVERS, password=TEST_PASSWORD)
     sign_in(page, daphne_server.url, "alex", TEST_PASSWORD)
     expect(page).to_have_url(f"{daphne_server.url}/")
-    assert nav_items(page) == ["Tasks", "Inbox", "Launch", "Servers", "Approvals", "Audit", "API"]
+    assert nav_items(page) == ["Tasks", "Inbox", "Launch", "Servers", "Approvals", "Audit", "People", "API"]
     screenshot(page, "home-admin")
 
 
