@@ -74,6 +74,8 @@ def tasks_href(**filters) -> str:
 def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
     if seconds < 3600:

@@ -60,7 +60,22 @@ def test_the_home_counts_live_and_every_item_opens_its_list(live_site, new_page)
     expect(waiting.locator(".dash-big")).to_have_text("1")
     expect(waiting).to_contain_text("The oldest was asked just now")
     assert page.evaluate("window.__sameDocument") is True
+    # the trends (issue 34 deliver 3): each chart drawn, its numbers in a table, its links to the list
+    hours = page.locator("#trend-24h")
+    expect(hours.locator("svg.trend-svg rect.bar-completed_error")).to_have_count(1)
+    expect(hours.locator("table.trend-table tbody tr")).to_have_count(24)
+    expect(hours.locator("table.trend-table tbody tr").last).to_contain_text("1")
+    expect(page.locator("#trend-7d table.trend-table tbody tr")).to_have_count(7)
+    expect(page.locator("#trend-slowest tbody tr")).to_have_count(3)  # report, render, migrate
     screenshot(page, "home")
+
+    # a chart's outcome opens the list of exactly those tasks
+    hours.locator("[data-trend-outcome='failed'] a").click()
+    expect(page).to_have_url(re.compile(r"/tasks/\?outcome=failed&ended=24h$"))
+    expect(page.locator("tbody tr")).to_have_count(1)
+    expect(page.locator("tbody tr")).to_contain_text("migrate")
+    page.go_back()
+    wait_until_live(page)
 
     # an outcome's count opens the list of exactly those tasks
     page.locator("[data-outcome='completed_error'] a").click()
