@@ -58,10 +58,12 @@ from taskhub.observability import tracing
 logger = logging.getLogger(__name__)
 
 # Application close codes (4000-4999). The htmx ws extension reconnects only after 1006/1011/1012/1013,
-# so a refused socket is not retried in a loop.
+# so a refused socket is not retried in a loop; live.js retries every other code after a back-off.
 CLOSE_NOT_SIGNED_IN = 4401
 CLOSE_NO_LONGER_ALLOWED = 4403
-CLOSE_HUB_LOST = 1012  # "service restart": the htmx ws extension reconnects
+# "Service restart" in the application range: daphne (autobahn) sends no 1012 (it raised, and the socket ended as an
+# error of the application, logged with its traceback); live.js reconnects this one.
+CLOSE_HUB_LOST = 4012
 MAX_WATCHED_TASKS = 200
 # One change reaches a connection once per group it shares (tasks, task.<id>, inbox.server.<id>).
 REMEMBERED_MESSAGES = 256

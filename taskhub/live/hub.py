@@ -7,7 +7,7 @@ all the process's sockets in it, on a channel of its own, and hands each message
 message per process and group.
 
 A message names its group (publish.py adds "group"): the channel layer does not say which group a message came
-through. When the hub cannot read from the layer (Redis went away), it closes every socket it serves with 1012;
+through. When the hub cannot read from the layer (Redis went away), it closes every socket it serves with 4012;
 the pages reconnect, join again (a new hub) and re-read their state, as after any lost message.
 """
 
