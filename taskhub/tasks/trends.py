@@ -12,8 +12,10 @@ to count, the current hour a few. Percentiles do not add up across hours, so tho
 day (~12,000 tasks at bench/pages.py's rate). Every chart carries the links to the task lists that show it.
 """
 
+import contextlib
 import datetime
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
@@ -28,6 +30,8 @@ from taskhub.accounts import permissions
 from taskhub.tasks.models import InputRequest, InputRequestState
 from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts_per
 from taskhub.tasks.queries import tasks_visible_to
+
+logger = logging.getLogger(__name__)
 
 HOUR = datetime.timedelta(hours=1)
 DAY = datetime.timedelta(days=1)
@@ -235,12 +239,18 @@ def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.dateti
     settled = [hour for hour in hours if hour + HOUR + SETTLED_AFTER <= now]
     prefix = f"trends:{connection.settings_dict['NAME']}:{_scope(user)}:"
     keys = {hour: prefix + hour.strftime("%Y%m%d%H") for hour in settled}
-    cached = cache.get_many(list(keys.values()))
+    try:
+        cached, reachable = cache.get_many(list(keys.values())), True
+    except Exception as error:  # the cache is Redis, and Redis is away: counted from the database (slower), no 500
+        logger.warning("trends: the cache could not be read (%s); the week is counted from the database", error)
+        cached, reachable = {}, False
     missing = [hour for hour in settled if keys[hour] not in cached]
     counted = {}
     if missing:
         counted = _count_hours(visible, since=missing[0], until=missing[-1] + HOUR)
-        cache.set_many({keys[hour]: counted.get(hour, EMPTY_HOUR) for hour in missing}, timeout=CACHE_SECONDS)
+        if reachable:
+            with contextlib.suppress(Exception):  # kept next time, if the cache can take it
+                cache.set_many({keys[hour]: counted.get(hour, EMPTY_HOUR) for hour in missing}, timeout=CACHE_SECONDS)
     counted.update(_count_hours(visible, since=settled[-1] + HOUR if settled else first, until=None))
     return {hour: cached.get(keys.get(hour), counted.get(hour, EMPTY_HOUR)) for hour in hours}
 
