@@ -325,6 +325,13 @@ class InputRequest(models.Model):
                 condition=models.Q(state="open"),
                 name="input_request_open_server",
             ),
+            # Which servers have an open request escalated to a group (tasks/waiting.py, on every page's nav): few
+            # or none, found without reading the open ones.
+            models.Index(
+                fields=["server"],
+                condition=models.Q(state="open", escalated_to__isnull=False),
+                name="input_request_open_escalated",
+            ),
             # The deadline sweep: open requests whose deadline is still to act.
             models.Index(
                 fields=["answer_deadline_at"],

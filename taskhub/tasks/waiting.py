@@ -38,6 +38,7 @@ def waiting_count(user, *, approvable_server_ids=None) -> int:
     in_part = permissions.servers_answered_in_part(user) & enabled
     escalated = set(
         InputRequest.objects.filter(state=InputRequestState.OPEN, escalated_to__isnull=False, server__in=enabled)
+        .order_by()  # the model's ordering would join the DISTINCT (and a sort of every open request)
         .values_list("server_id", flat=True)
         .distinct()
     )
