@@ -185,7 +185,7 @@ PROGRESS_LINE_EVERY_S = 0.25
 
 @dataclass
 class ProgressLines:
-    """`on_progress` of a call and of the 2025-11-25 task it made: "progress: 3 of 6 — server says '…'"."""
+    """`on_progress` of a call and of the 2025-11-25 task it made: "progress: 3 of 6 — server says “…”"."""
 
     reporter: Reporter
     _shown_at: float = float("-inf")
@@ -704,9 +704,12 @@ class _SessionTaskFollower(session_tasks.SessionTaskFollower):
         reporter: Reporter,
         answerer: Answerer,
         cancel_at,
-        **progress,
+        on_progress: ProgressLines,
+        progress_token: str | None,
     ) -> None:
-        super().__init__(client, created, asker=answerer.ask_question, **progress)
+        super().__init__(
+            client, created, asker=answerer.ask_question, on_progress=on_progress, progress_token=progress_token
+        )
         self.reporter = reporter
         self.cancel_at = cancel_at
         self.shown: tuple[str, str | None] | None = None

@@ -41,9 +41,19 @@ class _Follower(wire_tasks.SessionTaskFollower):
     """Each status seen stored as a snapshot; a person's Cancel (the cancel job leaves it to us) sent on the session."""
 
     def __init__(
-        self, client: TasksClient, created: TaskSnapshot, *, task_id: uuid.UUID, asker, on_log, **progress
+        self,
+        client: TasksClient,
+        created: TaskSnapshot,
+        *,
+        task_id: uuid.UUID,
+        asker,
+        on_log,
+        on_progress=None,
+        progress_token: str | None = None,
     ) -> None:
-        super().__init__(client, created, asker=asker, on_log=on_log, **progress)
+        super().__init__(
+            client, created, asker=asker, on_log=on_log, on_progress=on_progress, progress_token=progress_token
+        )
         self.task_id = task_id
 
     def next_look_s(self, last: TaskSnapshot) -> float:
