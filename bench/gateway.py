@@ -52,7 +52,19 @@ import uuid
 from pathlib import Path
 
 import aiohttp
-from livestack import ROOT, append_results, drop, load, ms, prepare, results_header, say, spread, web_and_worker
+from livestack import (
+    ROOT,
+    append_results,
+    drop,
+    load,
+    ms,
+    prepare,
+    profiled,
+    results_header,
+    say,
+    spread,
+    web_and_worker,
+)
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_gateway"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
@@ -119,9 +131,15 @@ async def poll_batch(
     return requests / (time.perf_counter() - started), latencies
 
 
-async def measure(args, gateway_url: str, demo_url: str, token: str, remote_of: dict[str, str]) -> dict:
+async def measure(
+    args, gateway_url: str, demo_url: str, token: str, remote_of: dict[str, str], pids: dict[str, int]
+) -> dict:
+    """Per path: each round's rate, every latency, and the CPU its server process spent per request (utime + stime
+    of daphne or of the demo server over the round, over its requests: less moved by other load than the rate)."""
     connector = aiohttp.TCPConnector(limit=args.concurrency * 2)
-    results: dict[str, dict[str, list[float]]] = {"gateway": {"rates": [], "ms": []}, "demo": {"rates": [], "ms": []}}
+    results: dict[str, dict[str, list[float]]] = {
+        path: {"rates": [], "ms": [], "cpu_ms": []} for path in ("gateway", "demo")
+    }
     async with aiohttp.ClientSession(connector=connector) as session:
         gateway_ids = list(remote_of)
         demo_ids = list(remote_of.values())
@@ -132,11 +150,16 @@ async def measure(args, gateway_url: str, demo_url: str, token: str, remote_of: 
             ):
                 session.headers.clear()
                 session.headers.update(headers)
+                cpu_before = cpu_seconds(pids[path])
                 rate, latencies = await poll_batch(session, url, ids, args.requests, args.concurrency)
+                results[path]["cpu_ms"].append(ms(cpu_seconds(pids[path]) - cpu_before) / args.requests)
                 results[path]["rates"].append(rate)
                 results[path]["ms"].extend(latencies)
                 median = spread(latencies)["p50"]
-                say(f"round {round_number} {path}: {rate:,.0f} tasks/get per second, p50 {median:.1f} ms")
+                say(
+                    f"round {round_number} {path}: {rate:,.0f} tasks/get per second, p50 {median:.1f} ms, "
+                    f"{results[path]['cpu_ms'][-1]:.2f} ms of its server's CPU per request"
+                )
     return results
 
 
@@ -150,6 +173,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_GATEWAY_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--profile", default="", help="py-spy daphne during the tasks/get rounds: PREFIX-daphne.txt")
     parser.add_argument("--listen", action="store_true", help="idle subscriptions/listen streams (module docstring)")
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--hold", type=float, default=60.0, help="seconds each window lasts")
@@ -182,7 +206,9 @@ def main() -> None:
             task_ids = launched_through_the_gateway(gateway_url, token, args.tasks)
             remote_of = dict(Task.objects.filter(pk__in=task_ids).values_list("id", "remote_task_id"))
             remote_of = {str(task_id): remote for task_id, remote in remote_of.items()}
-            results = asyncio.run(measure(args, gateway_url, demo.url, token, remote_of))
+            with profiled({"daphne": web.process.pid}, args.profile):
+                pids = {"gateway": web.process.pid, "demo": demo.process.pid}
+                results = asyncio.run(measure(args, gateway_url, demo.url, token, remote_of, pids))
     finally:
         drop(args.database_url)
     report(args, results, load_start)
@@ -213,16 +239,21 @@ def report(args, results: dict, load_start: str) -> None:
         f"- {args.tasks} tasks, {args.rounds} rounds of {args.requests} tasks/get per path, {args.concurrency} at a "
         "time, alternating",
         "",
-        "| path | tasks/get per s (median of rounds) | p50 ms | p95 ms | max ms |",
-        "|---|---|---|---|---|",
+        "| path | tasks/get per s (median of rounds) | p50 ms | p95 ms | max ms | server CPU ms per request (median) |",
+        "|---|---|---|---|---|---|",
     ]
     for path, label in (("gateway", "gateway (/mcp/servers/demo, Postgres)"), ("demo", "demo server directly")):
         rates = sorted(results[path]["rates"])
         spreads = spread(results[path]["ms"])
         lines.append(
             f"| {label} | {rates[len(rates) // 2]:,.0f} | {spreads['p50']:.1f} | {spreads['p95']:.1f} | "
-            f"{spreads['max']:.1f} |"
+            f"{spreads['max']:.1f} | {sorted(results[path]['cpu_ms'])[len(rates) // 2]:.2f} |"
         )
+    gateway_rate = sorted(results["gateway"]["rates"])[len(rates) // 2]
+    demo_rate = sorted(results["demo"]["rates"])[len(rates) // 2]
+    lines.append(
+        f"\n- gateway / demo server: {gateway_rate / demo_rate:.2f}x the rate (issue 37 item 1's goal: >= 0.8x)"
+    )
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_record:

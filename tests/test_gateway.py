@@ -6,9 +6,10 @@ import asyncio
 import json
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group
 from django.db import connections
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS
@@ -21,6 +22,7 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from taskhub.web.request_threads import ANSWERED_AT_ONCE_URLCONF, answered_at_once
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import set_approver_groups
 from tests.helpers import snapshot
@@ -73,9 +75,15 @@ def agent_of(event: AuditEvent) -> int | None:
 
 
 def rpc(token, method, params=None, *, path="/mcp/servers/alpha", meta=DECLARING, headers=None, request_id=1):
+    """The request as an agent sends it, with its `Mcp-Method` header (unless `headers` says otherwise), routed as
+    taskhub's ASGI application routes it: a method answered at once to the gateway's sync views."""
     body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": meta}}
-    client = Client(headers={**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})})
-    response = client.post(path, json.dumps(body), content_type="application/json")
+    headers = {name: value for name, value in {"Mcp-Method": method, **(headers or {})}.items() if value is not None}
+    client = Client(headers={**({"Authorization": f"Bearer {token}"} if token else {}), **headers})
+    scope_headers = [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+    urlconf = ANSWERED_AT_ONCE_URLCONF if answered_at_once(scope_headers) else settings.ROOT_URLCONF
+    with override_settings(ROOT_URLCONF=urlconf):
+        response = client.post(path, json.dumps(body), content_type="application/json")
     return response.status_code, response.json() if response.content else None
 
 

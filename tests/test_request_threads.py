@@ -3,6 +3,7 @@ instead of a new thread and a new Postgres connection per request, without ever 
 requests at once."""
 
 import asyncio
+import json
 import threading
 import time
 
@@ -10,7 +11,7 @@ import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
 from channels.testing import HttpCommunicator
 from django.core.signals import request_finished, request_started
-from django.db import connection
+from django.db import connection, connections
 
 from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler
 
@@ -183,3 +184,61 @@ async def test_an_async_view_gets_no_kept_thread():
     status = await get(app, "/mcp")
     assert status in (401, 405, 406)
     assert app.idle == []
+
+
+async def post_gateway(app, method: str, body_method: str, token: str = "") -> tuple[int, dict]:
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": body_method, "params": {"_meta": GATEWAY_META}})
+    headers = [(b"host", b"testserver"), (b"content-type", b"application/json"), (b"mcp-method", method.encode())]
+    if token:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    communicator = HttpCommunicator(app, "POST", "/mcp/servers/alpha", body=body.encode(), headers=headers)
+    response = await communicator.get_response(timeout=10)
+    await communicator.wait(timeout=10)
+    await asyncio.sleep(0.05)  # its thread is given back once it has nothing left to run
+    return response["status"], json.loads(response["body"])
+
+
+GATEWAY_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_gateway_method_answered_at_once_goes_to_a_kept_thread_once_and_a_lying_header_is_refused(monkeypatch):
+    """`tasks/get` and the like (request_threads.ANSWERED_AT_ONCE, named by the Mcp-Method header) run as a page's
+    request does: the gateway's sync view with the chain in one trip, on a thread kept for them with its
+    connection. A body whose method is not the header's (a tools/call that would wait) is refused and launches
+    nothing."""
+    from taskhub.accounts.groups import OPERATORS
+    from taskhub.api.tokens import create_token
+    from taskhub.tasks.models import Task
+    from tests.account_fixtures import make_user
+
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    trips = []
+    call = SyncToAsync.__call__
+
+    async def counted(self, *args, **kwargs):
+        trips.append(getattr(self.func, "__qualname__", repr(self.func)))
+        return await call(self, *args, **kwargs)
+
+    app = KeptRequestThreads(OneTripHandler())
+    monkeypatch.setattr(SyncToAsync, "__call__", counted)
+    try:
+        status, answer = await post_gateway(app, "ping", "ping", secret)
+        monkeypatch.undo()
+        assert (status, answer["result"]) == (200, {"resultType": "complete"})
+        assert len(trips) == 2 and trips[0].endswith("OneTripHandler._started_and_response"), trips
+        assert len(app.idle_answering_at_once) == 1 and app.idle == []
+
+        status, answer = await post_gateway(app, "tasks/get", "tools/call", secret)
+        assert (status, answer["error"]["code"]) == (400, -32020)  # Mcp-Method header does not match
+        status, answer = await post_gateway(app, "tasks/get", "tasks/get")
+        assert (status, answer["error"]["code"]) == (401, -32000)  # without a token, as the async view answers
+        assert await Task.objects.acount() == 0
+    finally:
+        monkeypatch.undo()
+        await asyncio.to_thread(app.close_connections)
+        await sync_to_async(connections.close_all)()  # the one the test's own queries opened

@@ -85,6 +85,50 @@ def _json(message: dict, status: int = 200, **headers: str) -> JsonResponse:
     return response
 
 
+@csrf_exempt
+def server_endpoint_at_once(request: HttpRequest, name: str) -> HttpResponse:
+    return _serve_at_once(request, Endpoint(server_name=name))
+
+
+@csrf_exempt
+def aggregate_endpoint_at_once(request: HttpRequest) -> HttpResponse:
+    return _serve_at_once(request, Endpoint())
+
+
+def _serve_at_once(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
+    """A request whose `Mcp-Method` header names a method answered from one read (`tasks/get` …:
+    request_threads.ANSWERED_AT_ONCE), served by a sync view (urls_at_once) on the request's kept thread: the token,
+    the call and its answer in the one trip a page's request takes, not one trip each. The same answers as _serve's:
+    a body whose method differs from the header is refused by check_headers, so nothing that waits gets here."""
+    if request.method != "POST":
+        return _json(
+            error_message(None, RpcError(mcp_types.INVALID_REQUEST, "POST JSON-RPC requests")), 405, Allow="POST"
+        )
+    call_id = None
+    user = _bearer_user(request)
+    if user is None:
+        refusal = unauthorized()
+        return _json(error_message(request_id_of(request.body), refusal), 401, **{"WWW-Authenticate": "Bearer"})
+    try:
+        call = parse_call(request.body)
+        call_id = call.id
+        check_headers(call, request.headers)
+        if call.is_notification:
+            return HttpResponse(status=202)
+        check_meta(call)
+        handler = SYNC_METHODS.get(call.method)
+        if handler is None:
+            raise method_not_found(call.method)
+        result = handler(endpoint, user, call)
+    except RpcError as error:
+        return _json(error_message(call_id, error), error.http_status)
+    except Exception:
+        logger.exception("gateway: %s failed", endpoint.server_name or "/mcp")
+        error = RpcError(mcp_types.INTERNAL_ERROR, "Internal error")
+        return _json(error_message(call_id, error), 500)
+    return _json(result_message(call.id, result))
+
+
 async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     if request.method != "POST":
         # No standalone SSE stream: every answer comes on the POST that asked for it.

@@ -21,15 +21,18 @@ bench/approval.py); now two (request_started with the chain and its view, and cl
 keep Django's chain.
 
 An async view's request (the gateway: a `subscriptions/listen` stream or a waiting `tools/call` may stay open for
-minutes, idle) gets no kept thread: its sync parts (the token check, a middleware) run on an IdleExitingExecutor,
+minutes, idle) gets no kept thread, unless its `Mcp-Method` header names a method answered at once (`tasks/get`
+and the like: ANSWERED_AT_ONCE): its sync parts (the token check, a middleware) run on an IdleExitingExecutor,
 whose one thread closes its database connection and exits once nothing has been given to it for a moment, and
 starts again if the request has sync work later. So an idle stream holds neither a thread nor a connection.
 """
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
+import weakref
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import closing
 
@@ -58,9 +61,14 @@ class KeptRequestThreads:
         self.app = app
         self.kept = kept
         self.idle: list[ThreadPoolExecutor] = []
+        self.idle_answering_at_once: list[ThreadPoolExecutor] = []
+        self._turns_at_once: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and _async_view(scope.get("path", "")):
+            if answered_at_once(scope.get("headers", ())):
+                await self._answer_at_once(scope, receive, send)
+                return
             executor = IdleExitingExecutor()
             try:
                 async with ThreadSensitiveContext(executor=executor):
@@ -68,36 +76,51 @@ class KeptRequestThreads:
             finally:
                 executor.shutdown(wait=False)
             return
-        executor = self.idle.pop() if self.idle else self._new_executor()
+        await self._on_kept_thread(self.idle, scope, receive, send)
+
+    async def _answer_at_once(self, scope, receive, send) -> None:
+        """A gateway request answered from one read: at most KEPT_THREADS at once, on threads kept for them (an agent
+        polling many tasks gets answered by the same few connections); the others wait their turn without a
+        thread, not on a new thread with a new connection each (bench/gateway.py: 121 against 167 tasks/get a
+        second at 16 at a time)."""
+        loop = asyncio.get_running_loop()
+        turns = self._turns_at_once.get(loop)
+        if turns is None:
+            turns = self._turns_at_once[loop] = asyncio.Semaphore(self.kept)
+        async with turns:
+            await self._on_kept_thread(self.idle_answering_at_once, scope, receive, send)
+
+    async def _on_kept_thread(self, idle: list[ThreadPoolExecutor], scope, receive, send) -> None:
+        executor = idle.pop() if idle else self._new_executor()
         try:
             async with ThreadSensitiveContext(executor=executor):
                 await self.app(scope, receive, send)
         finally:
-            self._release(executor, asyncio.get_running_loop())
+            self._release(executor, idle, asyncio.get_running_loop())
 
     def close_connections(self) -> None:
         """Close the idle threads' database connections (tests: an open one keeps the test database from
         being dropped)."""
-        for executor in list(self.idle):
+        for executor in [*self.idle, *self.idle_answering_at_once]:
             executor.submit(connections.close_all).result()
 
     def _new_executor(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskhub-request")
 
-    def _release(self, executor: ThreadPoolExecutor, loop: asyncio.AbstractEventLoop) -> None:
+    def _release(self, executor: ThreadPoolExecutor, idle: list, loop: asyncio.AbstractEventLoop) -> None:
         # Idle again only once its thread has finished what this request left on it: a view goes on running
         # after its client left and the request was cancelled, and the next request must not queue behind it.
         def finished(_future) -> None:
             try:
-                loop.call_soon_threadsafe(self._keep_or_retire, executor)
+                loop.call_soon_threadsafe(self._keep_or_retire, executor, idle)
             except RuntimeError:  # the loop is closed (process or test ending)
                 self._retire(executor)
 
         executor.submit(_nothing).add_done_callback(finished)
 
-    def _keep_or_retire(self, executor: ThreadPoolExecutor) -> None:
-        if len(self.idle) < self.kept:
-            self.idle.append(executor)
+    def _keep_or_retire(self, executor: ThreadPoolExecutor, idle: list) -> None:
+        if len(idle) < self.kept:
+            idle.append(executor)
         else:
             self._retire(executor)
 
@@ -189,6 +212,9 @@ class OneTripHandler(ASGIHandler):
             request, error_response = self.create_request(scope, body_file)
             if request is not None and not _async_view(request.path_info):
                 request.taskhub_started_scope = scope  # sent by get_response_async, on the thread
+            elif request is not None and answered_at_once(scope.get("headers", ())):
+                request.urlconf = ANSWERED_AT_ONCE_URLCONF  # the gateway's sync views: the sync chain, one trip
+                request.taskhub_started_scope = scope
             else:
                 await signals.request_started.asend(sender=self.__class__, scope=scope)
             if request is None:
@@ -231,6 +257,23 @@ class OneTripHandler(ASGIHandler):
         return self.sync_handler.get_response(request)
 
 
+# Gateway methods answered from one read, never waiting: they get a kept thread, whose database connection they reuse
+# (a new thread's connect was a quarter of daphne's time per tasks/get: bench/gateway.py --profile), and sync views
+# (urls_at_once) that run with the sync chain in one trip, as a page does. The view refuses a request whose
+# Mcp-Method header differs from its body's method (gateway.protocol.check_headers), so a tools/call or
+# subscriptions/listen, which may wait for minutes, cannot claim either by its header.
+ANSWERED_AT_ONCE_URLCONF = "taskhub.gateway.urls_at_once"
+ANSWERED_AT_ONCE = frozenset(
+    {b"tasks/get", b"tasks/update", b"tasks/cancel", b"tools/list", b"server/discover", b"ping"}
+)
+
+
+def answered_at_once(headers) -> bool:
+    """Whether a request's ASGI headers name, in `Mcp-Method`, a method answered at once."""
+    return any(name == b"mcp-method" and value.strip() in ANSWERED_AT_ONCE for name, value in headers)
+
+
+@functools.lru_cache(maxsize=4096)  # a path resolves to the same view for the process's life
 def _async_view(path_info: str) -> bool:
     try:
         match = get_resolver().resolve(path_info)
