@@ -371,8 +371,9 @@ def main() -> None:
         if not args.keep:
             set_database(args.database_url, create=False)
 
-    machine_busy = (busy1 - busy0) / (total1 - total0) * 100
-    own_share = own_cpu / wall / (os.cpu_count() or 1) * 100
+    # --explain-only times nothing: no interval to share out (it divided by zero)
+    machine_busy = (busy1 - busy0) / (total1 - total0) * 100 if total1 > total0 else float("nan")
+    own_share = own_cpu / wall / (os.cpu_count() or 1) * 100 if wall > 0 else float("nan")
     bare_p50 = statistics.median(bare)
     lines = [
         f"## Pages at scale, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
