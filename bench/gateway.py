@@ -6,8 +6,10 @@ and one `manage.py worker`, the bundled demo server (`python -m taskhub.demo --h
 `--upstream-poll-ms`). `--tasks` tasks of the demo's `long` tool are launched through the gateway (`tools/call` with
 an API token of an operator). Then, for each path, `--requests` `tasks/get` spread over those tasks, `--concurrency`
 at a time, on one aiohttp session with hand-built JSON (the same body and routing headers for both paths; the
-gateway's also carry the bearer token): requests per second over the whole batch, and per-request latency (p50,
-p95, max) from send to the whole answer read. The two paths alternate `--rounds` times, so load drifts hit both.
+gateway's also carry the bearer token): requests per second over the whole batch, per-request latency (p50,
+p95, max) from send to the whole answer read, and the CPU the serving process (daphne; the demo server) spent per
+request. The two paths alternate `--rounds` times, so load drifts hit both. Then `--calls` `tools/call` of the
+demo's `quick` tool (an echo) one at a time on each path, alternating: what the gateway adds to a quick call.
 What differs: the gateway is Django (token lookup, one task read, the wire mapping) on daphne; the demo server is
 the SDK's Streamable HTTP app on uvicorn with an in-process task store.
 
@@ -160,7 +162,38 @@ async def measure(
                     f"round {round_number} {path}: {rate:,.0f} tasks/get per second, p50 {median:.1f} ms, "
                     f"{results[path]['cpu_ms'][-1]:.2f} ms of its server's CPU per request"
                 )
+        results["calls"] = await quick_calls(session, gateway_url, demo_url, token, args.calls)
     return results
+
+
+async def quick_calls(
+    session: aiohttp.ClientSession, gateway_url: str, demo_url: str, token: str, count: int
+) -> dict[str, list[float]]:
+    """`count` `tools/call` of the demo's `quick` tool (an echo, never a task) one at a time, through the gateway
+    (recorded, launched by the worker, its answer woken through the channel layer) and straight to the demo server,
+    alternating: each one's ms from send to the whole answer read."""
+    latencies: dict[str, list[float]] = {"gateway": [], "demo": [], "sent_at": [], "answered_at": []}
+    for n in range(count):
+        for path, url, headers in (
+            ("gateway", gateway_url, {"Authorization": f"Bearer {token}"}),
+            ("demo", demo_url, {}),
+        ):
+            call = {"name": "quick", "arguments": {"text": f"call {n}"}}
+            sent_at, started = time.time(), time.perf_counter()
+            async with session.post(
+                url, data=body("tools/call", call, n), headers={**routing("tools/call", "quick"), **headers}
+            ) as response:
+                answer = await response.read()
+            latencies[path].append(ms(time.perf_counter() - started))
+            if path == "gateway":
+                latencies["sent_at"].append(sent_at)
+                latencies["answered_at"].append(time.time())
+            if response.status != 200 or f"echo: call {n}".encode() not in answer:
+                raise SystemExit(f"tools/call quick through {path} failed ({response.status}): {answer[:300]!r}")
+    if count:
+        gateway, demo = spread(latencies["gateway"]), spread(latencies["demo"])
+        say(f"tools/call quick: gateway p50 {gateway['p50']:.1f} ms, demo server p50 {demo['p50']:.1f} ms")
+    return latencies
 
 
 def main() -> None:
@@ -169,6 +202,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="tasks/get per path per round")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--calls", type=int, default=100, help="quick tools/call per path, one at a time")
     parser.add_argument("--upstream-poll-ms", type=int, default=10_000, help="the worker's own polling of each task")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_GATEWAY_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -209,6 +243,7 @@ def main() -> None:
             with profiled({"daphne": web.process.pid}, args.profile):
                 pids = {"gateway": web.process.pid, "demo": demo.process.pid}
                 results = asyncio.run(measure(args, gateway_url, demo.url, token, remote_of, pids))
+            results["call_steps"] = call_steps(results["calls"], agent)
     finally:
         drop(args.database_url)
     report(args, results, load_start)
@@ -230,6 +265,42 @@ def launched_through_the_gateway(url: str, token: str, count: int, *tool_and_arg
             raise SystemExit("the worker did not launch every task within 120 s")
         time.sleep(0.2)
     return task_ids
+
+
+CALL_STEPS = (
+    ("sent → recorded by the gateway (task.launched)", None, "task.launched"),
+    ("→ the worker sends it (task.launch_sent)", "task.launched", "task.launch_sent"),
+    ("→ the server's answer recorded (task.launch_answered)", "task.launch_sent", "task.launch_answered"),
+    ("→ the answer read by the agent", "task.launch_answered", None),
+)
+
+
+def call_steps(calls: dict[str, list[float]], agent) -> list[tuple[str, float]]:
+    """Where a quick call's time goes through the gateway: p50 ms of each step between the agent's send, the
+    audit rows of its launch (their commit-time clocks are the database's, on this machine) and the answer read."""
+    from taskhub.audit.models import AuditEvent
+    from taskhub.tasks.models import Task
+
+    count = len(calls["sent_at"])
+    if not count:
+        return []
+    tasks = list(
+        Task.objects.filter(launched_by=agent, tool="quick").order_by("created_at").values_list("pk", flat=True)
+    )
+    tasks = tasks[-count:]
+    times: dict = {}
+    for task_id, action, at in AuditEvent.objects.filter(
+        task_id__in=tasks, action__in=["task.launched", "task.launch_sent", "task.launch_answered"]
+    ).values_list("task_id", "action", "time"):
+        times.setdefault(task_id, {})[action] = at.timestamp()
+    steps: dict[str, list[float]] = {label: [] for label, _, _ in CALL_STEPS}
+    for task_id, sent_at, answered_at in zip(tasks, calls["sent_at"], calls["answered_at"], strict=True):
+        moments = {None: sent_at, **times.get(task_id, {})}
+        for label, start, end in CALL_STEPS:
+            end_at = answered_at if end is None else moments.get(end)
+            if moments.get(start) is not None and end_at is not None:
+                steps[label].append(ms(end_at - moments[start]))
+    return [(label, spread(values)["p50"]) for label, values in steps.items() if values]
 
 
 def report(args, results: dict, load_start: str) -> None:
@@ -254,6 +325,22 @@ def report(args, results: dict, load_start: str) -> None:
     lines.append(
         f"\n- gateway / demo server: {gateway_rate / demo_rate:.2f}x the rate (issue 37 item 1's goal: >= 0.8x)"
     )
+    if args.calls:
+        gateway, demo = spread(results["calls"]["gateway"]), spread(results["calls"]["demo"])
+        lines += [
+            "",
+            f"`tools/call` of the demo's `quick` tool (an echo), {args.calls} per path, one at a time, alternating:",
+            "",
+            "| path | p50 ms | p95 ms | max ms |",
+            "|---|---|---|---|",
+            f"| gateway (recorded, sent by the worker, answer woken) | {gateway['p50']:.1f} | {gateway['p95']:.1f} | "
+            f"{gateway['max']:.1f} |",
+            f"| demo server directly | {demo['p50']:.1f} | {demo['p95']:.1f} | {demo['max']:.1f} |",
+            "",
+            f"- the gateway adds {gateway['p50'] - demo['p50']:.1f} ms p50 (issue 37 item 1's goal: <= 10 ms); "
+            "where it goes, p50 of each step: "
+            + "; ".join(f"{label} {value:.1f} ms" for label, value in results.get("call_steps", [])),
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_record:
