@@ -3,8 +3,9 @@ answered from Postgres) against the same `tasks/get` sent straight to the demo s
 
 The stack in real processes (bench/livestack.py): a database of the benchmark's own (dropped and created), daphne
 and one `manage.py worker`, the bundled demo server (`python -m taskhub.demo --http`, polled by the worker every
-`--upstream-poll-ms`). `--tasks` tasks of the demo's `long` tool are launched through the gateway (`tools/call` with
-an API token of an operator). Then, for each path, `--requests` `tasks/get` spread over those tasks, `--concurrency`
+`--upstream-poll-ms`). `--tasks` tasks of the demo's `progress` tool, one ten-minute step (nothing changes while
+they are polled, so the worker following them is idle), are launched through the gateway (`tools/call` with an API
+token of an operator). Then, for each path, `--requests` `tasks/get` spread over those tasks, `--concurrency`
 at a time, on one aiohttp session with hand-built JSON (the same body and routing headers for both paths; the
 gateway's also carry the bearer token): requests per second over the whole batch, per-request latency (p50,
 p95, max) from send to the whole answer read, and the CPU the serving process (daphne; the demo server) spent per
@@ -207,7 +208,11 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_GATEWAY_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-record", action="store_true")
-    parser.add_argument("--profile", default="", help="py-spy daphne during the tasks/get rounds: PREFIX-daphne.txt")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="py-spy daphne and the worker while measuring: PREFIX-daphne.txt, PREFIX-worker.txt",
+    )
     parser.add_argument("--listen", action="store_true", help="idle subscriptions/listen streams (module docstring)")
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--hold", type=float, default=60.0, help="seconds each window lasts")
@@ -230,17 +235,18 @@ def main() -> None:
     try:
         with (
             DemoServer("--poll-interval-ms", str(args.upstream_poll_ms)) as demo,
-            web_and_worker(env, f"bench-gateway-{os.getpid()}") as (web, _worker),
+            web_and_worker(env, f"bench-gateway-{os.getpid()}") as (web, worker),
         ):
             agent = make_user(f"agent-{uuid.uuid4().hex[:6]}", ADMINS)
             server = register_and_discover(demo, agent, name="demo")
             _, token = create_token(user=agent, name="bench")
             gateway_url = f"{web.url}/mcp/servers/{server.name}"
 
-            task_ids = launched_through_the_gateway(gateway_url, token, args.tasks)
+            # Tasks that change nothing while polled (one ten-minute step): the worker following them stays idle.
+            task_ids = launched_through_the_gateway(gateway_url, token, args.tasks, "progress", QUIET_TASK)
             remote_of = dict(Task.objects.filter(pk__in=task_ids).values_list("id", "remote_task_id"))
             remote_of = {str(task_id): remote for task_id, remote in remote_of.items()}
-            with profiled({"daphne": web.process.pid}, args.profile):
+            with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
                 pids = {"gateway": web.process.pid, "demo": demo.process.pid}
                 results = asyncio.run(measure(args, gateway_url, demo.url, token, remote_of, pids))
             results["call_steps"] = call_steps(results["calls"], agent)
