@@ -542,6 +542,8 @@ async def measure_listen(args, daphnes: dict, server_name: str, tokens: list[str
 
 def listen_main(args) -> None:
     load_start = load()
+    # The gateway refuses streams past TASKHUB_GATEWAY_STREAMS_TOTAL (500 by default): room for all of them.
+    os.environ.setdefault("TASKHUB_GATEWAY_STREAMS_TOTAL", str(max(500, args.streams)))
     env = prepare(args.database_url, args.redis_url, f"benchgateway{os.getpid()}")
     from account_fixtures import make_user
     from demo_process import DemoServer
