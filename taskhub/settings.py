@@ -194,12 +194,14 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",  # the browser's language (Accept-Language); see LANGUAGES
     "django.middleware.common.CommonMiddleware",
     # /api/ and /mcp: unstorable text, oversized bodies and the API's 405s answered as JSON (400, 413, 405).
     "taskhub.web.machine_input.json_errors_for_machines",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "taskhub.accounts.middleware.roles_once_per_request",
+    "taskhub.accounts.language.persons_language",  # a person's chosen language (their profile) over the browser's
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
@@ -436,6 +438,10 @@ LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "accounts:login"
 
 LANGUAGE_CODE = "en"
+# Each person chooses theirs on the Notifications page (stored on accounts.Profile); the browser's by default.
+# Adding one: README, "Languages".
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

@@ -15,6 +15,12 @@
     return document.getElementById("live-indicator");
   }
 
+  // The words come from the indicator's data-label-* (base.html: translated); these English ones are the fallback.
+  function word(key, fallback) {
+    var element = indicator();
+    return (element && element.getAttribute("data-label-" + key)) || fallback;
+  }
+
   function show(state, label) {
     var element = indicator();
     if (!element) return;
@@ -31,12 +37,12 @@
   }
 
   document.addEventListener("htmx:wsConnecting", function () {
-    show("reconnecting", openedBefore ? "reconnecting…" : "connecting…");
+    show("reconnecting", openedBefore ? word("reconnecting", "reconnecting…") : word("connecting", "connecting…"));
   });
 
   document.addEventListener("htmx:wsOpen", function (event) {
     retries = 0;
-    show("live", "live");
+    show("live", word("live", "live"));
     watchTasks(event.detail.socketWrapper);
     if (openedBefore) {
       // Messages sent while the socket was closed are lost: pages listen for this to reload their parts
@@ -88,10 +94,10 @@
   document.addEventListener("htmx:wsClose", function (event) {
     var code = event.detail && event.detail.event ? event.detail.event.code : 1006;
     if (REFUSED.indexOf(code) >= 0) {
-      show("offline", "not live");
+      show("offline", word("offline", "not live"));
       return;
     }
-    show("reconnecting", "reconnecting…");
+    show("reconnecting", word("reconnecting", "reconnecting…"));
     if (RETRIED_BY_EXTENSION.indexOf(code) < 0 && retryTimer === null && event.detail.socketWrapper) {
       var delay = Math.min(1000 * Math.pow(2, retries), 30000);
       retries += 1;

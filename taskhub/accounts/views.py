@@ -1,8 +1,16 @@
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseBadRequest
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
 
 from taskhub.accounts import ratelimit
 from taskhub.accounts.forms import SignInForm
+from taskhub.accounts.language import LANGUAGE_CODES, choose
 
 
 class SignInView(auth_views.LoginView):
@@ -43,5 +51,22 @@ class SignOutView(auth_views.LogoutView):
 
     def post(self, request, *args, **kwargs):
         response = super().post(request, *args, **kwargs)
-        messages.info(request, "You are signed out.")
+        messages.info(request, _("You are signed out."))
         return response
+
+
+@require_POST
+@login_required
+def choose_language(request):
+    """A person's language (their profile; '' = the browser's), then back to the page they chose it on."""
+    language = request.POST.get("language", "")
+    if language and language not in LANGUAGE_CODES:
+        return HttpResponseBadRequest(_("Unknown language."))
+    choose(request, language=language)
+    messages.success(request, _("Your language is saved."))
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        target = reverse("notifications:preferences")
+    return redirect(target)

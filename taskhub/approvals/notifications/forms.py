@@ -1,4 +1,5 @@
 from django import forms
+from django.utils.translation import gettext_lazy as _
 
 from taskhub.approvals.models import NotificationKind
 
@@ -7,28 +8,28 @@ class PreferencesForm(forms.Form):
     email = forms.EmailField(
         required=False,
         max_length=254,
-        label="Email address",
-        help_text="Where the mails go. Empty: taskhub mails you nothing.",
+        label=_("Email address"),
+        help_text=_("Where the mails go. Empty: taskhub mails you nothing."),
     )
     request_waiting = forms.BooleanField(
         required=False,
-        label="A request waits for me",
-        help_text="A server (or a gated launch) asks a question that you may answer.",
+        label=_("A request waits for me"),
+        help_text=_("A server (or a gated launch) asks a question that you may answer."),
     )
     deadline_near = forms.BooleanField(
         required=False,
-        label="Its answer deadline is near",
-        help_text="A request you may answer will soon get its policy's default answer.",
+        label=_("Its answer deadline is near"),
+        help_text=_("A request you may answer will soon get its policy's default answer."),
     )
     default_applied = forms.BooleanField(
         required=False,
-        label="A default was applied",
-        help_text="Nobody answered in time, and taskhub did what the policy says, on a request you could answer.",
+        label=_("A default was applied"),
+        help_text=_("Nobody answered in time, and taskhub did what the policy says, on a request you could answer."),
     )
     task_finished = forms.BooleanField(
         required=False,
-        label="A task I launched finished",
-        help_text="Completed, failed, cancelled, expired or lost. Off unless you turn it on.",
+        label=_("A task I launched finished"),
+        help_text=_("Completed, failed, cancelled, expired or lost. Off unless you turn it on."),
     )
 
     SWITCHES = tuple(kind.value for kind in NotificationKind)

@@ -3,6 +3,7 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
 
 from taskhub.accounts.permissions import is_approver
 from taskhub.approvals.notifications.forms import PreferencesForm
@@ -17,7 +18,7 @@ def preferences(request):
         form = PreferencesForm(data=request.POST)
         if form.is_valid():
             changed = save_preferences(user=request.user, email=form.cleaned_data["email"], **form.switches())
-            messages.success(request, "Your notification choices are saved." if changed else "Nothing changed.")
+            messages.success(request, _("Your notification choices are saved.") if changed else _("Nothing changed."))
             return redirect("notifications:preferences")
     else:
         current = preferences_of(request.user)

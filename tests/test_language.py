@@ -1,0 +1,65 @@
+"""Two languages (issue 35 item 2): each person's choice on their profile, the browser's by default, and the
+zh-Hans catalogue compiled as committed."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.urls import reverse
+
+from taskhub.accounts.models import Profile
+from tests.account_fixtures import TEST_PASSWORD, make_user
+
+CATALOGUE = Path(settings.BASE_DIR) / "locale" / "zh_Hans" / "LC_MESSAGES"
+
+
+def test_the_committed_mo_is_the_po_compiled(tmp_path):
+    """A .po edited without `manage.py compilemessages` would leave the pages in the old words."""
+    compiled = tmp_path / "django.mo"
+    subprocess.run(["msgfmt", "--check", "-o", str(compiled), str(CATALOGUE / "django.po")], check=True)
+    assert compiled.read_bytes() == (CATALOGUE / "django.mo").read_bytes(), "run manage.py compilemessages"
+
+
+def test_the_catalogue_is_complete():
+    """No message of the zh-Hans catalogue is left untranslated or fuzzy."""
+    result = subprocess.run(
+        ["msgfmt", "--statistics", "-o", "/dev/null", str(CATALOGUE / "django.po")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "untranslated" not in result.stderr and "fuzzy" not in result.stderr, result.stderr
+
+
+@pytest.mark.django_db
+def test_the_browser_language_by_default_then_the_persons_choice(client):
+    make_user("mei", password=TEST_PASSWORD)
+    client.login(username="mei", password=TEST_PASSWORD)
+    page = reverse("notifications:preferences")
+    english = client.get(page)
+    assert '<html lang="en">' in english.text and "Notifications" in english.text
+    chinese = client.get(page, headers={"accept-language": "zh-CN,zh;q=0.9"})
+    assert '<html lang="zh-hans">' in chinese.text and "通知" in chinese.text
+
+    response = client.post(reverse("accounts:language"), {"language": "zh-hans", "next": page})
+    assert response.status_code == 302 and response.url == page
+    assert Profile.objects.get(user__username="mei").language == "zh-hans"
+    assert "通知" in client.get(page, headers={"accept-language": "en"}).text  # the choice over the browser's
+
+    client.logout()  # a new session: the profile's choice comes back at sign-in
+    client.login(username="mei", password=TEST_PASSWORD)
+    assert '<html lang="zh-hans">' in client.get(page).text
+
+    client.post(reverse("accounts:language"), {"language": ""})  # back to the browser's
+    assert Profile.objects.get(user__username="mei").language == ""
+    assert '<html lang="en">' in client.get(page, headers={"accept-language": "en"}).text
+
+
+@pytest.mark.django_db
+def test_an_unknown_language_or_a_foreign_next_is_refused(client):
+    make_user("mei", password=TEST_PASSWORD)
+    client.login(username="mei", password=TEST_PASSWORD)
+    assert client.post(reverse("accounts:language"), {"language": "xx"}).status_code == 400
+    response = client.post(reverse("accounts:language"), {"language": "en", "next": "https://evil.example/"})
+    assert response.url == reverse("notifications:preferences")
