@@ -5,6 +5,9 @@ from taskhub.api import policies  # noqa: F401  (registers /api/approval-policie
 from taskhub.api.endpoints import api
 
 urlpatterns = [
+    # First: an agent's request is resolved before anything else is tried, and its resolver match (kept with each
+    # open subscriptions/listen stream) holds no list of the routes tried before it (bench/gateway.py --listen).
+    path("", include("taskhub.gateway.urls")),
     path("", include("taskhub.web.urls")),
     path("", include("taskhub.tasks.urls")),
     path("servers/", include("taskhub.servers.urls")),
@@ -15,7 +18,6 @@ urlpatterns = [
     path("account/notifications/", include("taskhub.approvals.notifications.urls")),
     path("tokens/", include("taskhub.api.urls")),
     path("api/", api.urls),
-    path("", include("taskhub.gateway.urls")),
     path("admin/", admin.site.urls),
     path("", include("taskhub.observability.urls")),
 ]

@@ -192,6 +192,10 @@ class IdleExitingExecutor(Executor):
                 future.set_exception(error)
 
 
+class RequestProcessed(Exception):
+    """Django's handle() defines this in each call: a class per request, 1.5 KB that an open stream keeps."""
+
+
 class OneTripHandler(ASGIHandler):
     def __init__(self):
         super().__init__()  # Django's async middleware chain, for async views
@@ -222,9 +226,6 @@ class OneTripHandler(ASGIHandler):
                 await self.send_response(error_response, send)
                 await sync_to_async(error_response.close)()
                 return
-
-            class RequestProcessed(Exception):
-                pass
 
             response = None
             try:
