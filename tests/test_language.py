@@ -63,3 +63,17 @@ def test_an_unknown_language_or_a_foreign_next_is_refused(client):
     assert client.post(reverse("accounts:language"), {"language": "xx"}).status_code == 400
     response = client.post(reverse("accounts:language"), {"language": "en", "next": "https://evil.example/"})
     assert response.url == reverse("notifications:preferences")
+
+
+@pytest.mark.django_db
+def test_home_and_the_task_list_in_chinese(client):
+    """The pages marked so far say nothing of taskhub's own in English (the browser test walks every page)."""
+    from taskhub.accounts.groups import OPERATORS
+
+    client.force_login(make_user("mei", OPERATORS))
+    for url in (reverse("web:home"), reverse("tasks:list")):
+        page = client.get(url, headers={"accept-language": "zh-Hans"}).text
+        assert '<html lang="zh-hans">' in page
+        for english in ("Launch a tool", "Needs attention", "Sign out", "How the work is going", "No tasks yet"):
+            assert english not in page, (url, english)
+    assert "启动工具" in page and "还没有任务" in page

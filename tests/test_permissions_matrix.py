@@ -52,6 +52,7 @@ MATRIX = {
     ("GET", "web:favicon"):                   (301,   301, 301, 301, 301, 301),
     ("GET", "accounts:login"):                (200,   302, 302, 302, 302, 302),
     ("POST", "accounts:logout"):              (302,   302, 302, 302, 302, 302),
+    ("POST", "accounts:language"):            (LOGIN, 302, 302, 302, 302, 302),  # empty POST: the browser's language
     ("GET", "tasks:list"):                    (LOGIN, 200, 200, 200, 200, 403),
     ("GET", "tasks:detail"):                  (LOGIN, 200, 404, 200, 200, 404),
     ("POST", "tasks:cancel"):                 (LOGIN, 403, 404, 302, 302, 404),
@@ -203,6 +204,7 @@ def request_for(method: str, route: str, world) -> tuple[str, dict]:
         "web:favicon": "/favicon.ico",
         "accounts:login": "/accounts/login/",
         "accounts:logout": "/accounts/logout/",
+        "accounts:language": "/accounts/language/",
         "tasks:list": "/tasks/",
         "tasks:detail": f"/tasks/{t}/",
         "tasks:cancel": f"/tasks/{t}/cancel",

@@ -3,6 +3,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django.utils.translation import pgettext_lazy
 
 STATUS_MESSAGE_MAX_CHARS = 4000
 # How many times the launch job tries to reach a server before the launch fails as never sent (jobs.LAUNCH_RETRY).
@@ -16,17 +17,17 @@ TRUNCATION_NOTE = " … [truncated by taskhub]"
 
 class TaskStatus(models.TextChoices):
     # local states, before the server has said anything or after it can no longer say anything
-    LAUNCHING = "launching", "launching"
-    LAUNCH_UNKNOWN = "launch_unknown", "launch outcome unknown"
-    EXPIRED = "expired", "expired"
+    LAUNCHING = "launching", pgettext_lazy("task status", "launching")
+    LAUNCH_UNKNOWN = "launch_unknown", pgettext_lazy("task status", "launch outcome unknown")
+    EXPIRED = "expired", pgettext_lazy("task status", "expired")
     # a stdio server's process exited (or its worker died) and the process that replaced it does not know the task
-    LOST = "lost", "lost"
+    LOST = "lost", pgettext_lazy("task status", "lost")
     # the server's five
-    WORKING = "working", "working"
-    INPUT_REQUIRED = "input_required", "input required"
-    COMPLETED = "completed", "completed"
-    FAILED = "failed", "failed"
-    CANCELLED = "cancelled", "cancelled"
+    WORKING = "working", pgettext_lazy("task status", "working")
+    INPUT_REQUIRED = "input_required", pgettext_lazy("task status", "input required")
+    COMPLETED = "completed", pgettext_lazy("task status", "completed")
+    FAILED = "failed", pgettext_lazy("task status", "failed")
+    CANCELLED = "cancelled", pgettext_lazy("task status", "cancelled")
 
 
 TERMINAL_STATUSES = frozenset(

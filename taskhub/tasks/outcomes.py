@@ -23,6 +23,7 @@ from django.db.models import (
 )
 from django.db.models.fields.json import KT
 from django.db.models.functions import Left
+from django.utils.translation import pgettext_lazy
 
 from taskhub.tasks.models import NOT_APPROVED, InputRequest, Task, TaskStatus
 
@@ -40,14 +41,18 @@ class Outcome:
 
 # value, words, the statuses it can come from
 OUTCOMES = (
-    (Outcome.COMPLETED, "completed", (TaskStatus.COMPLETED,)),
-    (Outcome.COMPLETED_ERROR, "completed with error", (TaskStatus.COMPLETED,)),
-    (Outcome.DECLINED, "declined", (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)),
-    (Outcome.CANCELLED, "cancelled", (TaskStatus.CANCELLED,)),
-    (Outcome.FAILED, "failed", (TaskStatus.FAILED,)),
-    (Outcome.LOST, "lost", (TaskStatus.LOST,)),
-    (Outcome.EXPIRED, "expired", (TaskStatus.EXPIRED,)),
-    (Outcome.UNKNOWN, "launch outcome unknown", (TaskStatus.LAUNCH_UNKNOWN,)),
+    (Outcome.COMPLETED, pgettext_lazy("outcome", "completed"), (TaskStatus.COMPLETED,)),
+    (Outcome.COMPLETED_ERROR, pgettext_lazy("outcome", "completed with error"), (TaskStatus.COMPLETED,)),
+    (
+        Outcome.DECLINED,
+        pgettext_lazy("outcome", "declined"),
+        (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED),
+    ),
+    (Outcome.CANCELLED, pgettext_lazy("outcome", "cancelled"), (TaskStatus.CANCELLED,)),
+    (Outcome.FAILED, pgettext_lazy("outcome", "failed"), (TaskStatus.FAILED,)),
+    (Outcome.LOST, pgettext_lazy("outcome", "lost"), (TaskStatus.LOST,)),
+    (Outcome.EXPIRED, pgettext_lazy("outcome", "expired"), (TaskStatus.EXPIRED,)),
+    (Outcome.UNKNOWN, pgettext_lazy("outcome", "launch outcome unknown"), (TaskStatus.LAUNCH_UNKNOWN,)),
 )
 OUTCOME_WORDS = {value: words for value, words, _ in OUTCOMES}
 OUTCOME_STATUSES = {value: statuses for value, _, statuses in OUTCOMES}

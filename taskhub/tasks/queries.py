@@ -17,6 +17,8 @@ from django.db.models import (
 )
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import AuditEvent, agent_label
@@ -32,13 +34,13 @@ OTHER_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.LAUNCH_UNKNOWN, TaskStatus.EX
 RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 # (value of ?status=, label, statuses it covers); "" is All.
 TABS = (
-    ("", "All", None),
-    (TaskStatus.WORKING.value, "Working", (TaskStatus.WORKING,)),
-    (TaskStatus.INPUT_REQUIRED.value, "Needs input", (TaskStatus.INPUT_REQUIRED,)),
-    (TaskStatus.COMPLETED.value, "Completed", (TaskStatus.COMPLETED,)),
-    (TaskStatus.FAILED.value, "Failed", (TaskStatus.FAILED,)),
-    (TaskStatus.CANCELLED.value, "Cancelled", (TaskStatus.CANCELLED,)),
-    (OTHER, "Other", OTHER_STATUSES),
+    ("", pgettext_lazy("tab", "All"), None),
+    (TaskStatus.WORKING.value, pgettext_lazy("tab", "Working"), (TaskStatus.WORKING,)),
+    (TaskStatus.INPUT_REQUIRED.value, pgettext_lazy("tab", "Needs input"), (TaskStatus.INPUT_REQUIRED,)),
+    (TaskStatus.COMPLETED.value, pgettext_lazy("tab", "Completed"), (TaskStatus.COMPLETED,)),
+    (TaskStatus.FAILED.value, pgettext_lazy("tab", "Failed"), (TaskStatus.FAILED,)),
+    (TaskStatus.CANCELLED.value, pgettext_lazy("tab", "Cancelled"), (TaskStatus.CANCELLED,)),
+    (OTHER, pgettext_lazy("tab", "Other"), OTHER_STATUSES),
 )
 # ?status= takes a tab, "running", or any one status (the home page links to them).
 TAB_STATUSES = {
@@ -48,9 +50,9 @@ TAB_STATUSES = {
     TaskStatus.LOST: (TaskStatus.LOST,),
 }
 STATUS_CHOICES = [(value, label) for value, label, _ in TABS] + [
-    (RUNNING, "Running"),
+    (RUNNING, pgettext_lazy("tab", "Running")),
     *((status.value, status.label) for status in OTHER_STATUSES if isinstance(status, TaskStatus)),
-    (TaskStatus.LOST, "lost"),
+    (TaskStatus.LOST, pgettext_lazy("task status", "lost")),
 ]
 
 # --- what needs attention ------------------------------------------------------------------------------------
@@ -69,11 +71,11 @@ class Needs:
 
 
 NEEDS = (
-    (Needs.LAUNCH_RETRYING, "launch retrying"),
-    (Needs.LAUNCH_UNKNOWN, "launch outcome unknown"),
-    (Needs.CANCEL_NOT_HONOURED, "cancel requested, still running"),
-    (Needs.PROTOCOL_ERROR, "protocol errors in the last 24 hours"),
-    (Needs.EXPIRING, "expiring within the hour"),
+    (Needs.LAUNCH_RETRYING, gettext_lazy("launch retrying")),
+    (Needs.LAUNCH_UNKNOWN, gettext_lazy("launch outcome unknown")),
+    (Needs.CANCEL_NOT_HONOURED, gettext_lazy("cancel requested, still running")),
+    (Needs.PROTOCOL_ERROR, gettext_lazy("protocol errors in the last 24 hours")),
+    (Needs.EXPIRING, gettext_lazy("expiring within the hour")),
 )
 
 
@@ -147,11 +149,16 @@ def agent_choices(user) -> list[tuple[str, str]]:
             str(token.pk),
             agent_label({"name": token.name, "prefix": token.prefix})
             + (f" · {token.user.get_username()}" if everyone else "")
-            + (" · revoked" if token.revoked_at else ""),
+            + (" · " + str(gettext_lazy("revoked")) if token.revoked_at else ""),
         )
         for token in agent_tokens_for(user)
     ]
-    return [("", "people and agents"), (ANY_AGENT, "launched by an agent"), (NO_AGENT, "launched by a person"), *tokens]
+    return [
+        ("", gettext_lazy("people and agents")),
+        (ANY_AGENT, gettext_lazy("launched by an agent")),
+        (NO_AGENT, gettext_lazy("launched by a person")),
+        *tokens,
+    ]
 
 
 def agent_filter(value: str) -> Q:
@@ -182,10 +189,10 @@ ENDED_WITHIN = {
     "7d": datetime.timedelta(days=7),
 }
 ENDED_CHOICES = [
-    ("", "any time"),
-    ("1h", "in the last hour"),
-    ("24h", "in the last 24 hours"),
-    ("7d", "in the last 7 days"),
+    ("", gettext_lazy("any time")),
+    ("1h", gettext_lazy("in the last hour")),
+    ("24h", gettext_lazy("in the last 24 hours")),
+    ("7d", gettext_lazy("in the last 7 days")),
 ]
 
 
@@ -197,11 +204,11 @@ OLDER_THAN = {
     "7d": datetime.timedelta(days=7),
 }
 OLDER_CHOICES = [
-    ("", "any age"),
-    ("10m", "over 10 minutes ago"),
-    ("1h", "over an hour ago"),
-    ("24h", "over a day ago"),
-    ("7d", "over a week ago"),
+    ("", gettext_lazy("any age")),
+    ("10m", gettext_lazy("over 10 minutes ago")),
+    ("1h", gettext_lazy("over an hour ago")),
+    ("24h", gettext_lazy("over a day ago")),
+    ("7d", gettext_lazy("over a week ago")),
 ]
 
 
@@ -211,64 +218,84 @@ class TaskFilterForm(forms.Form):
     status = forms.ChoiceField(
         required=False,
         choices=STATUS_CHOICES,
-        error_messages={"invalid_choice": f"There is no status “%(value)s”: use one of {_choices(STATUS_CHOICES)}."},
+        error_messages={
+            "invalid_choice": format_lazy(
+                gettext_lazy("There is no status “%(value)s”: use one of {}."), _choices(STATUS_CHOICES)
+            )
+        },
     )
     outcome = forms.ChoiceField(
         required=False,
-        choices=[("", "any outcome"), *((value, words) for value, words, _ in OUTCOMES)],
-        error_messages={"invalid_choice": f"There is no outcome “%(value)s”: use one of {', '.join(OUTCOME_WORDS)}."},
+        choices=[("", gettext_lazy("any outcome")), *((value, words) for value, words, _ in OUTCOMES)],
+        error_messages={
+            "invalid_choice": format_lazy(
+                gettext_lazy("There is no outcome “%(value)s”: use one of {}."), ", ".join(OUTCOME_WORDS)
+            )
+        },
     )
     needs = forms.ChoiceField(
         required=False,
         choices=[("", "—"), *NEEDS],
-        label="Needs attention",
-        error_messages={"invalid_choice": f"“%(value)s” is not a kind of attention: use one of {_choices(NEEDS)}."},
+        label=gettext_lazy("Needs attention"),
+        error_messages={
+            "invalid_choice": format_lazy(
+                gettext_lazy("“%(value)s” is not a kind of attention: use one of {}."), _choices(NEEDS)
+            )
+        },
     )
     server = ServerFilterField(
         required=False,
         queryset=Server.objects.none(),
-        empty_label="any server",
-        error_messages={"invalid_choice": "There is no server with that id among those whose tasks you may see."},
-    )
-    tool = forms.CharField(required=False, max_length=200, label="Tool (part of its name)")
-    launched_by = forms.CharField(required=False, max_length=150, label="Launched by")
-    agent = forms.ChoiceField(
-        required=False,
-        label="Agent",
+        empty_label=gettext_lazy("any server"),
         error_messages={
-            "invalid_choice": "There is no API token “%(value)s” among those you may see: choose one from the list."
+            "invalid_choice": gettext_lazy("There is no server with that id among those whose tasks you may see.")
         },
     )
-    mine = forms.BooleanField(required=False, label="My tasks")
+    tool = forms.CharField(required=False, max_length=200, label=gettext_lazy("Tool (part of its name)"))
+    launched_by = forms.CharField(required=False, max_length=150, label=gettext_lazy("Launched by"))
+    agent = forms.ChoiceField(
+        required=False,
+        label=gettext_lazy("Agent"),
+        error_messages={
+            "invalid_choice": gettext_lazy(
+                "There is no API token “%(value)s” among those you may see: choose one from the list."
+            )
+        },
+    )
+    mine = forms.BooleanField(required=False, label=gettext_lazy("My tasks"))
     q = forms.CharField(
         required=False,
         max_length=200,
-        label="Search",
-        help_text="task id (ours or the server's), tool, arguments, result text, status message",
+        label=gettext_lazy("Search"),
+        help_text=gettext_lazy("task id (ours or the server's), tool, arguments, result text, status message"),
     )
     ended = forms.ChoiceField(
         required=False,
         choices=ENDED_CHOICES,
-        label="Ended",
-        error_messages={"invalid_choice": f"“Ended” takes {_choices(ENDED_CHOICES)}, not “%(value)s”."},
+        label=gettext_lazy("Ended"),
+        error_messages={
+            "invalid_choice": format_lazy(gettext_lazy("“Ended” takes {}, not “%(value)s”."), _choices(ENDED_CHOICES))
+        },
     )
     older = forms.ChoiceField(
         required=False,
         choices=OLDER_CHOICES,
-        label="Started",
-        error_messages={"invalid_choice": f"“Started” takes {_choices(OLDER_CHOICES)}, not “%(value)s”."},
+        label=gettext_lazy("Started"),
+        error_messages={
+            "invalid_choice": format_lazy(gettext_lazy("“Started” takes {}, not “%(value)s”."), _choices(OLDER_CHOICES))
+        },
     )
     since = forms.DateField(
         required=False,
-        label="From",
+        label=gettext_lazy("From"),
         widget=forms.DateInput(attrs={"type": "date"}),
-        error_messages={"invalid": "“From” must be a date like 2026-12-01."},
+        error_messages={"invalid": gettext_lazy("“From” must be a date like 2026-12-01.")},
     )
     until = forms.DateField(
         required=False,
-        label="To",
+        label=gettext_lazy("To"),
         widget=forms.DateInput(attrs={"type": "date"}),
-        error_messages={"invalid": "“To” must be a date like 2026-12-01."},
+        error_messages={"invalid": gettext_lazy("“To” must be a date like 2026-12-01.")},
     )
 
     def __init__(self, *args, user, through_token: bool = False, **kwargs):
@@ -279,7 +306,7 @@ class TaskFilterForm(forms.Form):
         self.fields["server"].queryset = visible_servers.order_by("name")
         for name in ("tool", "launched_by", "q"):
             self.fields[name].widget.attrs["autocomplete"] = "off"
-        self.fields["q"].widget.attrs["placeholder"] = "id, tool, arguments, result, message"
+        self.fields["q"].widget.attrs["placeholder"] = gettext_lazy("id, tool, arguments, result, message")
         self.fields["q"].widget.attrs["title"] = self.fields["q"].help_text
 
     def clean(self):
@@ -287,7 +314,11 @@ class TaskFilterForm(forms.Form):
         since, until = data.get("since"), data.get("until")
         if since and until and since > until:
             # Neither applies: which one is wrong is not known.
-            self.add_error("until", f"“To” ({until}) is before “From” ({since}); the dates were not applied.")
+            self.add_error(
+                "until",
+                gettext_lazy("“To” (%(until)s) is before “From” (%(since)s); the dates were not applied.")
+                % {"until": until, "since": since},
+            )
             data.pop("since", None)
         return data
 

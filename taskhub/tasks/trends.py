@@ -24,7 +24,9 @@ from django.db import connection
 from django.db.models import Aggregate, Count, F, FloatField, Func
 from django.db.models.functions import Trunc
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import dateformat, timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext
 
 from taskhub.accounts import permissions
 from taskhub.tasks.models import InputRequest, InputRequestState
@@ -79,12 +81,12 @@ def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "—"
     if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
+        return _("%(value)s ms") % {"value": f"{seconds * 1000:.0f}"}
     if seconds < 60:
-        return f"{seconds:.1f} s"
+        return _("%(value)s s") % {"value": f"{seconds:.1f}"}
     if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+        return _("%(value)s min") % {"value": f"{seconds / 60:.1f}"}
+    return _("%(value)s h") % {"value": f"{seconds / 3600:.1f}"}
 
 
 @dataclass
@@ -266,7 +268,9 @@ def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Cha
         buckets.append(
             Bucket(
                 start=start,
-                label=start.strftime("%H:00") if unit == "hour" else start.strftime("%b %-d"),
+                label=start.strftime("%H:00")
+                if unit == "hour"
+                else dateformat.format(start, pgettext("a day on a chart", "M j")),
                 started=sum(counts["started"] for counts in inside),
                 ended={value: sum(counts["ended"].get(value, 0) for counts in inside) for value, _ in ENDED_OUTCOMES},
                 href=tasks_href(since=day, until=day) if unit == "day" else "",
@@ -284,7 +288,7 @@ def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Cha
     ]
     chart = Chart(
         key=window,
-        title="Last 24 hours, per hour" if unit == "hour" else "Last 7 days, per day",
+        title=_("Last 24 hours, per hour") if unit == "hour" else _("Last 7 days, per day"),
         buckets=buckets,
         legend=legend,
         started_total=sum(bucket.started for bucket in buckets),

@@ -6,6 +6,8 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext, pgettext_lazy
 
 from taskhub.tasks.models import NOT_APPROVED, TaskStatus
 from taskhub.tasks.outcomes import OUTCOME_WORDS, Outcome
@@ -13,8 +15,8 @@ from taskhub.tasks.outcomes import OUTCOME_WORDS, Outcome
 register = template.Library()
 
 SERVER_STATUSES = frozenset({"working", "input_required", "completed", "failed", "cancelled"})
-STATUS_WORDS = {"input_required": "needs input", **{status.value: status.label for status in TaskStatus}}
-STATUS_WORDS["input_required"] = "needs input"
+STATUS_WORDS = {**{status.value: status.label for status in TaskStatus}}
+STATUS_WORDS["input_required"] = pgettext_lazy("task status", "needs input")
 
 
 @register.simple_tag
@@ -35,13 +37,13 @@ def reltime(value: datetime.datetime | None) -> str:
     exact = value.astimezone(datetime.UTC)
     # Under a minute is "just now" both ways: timesince counts whole minutes, and would say "0 minutes".
     if abs((now - value).total_seconds()) < 60:
-        words = "just now"
+        words = _("just now")
     elif value <= now:
-        words = f"{timesince(value, now, depth=1)} ago"
+        words = _("%(time)s ago") % {"time": timesince(value, now, depth=1)}
     else:
         # Counted down as a countdown is, to the next whole minute: "in 7 days" made a second ago is not "in 6 days"
         # (timesince floors every unit).
-        words = f"in {timesince(now, value + datetime.timedelta(seconds=59), depth=1)}"
+        words = _("in %(time)s") % {"time": timesince(now, value + datetime.timedelta(seconds=59), depth=1)}
     return format_html(
         '<time datetime="{}" title="{}">{}</time>',
         exact.isoformat(),
@@ -59,11 +61,12 @@ def short_id(value, length: int = 8) -> str:
     shown = text if len(text) <= length + 1 else f"{text[:length]}…"
     return format_html(
         '<span class="short-id"><code title="{}">{}</code>'
-        '<button type="button" class="copy" data-copy="{}" aria-label="Copy {}">copy</button></span>',
+        '<button type="button" class="copy" data-copy="{}" aria-label="{}">{}</button></span>',
         text,
         shown,
         text,
-        text,
+        _("Copy %(id)s") % {"id": text},
+        _("copy"),
     )
 
 
@@ -79,11 +82,11 @@ def outcome_badge(task) -> str:
     detail = ""
     if outcome == Outcome.CANCELLED:
         who = task.cancel_requested_by.get_username() if task.cancel_requested_by_id else ""
-        detail = f"by {who}" if who else "by the server"
+        detail = _("by %(person)s") % {"person": who} if who else _("by the server")
     elif outcome == Outcome.FAILED and getattr(task, "error_code", None):
         detail = f"({task.error_code})"
     if outcome == Outcome.DECLINED and getattr(task, "error_kind", None) == NOT_APPROVED:
-        detail = "at the gate"  # not approved: ended at the gate before the call: tools/call was never sent
+        detail = _("at the gate")  # not approved: ended at the gate before the call: tools/call was never sent
     return format_html(
         '<span class="outcome outcome-{}" data-outcome="{}">{}</span>{}',
         outcome,
@@ -96,19 +99,22 @@ def outcome_badge(task) -> str:
 def duration_text(seconds: float) -> str:
     """3.2 s, 4 min 10 s, 2 h 5 min, 3 days 4 h: two units at most, "1 day" not "1 days"."""
     if seconds < 10:
-        return f"{seconds:.1f} s"
+        return _("%(seconds)s s") % {"seconds": f"{seconds:.1f}"}
     whole = int(seconds)
     days, rest = divmod(whole, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
+    day_text = ngettext("%(days)d day", "%(days)d days", days) % {"days": days}
+    hour_text = _("%(hours)d h") % {"hours": hours}
+    minute_text = _("%(minutes)d min") % {"minutes": minutes}
+    second_text = _("%(seconds)s s") % {"seconds": secs}
     if days:
-        text = f"{days} day{'s' if days != 1 else ''}"
-        return f"{text} {hours} h" if hours else text
+        return f"{day_text} {hour_text}" if hours else day_text
     if hours:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+        return f"{hour_text} {minute_text}" if minutes else hour_text
     if minutes:
-        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
-    return f"{secs} s"
+        return f"{minute_text} {second_text}" if secs else minute_text
+    return second_text
 
 
 @register.filter
@@ -117,7 +123,7 @@ def task_duration(task) -> str:
     live row is rendered once for many pages, so it holds nothing that ages)."""
     if task.finished_at and task.created_at:
         return duration_text(max(0.0, (task.finished_at - task.created_at).total_seconds()))
-    return "" if task.status in TERMINAL_STATUS_VALUES else "running"
+    return "" if task.status in TERMINAL_STATUS_VALUES else _("running")
 
 
 TERMINAL_STATUS_VALUES = frozenset({"completed", "failed", "cancelled", "expired", "lost", "launch_unknown"})
