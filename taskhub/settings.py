@@ -437,6 +437,47 @@ LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "accounts:login"
 
+# Single sign-on through an OpenID Connect provider (taskhub/accounts/sso.py, on mozilla-django-oidc; README "Single
+# sign-on"). On when TASKHUB_OIDC_ISSUER is set: its endpoints are discovered from the issuer.
+TASKHUB_OIDC_ISSUER = os.environ.get("TASKHUB_OIDC_ISSUER", "").strip().rstrip("/")
+TASKHUB_OIDC_PROVIDER_NAME = os.environ.get("TASKHUB_OIDC_PROVIDER_NAME", "").strip() or "your organization"
+TASKHUB_OIDC_USERNAME_CLAIM = os.environ.get("TASKHUB_OIDC_USERNAME_CLAIM", "").strip() or "preferred_username"
+TASKHUB_OIDC_GROUPS_CLAIM = os.environ.get("TASKHUB_OIDC_GROUPS_CLAIM", "").strip() or "groups"
+
+
+def oidc_group_roles_from_env() -> dict[str, list[str]]:
+    """TASKHUB_OIDC_GROUP_ROLES: "provider-group=role,other-group=role" (a group may name several roles: repeat it)."""
+    mapping: dict[str, list[str]] = {}
+    for pair in env_list("TASKHUB_OIDC_GROUP_ROLES", []):
+        group, _, role = pair.rpartition("=")
+        if not group.strip() or not role.strip():
+            raise ImproperlyConfigured(f"TASKHUB_OIDC_GROUP_ROLES: {pair!r} is not provider-group=role")
+        mapping.setdefault(group.strip(), []).append(role.strip())
+    return mapping
+
+
+TASKHUB_OIDC_GROUP_ROLES = oidc_group_roles_from_env()
+# A person's groups are read from the provider's userinfo again at their first request after this many seconds.
+TASKHUB_OIDC_RECHECK_SECONDS = float(os.environ.get("TASKHUB_OIDC_RECHECK_SECONDS", "300"))
+# Off: the sign-in page has no password form and every password is refused (the admin site's too).
+TASKHUB_LOCAL_PASSWORDS = env_bool("TASKHUB_LOCAL_PASSWORDS", True)
+OIDC_RP_CLIENT_ID = os.environ.get("TASKHUB_OIDC_CLIENT_ID", "").strip()
+OIDC_RP_CLIENT_SECRET = os.environ.get("TASKHUB_OIDC_CLIENT_SECRET", "")
+OIDC_RP_SCOPES = os.environ.get("TASKHUB_OIDC_SCOPES", "").strip() or "openid email profile"
+OIDC_RP_SIGN_ALGO = os.environ.get("TASKHUB_OIDC_SIGN_ALGO", "").strip() or "RS256"
+OIDC_USE_PKCE = True
+OIDC_STORE_ACCESS_TOKEN = True  # for the userinfo re-checks
+OIDC_AUTHENTICATION_CALLBACK_URL = "accounts:sso_callback"
+OIDC_CALLBACK_CLASS = "taskhub.accounts.sso.SsoCallbackView"
+OIDC_TIMEOUT = 10
+if TASKHUB_OIDC_ISSUER:
+    if not OIDC_RP_CLIENT_ID:
+        raise ImproperlyConfigured("TASKHUB_OIDC_ISSUER is set: TASKHUB_OIDC_CLIENT_ID is needed too")
+    AUTHENTICATION_BACKENDS.append("taskhub.accounts.sso.SsoBackend")
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("taskhub.accounts.middleware.roles_once_per_request"), "taskhub.accounts.sso.recheck_roles"
+    )
+
 LANGUAGE_CODE = "en"
 # Each person chooses theirs on the Notifications page (stored on accounts.Profile); the browser's by default.
 # Adding one: README, "Languages".

@@ -12,6 +12,7 @@ about 1.5 ms of Python on every request, three times what Postgres took to answe
 
 from functools import cache
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import Group
@@ -23,6 +24,8 @@ from taskhub.accounts.groups import ROLE_GROUPS
 
 class RateLimitedModelBackend(ModelBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
+        if not settings.TASKHUB_LOCAL_PASSWORDS:
+            return None  # local passwords are off: people sign in through the identity provider (sso.py)
         if request is None or not (username and password):
             return super().authenticate(request, username=username, password=password, **kwargs)
         with ratelimit.one_of_few_sign_ins():  # a burst of sign-ins must not take a connection each

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
@@ -8,7 +9,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
-from taskhub.accounts import ratelimit
+from taskhub.accounts import ratelimit, sso
 from taskhub.accounts.forms import SignInForm
 from taskhub.accounts.language import LANGUAGE_CODES, choose
 
@@ -20,13 +21,31 @@ class SignInView(auth_views.LoginView):
     authentication_form = SignInForm
     redirect_authenticated_user = True
 
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context["local_passwords"] = settings.TASKHUB_LOCAL_PASSWORDS
+        context["sso_provider"] = settings.TASKHUB_OIDC_PROVIDER_NAME if sso.enabled() else None
+        context["sso_failed"] = sso.enabled() and self.request.GET.get("sso") == "failed"
+        return context
+
     def post(self, request, *args, **kwargs):
+        if not settings.TASKHUB_LOCAL_PASSWORDS:
+            form = self.get_form()
+            form.errors.clear()
+            form.add_error(None, _("Passwords are turned off here: sign in through your organization's provider."))
+            form.cleaned_data = {}
+            return self.render_to_response(self.get_context_data(form=form), status=403)
         with ratelimit.one_of_few_sign_ins():  # a burst of sign-ins waits here, not each on a connection of its own
             username = request.POST.get("username", "")
             wait = ratelimit.seconds_locked(username, ratelimit.client_address(request))
             if wait:
                 return self._locked(self.get_form(), wait)
             return super().post(request, *args, **kwargs)
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        sso.record_sign_in(user=form.get_user(), how={"method": "password"})
+        return response
 
     def form_invalid(self, form):
         # The backend refused the guess uncounted and unchecked: the limit was reached meanwhile (concurrent

@@ -43,6 +43,7 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "person.deactivated": "person deactivated: sessions ended, API tokens revoked",
     "person.reactivated": "person reactivated",
     "person.password_reset": "person's password reset: sessions ended",
+    "person.signed_in": "person signed in (how: a local password, or single sign-on through which provider)",
     # input requests
     "input.answered": "input answered",
     "input.accepted": "input accepted by one of the several people its approval policy needs",
