@@ -21,12 +21,15 @@ import urllib.error
 import urllib.request
 from functools import cache
 
+import requests
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import Group
 from django.db import transaction
 from django.http import Http404
 from django.urls import reverse
+from django.utils.decorators import sync_and_async_middleware
 from mozilla_django_oidc import auth as oidc_auth
 from mozilla_django_oidc import views as oidc_views
 
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 SESSION_ISSUER = "taskhub_sso_issuer"  # the session was signed in through this issuer
 SESSION_CHECKED_AT = "taskhub_sso_checked_at"  # time.time() of the last userinfo read
 ACCESS_TOKEN = "oidc_access_token"  # mozilla-django-oidc's key (OIDC_STORE_ACCESS_TOKEN)
+REFRESH_TOKEN = "taskhub_sso_refresh_token"  # a new access token when the provider's expire (Keycloak: 5 minutes)
 BACKEND = "taskhub.accounts.sso.SsoBackend"
 
 _ENDPOINTS = {
@@ -117,6 +121,16 @@ class SsoBackend(oidc_auth.OIDCAuthenticationBackend):
             return None
         return super().authenticate(request, **kwargs)
 
+    def get_token(self, payload):
+        token_info = super().get_token(payload)
+        self._refresh_token = token_info.get("refresh_token")
+        return token_info
+
+    def store_tokens(self, access_token, id_token):
+        super().store_tokens(access_token, id_token)
+        if getattr(self, "_refresh_token", None):
+            self.request.session[REFRESH_TOKEN] = self._refresh_token
+
     def _username(self, claims) -> str:
         return str(claims.get(settings.TASKHUB_OIDC_USERNAME_CLAIM) or "")[:150]
 
@@ -189,6 +203,30 @@ def _userinfo(access_token: str) -> dict | None:
         raise
 
 
+def _refreshed(session) -> str | None:
+    """A new access token from the session's refresh token (kept, with the refresh token it may rotate), or None."""
+    refresh_token = session.get(REFRESH_TOKEN)
+    if not refresh_token:
+        return None
+    response = requests.post(
+        oidc_setting("OIDC_OP_TOKEN_ENDPOINT"),
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": refresh_token,
+            "client_id": settings.OIDC_RP_CLIENT_ID,
+            "client_secret": settings.OIDC_RP_CLIENT_SECRET,
+        },
+        timeout=settings.OIDC_TIMEOUT,
+    )
+    if response.status_code in (400, 401):  # invalid_grant: the sign-in ended at the provider
+        return None
+    response.raise_for_status()
+    tokens = response.json()
+    session[ACCESS_TOKEN] = tokens["access_token"]
+    session[REFRESH_TOKEN] = tokens.get("refresh_token") or refresh_token
+    return tokens["access_token"]
+
+
 def recheck(request) -> None:
     """At most every TASKHUB_OIDC_RECHECK_SECONDS: the person's groups from userinfo again (see the module doc)."""
     session = request.session
@@ -201,7 +239,9 @@ def recheck(request) -> None:
         return
     try:
         claims = _userinfo(session.get(ACCESS_TOKEN, ""))
-    except (OSError, ValueError):
+        if claims is None and (access_token := _refreshed(session)):
+            claims = _userinfo(access_token)
+    except (OSError, ValueError, KeyError, requests.RequestException):
         logger.warning("The identity provider's userinfo could not be read; roles checked again at the next request")
         return
     if claims is None:
@@ -218,8 +258,19 @@ def recheck(request) -> None:
         request.user = auth.get_user(request)
 
 
+@sync_and_async_middleware
 def recheck_roles(get_response):
-    """Middleware, after AuthenticationMiddleware: recheck() before the view."""
+    """Middleware, after AuthenticationMiddleware (in MIDDLEWARE only with a provider configured): recheck() before
+    the view. Pages run the sync chain; in the async one (the gateway) a request without a session cookie (an API
+    token's) costs nothing."""
+    if iscoroutinefunction(get_response):
+
+        async def async_middleware(request):
+            if settings.SESSION_COOKIE_NAME in request.COOKIES:
+                await sync_to_async(recheck)(request)
+            return await get_response(request)
+
+        return async_middleware
 
     def middleware(request):
         recheck(request)

@@ -1,7 +1,9 @@
 """`python -m tests.oidc_provider setup REDIRECT_URI CLIENT_ID CLIENT_SECRET USER:PASSWORD:GROUP,GROUP ...` (migrates,
-then adds the client and the people) and `python -m tests.oidc_provider groups USER [GROUP ...]` (the person's groups
-now exactly these), with DJANGO_SETTINGS_MODULE=tests.oidc_provider.settings and its OIDC_TEST_* variables."""
+then adds the client and the people); `python -m tests.oidc_provider groups USER [GROUP ...]` (the person's groups now
+exactly these; `groups-and-expire`: and their access tokens expired). With DJANGO_SETTINGS_MODULE=
+tests.oidc_provider.settings and its OIDC_TEST_* variables."""
 
+import datetime
 import sys
 
 import django
@@ -11,7 +13,8 @@ def main(argv: list[str]) -> None:
     django.setup()
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
-    from oauth2_provider.models import Application
+    from django.utils import timezone
+    from oauth2_provider.models import AccessToken, Application
 
     command, *args = argv
     if command == "setup":
@@ -31,9 +34,12 @@ def main(argv: list[str]) -> None:
             username, password, groups = person.split(":")
             user = User.objects.create_user(username=username, password=password, email=f"{username}@example.com")
             user.groups.set([Group.objects.get_or_create(name=name)[0] for name in groups.split(",") if name])
-    elif command == "groups":
+    elif command in ("groups", "groups-and-expire"):
         username, *groups = args
-        User.objects.get(username=username).groups.set([Group.objects.get_or_create(name=name)[0] for name in groups])
+        user = User.objects.get(username=username)
+        user.groups.set([Group.objects.get_or_create(name=name)[0] for name in groups])
+        if command == "groups-and-expire":  # and the access tokens taskhub holds expired: it must refresh them
+            AccessToken.objects.filter(user=user).update(expires=timezone.now() - datetime.timedelta(seconds=1))
     else:
         raise SystemExit(f"unknown command {command!r}")
 
