@@ -8,6 +8,7 @@ from taskhub.accounts import sso
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from tests.account_fixtures import TEST_PASSWORD, make_user
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -59,3 +60,16 @@ def test_without_a_provider_the_sign_in_page_has_no_button_and_its_pages_are_404
     assert "sso-signin" not in client.get("/accounts/login/").content.decode()
     assert client.get("/accounts/sso/").status_code == 404
     assert client.get("/accounts/sso/callback/?code=x&state=y").status_code == 404
+
+
+def test_a_provider_that_cannot_be_reached_sends_back_to_the_sign_in_page_saying_so(client, settings):
+    sso.discovery.cache_clear()
+    settings.TASKHUB_OIDC_ISSUER = f"http://127.0.0.1:{free_port()}/realms/nobody"  # nothing listens there
+    settings.OIDC_RP_CLIENT_ID = "taskhub"
+    try:
+        response = client.get("/accounts/sso/")
+        assert response.status_code == 302 and response["Location"] == "/accounts/login/?sso=failed"
+        page = client.get(response["Location"]).content.decode()
+        assert "did not succeed" in page
+    finally:
+        sso.discovery.cache_clear()

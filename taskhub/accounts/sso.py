@@ -27,7 +27,7 @@ from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import Group
 from django.db import transaction
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.decorators import sync_and_async_middleware
 from mozilla_django_oidc import auth as oidc_auth
@@ -164,11 +164,21 @@ class SsoBackend(oidc_auth.OIDCAuthenticationBackend):
 
 class SsoRequestView(oidc_views.OIDCAuthenticationRequestView):
     get_settings = staticmethod(oidc_setting)
+    provider_unreachable = False
 
     def __init__(self, *args, **kwargs):
         if not enabled():
             raise Http404("Single sign-on is not configured.")
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)  # discovery, the first time
+        except (OSError, ValueError, KeyError):
+            logger.warning("The identity provider's discovery could not be read", exc_info=True)
+            self.provider_unreachable = True
+
+    def get(self, request):
+        if self.provider_unreachable:
+            return HttpResponseRedirect(reverse("accounts:login") + "?sso=failed")
+        return super().get(request)
 
 
 class SsoCallbackView(oidc_views.OIDCAuthenticationCallbackView):
