@@ -22,7 +22,7 @@ from playwright.sync_api import expect
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
 from tests.account_fixtures import TEST_PASSWORD, make_user
-from tests.browser_fixtures import PROJECT_DIR, daphne_process, database_url_for_subprocesses, needs_redis
+from tests.browser_fixtures import PROJECT_DIR, daphne_process, database_url_for_subprocesses, needs_redis, screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -138,6 +138,7 @@ def test_a_person_signs_in_through_the_provider_and_follows_its_groups(sso, tran
     page.goto(f"{sso.taskhub}/accounts/login/")
     expect(page.get_by_role("link", name=f"Sign in with {PROVIDER_NAME}")).to_be_visible()
     expect(page.get_by_label("Password")).to_have_count(0)
+    screenshot(page, "sign-in-sso")
 
     csrf = next(cookie["value"] for cookie in page.context.cookies() if cookie["name"] == "csrftoken")
     refused = page.request.post(
