@@ -73,3 +73,30 @@ def test_a_provider_that_cannot_be_reached_sends_back_to_the_sign_in_page_saying
         assert "did not succeed" in page
     finally:
         sso.discovery.cache_clear()
+
+
+def test_the_provider_cannot_sign_in_to_a_local_account_nor_a_deactivated_one(rf, settings):
+    for name in (
+        "OIDC_OP_AUTHORIZATION_ENDPOINT",
+        "OIDC_OP_TOKEN_ENDPOINT",
+        "OIDC_OP_USER_ENDPOINT",
+        "OIDC_OP_JWKS_ENDPOINT",
+    ):
+        setattr(settings, name, "http://127.0.0.1:9/unused")  # no discovery: nothing is asked of a provider here
+    settings.TASKHUB_OIDC_ISSUER = "https://idp.example.com"
+    settings.OIDC_RP_CLIENT_ID = "taskhub"
+    settings.TASKHUB_OIDC_GROUP_ROLES = {"ops": [OPERATORS]}
+    make_user("root", ADMINS, password=TEST_PASSWORD)
+    gone = make_user("gone", is_active=False)
+    backend = sso.SsoBackend()
+    request = rf.get("/accounts/sso/callback/")
+    request.session = {}
+    backend.request = request
+    root = backend.filter_users_by_claims({"preferred_username": "root"}).get()
+    assert backend.update_user(root, {"preferred_username": "root", "groups": ["ops"]}) is None
+    assert backend.update_user(gone, {"preferred_username": "gone", "groups": ["ops"]}) is None
+    ada = backend.create_user({"preferred_username": "ada", "email": "ada@example.com", "groups": ["ops", "x"]})
+    assert ada is not None and not ada.has_usable_password()
+    assert set(ada.groups.values_list("name", flat=True)) == {OPERATORS}
+    assert request.session[sso.SESSION_ISSUER] == "https://idp.example.com"
+    assert set(root.groups.values_list("name", flat=True)) == {ADMINS}

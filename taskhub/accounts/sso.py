@@ -4,12 +4,14 @@ Configured by environment variables (settings.py, TASKHUB_OIDC_*): the issuer, w
 /.well-known/openid-configuration (read once per process, on the first sign-in), the client id and secret, the scopes,
 the claim that carries the person's groups and the map from the provider's groups to taskhub's role groups.
 
-A person signing in through the provider is found by the username claim (created on first sign-in) and their role
-groups set to what the provider's groups map to; their other groups (approver groups an admin gave them) stay. The
+A person signing in through the provider is found by the username claim (created on first sign-in, without a
+password; an account that has a password is local and never signed in through the provider) and their role groups set
+to what the provider's groups map to; their other groups (approver groups an admin gave them) stay. The
 session keeps the access token; `recheck_roles` (middleware) asks the provider's userinfo again at most every
 TASKHUB_OIDC_RECHECK_SECONDS, at the person's next request, and follows their groups: a role lost is gone from that
-request on, and the sockets of that session close (the page's live.js reconnects with what the person may still see).
-A token the provider refuses (revoked, expired, the person disabled) signs them out.
+request on, and the sockets of that session close as a sign-out closes them (the open page says it is not live; once
+reloaded it follows the roles left). An expired access token is refreshed first; a sign-in the provider no longer
+accepts (refresh refused: revoked, the person disabled) signs them out.
 
 Changing memberships with user.groups (never a direct table write) tells their live sockets (taskhub.live.access).
 """
@@ -151,6 +153,12 @@ class SsoBackend(oidc_auth.OIDCAuthenticationBackend):
     def update_user(self, user, claims):
         if not user.is_active:
             return None  # deactivated in taskhub: the provider does not bring them back
+        if user.has_usable_password():
+            # A local account (a break-glass admin, the demo's): whoever the provider names so does not take it over.
+            logger.warning(
+                "Single sign-on refused for %r: a local account with a password has that name", user.username
+            )
+            return None
         follow_provider_groups(user=user, claims=claims)
         self.request.session[SESSION_ISSUER] = settings.TASKHUB_OIDC_ISSUER
         self.request.session[SESSION_CHECKED_AT] = time.time()
