@@ -54,7 +54,7 @@
   document.addEventListener("htmx:afterSettle", function (event) {
     if (event.target && event.target.id === "dashboard") {
       var region = document.getElementById("dashboard-live-status");
-      if (region) region.textContent = "Home updated.";
+      if (region) region.textContent = taskhubWord("home_updated", "Home updated.");
     }
   });
 })();

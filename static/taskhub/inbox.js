@@ -107,7 +107,7 @@
     });
     mergeLikeGroups(holder.content.getElementById("inbox-like"));
     pruneLikeGroups();
-    if (added) announce(added === 1 ? "A new request arrived." : added + " new requests arrived.");
+    if (added) announce(added === 1 ? taskhubWord("inbox_new_one", "A new request arrived.") : taskhubWord("inbox_new_many", "%s new requests arrived.", added));
   }
 
   // The groups of like requests (templates/tasks/like_group.html) follow the list: a new group is added, a group

@@ -63,10 +63,10 @@
     button.hidden = !(supported() && waiting() !== null && granted !== "denied");
     var on = notifying(granted);
     button.setAttribute("aria-pressed", on ? "true" : "false");
-    button.textContent = on ? "Notifications on" : "Notify me";
+    button.textContent = on ? taskhubWord("notify_on", "Notifications on") : taskhubWord("notify_me", "Notify me");
     button.title = on
-      ? "A desktop notification tells you when a request waits for you. Click to stop them."
-      : "Get a desktop notification when a request waits for you.";
+      ? taskhubWord("notify_on_title", "A desktop notification tells you when a request waits for you. Click to stop them.")
+      : taskhubWord("notify_me_title", "Get a desktop notification when a request waits for you.");
   }
 
   function inboxHref() {

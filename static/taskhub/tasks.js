@@ -55,9 +55,13 @@
       var region = document.getElementById("task-live-status");
       if (!region) return;
       var parts = [];
-      if (pending.created) parts.push(pending.created + (pending.created === 1 ? " new task" : " new tasks"));
-      if (pending.changed) parts.push(pending.changed + (pending.changed === 1 ? " task changed" : " tasks changed"));
-      region.textContent = "Task list updated: " + parts.join(", ") + ".";
+      if (pending.created) {
+        parts.push(pending.created === 1 ? taskhubWord("tasks_new_one", "%s new task", 1) : taskhubWord("tasks_new_many", "%s new tasks", pending.created));
+      }
+      if (pending.changed) {
+        parts.push(pending.changed === 1 ? taskhubWord("tasks_changed_one", "%s task changed", 1) : taskhubWord("tasks_changed_many", "%s tasks changed", pending.changed));
+      }
+      region.textContent = taskhubWord("tasks_updated", "Task list updated: %s.").replace("%s", parts.join(taskhubWord("list_separator", ", ")));
       pending = { created: 0, changed: 0 };
       lastAnnounced = Date.now();
     }, wait);

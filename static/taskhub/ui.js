@@ -1,3 +1,19 @@
+(function () {
+  // The words taskhub's scripts write, in the person's language (base.html's #taskhub-words; English if absent).
+  var words = null;
+  window.taskhubWord = function (key, fallback, number) {
+    if (words === null) {
+      var block = document.getElementById("taskhub-words");
+      try {
+        words = block ? JSON.parse(block.textContent) : {};
+      } catch (error) {
+        words = {};
+      }
+    }
+    var text = words[key] || fallback;
+    return number === undefined ? text : text.replace("%s", String(number));
+  };
+})();
 // Small page behaviours with no inline script: copy buttons; the Inbox link for a user who became an approver.
 (function () {
   "use strict";
@@ -67,7 +83,7 @@
     });
     document.querySelectorAll("[data-time-toggle]").forEach(function (button) {
       button.setAttribute("aria-pressed", useExact ? "true" : "false");
-      button.textContent = useExact ? "Relative times" : "Exact times";
+      button.textContent = useExact ? taskhubWord("relative_times", "Relative times") : taskhubWord("exact_times", "Exact times");
     });
   }
 

@@ -39,6 +39,8 @@ from django.contrib.auth.mixins import UserPassesTestMixin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
+from django.utils.text import format_lazy
+from django.utils.translation import gettext, gettext_lazy
 
 from taskhub.accounts.groups import ADMINS, AGENTS, APPROVERS, OPERATORS, ROLE_GROUPS
 from taskhub.servers.models import Server
@@ -425,7 +427,7 @@ def launches_through_token(user) -> bool:
 
 def _role_required(has_role, who: str):
     """Anonymous users go to the login page; signed-in users without the role get 403 saying who may."""
-    refusal = f"This page is for {who}."
+    refusal = format_lazy(gettext_lazy("This page is for {}."), who)
 
     def decorator(view):
         if iscoroutinefunction(view):
@@ -454,34 +456,34 @@ def _role_required(has_role, who: str):
     return decorator
 
 
-approver_required = _role_required(is_approver, "approvers")
-operator_required = _role_required(is_operator, "operators")
-admin_required = _role_required(is_admin, "admins")
-signed_in_required = _role_required(lambda user: True, "people who are signed in")
+approver_required = _role_required(is_approver, gettext_lazy("approvers"))
+operator_required = _role_required(is_operator, gettext_lazy("operators"))
+admin_required = _role_required(is_admin, gettext_lazy("admins"))
+signed_in_required = _role_required(lambda user: True, gettext_lazy("people who are signed in"))
 
 
 class _RoleRequiredMixin(UserPassesTestMixin):
     # UserPassesTestMixin already sends anonymous users to login and answers others with 403.
     has_role = staticmethod(lambda user: False)
-    who = "nobody"
+    who = gettext_lazy("nobody")
 
     def test_func(self) -> bool:
         return self.has_role(self.request.user)
 
     def get_permission_denied_message(self) -> str:
-        return f"This page is for {self.who}."
+        return gettext("This page is for %(who)s.") % {"who": self.who}
 
 
 class ApproverRequiredMixin(_RoleRequiredMixin):
     has_role = staticmethod(is_approver)
-    who = "approvers"
+    who = gettext_lazy("approvers")
 
 
 class OperatorRequiredMixin(_RoleRequiredMixin):
     has_role = staticmethod(is_operator)
-    who = "operators"
+    who = gettext_lazy("operators")
 
 
 class AdminRequiredMixin(_RoleRequiredMixin):
     has_role = staticmethod(is_admin)
-    who = "admins"
+    who = gettext_lazy("admins")

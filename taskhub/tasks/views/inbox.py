@@ -14,6 +14,7 @@ from django.http import Http404, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts.permissions import approver_required, may_answer, may_see_task
@@ -113,7 +114,9 @@ def answer(request, request_id):
                 # it does). Asked only on refusal, so an answer costs no extra query.
                 if not may_see_task(request.user, input_request.task):
                     raise Http404("No such input request.")
-                raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
+                raise PermissionDenied(
+                    _("You do not approve for the server %(server)r.") % {"server": input_request.task.server.name}
+                )
             card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
             response = response_from_post(card, request.POST)
             answered = services.answer_input(

@@ -10,6 +10,7 @@ import uuid
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 
 from taskhub.accounts.permissions import is_admin, may_launch, may_see_task, operator_required
 from taskhub.mcp.schema_fields import messages_of
@@ -71,7 +72,9 @@ def _run_again(request, server: Server, tool: str) -> Task | None:
 def launch_tool(request, server_id, tool):
     server = get_object_or_404(Server, pk=server_id)
     if not may_launch(request.user, server):
-        raise PermissionDenied(f"The server {server.name} is disabled: tools cannot be launched on it.")
+        raise PermissionDenied(
+            _("The server %(server)s is disabled: tools cannot be launched on it.") % {"server": server.name}
+        )
     entry = find_tool(server, tool)
     if entry is None:
         raise Http404("This server's catalogue has no such tool; discover the server again if it is new.")

@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.functional import SimpleLazyObject
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts import permissions
@@ -78,7 +79,7 @@ def _require_task_viewer(request):
         return redirect_to_login(request.get_full_path())
     roles = permissions.roles_of(request.user)
     if not (roles.operator or roles.approver):
-        raise PermissionDenied("The task list is for operators, admins and approvers.")
+        raise PermissionDenied(_("The task list is for operators, admins and approvers."))
     return None
 
 
@@ -223,7 +224,7 @@ def task_cancel(request, task_id):
         return redirect_to_login(reverse("tasks:detail", args=[task_id]))
     task = visible_task_or_404(request.user, task_id)
     if not permissions.may_cancel(request.user, task):
-        raise PermissionDenied("Only operators may cancel tasks.")
+        raise PermissionDenied(_("Only operators may cancel tasks."))
     cancel_error = ""
     try:
         task = services.request_cancel(task=task, user=request.user)
@@ -250,7 +251,7 @@ def task_cancel_confirm(request, task_id):
         return redirect_to_login(request.get_full_path())
     task = visible_task_or_404(request.user, task_id)
     if not permissions.may_cancel(request.user, task):
-        raise PermissionDenied("Only operators may cancel tasks.")
+        raise PermissionDenied(_("Only operators may cancel tasks."))
     context = detail_context(task, request.user)
     if request.htmx:
         return render(request, f"{CONFIRM_TEMPLATE}#confirm", context)

@@ -4,7 +4,7 @@ import datetime
 
 from django import template
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, json_script
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext, pgettext_lazy
@@ -26,6 +26,29 @@ def status_pill(status: str) -> str:
     return format_html(
         '<span class="pill {}" data-status="{}">{}</span>', kind, status, STATUS_WORDS.get(status, status)
     )
+
+
+@register.simple_tag
+def js_words() -> str:
+    """The words static/taskhub/*.js writes into pages, in the person's language (a JSON block: no script runs)."""
+    words = {
+        "notify_me": _("Notify me"),
+        "notify_on": _("Notifications on"),
+        "notify_me_title": _("Get a desktop notification when a request waits for you."),
+        "notify_on_title": _("A desktop notification tells you when a request waits for you. Click to stop them."),
+        "tasks_new_one": _("%s new task"),
+        "tasks_new_many": _("%s new tasks"),
+        "tasks_changed_one": _("%s task changed"),
+        "tasks_changed_many": _("%s tasks changed"),
+        "tasks_updated": _("Task list updated: %s."),
+        "list_separator": _(", "),
+        "exact_times": _("Exact times"),
+        "relative_times": _("Relative times"),
+        "inbox_new_one": _("A new request arrived."),
+        "inbox_new_many": _("%s new requests arrived."),
+        "home_updated": _("Home updated."),
+    }
+    return json_script(words, "taskhub-words")
 
 
 @register.filter
