@@ -3,6 +3,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.fields.json import KT
 from django.utils import timezone
+from django.utils.translation import gettext, gettext_noop
 
 from taskhub.audit.events import AUDIT_EVENTS
 
@@ -13,6 +14,10 @@ def agent_label(facts: dict | None) -> str:
     if not isinstance(facts, dict) or not facts.get("prefix"):
         return ""
     return f"{str(facts.get('name', ''))[:100]} ({str(facts['prefix'])[:16]}…)"
+
+
+# taskhub's own actors (not people), translated where pages show them.
+OWN_ACTORS = frozenset({gettext_noop("system"), gettext_noop("worker")})
 
 
 class AuditEvent(models.Model):
@@ -90,3 +95,13 @@ class AuditEvent(models.Model):
     @property
     def description(self) -> str:
         return AUDIT_EVENTS.get(self.action, self.action)
+
+    @property
+    def shown_description(self) -> str:
+        """The description in the reader's language (the export and the API keep the registry's English)."""
+        return gettext(self.description)
+
+    @property
+    def shown_actor(self) -> str:
+        """The actor as a page names it: a username as it is, taskhub's own actors in the reader's language."""
+        return gettext(self.actor_label) if self.actor_label in OWN_ACTORS else self.actor_label

@@ -66,7 +66,9 @@ def with_context(cards: list[Card]) -> list[Card]:
             arguments_cut=bool(arguments and arguments.truncated),
             status_message=cap(task.status_message, STATUS_CAP).text,
             status_is_taskhubs=task.status_message_is_taskhubs,
-            before=[Earlier(event.time, event.actor_label, event.description) for event in before[-BEFORE_SHOWN:]],
+            before=[
+                Earlier(event.time, event.shown_actor, event.shown_description) for event in before[-BEFORE_SHOWN:]
+            ],
             earlier=max(0, len(before) - BEFORE_SHOWN),
         )
     return cards

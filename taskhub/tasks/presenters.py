@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.urls import reverse
+from django.utils.translation import gettext
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import AuditEvent
@@ -301,9 +302,13 @@ def _audit_entries(newest: list[AuditEvent]) -> list[TimelineEntry]:
         TimelineEntry(
             id=event.pk,
             time=event.time,
-            actor=event.actor_label + (f" via {event.agent}" if event.agent else ""),
+            actor=(
+                gettext("%(actor)s via %(agent)s") % {"actor": event.shown_actor, "agent": event.agent}
+                if event.agent
+                else event.shown_actor
+            ),
             action=event.action,
-            description=event.description,
+            description=event.shown_description,
             status=event_status(event.action, event.data),
             data=compact_json(event.data) if event.data else "",
         )
@@ -329,13 +334,13 @@ def duration_words(ms: int | None) -> str:
         return ""
     seconds = ms / 1000
     if seconds < 60:
-        return f"{seconds:g} s"
+        return gettext("%(value)s s") % {"value": f"{seconds:g}"}
     if seconds < 3600:
-        return f"{seconds / 60:.3g} min"
+        return gettext("%(value)s min") % {"value": f"{seconds / 60:.3g}"}
     if seconds < 86400:
-        return f"{seconds / 3600:.3g} h"
+        return gettext("%(value)s h") % {"value": f"{seconds / 3600:.3g}"}
     days = f"{seconds / 86400:.3g}"
-    return f"{days} day" if days == "1" else f"{days} days"
+    return gettext("%(value)s day") % {"value": days} if days == "1" else gettext("%(value)s days") % {"value": days}
 
 
 @dataclass
