@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.utils.translation import gettext_lazy
+
 from taskhub.mcp.secret_urls import mask_url
 from taskhub.mcp.tool_headers import header_problem
 from taskhub.servers.models import Server, Transport
@@ -22,17 +24,17 @@ MAX_SCHEMA_SHOWN = 100_000
 
 # Hints of the MCP tool annotations, shown as small labels when the server set them.
 HINT_LABELS = (
-    ("readOnlyHint", True, "read-only", "safe"),
-    ("destructiveHint", True, "destructive", "danger"),
-    ("destructiveHint", False, "not destructive", "safe"),
-    ("idempotentHint", True, "idempotent", ""),
-    ("openWorldHint", True, "open world", ""),
-    ("openWorldHint", False, "closed world", ""),
+    ("readOnlyHint", True, gettext_lazy("read-only"), "safe"),
+    ("destructiveHint", True, gettext_lazy("destructive"), "danger"),
+    ("destructiveHint", False, gettext_lazy("not destructive"), "safe"),
+    ("idempotentHint", True, gettext_lazy("idempotent"), ""),
+    ("openWorldHint", True, gettext_lazy("open world"), ""),
+    ("openWorldHint", False, gettext_lazy("closed world"), ""),
 )
 TASK_SUPPORT_WORDS = {
-    "required": "always runs as a task",
-    "optional": "may run as a task",
-    "forbidden": "never runs as a task",
+    "required": gettext_lazy("always runs as a task"),
+    "optional": gettext_lazy("may run as a task"),
+    "forbidden": gettext_lazy("never runs as a task"),
 }
 
 
