@@ -181,6 +181,36 @@ class Server(models.Model):
         return OwnAnswers(roots=roots, sampling=not self.sampling_declined)
 
 
+class ServerAuthorization(models.Model):
+    """An HTTP server's OAuth authorization (issue 33): the client's registration (a Client ID Metadata Document's
+    URL, a dynamic registration's result or the id and secret an admin entered), what discovery found, the tokens
+    and their expiry. Everything the authorization server or the admin gave is encrypted at rest like the server's
+    own credentials (see Server); it is read only by taskhub.servers.oauth_store, never rendered, logged, exported
+    or audited. Bound to one resource (the server's URL when it was authorized): tokens go only there.
+
+    One row per server, locked (SELECT ... FOR UPDATE) by whoever refreshes, so that one refresh at a time runs
+    per server across all processes and the others use the token it stored."""
+
+    server = models.OneToOneField(Server, primary_key=True, on_delete=models.CASCADE, related_name="authorization")
+    resource = models.URLField(max_length=2000, help_text="the resource the tokens were issued for")
+    client_info = EncryptedJSONField(default=dict, blank=True, help_text="the client's registration (encrypted)")
+    discovery = EncryptedJSONField(default=dict, blank=True, help_text="the discovered metadata (encrypted)")
+    tokens = EncryptedJSONField(default=dict, blank=True, help_text="access and refresh token, scopes (encrypted)")
+    # When the access token expires (epoch seconds, as the SDK counts); NULL: it did not say.
+    expires_at = models.FloatField(null=True, blank=True)
+    # Set when a refresh failed (or a wider scope is needed): a person must connect the server again.
+    needs_reauthorization_since = models.DateTimeField(null=True, blank=True)
+    # The scope to ask for at the next connect (a 403 insufficient_scope's wider one), not secret.
+    wanted_scope = models.CharField(max_length=2000, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __repr__(self) -> str:
+        return f"<ServerAuthorization server={self.server_id}>"
+
+    def __str__(self) -> str:
+        return f"authorization of server {self.server_id}"
+
+
 class ProcessState(models.TextChoices):
     STARTING = "starting", "starting"
     RUNNING = "running", "running"

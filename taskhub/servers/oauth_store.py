@@ -1,0 +1,140 @@
+"""The web app's and the workers' OAuth store: taskhub.mcp.oauth's KeptAuthorization on the encrypted
+ServerAuthorization row of one server (issue 33 item 2).
+
+The store is bound to one server and one resource: a row written for another resource (the server's URL changed
+since it was authorized) reads as empty rather than its tokens being sent elsewhere. Nothing here logs or shows a
+token; the row's repr names the server only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
+from mcp.shared.auth_utils import calculate_token_expiry
+from pydantic import ValidationError
+
+from taskhub.mcp.oauth import Discovery
+from taskhub.servers.models import ServerAuthorization
+
+
+def _dumped(model: Any) -> Any:
+    return model.model_dump(mode="json", exclude_none=True) if model is not None else None
+
+
+def discovery_from_stored(stored: Any) -> Discovery | None:
+    if not isinstance(stored, dict) or not stored:
+        return None
+    try:
+        resource = stored.get("protected_resource")
+        server = stored.get("authorization_server")
+        server_url = stored.get("authorization_server_url")
+        return Discovery(
+            protected_resource=ProtectedResourceMetadata.model_validate(resource) if resource else None,
+            authorization_server=OAuthMetadata.model_validate(server) if server else None,
+            authorization_server_url=server_url if isinstance(server_url, str) else None,
+        )
+    except ValidationError:
+        return None
+
+
+def discovery_to_stored(discovery: Discovery) -> dict[str, Any]:
+    return {
+        "protected_resource": _dumped(discovery.protected_resource),
+        "authorization_server": _dumped(discovery.authorization_server),
+        "authorization_server_url": discovery.authorization_server_url,
+    }
+
+
+class DatabaseTokenStore:
+    """KeptAuthorization (and so the SDK's TokenStorage) on one server's ServerAuthorization row.
+
+    Each read goes to the database, so a token another process stored (a refresh won elsewhere) is the one used."""
+
+    def __init__(self, *, server_id: int, resource: str) -> None:
+        self.server_id = server_id
+        self.resource = resource
+
+    def __repr__(self) -> str:
+        return f"DatabaseTokenStore(server_id={self.server_id})"
+
+    # --- sync halves (also for services and views) -------------------------------------------------------------
+
+    def row(self) -> ServerAuthorization | None:
+        row = ServerAuthorization.objects.filter(server_id=self.server_id).first()
+        if row is None or row.resource != self.resource:
+            return None
+        return row
+
+    def _update(self, **fields: Any) -> None:
+        row = ServerAuthorization.objects.filter(server_id=self.server_id).first()
+        if row is None or row.resource != self.resource:
+            # A new authorization for this resource: whatever was kept for another one is dropped, not reused.
+            ServerAuthorization.objects.update_or_create(
+                server_id=self.server_id,
+                defaults={
+                    "resource": self.resource,
+                    "client_info": {},
+                    "discovery": {},
+                    "tokens": {},
+                    "expires_at": None,
+                    **fields,
+                },
+            )
+            return
+        for name, value in fields.items():
+            setattr(row, name, value)
+        row.save(update_fields=[*fields, "updated_at"])
+
+    def tokens_now(self) -> OAuthToken | None:
+        row = self.row()
+        if row is None or not row.tokens:
+            return None
+        try:
+            return OAuthToken.model_validate(row.tokens)
+        except ValidationError:
+            return None
+
+    def store_tokens(self, tokens: OAuthToken) -> None:
+        expires_at = calculate_token_expiry(tokens.expires_in) if tokens.expires_in is not None else None
+        self._update(
+            tokens=tokens.model_dump(mode="json", exclude_none=True),
+            expires_at=expires_at,
+            needs_reauthorization_since=None,
+            wanted_scope="",
+        )
+
+    def client_info_now(self) -> OAuthClientInformationFull | None:
+        row = self.row()
+        if row is None or not row.client_info:
+            return None
+        try:
+            return OAuthClientInformationFull.model_validate(row.client_info)
+        except ValidationError:
+            return None
+
+    # --- KeptAuthorization --------------------------------------------------------------------------------------
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return await sync_to_async(self.tokens_now)()
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        await sync_to_async(self.store_tokens)(tokens)
+
+    async def get_expires_at(self) -> float | None:
+        row = await sync_to_async(self.row)()
+        return row.expires_at if row is not None and row.tokens else None
+
+    async def get_discovery(self) -> Discovery | None:
+        row = await sync_to_async(self.row)()
+        return discovery_from_stored(row.discovery) if row is not None else None
+
+    async def set_discovery(self, discovery: Discovery) -> None:
+        await sync_to_async(self._update)(discovery=discovery_to_stored(discovery))
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return await sync_to_async(self.client_info_now)()
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        await sync_to_async(self._update)(client_info=client_info.model_dump(mode="json", exclude_none=True))
