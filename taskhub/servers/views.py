@@ -10,6 +10,7 @@ import logging
 
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext
 from django.views.decorators.http import require_POST
 
 from taskhub.accounts.permissions import admin_required
@@ -33,7 +34,7 @@ def _policies(server: Server) -> list[tuple[str, str]]:
         names = sorted(group.name for group in policy.groups.all()) + sorted(
             user.get_username() for user in policy.users.all()
         )
-        rows.append((policy.tool or "every tool", ", ".join(names) or "all approvers"))
+        rows.append((policy.tool or gettext("every tool"), ", ".join(names) or gettext("all approvers")))
     return rows
 
 
