@@ -381,6 +381,14 @@ class KeptAuthorization(TokenStorage, Protocol):
     async def set_discovery(self, discovery: Discovery) -> None: ...
 
 
+@runtime_checkable
+class SharedRefresh(KeptAuthorization, Protocol):
+    """A store several processes use at once: `refresh_lock()` is held by one of them at a time (the web app's is a
+    Postgres advisory lock per server)."""
+
+    def refresh_lock(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+
 class MemoryTokenStore(TokenStorage):
     """Tokens and the client's registration for this process only."""
 
@@ -585,11 +593,19 @@ class _Guarded:
         return await super()._perform_authorization()  # type: ignore[misc]
 
     async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        # A store shared by several processes (SharedRefresh) refreshes one at a time: when the kept token has
+        # expired, take the store's lock and read the tokens again, so that the loser of a race uses the winner's
+        # token instead of refreshing it again (a rotated refresh token would be spent twice). The lock is held
+        # until the request itself goes out (after the refresh, if one was needed), never while it runs.
+        held = await self._take_refresh_lock()
         flow = super().async_auth_flow(request)  # type: ignore[misc]
         response: httpx2.Response | None = None
         try:
             outgoing = await flow.__anext__()
             while True:
+                if held is not None and outgoing is request:
+                    await held.__aexit__(None, None, None)
+                    held = None
                 response = yield outgoing
                 outgoing = await flow.asend(response)
         except StopAsyncIteration:
@@ -602,7 +618,27 @@ class _Guarded:
                 self.failure = error
             raise
         finally:
+            if held is not None:
+                await held.__aexit__(None, None, None)
             await flow.aclose()
+
+    async def _take_refresh_lock(self) -> contextlib.AbstractAsyncContextManager[None] | None:
+        storage = self.context.storage
+        if not isinstance(storage, SharedRefresh):
+            return None
+        expires_at = await storage.get_expires_at()
+        if expires_at is None or time.time() < expires_at:
+            return None
+        held = storage.refresh_lock()
+        await held.__aenter__()
+        try:
+            # What the winner stored (or, still expired, what this process refreshes under the lock).
+            self.context.current_tokens = await storage.get_tokens()
+            self.context.token_expiry_time = await storage.get_expires_at()
+        except BaseException:
+            await held.__aexit__(None, None, None)
+            raise
+        return held
 
     def _note_outcome(self, response: httpx2.Response) -> None:
         if response.is_success:

@@ -8,8 +8,11 @@ token; the row's repr names the server only.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 from asgiref.sync import sync_to_async
 from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
 from mcp.shared.auth_utils import calculate_token_expiry
@@ -17,6 +20,10 @@ from pydantic import ValidationError
 
 from taskhub.mcp.oauth import Discovery
 from taskhub.servers.models import ServerAuthorization
+from taskhub.worker.tracker.orm import database_params
+
+# The first key of the advisory locks taken around a server's token refresh (the second is the server's id).
+REFRESH_LOCK_CLASS = 0x0A17
 
 
 def _dumped(model: Any) -> Any:
@@ -58,6 +65,17 @@ class DatabaseTokenStore:
 
     def __repr__(self) -> str:
         return f"DatabaseTokenStore(server_id={self.server_id})"
+
+    @contextlib.asynccontextmanager
+    async def refresh_lock(self) -> AsyncIterator[None]:
+        """Held by one process at a time per server (taskhub.mcp.oauth.SharedRefresh): a session advisory lock on a
+        connection of its own, so it is held across the refresh request without a transaction open in Django's."""
+        async with await psycopg.AsyncConnection.connect(**database_params(), autocommit=True) as locking:
+            await locking.execute("SELECT pg_advisory_lock(%s, %s)", (REFRESH_LOCK_CLASS, self.server_id))
+            try:
+                yield
+            finally:
+                await locking.execute("SELECT pg_advisory_unlock(%s, %s)", (REFRESH_LOCK_CLASS, self.server_id))
 
     # --- sync halves (also for services and views) -------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""A real OAuth authorization server for tests: the MCP SDK's server-side auth routes (mcp.server.auth) on a small
+provider that approves every request, rotates refresh tokens, counts the refresh requests that reach it and can
+revoke or expire tokens on command; beside it a protected resource that accepts only the access tokens it issued
+(401 with WWW-Authenticate otherwise). Served by uvicorn in a thread (tests/threaded_app.py)."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+from mcp.server.auth.provider import AccessToken, AuthorizationCode, AuthorizationParams, RefreshToken
+from mcp.server.auth.routes import create_auth_routes
+from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from pydantic import AnyHttpUrl
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tests.threaded_app import ThreadedApp
+
+
+class ApprovingProvider:
+    """OAuthAuthorizationServerProvider that approves everything and keeps its state in memory."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, OAuthClientInformationFull] = {}
+        self.codes: dict[str, AuthorizationCode] = {}
+        self.access: dict[str, AccessToken] = {}
+        self.refresh: dict[str, RefreshToken] = {}
+        self.refresh_requests = 0
+        self._lock = threading.Lock()
+
+    # --- commands for tests ---
+
+    def issue(self, *, client_id: str, access_expires_in: int = 3600) -> OAuthToken:
+        """Tokens as if a person had just authorized (for tests that start from an authorized server)."""
+        return self._tokens(client_id=client_id, scopes=[], resource=None, expires_in=access_expires_in)
+
+    def revoke_all(self) -> None:
+        self.access.clear()
+        self.refresh.clear()
+
+    # --- the provider protocol ---
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        return self.clients.get(client_id)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        assert client_info.client_id is not None
+        self.clients[client_info.client_id] = client_info
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        code = secrets.token_urlsafe(16)
+        self.codes[code] = AuthorizationCode(
+            code=code,
+            scopes=params.scopes or [],
+            expires_at=time.time() + 300,
+            client_id=client.client_id or "",
+            code_challenge=params.code_challenge,
+            redirect_uri=params.redirect_uri,
+            redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
+            resource=params.resource,
+        )
+        separator = "&" if "?" in str(params.redirect_uri) else "?"
+        state = f"&state={params.state}" if params.state else ""
+        return f"{params.redirect_uri}{separator}code={code}{state}"
+
+    async def load_authorization_code(self, client, authorization_code: str) -> AuthorizationCode | None:
+        return self.codes.get(authorization_code)
+
+    async def exchange_authorization_code(self, client, authorization_code: AuthorizationCode) -> OAuthToken:
+        self.codes.pop(authorization_code.code, None)
+        return self._tokens(
+            client_id=client.client_id, scopes=authorization_code.scopes, resource=authorization_code.resource
+        )
+
+    async def load_refresh_token(self, client, refresh_token: str) -> RefreshToken | None:
+        with self._lock:
+            self.refresh_requests += 1
+        return self.refresh.get(refresh_token)
+
+    async def exchange_refresh_token(self, client, refresh_token: RefreshToken, scopes: list[str]) -> OAuthToken:
+        self.refresh.pop(refresh_token.token, None)  # rotated: a refresh token is good once
+        return self._tokens(
+            client_id=client.client_id, scopes=scopes or refresh_token.scopes, resource=refresh_token.resource
+        )
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        found = self.access.get(token)
+        if found is None or (found.expires_at is not None and found.expires_at < time.time()):
+            return None
+        return found
+
+    async def revoke_token(self, token) -> None:
+        self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+
+    def _tokens(self, *, client_id, scopes, resource, expires_in: int = 3600) -> OAuthToken:
+        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        self.access[access] = AccessToken(
+            token=access, client_id=client_id, scopes=scopes, expires_at=int(time.time()) + expires_in
+        )
+        self.refresh[refresh] = RefreshToken(token=refresh, client_id=client_id, scopes=scopes, resource=resource)
+        return OAuthToken(access_token=access, refresh_token=refresh, expires_in=expires_in, scope=" ".join(scopes))
+
+
+class AuthorizationServer:
+    """The authorization server and a protected resource at /resource on one loopback port."""
+
+    def __init__(self) -> None:
+        self.provider = ApprovingProvider()
+        self._app: ThreadedApp | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        holder: dict[str, str] = {}
+
+        async def resource(request: Request) -> JSONResponse:
+            header = request.headers.get("authorization", "")
+            token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else ""
+            if token and await self.provider.load_access_token(token) is not None:
+                return JSONResponse({"ok": True})
+            metadata = f"{holder['url']}/.well-known/oauth-protected-resource"
+            return JSONResponse(
+                {"error": "invalid_token"},
+                status_code=401,
+                headers={"WWW-Authenticate": f'Bearer error="invalid_token", resource_metadata="{metadata}"'},
+            )
+
+        # The issuer is known only once the port is: the routes are built on first start with a placeholder
+        # replaced below (the app is assembled before uvicorn binds).
+        app = Starlette()
+        self._app = ThreadedApp(app)
+        port = self._app.start()
+        self.url = holder["url"] = f"http://127.0.0.1:{port}"
+        routes = create_auth_routes(
+            self.provider,
+            AnyHttpUrl(self.url),
+            client_registration_options=ClientRegistrationOptions(enabled=True),
+            revocation_options=RevocationOptions(enabled=True),
+        )
+        for route in [*routes, Route("/resource", resource, methods=["GET", "POST"])]:
+            app.router.routes.append(route)
+        return self.url
+
+    def stop(self) -> None:
+        if self._app is not None:
+            self._app.stop()

@@ -1,0 +1,107 @@
+"""Several processes find a server's access token expired at once (issue 33 item 3, acceptance b): exactly one
+refresh request reaches the authorization server, and every one of them then sends its request with the token that
+refresh stored. Three providers on their own DatabaseTokenStore stand for two workers and the web process; the lock
+is the store's Postgres advisory lock, taken on connections of their own as separate processes would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthMetadata,
+    OAuthToken,
+    ProtectedResourceMetadata,
+)
+from pydantic import AnyUrl
+
+from taskhub.mcp.oauth import Discovery, OAuthClientSettings, SharedRefresh, oauth_provider
+from taskhub.mcp.outbound import Outbound
+from taskhub.servers.oauth_store import DatabaseTokenStore
+from taskhub.servers.services import create_server
+from tests.oauth_server import AuthorizationServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CLIENT_ID = "taskhub-race"
+CLIENT_SECRET = "race-secret"
+
+
+class NoPerson:
+    """The race needs no person: a flow that asked one would fail the test."""
+
+    redirect_uri = "http://127.0.0.1/oauth/callback"
+
+    async def redirect_handler(self, authorization_url: str) -> None:
+        raise AssertionError("a person was asked to authorize")
+
+    async def callback_handler(self) -> AuthorizationCodeResult:
+        raise AssertionError("a person was asked to authorize")
+
+
+@pytest.fixture
+def authorization_server():
+    server = AuthorizationServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_one_refresh_reaches_the_authorization_server_when_three_processes_race(authorization_server):
+    issuer = authorization_server.url
+    resource = f"{issuer}/resource"
+    authorization_server.provider.clients[CLIENT_ID] = OAuthClientInformationFull(
+        client_id=CLIENT_ID,
+        client_secret=CLIENT_SECRET,
+        redirect_uris=[AnyUrl(NoPerson.redirect_uri)],
+        token_endpoint_auth_method="client_secret_post",
+        grant_types=["authorization_code", "refresh_token"],
+    )
+    server = create_server(name="guarded", transport="http", url=resource, user=None)
+    store = DatabaseTokenStore(server_id=server.pk, resource=resource)
+    assert isinstance(store, SharedRefresh)
+    issued = authorization_server.provider.issue(client_id=CLIENT_ID)
+
+    async def seed() -> None:
+        await store.set_discovery(
+            Discovery(
+                protected_resource=ProtectedResourceMetadata(
+                    resource=AnyUrl(resource), authorization_servers=[AnyUrl(issuer)]
+                ),
+                authorization_server=OAuthMetadata(
+                    issuer=AnyUrl(issuer),
+                    authorization_endpoint=AnyUrl(f"{issuer}/authorize"),
+                    token_endpoint=AnyUrl(f"{issuer}/token"),
+                ),
+                authorization_server_url=issuer,
+            )
+        )
+        await store.set_client_info(authorization_server.provider.clients[CLIENT_ID])
+        # Expired a moment ago, as the store sees it.
+        await store.set_tokens(OAuthToken(access_token="expired", refresh_token=issued.refresh_token, expires_in=-1))
+
+    async def one_process() -> int:
+        provider = oauth_provider(
+            server_url=resource,
+            settings=OAuthClientSettings(
+                client_id=CLIENT_ID, client_secret=CLIENT_SECRET, client_auth="client_secret_post"
+            ),
+            storage=DatabaseTokenStore(server_id=server.pk, resource=resource),
+            redirect=NoPerson(),
+        )
+        async with Outbound(None).httpx_client(auth=provider, timeout=30.0) as client:
+            response = await client.get(resource)
+        assert provider.failure_message() is None
+        return response.status_code
+
+    async def race() -> list[int]:
+        await seed()
+        return list(await asyncio.gather(one_process(), one_process(), one_process()))
+
+    assert async_to_sync(race)() == [200, 200, 200]
+    assert authorization_server.provider.refresh_requests == 1
+    kept = async_to_sync(store.get_tokens)()
+    assert kept is not None and kept.access_token in authorization_server.provider.access
