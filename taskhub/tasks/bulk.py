@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
+from django.utils.translation import gettext_noop
 
 from taskhub.accounts import permissions
 from taskhub.audit.services import record_event
@@ -35,10 +36,14 @@ SAMPLE_SIZE = 10
 # Why a chosen task is left alone: (key, words, the tasks it applies to). The first that applies is the reason.
 _FINISHED = Q(status__in=TERMINAL_STATUSES) | Q(status="lost")  # lost: the stdio branch's final status
 SKIP_REASONS: tuple[tuple[str, str, Q], ...] = (
-    ("finished", "already finished", _FINISHED),
-    ("launch_unknown", "launch outcome unknown (no remote task to cancel)", Q(status=TaskStatus.LAUNCH_UNKNOWN)),
-    ("removed", "their server was removed", Q(server__removed_at__isnull=False)),
-    ("requested", "cancel already requested", Q(cancel_requested_at__isnull=False)),
+    ("finished", gettext_noop("already finished"), _FINISHED),
+    (
+        "launch_unknown",
+        gettext_noop("launch outcome unknown (no remote task to cancel)"),
+        Q(status=TaskStatus.LAUNCH_UNKNOWN),
+    ),
+    ("removed", gettext_noop("their server was removed"), Q(server__removed_at__isnull=False)),
+    ("requested", gettext_noop("cancel already requested"), Q(cancel_requested_at__isnull=False)),
 )
 SKIP_WORDS = {key: words for key, words, _ in SKIP_REASONS}
 CANCELLABLE = (

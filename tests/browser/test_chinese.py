@@ -55,7 +55,7 @@ WORD = re.compile(r"[A-Za-z][A-Za-z']+")
 PENDING = {
     "approvals:add", "approvals:edit", "approvals:list", "audit:list", "audit:verify", "people:list", "people:detail",
     "servers:add", "servers:detail", "servers:discovery", "servers:edit",
-    "tasks:cancel_many",
+   
 
 }  # fmt: skip
 

@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
+from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_http_methods
 
 from taskhub.accounts.permissions import operator_required
@@ -63,11 +64,16 @@ def _selection(request, params: QueryDict):
 def _described(filters: dict[str, str], form: TaskFilterForm, ids: list[uuid.UUID]) -> list[tuple[str, str]]:
     """The choice in words, for the page: (label, value)."""
     if ids:
-        return [("Ticked in the list", f"{len(ids)} task{'s' if len(ids) != 1 else ''}")]
+        return [
+            (
+                gettext("Ticked in the list"),
+                ngettext("%(count)d task", "%(count)d tasks", len(ids)) % {"count": len(ids)},
+            )
+        ]
     words = []
     for name, value in filters.items():
         if name == "status":
-            words.append(("Status", dict(STATUS_CHOICES).get(value, value)))
+            words.append((gettext("Status"), str(dict(STATUS_CHOICES).get(value, value))))
         elif name in form.fields:
             field = form.fields[name]
             shown = value
@@ -76,7 +82,7 @@ def _described(filters: dict[str, str], form: TaskFilterForm, ids: list[uuid.UUI
             elif hasattr(field, "choices") and name != "server":
                 shown = dict(field.choices).get(value, value)
             words.append((str(field.label or name.replace("_", " ").capitalize()), str(shown)))
-    return words or [("Filter", "none: every task you can see")]
+    return words or [(gettext("Filter"), gettext("none: every task you can see"))]
 
 
 def _before(value: str) -> datetime.datetime | None:
