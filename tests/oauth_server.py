@@ -142,7 +142,17 @@ class AuthorizationServer:
             client_registration_options=ClientRegistrationOptions(enabled=True),
             revocation_options=RevocationOptions(enabled=True),
         )
-        for route in [*routes, Route("/resource", resource, methods=["GET", "POST"])]:
+
+        async def protected_resource(request: Request) -> JSONResponse:
+            # The issuer as the SDK's metadata spells it (pydantic gives a bare origin its slash).
+            return JSONResponse({"resource": f"{self.url}/resource", "authorization_servers": [f"{self.url}/"]})
+
+        own = [
+            Route("/resource", resource, methods=["GET", "POST"]),
+            Route("/.well-known/oauth-protected-resource", protected_resource, methods=["GET"]),
+            Route("/.well-known/oauth-protected-resource/resource", protected_resource, methods=["GET"]),
+        ]
+        for route in [*routes, *own]:
             app.router.routes.append(route)
         return self.url
 

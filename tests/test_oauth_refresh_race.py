@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from mcp.shared.auth import (
     AuthorizationCodeResult,
     OAuthClientInformationFull,
@@ -18,8 +18,9 @@ from mcp.shared.auth import (
 )
 from pydantic import AnyUrl
 
-from taskhub.mcp.oauth import Discovery, OAuthClientSettings, SharedRefresh, oauth_provider
+from taskhub.mcp.oauth import AuthorizationProblem, Discovery, OAuthClientSettings, SharedRefresh, oauth_provider
 from taskhub.mcp.outbound import Outbound
+from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.oauth_store import DatabaseTokenStore
 from taskhub.servers.services import create_server
 from tests.oauth_server import AuthorizationServer
@@ -105,3 +106,57 @@ def test_one_refresh_reaches_the_authorization_server_when_three_processes_race(
     assert authorization_server.provider.refresh_requests == 1
     kept = async_to_sync(store.get_tokens)()
     assert kept is not None and kept.access_token in authorization_server.provider.access
+
+
+def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refresh(authorization_server):
+    """The one outbound path (Server.to_target): an expired token is refreshed unnoticed; once the authorization
+    server has revoked the refresh token, the server is marked as needing re-authorization and nobody is asked."""
+    issuer = authorization_server.url
+    resource = f"{issuer}/resource"
+    authorization_server.provider.clients[CLIENT_ID] = OAuthClientInformationFull(
+        client_id=CLIENT_ID,
+        client_secret=CLIENT_SECRET,
+        redirect_uris=[AnyUrl(NoPerson.redirect_uri)],
+        token_endpoint_auth_method="client_secret_post",
+        grant_types=["authorization_code", "refresh_token"],
+    )
+    server = create_server(name="guarded", transport="http", url=resource, user=None)
+    store = DatabaseTokenStore(server_id=server.pk, resource=resource)
+    issued = authorization_server.provider.issue(client_id=CLIENT_ID)
+
+    async def seed() -> None:
+        await store.set_discovery(
+            Discovery(
+                protected_resource=ProtectedResourceMetadata(
+                    resource=AnyUrl(resource), authorization_servers=[AnyUrl(issuer)]
+                ),
+                authorization_server=OAuthMetadata(
+                    issuer=AnyUrl(issuer),
+                    authorization_endpoint=AnyUrl(f"{issuer}/authorize"),
+                    token_endpoint=AnyUrl(f"{issuer}/token"),
+                ),
+                authorization_server_url=issuer,
+            )
+        )
+        await store.set_client_info(authorization_server.provider.clients[CLIENT_ID])
+        await store.set_tokens(OAuthToken(access_token="expired", refresh_token=issued.refresh_token, expires_in=-1))
+
+    async_to_sync(seed)()
+
+    async def call() -> int:
+        target = await sync_to_async(lambda: Server.objects.get(pk=server.pk).to_target())()
+        assert target.auth is not None
+        async with Outbound(None).httpx_client(auth=target.auth, timeout=30.0) as client:
+            try:
+                return (await client.get(resource)).status_code
+            except AuthorizationProblem:
+                return -1
+
+    assert async_to_sync(call)() == 200
+    assert authorization_server.provider.refresh_requests == 1
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is None
+
+    authorization_server.provider.revoke_all()
+    ServerAuthorization.objects.filter(server=server).update(expires_at=0)
+    assert async_to_sync(call)() == -1
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None

@@ -65,6 +65,8 @@ class Server(models.Model):
     # The library stores an empty value as NULL.
     bearer_token = EncryptedTextField(null=True, blank=True, help_text="HTTP: bearer token (encrypted)")
     enabled = models.BooleanField(default=True)
+    # HTTP: connected through OAuth (issue 33): requests carry the tokens kept on its ServerAuthorization row.
+    oauth = models.BooleanField(default=False, help_text="HTTP: authorized through OAuth")
     # Overrides of the worker's defaults for this server (taskhub/worker/slots.py); empty: the settings' values.
     max_concurrent_jobs = models.PositiveSmallIntegerField(
         null=True,
@@ -164,6 +166,7 @@ class Server(models.Model):
                 bearer_token=self.bearer_token or None,
                 address_policy=server_address_policy(),
                 own_answers=self.own_answers(),
+                auth=self.oauth_auth(),
             )
         return StdioTarget(
             command=self.command,
@@ -171,6 +174,15 @@ class Server(models.Model):
             env=dict(self.env) if self.env else None,
             own_answers=self.own_answers(),
         )
+
+    def oauth_auth(self):
+        """The httpx2.Auth that sends this server the OAuth tokens kept for it (refreshing them, one process at a
+        time), None when it is not connected through OAuth. No query: safe in async code."""
+        if not self.oauth or self.transport != Transport.HTTP:
+            return None
+        from taskhub.servers.oauth_store import stored_authorization
+
+        return stored_authorization(server_id=self.pk, resource=self.url)
 
     def own_answers(self) -> OwnAnswers:
         roots = tuple(

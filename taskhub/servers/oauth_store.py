@@ -14,12 +14,20 @@ from typing import Any
 
 import psycopg
 from asgiref.sync import sync_to_async
-from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
+from django.db import transaction
+from django.utils import timezone
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthMetadata,
+    OAuthToken,
+    ProtectedResourceMetadata,
+)
 from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import ValidationError
 
-from taskhub.mcp.oauth import Discovery
-from taskhub.servers.models import ServerAuthorization
+from taskhub.mcp.oauth import AuthorizationProblem, Discovery, OAuthClientSettings, OAuthProvider, oauth_provider
+from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.worker.tracker.orm import database_params
 
 # The first key of the advisory locks taken around a server's token refresh (the second is the server's id).
@@ -116,11 +124,18 @@ class DatabaseTokenStore:
 
     def store_tokens(self, tokens: OAuthToken) -> None:
         expires_at = calculate_token_expiry(tokens.expires_in) if tokens.expires_in is not None else None
-        self._update(
-            tokens=tokens.model_dump(mode="json", exclude_none=True),
-            expires_at=expires_at,
-            needs_reauthorization_since=None,
-            wanted_scope="",
+        with transaction.atomic():
+            self._update(
+                tokens=tokens.model_dump(mode="json", exclude_none=True),
+                expires_at=expires_at,
+                needs_reauthorization_since=None,
+                wanted_scope="",
+            )
+            Server.objects.filter(pk=self.server_id, oauth=False).update(oauth=True)
+
+    def mark_needs_reauthorization(self) -> None:
+        ServerAuthorization.objects.filter(server_id=self.server_id, needs_reauthorization_since__isnull=True).update(
+            needs_reauthorization_since=timezone.now()
         )
 
     def client_info_now(self) -> OAuthClientInformationFull | None:
@@ -156,3 +171,29 @@ class DatabaseTokenStore:
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         await sync_to_async(self._update)(client_info=client_info.model_dump(mode="json", exclude_none=True))
+
+
+class NoPersonHere:
+    """The redirect of a worker's or the web process's requests: nobody is there to authorize, so a flow that needs
+    a person (the refresh failed: revoked, expired) marks the server as needing re-authorization and fails."""
+
+    redirect_uri = "http://127.0.0.1/oauth/callback"
+
+    def __init__(self, store: DatabaseTokenStore) -> None:
+        self.store = store
+
+    async def redirect_handler(self, authorization_url: str) -> None:
+        await sync_to_async(self.store.mark_needs_reauthorization)()
+        raise AuthorizationProblem("the server needs an admin to connect it again (its token could not be refreshed)")
+
+    async def callback_handler(self) -> AuthorizationCodeResult:
+        raise AuthorizationProblem("the server needs an admin to connect it again")
+
+
+def stored_authorization(*, server_id: int, resource: str) -> OAuthProvider:
+    """The httpx2.Auth for a server connected through OAuth: its kept registration and tokens, refreshed one
+    process at a time; a person is never asked (NoPersonHere)."""
+    store = DatabaseTokenStore(server_id=server_id, resource=resource)
+    return oauth_provider(
+        server_url=resource, settings=OAuthClientSettings(), storage=store, redirect=NoPersonHere(store)
+    )
