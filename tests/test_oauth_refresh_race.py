@@ -9,6 +9,8 @@ import asyncio
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.test import Client
+from django.urls import reverse
 from mcp.shared.auth import (
     AuthorizationCodeResult,
     OAuthClientInformationFull,
@@ -18,12 +20,15 @@ from mcp.shared.auth import (
 )
 from pydantic import AnyUrl
 
+from taskhub.accounts.groups import ADMINS
 from taskhub.mcp.oauth import AuthorizationProblem, Discovery, OAuthClientSettings, SharedRefresh, oauth_provider
 from taskhub.mcp.outbound import Outbound
 from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.oauth_store import DatabaseTokenStore
 from taskhub.servers.services import create_server
+from tests.account_fixtures import make_user
 from tests.oauth_server import AuthorizationServer
+from tests.test_oauth_store import scrape_metrics
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -108,7 +113,7 @@ def test_one_refresh_reaches_the_authorization_server_when_three_processes_race(
     assert kept is not None and kept.access_token in authorization_server.provider.access
 
 
-def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refresh(authorization_server):
+def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refresh(authorization_server, settings):
     """The one outbound path (Server.to_target): an expired token is refreshed unnoticed; once the authorization
     server has revoked the refresh token, the server is marked as needing re-authorization and nobody is asked."""
     issuer = authorization_server.url
@@ -160,3 +165,12 @@ def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refr
     ServerAuthorization.objects.filter(server=server).update(expires_at=0)
     assert async_to_sync(call)() == -1
     assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None
+
+    # Its page says so, and /metrics counts it.
+    admin = make_user("alex", ADMINS)
+    browser = Client()
+    browser.force_login(admin)
+    page = browser.get(reverse("servers:detail", args=[server.pk])).content.decode()
+    assert "Needs re-authorization" in page
+    metrics = scrape_metrics(browser, settings).content.decode()
+    assert "taskhub_servers_needing_reauthorization 1.0" in metrics

@@ -94,6 +94,16 @@ class DatabaseCollector:
         for server, failures, _ in counts.poll_failure_counts(cursor):
             most_failures[server] = max(most_failures.get(server, 0), failures)
         yield from _servers(servers, most_failures)
+        cursor.execute(
+            "SELECT count(*) FROM servers_serverauthorization a JOIN servers_server s ON s.id = a.server_id"
+            " WHERE a.needs_reauthorization_since IS NOT NULL AND s.oauth AND s.removed_at IS NULL"
+        )
+        reauthorization = GaugeMetricFamily(
+            "taskhub_servers_needing_reauthorization",
+            "Servers connected through OAuth whose token could not be refreshed: an admin must connect them again",
+        )
+        reauthorization.add_metric([], cursor.fetchone()[0])
+        yield reauthorization
 
 
 def _ended() -> GaugeMetricFamily:

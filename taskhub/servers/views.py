@@ -18,7 +18,7 @@ from taskhub.servers import services
 from taskhub.servers.catalogue import endpoint_of, health_of, pretty_json, tools_of
 from taskhub.servers.errors import ServerConfigInvalid, ServerRemoved
 from taskhub.servers.forms import ServerForm
-from taskhub.servers.models import Server, ServerProcess
+from taskhub.servers.models import Server, ServerAuthorization, ServerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,13 @@ def _detail_context(server: Server) -> dict:
         "header_names": sorted(server.headers or {}),
         "env_names": sorted(server.env or {}),
         "has_token": bool(server.bearer_token),
+        "needs_reauthorization_since": (
+            ServerAuthorization.objects.filter(server=server)
+            .values_list("needs_reauthorization_since", flat=True)
+            .first()
+            if server.oauth
+            else None
+        ),
         "paused_tasks": 0 if server.enabled else server.tasks.filter(poll__isnull=False).count(),
         "process": ServerProcess.objects.filter(server=server).first() if server.transport == "stdio" else None,
     }
