@@ -235,9 +235,9 @@ def task_cancel(request, task_id):
         context = {**detail_context(task, request.user), "cancel_error": cancel_error}
         return render(request, f"{DETAIL_TEMPLATE}#cancel-answer", context)
     if cancel_error:
-        messages.error(request, f"The task was not cancelled: {cancel_error}")
+        messages.error(request, _("The task was not cancelled: %(error)s") % {"error": cancel_error})
     else:
-        messages.success(request, "Cancel requested: the server is being asked to stop the task.")
+        messages.success(request, _("Cancel requested: the server is being asked to stop the task."))
     return redirect("tasks:detail", task_id=task_id)
 
 
