@@ -1,6 +1,6 @@
 """With zh-Hans chosen, every page of every role says nothing of taskhub's own in English (issue 35 item 2).
 
-The pages and the small world are test_small_screens.py's (the routes enumerated from the URLconf, so a page added
+The pages and the small world are tests/browser/page_walk.py's (the routes enumerated from the URLconf, so a page added
 later is walked too). Each person chooses Chinese on their Notifications page, as a person would; then every page's
 visible text (and its screen-reader text, titles, labels and placeholders) is read with what came from MCP servers
 or from people taken out: the elements that show it (code, the server's words, tool and server names) and the world's
@@ -14,7 +14,7 @@ from django.db import connection
 from playwright.sync_api import expect
 
 from tests.account_fixtures import TEST_PASSWORD
-from tests.browser import test_small_screens as walk
+from tests.browser import page_walk as walk
 from tests.browser_fixtures import sign_in
 from tests.csp_fixtures import QUESTION, TOOL
 
@@ -55,7 +55,7 @@ WORD = re.compile(r"[A-Za-z][A-Za-z']+")
 PENDING = {
     "approvals:add", "approvals:edit", "approvals:list", "audit:list", "people:list", "people:detail",
     "servers:add", "servers:detail", "servers:discovery", "servers:edit",
-   
+
 
 }  # fmt: skip
 
