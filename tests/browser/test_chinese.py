@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 # Names and protocol words that stay as they are in Chinese text.
 ALLOWED = {
     "taskhub", "mcp", "url", "json", "api", "utc", "id", "http", "https", "csv", "postgresql", "ttl", "uuid",
-    "iserror", "ci", "readme", "javascript", "ctrl", "enter", "html", "png", "oauth", "stdio", "sse", "elicitation", "webhook",
+    "iserror", "ci", "readme", "javascript", "ctrl", "enter", "html", "png", "oauth", "stdio", "sse",
+    "elicitation", "webhook",
 }  # fmt: skip
 # Where a page shows what a server or a person sent (shown as sent), or an identifier.
 SERVERS_WORDS = (
