@@ -56,8 +56,6 @@ WORD = re.compile(r"[A-Za-z][A-Za-z']+")
 PENDING = {
     "approvals:add", "approvals:edit", "approvals:list", "audit:list", "people:list", "people:detail",
     "servers:add", "servers:detail", "servers:discovery", "servers:edit",
-
-
 }  # fmt: skip
 
 
