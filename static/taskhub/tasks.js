@@ -67,6 +67,25 @@
     }, wait);
   }
 
+  // The swap replaces what had the focus (a tab, a checkbox, a link in a row): the same element in the new list takes
+  // it back, so a live update never moves a keyboard or screen reader user (issue 35 item 3).
+  function focusedKey() {
+    var element = document.activeElement;
+    var section = results();
+    if (!element || !section || !section.contains(element)) return null;
+    if (element.id) return "#" + CSS.escape(element.id);
+    if (element.dataset.tab) return "[data-tab='" + CSS.escape(element.dataset.tab) + "']";
+    if (element.name && element.value) return "[name='" + CSS.escape(element.name) + "'][value='" + CSS.escape(element.value) + "']";
+    if (element.getAttribute("href")) return "#task-results [href='" + CSS.escape(element.getAttribute("href")) + "']";
+    return null;
+  }
+
+  function refocus(key) {
+    if (!key || (document.activeElement && document.activeElement !== document.body)) return;
+    var element = document.querySelector(key);
+    if (element) element.focus({ preventScroll: true });
+  }
+
   function refresh() {
     timer = null;
     lastRefresh = Date.now();
@@ -76,12 +95,14 @@
       return;
     }
     inFlight = true;
+    var focusKey = focusedKey();
     // The page's own URL: its filters, its tab, its page number.
     htmx
       .ajax("GET", window.location.pathname + window.location.search, {
         target: "#task-results",
         swap: "outerHTML",
       })
+      .then(function () { refocus(focusKey); })
       .catch(function () {
         // The request failed (htmx logged it); the next signal or re-sync fetches again.
       })

@@ -106,11 +106,16 @@ def test_the_list_follows_changes_and_new_tasks_without_a_reload(live_site, new_
     expect(row).to_contain_text("copying files (1/3)")
     expect(page.locator("[data-tab='all'] .count")).to_have_text("3")
 
-    # a change made through the services: the row updates in place, highlighted, and is announced
+    # a change made through the services: the row updates in place, highlighted, and is announced politely (a
+    # live region screen readers read when they are idle) without taking the focus from where the person is
+    expect(page.locator("#task-live-status")).to_have_attribute("aria-live", "polite")
+    page.locator("[data-tab='all']").focus()
     services.apply_snapshot(task=first, snapshot=snapshot("r-1", statusMessage=f"copying files (2/3) {HOSTILE}"))
     expect(row).to_contain_text(f"copying files (2/3) {HOSTILE}")
     expect(row).to_have_class(re.compile(r"\bis-fresh\b"))
     expect(page.locator("#task-live-status")).to_have_text("Task list updated: 1 task changed.", timeout=8000)
+    # the list was swapped under it: the same tab, in the new list, has the focus (not the page's body)
+    assert page.evaluate("document.activeElement.dataset.tab") == "all"
 
     # a new task slides in at the top, and the counts follow
     newest = services.launch(server=with_tools(beta, "migrate"), tool="migrate", arguments={}, user=olga)
