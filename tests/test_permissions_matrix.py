@@ -53,6 +53,8 @@ MATRIX = {
     ("GET", "accounts:login"):                (200,   302, 302, 302, 302, 302),
     ("POST", "accounts:logout"):              (302,   302, 302, 302, 302, 302),
     ("POST", "accounts:language"):            (LOGIN, 302, 302, 302, 302, 302),  # empty POST: the browser's language
+    ("GET", "accounts:sso"):                  (404,   404, 404, 404, 404, 404),  # no provider configured here
+    ("GET", "accounts:sso_callback"):         (404,   404, 404, 404, 404, 404),  # (tests/test_sso.py: with one)
     ("GET", "tasks:list"):                    (LOGIN, 200, 200, 200, 200, 403),
     ("GET", "tasks:detail"):                  (LOGIN, 200, 404, 200, 200, 404),
     ("POST", "tasks:cancel"):                 (LOGIN, 403, 404, 302, 302, 404),
@@ -258,6 +260,8 @@ def request_for(method: str, route: str, world) -> tuple[str, dict]:
         "api:update_webhook": f"/api/approval-policies/{world['policy'].pk}/webhooks/{world['webhook'].pk}",
         "api:delete_webhook": f"/api/approval-policies/{world['policy'].pk}/webhooks/{world['webhook'].pk}",
         "api:list_webhook_deliveries": f"/api/approval-policies/{world['policy'].pk}/webhook-deliveries",
+        "accounts:sso": "/accounts/sso/",
+        "accounts:sso_callback": "/accounts/sso/callback/",
         "gateway:aggregate": "/mcp",
         "gateway:server": "/mcp/servers/alpha",
         "admin:index": "/admin/",
