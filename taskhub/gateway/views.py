@@ -85,6 +85,25 @@ def _json(message: dict, status: int = 200, **headers: str) -> JsonResponse:
     return response
 
 
+def _only_post() -> JsonResponse:
+    # No standalone SSE stream: every answer comes on the POST that asked for it.
+    refusal = RpcError(mcp_types.INVALID_REQUEST, "POST JSON-RPC requests")
+    return _json(error_message(None, refusal), 405, Allow="POST")
+
+
+def _unauthorized(request: HttpRequest) -> JsonResponse:
+    return _json(error_message(request_id_of(request.body), unauthorized()), 401, **{"WWW-Authenticate": "Bearer"})
+
+
+def _error_answer(call_id, error: Exception, endpoint: Endpoint) -> JsonResponse:
+    """The JSON-RPC error for what a call raised: its own, or (logged, inside the except that caught it) an internal
+    error that says nothing more."""
+    if isinstance(error, RpcError):
+        return _json(error_message(call_id, error), error.http_status)
+    logger.exception("gateway: %s failed", endpoint.server_name or "/mcp")
+    return _json(error_message(call_id, RpcError(mcp_types.INTERNAL_ERROR, "Internal error")), 500)
+
+
 @csrf_exempt
 def server_endpoint_at_once(request: HttpRequest, name: str) -> HttpResponse:
     return _serve_at_once(request, Endpoint(server_name=name))
@@ -97,18 +116,16 @@ def aggregate_endpoint_at_once(request: HttpRequest) -> HttpResponse:
 
 def _serve_at_once(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     """A request whose `Mcp-Method` header names a method answered from one read (`tasks/get` …:
-    request_threads.ANSWERED_AT_ONCE), served by a sync view (urls_at_once) on the request's kept thread: the token,
-    the call and its answer in the one trip a page's request takes, not one trip each. The same answers as _serve's:
-    a body whose method differs from the header is refused by check_headers, so nothing that waits gets here."""
+    request_threads.ANSWERED_AT_ONCE), served by a sync view (taskhub/urls_at_once.py) on the request's kept thread:
+    the token, the call and its answer in the one trip a page's request takes, not one trip each. The same answers
+    as _serve's: a body whose method differs from the header is refused by check_headers, so nothing that waits gets
+    here."""
     if request.method != "POST":
-        return _json(
-            error_message(None, RpcError(mcp_types.INVALID_REQUEST, "POST JSON-RPC requests")), 405, Allow="POST"
-        )
-    call_id = None
+        return _only_post()
     user = _bearer_user(request)
     if user is None:
-        refusal = unauthorized()
-        return _json(error_message(request_id_of(request.body), refusal), 401, **{"WWW-Authenticate": "Bearer"})
+        return _unauthorized(request)
+    call_id = None
     try:
         call = parse_call(request.body)
         call_id = call.id
@@ -120,25 +137,17 @@ def _serve_at_once(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
         if handler is None:
             raise method_not_found(call.method)
         result = handler(endpoint, user, call)
-    except RpcError as error:
-        return _json(error_message(call_id, error), error.http_status)
-    except Exception:
-        logger.exception("gateway: %s failed", endpoint.server_name or "/mcp")
-        error = RpcError(mcp_types.INTERNAL_ERROR, "Internal error")
-        return _json(error_message(call_id, error), 500)
+    except Exception as error:
+        return _error_answer(call_id, error, endpoint)
     return _json(result_message(call.id, result))
 
 
 async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     if request.method != "POST":
-        # No standalone SSE stream: every answer comes on the POST that asked for it.
-        return _json(
-            error_message(None, RpcError(mcp_types.INVALID_REQUEST, "POST JSON-RPC requests")), 405, Allow="POST"
-        )
+        return _only_post()
     user = await waiting.in_turn(_bearer_user, request)
     if user is None:
-        refusal = unauthorized()
-        return _json(error_message(request_id_of(request.body), refusal), 401, **{"WWW-Authenticate": "Bearer"})
+        return _unauthorized(request)
     call_id = None
     try:
         call = parse_call(request.body)
@@ -157,12 +166,8 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
         if call.method == "subscriptions/listen":
             return await _listen(endpoint, user, call)
         result = await _dispatch(endpoint, user, call)
-    except RpcError as error:
-        return _json(error_message(call_id, error), error.http_status)
-    except Exception:
-        logger.exception("gateway: %s failed", endpoint.server_name or "/mcp")
-        error = RpcError(mcp_types.INTERNAL_ERROR, "Internal error")
-        return _json(error_message(call_id, error), 500)
+    except Exception as error:
+        return _error_answer(call_id, error, endpoint)
     return _json(result_message(call.id, result))
 
 

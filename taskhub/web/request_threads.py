@@ -260,10 +260,10 @@ class OneTripHandler(ASGIHandler):
 
 # Gateway methods answered from one read, never waiting: they get a kept thread, whose database connection they reuse
 # (a new thread's connect was a quarter of daphne's time per tasks/get: bench/gateway.py --profile), and sync views
-# (urls_at_once) that run with the sync chain in one trip, as a page does. The view refuses a request whose
+# (taskhub/urls_at_once.py) that run with the sync chain in one trip, as a page does. The view refuses a request whose
 # Mcp-Method header differs from its body's method (gateway.protocol.check_headers), so a tools/call or
 # subscriptions/listen, which may wait for minutes, cannot claim either by its header.
-ANSWERED_AT_ONCE_URLCONF = "taskhub.gateway.urls_at_once"
+ANSWERED_AT_ONCE_URLCONF = "taskhub.urls_at_once"
 ANSWERED_AT_ONCE = frozenset(
     {b"tasks/get", b"tasks/update", b"tasks/cancel", b"tools/list", b"server/discover", b"ping"}
 )

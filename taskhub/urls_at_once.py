@@ -1,5 +1,6 @@
 """The URLconf of a gateway request answered at once (taskhub.web.request_threads.ANSWERED_AT_ONCE): the gateway's
-two endpoints as sync views, then every other route as usual (reverse() inside the request finds them all)."""
+two endpoints as sync views, then every other route as usual (reverse() inside the request finds them all). Beside
+taskhub.urls, whose routes it takes."""
 
 from django.urls import path
 
