@@ -18,6 +18,7 @@ import pytest
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
+from taskhub.database.params import database_params
 from taskhub.mcp.client import TaskCreated, TasksClient
 from taskhub.mcp.wire import TaskSnapshot
 from taskhub.servers.models import Server
@@ -27,7 +28,6 @@ from taskhub.tasks.models import ProgressMessage, Task, TaskPoll, TaskStatus
 from taskhub.worker.heartbeats import Heartbeat, dead_owners, is_alive
 from taskhub.worker.models import WorkerHeartbeat
 from taskhub.worker.tracker.leases import CLAIM_SQL, Claimed, Leases
-from taskhub.worker.tracker.orm import database_params
 from taskhub.worker.tracker.polling import TrackerStats
 from tests.catalogue_fixtures import with_tools
 from tests.demo_process import DemoServer

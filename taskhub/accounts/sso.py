@@ -35,6 +35,7 @@ from django.utils.decorators import sync_and_async_middleware
 from mozilla_django_oidc import auth as oidc_auth
 from mozilla_django_oidc import views as oidc_views
 
+from taskhub.accounts import signals
 from taskhub.accounts.groups import ROLE_GROUPS
 from taskhub.audit.services import record_event
 
@@ -268,10 +269,10 @@ def recheck(request) -> None:
     session[SESSION_CHECKED_AT] = time.time()
     before, after = follow_provider_groups(user=user, claims=claims)
     if before != after:
-        from taskhub.live import publish
-
         session_key = session.session_key
-        transaction.on_commit(lambda: publish.publish_session_ended(user_id=user.pk, session_key=session_key))
+        transaction.on_commit(
+            lambda: signals.session_roles_changed.send(sender=None, user_id=user.pk, session_key=session_key)
+        )
         # This request already follows the new roles.
         request.user = auth.get_user(request)
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from taskhub.accounts import permissions
+from taskhub.accounts.signals import session_roles_changed
 
 ACCESS_MAX_AGE_SECONDS = 30.0
 
@@ -184,6 +185,14 @@ def _signed_out(sender, request=None, user=None, **kwargs) -> None:
         publish.publish_session_ended(user_id=user.pk, session_key=session_key)
 
 
+def _session_roles_changed(sender, user_id: int, session_key: str | None, **kwargs) -> None:
+    """Its provider changed a session's roles (taskhub.accounts.sso): that session's sockets close, as on sign-out."""
+    from taskhub.live import publish
+
+    if session_key:
+        publish.publish_session_ended(user_id=user_id, session_key=session_key)
+
+
 def _anyones_access_changed(sender, action=None, created=True, **kwargs) -> None:
     if action is not None and action not in ("post_add", "post_remove", "post_clear"):
         return
@@ -217,6 +226,7 @@ def connect_access_signals() -> None:
     post_delete.connect(_user_deleted, sender=user_model, dispatch_uid=uid + "user_deleted")
     # A password change saves the user (above): the sockets read their access and check their session again.
     user_logged_out.connect(_signed_out, dispatch_uid=uid + "signed_out")
+    session_roles_changed.connect(_session_roles_changed, dispatch_uid=uid + "session_roles_changed")
     m2m_changed.connect(_memberships_changed, sender=user_model.groups.through, dispatch_uid=uid + "memberships")
     # Approval policies (taskhub/approvals, beside this layer: named by label, never imported) decide who answers.
     if apps.is_installed("taskhub.approvals"):

@@ -26,9 +26,9 @@ from mcp.shared.auth import (
 from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import ValidationError
 
+from taskhub.database.params import database_params
 from taskhub.mcp.oauth import AuthorizationProblem, Discovery, OAuthClientSettings, OAuthProvider, oauth_provider
 from taskhub.servers.models import Server, ServerAuthorization
-from taskhub.worker.tracker.orm import database_params
 
 # The first key of the advisory locks taken around a server's token refresh (the second is the server's id).
 REFRESH_LOCK_CLASS = 0x0A17

@@ -23,12 +23,12 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
+from taskhub.database.params import database_params
 from taskhub.mcp.questions import Asker, Question
 from taskhub.tasks import hooks
 from taskhub.tasks.models import InputRequestState, Task
 from taskhub.tasks.services import held_questions
 from taskhub.worker.orm import db
-from taskhub.worker.tracker.orm import database_params
 
 logger = logging.getLogger(__name__)
 

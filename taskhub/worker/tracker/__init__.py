@@ -64,6 +64,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Protocol
 
+from taskhub.database.params import database_params
 from taskhub.mcp.client import StdioTarget, TasksClient
 from taskhub.mcp.errors import (
     AuthorizationFailed,
@@ -201,7 +202,7 @@ class Tracker:
             lease=self.lease,
             claim_ahead=self.claim_ahead,
             stats=self.stats,
-            connection_params=partial(self._in_thread, orm.database_params),
+            connection_params=partial(self._in_thread, database_params),
             stdio_leases=stdio is not None,
         )
         # Twice the request limit: a poller storing a change (an ORM thread) leaves requests to the others.

@@ -71,11 +71,3 @@ def close_connections(wrappers: set) -> None:
             wrapper.close()
         finally:
             wrapper.dec_thread_sharing()
-
-
-def database_params() -> dict[str, Any]:
-    """The default database's connection parameters, for the tracker's own psycopg connection."""
-    params = dict(db.connections["default"].get_connection_params())
-    for django_only in ("cursor_factory", "context"):
-        params.pop(django_only, None)
-    return params

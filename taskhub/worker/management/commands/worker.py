@@ -23,6 +23,7 @@ from procrastinate.contrib.django import app
 from procrastinate.contrib.django.db_cleanup import close_db_connections
 
 from taskhub.approvals.hooks import WEBHOOK_QUEUE
+from taskhub.database.params import database_params
 from taskhub.observability import jobs as observability_jobs
 from taskhub.runtime import tune_garbage_collector
 from taskhub.servers.hooks import DEFAULT_QUEUE
@@ -33,7 +34,6 @@ from taskhub.worker.heartbeats import RUNNING_AS, Heartbeat
 from taskhub.worker.slots import SLOTS
 from taskhub.worker.stdio.supervisor import StdioSupervisor
 from taskhub.worker.tracker import Tracker
-from taskhub.worker.tracker.orm import database_params
 
 logger = logging.getLogger("taskhub.worker")
 
