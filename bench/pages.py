@@ -10,8 +10,10 @@ machine: the task list unfiltered, filtered by status, server, launched_by, agen
 page 100, the inbox and a task detail. Reports p50/p95/max ms, this process's CPU ms per request, the response size
 and the SQL queries per page (CaptureQueriesContext, on one extra request), and EXPLAIN (ANALYZE, BUFFERS) of each
 page's main and slowest queries. Baseline: the list page's main query (SELECT … ORDER BY created_at DESC LIMIT 50)
-run bare through a psycopg cursor, to show the framework's overhead as a ratio. Goal of issue 6: p95 ≤ 150 ms per
-page. Rounds stop after --page-budget seconds per page (the table says how many were timed).
+run bare through a psycopg cursor, to show the framework's overhead as a ratio; and a minimal view (`/healthz`, one
+SELECT 1) timed in the same rounds, for issue 37 item 6: each page's CPU p50 ≤ 10x the minimal view's, and its p95 ≤
+its SQL ms + that allowance. Goal of issue 6: p95 ≤ 150 ms per page. Rounds stop after --page-budget seconds per
+page (the table says how many were timed).
 
     uv run python bench/pages.py                                   # 100,000 tasks, 20,000 open requests, 50 requests
     uv run python bench/pages.py --tasks 10000 --open-requests 2000 --requests 10 --no-record    # a quick look
@@ -39,6 +41,7 @@ from benchlib import cpu_busy, machine, percentile, set_database
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_pages"
+MINIMAL = "minimal view"
 GOAL_P95_MS = 150.0
 SERVERS = 5
 USERS = 10
@@ -303,6 +306,8 @@ def main() -> None:
             ("list tool (part)", "/tasks/?tool=ol_1", list_main),
             ("list outcome=failed", "/tasks/?outcome=failed", list_main),
             ("home", "/", '"finished_at" >='),
+            # Issue 37 item 6's baseline: a minimal view (a JSON answer after one SELECT 1) through the same chain.
+            (MINIMAL, "/healthz", "SELECT"),
             ("list page 100", "/tasks/?page=100", list_main),
             ("inbox", "/inbox/", 'SELECT "tasks_inputrequest"."id"'),
             ("task detail", f"/tasks/{data['detail_task']}/", 'WHERE "tasks_task"."id" ='),
@@ -404,6 +409,25 @@ def main() -> None:
             f"{row['query_ms']:.1f} | {row['size']:,} | {'yes' if row['index'] else '**no**'} | "
             f"{row['slowest_ms']:.0f} | {row['slowest']} |"
         )
+    minimal = next((row for row in rows if row["label"] == MINIMAL), None)
+    if minimal is not None and minimal["cpu"] > 0:
+        allowance = 10 * minimal["cpu"]
+        lines += [
+            "",
+            f"Issue 37 item 6, against the minimal view in the same run (`/healthz`, CPU p50 {minimal['cpu']:.1f} ms): "
+            f"each page's CPU p50 <= 10x it, and its p95 <= its SQL ms + 10x it ({allowance:.1f} ms):",
+            "",
+            "| page | CPU p50 ms | x minimal | <= 10x | p95 ms | SQL ms + allowance | p95 within |",
+            "|---|---:|---:|---|---:|---:|---|",
+        ]
+        for row in rows:
+            if row is minimal:
+                continue
+            ratio, bound = row["cpu"] / minimal["cpu"], row["query_ms"] + allowance
+            lines.append(
+                f"| {row['label']} | {row['cpu']:.1f} | {ratio:.1f}x | {'yes' if ratio <= 10 else '**no**'} | "
+                f"{row['p95']:.1f} | {bound:.1f} | {'yes' if row['p95'] <= bound else '**no**'} |"
+            )
     lines += [
         "",
         f"Baseline, same run: the list page's main query (50 rows, ORDER BY created_at DESC LIMIT 50) bare through "
