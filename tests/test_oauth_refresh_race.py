@@ -56,66 +56,10 @@ def authorization_server():
     server.stop()
 
 
-def test_one_refresh_reaches_the_authorization_server_when_three_processes_race(authorization_server):
-    issuer = authorization_server.url
-    resource = f"{issuer}/resource"
-    authorization_server.provider.clients[CLIENT_ID] = OAuthClientInformationFull(
-        client_id=CLIENT_ID,
-        client_secret=CLIENT_SECRET,
-        redirect_uris=[AnyUrl(NoPerson.redirect_uri)],
-        token_endpoint_auth_method="client_secret_post",
-        grant_types=["authorization_code", "refresh_token"],
-    )
-    server = create_server(name="guarded", transport="http", url=resource, user=None)
-    store = DatabaseTokenStore(server_id=server.pk, resource=resource)
-    assert isinstance(store, SharedRefresh)
-    issued = authorization_server.provider.issue(client_id=CLIENT_ID)
-
-    async def seed() -> None:
-        await store.set_discovery(
-            Discovery(
-                protected_resource=ProtectedResourceMetadata(
-                    resource=AnyUrl(resource), authorization_servers=[AnyUrl(issuer)]
-                ),
-                authorization_server=OAuthMetadata(
-                    issuer=AnyUrl(issuer),
-                    authorization_endpoint=AnyUrl(f"{issuer}/authorize"),
-                    token_endpoint=AnyUrl(f"{issuer}/token"),
-                ),
-                authorization_server_url=issuer,
-            )
-        )
-        await store.set_client_info(authorization_server.provider.clients[CLIENT_ID])
-        # Expired a moment ago, as the store sees it.
-        await store.set_tokens(OAuthToken(access_token="expired", refresh_token=issued.refresh_token, expires_in=-1))
-
-    async def one_process() -> int:
-        provider = oauth_provider(
-            server_url=resource,
-            settings=OAuthClientSettings(
-                client_id=CLIENT_ID, client_secret=CLIENT_SECRET, client_auth="client_secret_post"
-            ),
-            storage=DatabaseTokenStore(server_id=server.pk, resource=resource),
-            redirect=NoPerson(),
-        )
-        async with Outbound(None).httpx_client(auth=provider, timeout=30.0) as client:
-            response = await client.get(resource)
-        assert provider.failure_message() is None
-        return response.status_code
-
-    async def race() -> list[int]:
-        await seed()
-        return list(await asyncio.gather(one_process(), one_process(), one_process()))
-
-    assert async_to_sync(race)() == [200, 200, 200]
-    assert authorization_server.provider.refresh_requests == 1
-    kept = async_to_sync(store.get_tokens)()
-    assert kept is not None and kept.access_token in authorization_server.provider.access
-
-
-def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refresh(authorization_server, settings):
-    """The one outbound path (Server.to_target): an expired token is refreshed unnoticed; once the authorization
-    server has revoked the refresh token, the server is marked as needing re-authorization and nobody is asked."""
+def connected_with_an_expired_token(authorization_server) -> tuple[str, Server, DatabaseTokenStore]:
+    """(resource URL, server, its store): a server connected to the test authorization server's protected resource,
+    its discovery and registration kept, and an access token that expired a moment ago (as the store sees it) with a
+    refresh token the authorization server issued."""
     issuer = authorization_server.url
     resource = f"{issuer}/resource"
     authorization_server.provider.clients[CLIENT_ID] = OAuthClientInformationFull(
@@ -147,6 +91,40 @@ def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refr
         await store.set_tokens(OAuthToken(access_token="expired", refresh_token=issued.refresh_token, expires_in=-1))
 
     async_to_sync(seed)()
+    return resource, server, store
+
+
+def test_one_refresh_reaches_the_authorization_server_when_three_processes_race(authorization_server):
+    resource, server, store = connected_with_an_expired_token(authorization_server)
+    assert isinstance(store, SharedRefresh)
+
+    async def one_process() -> int:
+        provider = oauth_provider(
+            server_url=resource,
+            settings=OAuthClientSettings(
+                client_id=CLIENT_ID, client_secret=CLIENT_SECRET, client_auth="client_secret_post"
+            ),
+            storage=DatabaseTokenStore(server_id=server.pk, resource=resource),
+            redirect=NoPerson(),
+        )
+        async with Outbound(None).httpx_client(auth=provider, timeout=30.0) as client:
+            response = await client.get(resource)
+        assert provider.failure_message() is None
+        return response.status_code
+
+    async def race() -> list[int]:
+        return list(await asyncio.gather(one_process(), one_process(), one_process()))
+
+    assert async_to_sync(race)() == [200, 200, 200]
+    assert authorization_server.provider.refresh_requests == 1
+    kept = async_to_sync(store.get_tokens)()
+    assert kept is not None and kept.access_token in authorization_server.provider.access
+
+
+def test_a_connected_servers_target_refreshes_its_token_and_marks_a_refused_refresh(authorization_server, settings):
+    """The one outbound path (Server.to_target): an expired token is refreshed unnoticed; once the authorization
+    server has revoked the refresh token, the server is marked as needing re-authorization and nobody is asked."""
+    resource, server, _ = connected_with_an_expired_token(authorization_server)
 
     async def call() -> int:
         target = await sync_to_async(lambda: Server.objects.get(pk=server.pk).to_target())()

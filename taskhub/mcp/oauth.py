@@ -368,6 +368,35 @@ class Discovery:
     authorization_server: OAuthMetadata | None
     authorization_server_url: str | None
 
+    def stored(self) -> dict[str, Any]:
+        """As JSON, for a token store (a file's, the web app's database row)."""
+
+        def dumped(model: Any) -> Any:
+            return model.model_dump(mode="json", exclude_none=True) if model is not None else None
+
+        return {
+            "protected_resource": dumped(self.protected_resource),
+            "authorization_server": dumped(self.authorization_server),
+            "authorization_server_url": self.authorization_server_url,
+        }
+
+    @classmethod
+    def from_stored(cls, stored: Any) -> Discovery | None:
+        """What stored() wrote; None for anything else (a store edited by hand, an older format)."""
+        if not isinstance(stored, dict):
+            return None
+        try:
+            resource = stored.get("protected_resource")
+            server = stored.get("authorization_server")
+            server_url = stored.get("authorization_server_url")
+            return cls(
+                protected_resource=ProtectedResourceMetadata.model_validate(resource) if resource else None,
+                authorization_server=OAuthMetadata.model_validate(server) if server else None,
+                authorization_server_url=server_url if isinstance(server_url, str) else None,
+            )
+        except ValidationError:
+            return None
+
 
 @runtime_checkable
 class KeptAuthorization(TokenStorage, Protocol):
@@ -482,30 +511,10 @@ class FileTokenStore(TokenStorage):
         return float(expires_at) if isinstance(expires_at, int | float) else None
 
     async def get_discovery(self) -> Discovery | None:
-        stored = self._loaded().get("discovery")
-        if not isinstance(stored, dict):
-            return None
-        try:
-            resource = stored.get("protected_resource")
-            server = stored.get("authorization_server")
-            server_url = stored.get("authorization_server_url")
-            return Discovery(
-                protected_resource=ProtectedResourceMetadata.model_validate(resource) if resource else None,
-                authorization_server=OAuthMetadata.model_validate(server) if server else None,
-                authorization_server_url=server_url if isinstance(server_url, str) else None,
-            )
-        except ValidationError:
-            return None
+        return Discovery.from_stored(self._loaded().get("discovery"))
 
     async def set_discovery(self, discovery: Discovery) -> None:
-        def dumped(model: Any) -> Any:
-            return model.model_dump(mode="json", exclude_none=True) if model is not None else None
-
-        self._loaded()["discovery"] = {
-            "protected_resource": dumped(discovery.protected_resource),
-            "authorization_server": dumped(discovery.authorization_server),
-            "authorization_server_url": discovery.authorization_server_url,
-        }
+        self._loaded()["discovery"] = discovery.stored()
         self._write()
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:

@@ -19,9 +19,7 @@ from django.utils import timezone
 from mcp.shared.auth import (
     AuthorizationCodeResult,
     OAuthClientInformationFull,
-    OAuthMetadata,
     OAuthToken,
-    ProtectedResourceMetadata,
 )
 from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import ValidationError
@@ -32,34 +30,6 @@ from taskhub.servers.models import Server, ServerAuthorization
 
 # The first key of the advisory locks taken around a server's token refresh (the second is the server's id).
 REFRESH_LOCK_CLASS = 0x0A17
-
-
-def _dumped(model: Any) -> Any:
-    return model.model_dump(mode="json", exclude_none=True) if model is not None else None
-
-
-def discovery_from_stored(stored: Any) -> Discovery | None:
-    if not isinstance(stored, dict) or not stored:
-        return None
-    try:
-        resource = stored.get("protected_resource")
-        server = stored.get("authorization_server")
-        server_url = stored.get("authorization_server_url")
-        return Discovery(
-            protected_resource=ProtectedResourceMetadata.model_validate(resource) if resource else None,
-            authorization_server=OAuthMetadata.model_validate(server) if server else None,
-            authorization_server_url=server_url if isinstance(server_url, str) else None,
-        )
-    except ValidationError:
-        return None
-
-
-def discovery_to_stored(discovery: Discovery) -> dict[str, Any]:
-    return {
-        "protected_resource": _dumped(discovery.protected_resource),
-        "authorization_server": _dumped(discovery.authorization_server),
-        "authorization_server_url": discovery.authorization_server_url,
-    }
 
 
 class DatabaseTokenStore:
@@ -94,8 +64,8 @@ class DatabaseTokenStore:
         return row
 
     def _update(self, **fields: Any) -> None:
-        row = ServerAuthorization.objects.filter(server_id=self.server_id).first()
-        if row is None or row.resource != self.resource:
+        row = self.row()
+        if row is None:
             # A new authorization for this resource: whatever was kept for another one is dropped, not reused.
             ServerAuthorization.objects.update_or_create(
                 server_id=self.server_id,
@@ -161,10 +131,11 @@ class DatabaseTokenStore:
 
     async def get_discovery(self) -> Discovery | None:
         row = await sync_to_async(self.row)()
-        return discovery_from_stored(row.discovery) if row is not None else None
+        # An empty row's {} is no discovery (the file store's {} would be one with nothing found).
+        return Discovery.from_stored(row.discovery) if row is not None and row.discovery else None
 
     async def set_discovery(self, discovery: Discovery) -> None:
-        await sync_to_async(self._update)(discovery=discovery_to_stored(discovery))
+        await sync_to_async(self._update)(discovery=discovery.stored())
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         return await sync_to_async(self.client_info_now)()
