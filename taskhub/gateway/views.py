@@ -95,6 +95,23 @@ def _unauthorized(request: HttpRequest) -> JsonResponse:
     return _json(error_message(request_id_of(request.body), unauthorized()), 401, **{"WWW-Authenticate": "Bearer"})
 
 
+def _checked(call: Call, headers) -> bool:
+    """True for a notification (answered 202, nothing done) once its routing headers agree with it; a request's
+    headers, its method (no initialize: 2026-07-28 has none) and its _meta are checked, RpcError if not."""
+    check_headers(call, headers)
+    if call.is_notification:
+        return True
+    if call.method == "initialize":
+        raise RpcError(
+            mcp_types.UNSUPPORTED_PROTOCOL_VERSION,
+            "Unsupported protocol version: this server speaks 2026-07-28 (server/discover), without initialize",
+            {"supported": [calls.wire.PROTOCOL_VERSION]},
+            http_status=400,
+        )
+    check_meta(call)
+    return False
+
+
 def _error_answer(call_id, error: Exception, endpoint: Endpoint) -> JsonResponse:
     """The JSON-RPC error for what a call raised: its own, or (logged, inside the except that caught it) an internal
     error that says nothing more."""
@@ -129,10 +146,8 @@ def _serve_at_once(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     try:
         call = parse_call(request.body)
         call_id = call.id
-        check_headers(call, request.headers)
-        if call.is_notification:
+        if _checked(call, request.headers):
             return HttpResponse(status=202)
-        check_meta(call)
         handler = SYNC_METHODS.get(call.method)
         if handler is None:
             raise method_not_found(call.method)
@@ -152,17 +167,8 @@ async def _serve(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     try:
         call = parse_call(request.body)
         call_id = call.id
-        check_headers(call, request.headers)
-        if call.is_notification:
+        if _checked(call, request.headers):
             return HttpResponse(status=202)
-        if call.method == "initialize":
-            raise RpcError(
-                mcp_types.UNSUPPORTED_PROTOCOL_VERSION,
-                "Unsupported protocol version: this server speaks 2026-07-28 (server/discover), without initialize",
-                {"supported": [calls.wire.PROTOCOL_VERSION]},
-                http_status=400,
-            )
-        check_meta(call)
         if call.method == "subscriptions/listen":
             return await _listen(endpoint, user, call)
         result = await _dispatch(endpoint, user, call)
