@@ -14,6 +14,7 @@ from django.core.signals import request_finished, request_started
 from django.db import connection, connections
 
 from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler
+from tests.helpers import wait_until
 
 
 async def get(app, path: str = "/healthz") -> int:
@@ -167,9 +168,14 @@ def test_an_async_views_thread_closes_its_connection_and_exits_when_idle_and_com
     assert thread is not None
     thread.join(timeout=10)  # exits by itself once idle
     assert not thread.is_alive() and executor._thread is None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [backends[0]])
-        assert cursor.fetchone()[0] == 0  # its connection was closed before it exited
+
+    def backend_gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [backends[0]])
+            return cursor.fetchone()[0] == 0
+
+    # its connection was closed before it exited; the server process ends a moment after the client's Terminate
+    wait_until(backend_gone, timeout=5, what="the idle thread's Postgres backend to end")
 
     executor.submit(query).result(timeout=10)
     assert executor.threads_started == 2  # a new thread (the ident of an exited one may be reused)
