@@ -109,6 +109,8 @@ FRESH_BEAT = timedelta(
 # once the claimant is silent for TASKHUB_STALLED_WORKER_SECONDS, i.e. no sooner than (stalled - FRESH_BEAT) after
 # the claim, plus the dead-worker grace: half of that leaves room for clocks and the database's own delays.
 CLAIM_HOLDS_SECONDS = (settings.TASKHUB_STALLED_WORKER_SECONDS - FRESH_BEAT.total_seconds()) / 2
+# A worker silent for TASKHUB_STALLED_WORKER_SECONDS is taken over by the next beat of a steady worker: within a beat.
+TAKE_OVER_DUE = timedelta(seconds=settings.TASKHUB_WORKER_HEARTBEAT_SECONDS)
 
 
 def stalled_after() -> timedelta:
@@ -135,6 +137,12 @@ def is_alive(owner: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(ALIVE_SQL, {"owner": owner, "stalled": stalled_after()})
         return bool(cursor.fetchone()[0])
+
+
+def is_silent(owner: str) -> bool:
+    """Whether the worker named `owner` is known and has not beaten for TASKHUB_STALLED_WORKER_SECONDS: dead, though
+    maybe not yet taken over (the next beat of a steady worker does that, within TAKE_OVER_DUE)."""
+    return bool(owner) and bool(dead_owners([owner]))
 
 
 def taken_over_at(owner: str) -> datetime | None:

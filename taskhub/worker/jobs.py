@@ -569,11 +569,14 @@ async def _deliver(
     settling_until = None
     if interrupted and not last_attempt:
         settling_until = await db(_attempt_settles_at, input_request=input_request)
-        if settling_until is not None:
-            wait = (settling_until - timezone.now()).total_seconds()
-            if wait <= DEAD_WORKER_GRACE_SECONDS:
-                await asyncio.sleep(max(wait, 0.0))
-                settling_until = None
+        for _ in range(3):  # a worker found silent is taken over, then its grace passes: then it has settled
+            if (
+                settling_until is None
+                or (wait := (settling_until - timezone.now()).total_seconds()) > DEAD_WORKER_GRACE_SECONDS
+            ):
+                break
+            await asyncio.sleep(max(wait, 0.0))
+            settling_until = await db(_attempt_settles_at, input_request=input_request)
 
     owned = stdio.owned_client(task.server)
     await slot.take(wait=DELIVERY_SLOT_WAIT_SECONDS)
@@ -622,10 +625,16 @@ def _attempt_settles_at(*, input_request: InputRequest) -> datetime.datetime | N
     (then it is alive, and the long settle applies to what it claims)."""
     attempted_at = input_request.delivery_attempted_at
     settles_at = attempted_at + datetime.timedelta(seconds=DELIVERY_SETTLE_SECONDS)
-    found_dead_at = heartbeats.taken_over_at(input_request.delivery_attempted_by)
+    attempted_by = input_request.delivery_attempted_by
+    found_dead_at = heartbeats.taken_over_at(attempted_by)
     if found_dead_at is not None:
         grace = datetime.timedelta(seconds=DEAD_WORKER_GRACE_SECONDS)
         settles_at = min(settles_at, max(found_dead_at, attempted_at) + grace)
+    elif heartbeats.is_silent(attempted_by):
+        # This job was recovered from its dead runner (procrastinate's own beat, or the minute's sweep, may see the
+        # death a beat before any heartbeat's take-over marks the worker): look again once that has happened, when
+        # the short grace applies, rather than waiting out the long settle.
+        settles_at = min(settles_at, timezone.now() + heartbeats.TAKE_OVER_DUE)
     return settles_at if timezone.now() < settles_at else None
 
 

@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -137,6 +138,28 @@ def test_a_dead_workers_cut_off_deliveries_settle_a_grace_after_its_death_was_fo
     assert cut_off.state == InputRequestState.DELIVERED and cut_off.delivery_attempted_by == "rescuer"
     confirmed = AuditEvent.objects.get(task_id=sent.task_id, action="input.delivered")
     assert confirmed.data["confirmed_by"] == jobs.CONFIRMED_AFTER_INTERRUPTION
+
+
+def test_a_delivery_recovered_before_its_silent_worker_was_taken_over_looks_again_in_a_beat(
+    server, operator, approver, demo
+):
+    """procrastinate (its runner's beat, or the minute's sweep) may queue a dead worker's delivery again a beat
+    before any heartbeat marks that worker taken over. The recovered job then looks again a beat later, not after
+    the long settle (CI once waited 40 s for it); once the worker is taken over, the grace applies and it sends."""
+    request = answered_approval(server, operator, approver)
+    beat("doomed")
+    assert jobs._claim(request, owner="doomed")
+    beat("rescuer", seconds_ago=-60)  # a row a minute ahead: the beats a live worker makes meanwhile
+    beat("doomed", seconds_ago=settings.TASKHUB_STALLED_WORKER_SECONDS + 1)  # silent, not yet taken over
+
+    with pytest.raises(jobs.NotBefore) as looks_again:
+        run(as_worker("rescuer", jobs.deliver))(request.pk, last_attempt=False)
+    assert looks_again.value.retry_at <= timezone.now() + heartbeats.TAKE_OVER_DUE
+    assert f"{request.task.remote_task_id}/approve" not in demo_stats(demo)["deliveries"]
+
+    beat("doomed", seconds_ago=settings.TASKHUB_STALLED_WORKER_SECONDS + 2, taken_over_seconds_ago=0)
+    assert run(as_worker("rescuer", jobs.deliver))(request.pk, last_attempt=False) == "delivered"
+    assert demo_stats(demo)["deliveries"][f"{request.task.remote_task_id}/approve"] == 1
 
 
 def test_a_paused_worker_never_sends_an_answer_once_its_delivery_was_taken_over(server, operator, approver, demo):
