@@ -4,8 +4,9 @@ page_routes() enumerates taskhub's named routes from the URLconf (Django's admin
 aside), fill() puts the small world's values into a route, build_phone_world() makes that world (a server, tasks
 with long unbroken strings where a server or a person can put them, an approver, an operator, an admin) and the
 values of every URL argument, and walk_pages() signs a page in as a role and opens each page that role may see,
-yielding (route name, path) with the page loaded. A route that only takes POST (405 to a GET) or answers something
-other than HTML (an export) is no page; a refusal (403, one template) is opened once per role.
+yielding (route name, path) with the page loaded. A route that only takes POST (405 to a GET), answers something
+other than HTML (an export) or a part of a page (no doctype: what htmx polls for) is no page; a refusal (403, one
+template) is opened once per role.
 """
 
 import re
@@ -113,6 +114,8 @@ def walk_pages(page, base: str, user, routes, kwargs, console_errors, refused: s
         probe = page.request.get(f"{base}{path}", max_redirects=0)
         if probe.status == 405 or "text/html" not in (probe.headers.get("content-type") or ""):
             continue  # a POST endpoint or an export, not a page
+        if probe.status == 200 and not probe.text().lstrip().lower().startswith("<!doctype html"):
+            continue  # a part of a page that htmx asks for (servers:discovery), shown inside its page
         if probe.status != 200:
             if probe.status != 403 or role in refused:
                 continue  # a page not for this role: its refusal (one template) is checked once per role

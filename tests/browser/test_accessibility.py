@@ -1,0 +1,75 @@
+"""Every page of every role, at a desktop's width and a phone's, has no serious or critical axe-core violation
+(issue 35 item 3).
+
+The pages and the small world are tests/browser/page_walk.py's (routes enumerated from the URLconf, so a page added
+later is checked too). axe-core is the copy axe-playwright-python ships (a dev dependency; only its script is used).
+Each page is loaded once at 1280 px, checked, narrowed to 390 px (the phone's layout is CSS only: the nav folds into
+its menu) and checked again, then checked in the dark theme (the system's, which the pages follow) for its colours'
+contrast. One browser, one context per role; about 55-65 s.
+"""
+
+import pytest
+from axe_playwright_python.base import AXE_SCRIPT
+
+from tests.browser.page_walk import build_phone_world, page_routes, walk_pages
+from tests.browser_fixtures import VIEWPORT
+
+pytestmark = pytest.mark.slow
+
+PHONE = {"width": 390, "height": 844}
+# (what the failure calls it, viewport, colour scheme): both widths, and the dark theme's colours at the desktop's.
+VIEWS = [("1280 px", VIEWPORT, "light"), ("390 px", PHONE, "light"), ("1280 px, dark theme", VIEWPORT, "dark")]
+BLOCKING = {"serious", "critical"}
+# WCAG 2.x A and AA and axe's best practices: what a page must pass, not the experimental rules.
+RULES = {
+    "runOnly": {"type": "tag", "values": ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]}
+}
+
+
+def blocking_violations(page) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is now, each with the nodes it found; axe is put
+    into the page once (half a megabyte of script) and run as often as the page is looked at."""
+    if not page.evaluate("typeof window.axe === 'object'"):
+        page.evaluate(AXE_SCRIPT)
+    violations = page.evaluate("options => axe.run(document, options)", {**RULES, "resultTypes": ["violations"]})[
+        "violations"
+    ]
+    return [described(violation) for violation in violations if violation["impact"] in BLOCKING]
+
+
+def described(violation: dict) -> str:
+    nodes = violation["nodes"]
+    targets = ", ".join(" >>> ".join(map(str, node["target"])) for node in nodes[:6])
+    more = f" and {len(nodes) - 6} more" if len(nodes) > 6 else ""
+    return f"{violation['id']} ({violation['impact']}: {violation['help']}) at {targets}{more}"
+
+
+def test_every_page_has_no_serious_violation_for_every_role(daphne_server, new_page, console_errors):
+    _, users, kwargs = build_phone_world()
+    base = daphne_server.url
+    routes = page_routes()
+    opened, refused, found = set(), set(), []
+    for role, user in users.items():
+        page = new_page()
+        for name, path in walk_pages(page, base, user, routes, kwargs, console_errors, refused, role):
+            opened.add(name)
+            for view, size, scheme in VIEWS:
+                page.set_viewport_size(size)
+                page.emulate_media(color_scheme=scheme)
+                for violation in blocking_violations(page):
+                    found.append(f"{name} ({path}) as {role} at {view}: {violation}")
+            page.set_viewport_size(VIEWPORT)
+            page.emulate_media(color_scheme="light")
+    assert {"web:home", "tasks:list", "tasks:detail", "tasks:inbox", "servers:list", "audit:list"} <= opened
+    assert found == [], f"{len(found)} serious or critical axe-core violations:\n" + "\n".join(found)
+
+
+def test_the_check_finds_what_it_must(page):
+    # The rules chosen do run: a page with a nameless field and button and faint text fails them.
+    page.set_content(
+        '<!doctype html><html lang="en"><head><title>broken</title></head><body><main>'
+        '<input type="text"><button></button><p style="color: #bbb; background: #fff">faint</p></main></body></html>'
+    )
+    found = " ".join(blocking_violations(page))
+    for rule in ("label", "button-name", "color-contrast"):
+        assert f"{rule} (" in found, found
