@@ -43,6 +43,8 @@ DETAIL_TEMPLATE = "tasks/detail.html"
 ROW_FIELDS = (
     "status",
     "status_message",
+    "progress",
+    "progress_total",
     "tool",
     "cancel_requested_at",
     "launch_attempts",
