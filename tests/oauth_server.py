@@ -1,22 +1,32 @@
 """A real OAuth authorization server for tests: the MCP SDK's server-side auth routes (mcp.server.auth) on a small
 provider that approves every request, rotates refresh tokens, counts the refresh requests that reach it and can
-revoke or expire tokens on command; beside it a protected resource that accepts only the access tokens it issued
-(401 with WWW-Authenticate otherwise). Served by uvicorn in a thread (tests/threaded_app.py)."""
+revoke or expire tokens on command, and names itself in each redirect (`iss`, RFC 9207); beside it a protected
+resource that accepts only the access tokens it issued (401 with WWW-Authenticate otherwise), and, given an
+upstream MCP server (the demo server), that server behind the same tokens at /mcp (a streaming proxy: a real MCP
+server protected by a real authorization server). Served by uvicorn in a thread (tests/threaded_app.py)."""
 
 from __future__ import annotations
 
 import secrets
 import threading
 import time
+from urllib.parse import urlencode
 
-from mcp.server.auth.provider import AccessToken, AuthorizationCode, AuthorizationParams, RefreshToken
+import aiohttp
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    RefreshToken,
+    RegistrationError,
+)
 from mcp.server.auth.routes import create_auth_routes
 from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
-from pydantic import AnyHttpUrl
+from pydantic import AnyHttpUrl, AnyUrl
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from tests.threaded_app import ThreadedApp
@@ -31,6 +41,10 @@ class ApprovingProvider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.refresh_requests = 0
+        self.refuse_registration = False
+        self.issuer = ""  # set once the port is known: what `iss` says in each redirect
+        # Access tokens live this long (a test makes them short to see them refreshed).
+        self.access_expires_in = 3600
         self._lock = threading.Lock()
 
     # --- commands for tests ---
@@ -48,7 +62,20 @@ class ApprovingProvider:
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
 
+    def registered(self, *, client_id: str, client_secret: str, redirect_uri: str) -> OAuthClientInformationFull:
+        """A client registered by hand (as an admin does where registration is refused), authenticated by
+        client_secret_basic."""
+        return OAuthClientInformationFull(
+            client_id=client_id,
+            client_secret=client_secret,
+            redirect_uris=[AnyUrl(redirect_uri)],
+            token_endpoint_auth_method="client_secret_basic",
+            grant_types=["authorization_code", "refresh_token"],
+        )
+
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        if self.refuse_registration:
+            raise RegistrationError(error="invalid_client_metadata", error_description="register by hand here")
         assert client_info.client_id is not None
         self.clients[client_info.client_id] = client_info
 
@@ -65,8 +92,8 @@ class ApprovingProvider:
             resource=params.resource,
         )
         separator = "&" if "?" in str(params.redirect_uri) else "?"
-        state = f"&state={params.state}" if params.state else ""
-        return f"{params.redirect_uri}{separator}code={code}{state}"
+        answer = {"code": code, **({"state": params.state} if params.state else {}), "iss": self.issuer}
+        return f"{params.redirect_uri}{separator}{urlencode(answer)}"
 
     async def load_authorization_code(self, client, authorization_code: str) -> AuthorizationCode | None:
         return self.codes.get(authorization_code)
@@ -74,7 +101,10 @@ class ApprovingProvider:
     async def exchange_authorization_code(self, client, authorization_code: AuthorizationCode) -> OAuthToken:
         self.codes.pop(authorization_code.code, None)
         return self._tokens(
-            client_id=client.client_id, scopes=authorization_code.scopes, resource=authorization_code.resource
+            client_id=client.client_id,
+            scopes=authorization_code.scopes,
+            resource=authorization_code.resource,
+            expires_in=self.access_expires_in,
         )
 
     async def load_refresh_token(self, client, refresh_token: str) -> RefreshToken | None:
@@ -85,7 +115,10 @@ class ApprovingProvider:
     async def exchange_refresh_token(self, client, refresh_token: RefreshToken, scopes: list[str]) -> OAuthToken:
         self.refresh.pop(refresh_token.token, None)  # rotated: a refresh token is good once
         return self._tokens(
-            client_id=client.client_id, scopes=scopes or refresh_token.scopes, resource=refresh_token.resource
+            client_id=client.client_id,
+            scopes=scopes or refresh_token.scopes,
+            resource=refresh_token.resource,
+            expires_in=self.access_expires_in,
         )
 
     async def load_access_token(self, token: str) -> AccessToken | None:
@@ -107,28 +140,66 @@ class ApprovingProvider:
         return OAuthToken(access_token=access, refresh_token=refresh, expires_in=expires_in, scope=" ".join(scopes))
 
 
-class AuthorizationServer:
-    """The authorization server and a protected resource at /resource on one loopback port."""
+# Not forwarded by the proxy at /mcp (hop-by-hop, recomputed, or the token meant for it alone).
+DROPPED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "authorization"}
 
-    def __init__(self) -> None:
+
+class AuthorizationServer:
+    """The authorization server and a protected resource at /resource on one loopback port; with `upstream` (an MCP
+    server's URL), that server at /mcp behind the same tokens."""
+
+    def __init__(self, upstream: str | None = None) -> None:
+        self.upstream = upstream
         self.provider = ApprovingProvider()
         self._app: ThreadedApp | None = None
         self.url = ""
+        self.mcp_refusals = 0  # requests to /mcp refused for want of a valid token
 
     def start(self) -> str:
         holder: dict[str, str] = {}
 
-        async def resource(request: Request) -> JSONResponse:
+        async def authorized(request: Request) -> bool:
             header = request.headers.get("authorization", "")
             token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else ""
-            if token and await self.provider.load_access_token(token) is not None:
-                return JSONResponse({"ok": True})
-            metadata = f"{holder['url']}/.well-known/oauth-protected-resource"
+            return bool(token) and await self.provider.load_access_token(token) is not None
+
+        def challenge(metadata_path: str) -> JSONResponse:
+            metadata = f"{holder['url']}/.well-known/oauth-protected-resource{metadata_path}"
             return JSONResponse(
                 {"error": "invalid_token"},
                 status_code=401,
                 headers={"WWW-Authenticate": f'Bearer error="invalid_token", resource_metadata="{metadata}"'},
             )
+
+        async def resource(request: Request) -> JSONResponse:
+            if await authorized(request):
+                return JSONResponse({"ok": True})
+            return challenge("")
+
+        async def mcp(request: Request):
+            if not await authorized(request):
+                self.mcp_refusals += 1
+                return challenge("/mcp")
+            headers = {key: value for key, value in request.headers.items() if key.lower() not in DROPPED_HEADERS}
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            try:
+                answer = await session.request(
+                    request.method, self.upstream, headers=headers, data=await request.body()
+                )
+            except BaseException:
+                await session.close()
+                raise
+
+            async def body():
+                try:
+                    async for chunk in answer.content.iter_any():
+                        yield chunk
+                finally:
+                    answer.release()
+                    await session.close()
+
+            kept = {key: value for key, value in answer.headers.items() if key.lower() not in DROPPED_HEADERS}
+            return StreamingResponse(body(), status_code=answer.status, headers=kept)
 
         # The issuer is known only once the port is: the routes are built on first start with a placeholder
         # replaced below (the app is assembled before uvicorn binds).
@@ -136,6 +207,7 @@ class AuthorizationServer:
         self._app = ThreadedApp(app)
         port = self._app.start()
         self.url = holder["url"] = f"http://127.0.0.1:{port}"
+        self.provider.issuer = f"{self.url}/"  # as the SDK's metadata spells it
         routes = create_auth_routes(
             self.provider,
             AnyHttpUrl(self.url),
@@ -143,15 +215,23 @@ class AuthorizationServer:
             revocation_options=RevocationOptions(enabled=True),
         )
 
-        async def protected_resource(request: Request) -> JSONResponse:
-            # The issuer as the SDK's metadata spells it (pydantic gives a bare origin its slash).
-            return JSONResponse({"resource": f"{self.url}/resource", "authorization_servers": [f"{self.url}/"]})
+        def protected_resource(path: str):
+            async def metadata(request: Request) -> JSONResponse:
+                # The issuer as the SDK's metadata spells it (pydantic gives a bare origin its slash).
+                return JSONResponse({"resource": f"{self.url}{path}", "authorization_servers": [f"{self.url}/"]})
+
+            return metadata
 
         own = [
             Route("/resource", resource, methods=["GET", "POST"]),
-            Route("/.well-known/oauth-protected-resource", protected_resource, methods=["GET"]),
-            Route("/.well-known/oauth-protected-resource/resource", protected_resource, methods=["GET"]),
+            Route("/.well-known/oauth-protected-resource", protected_resource("/resource"), methods=["GET"]),
+            Route("/.well-known/oauth-protected-resource/resource", protected_resource("/resource"), methods=["GET"]),
         ]
+        if self.upstream is not None:
+            own += [
+                Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
+                Route("/.well-known/oauth-protected-resource/mcp", protected_resource("/mcp"), methods=["GET"]),
+            ]
         for route in [*routes, *own]:
             app.router.routes.append(route)
         return self.url

@@ -78,6 +78,11 @@ MATRIX = {
     ("GET", "servers:process"):               (LOGIN, 403, 403, 403, 404, 403),  # an HTTP server: no process
     ("GET", "servers:remove"):                (LOGIN, 403, 403, 403, 200, 403),  # the confirmation page
     ("POST", "servers:remove"):               (LOGIN, 403, 403, 403, 400, 403),  # unconfirmed: nothing removed
+    ("POST", "servers:connect"):              (LOGIN, 403, 403, 403, 302, 403),  # alpha does not answer: back, why
+    ("GET", "servers:oauth_client"):          (LOGIN, 403, 403, 403, 200, 403),
+    ("POST", "servers:oauth_client"):         (LOGIN, 403, 403, 403, 400, 403),  # empty POST: no client id
+    ("GET", "servers:oauth_callback"):        (LOGIN, 403, 403, 403, 400, 403),  # no Connect's state: refused
+    ("GET", "servers:oauth_client_metadata"): (404,   404, 404, 404, 404, 404),  # public, with an https address
     ("GET", "approvals:list"):                (LOGIN, 403, 403, 403, 200, 403),
     ("GET", "approvals:add"):                 (LOGIN, 403, 403, 403, 200, 403),
     ("POST", "approvals:add"):                (LOGIN, 403, 403, 403, 400, 403),  # empty POST: the form again
@@ -225,6 +230,10 @@ def request_for(method: str, route: str, world) -> tuple[str, dict]:
         "servers:discovery": f"/servers/{s}/discovery/",
         "servers:process": f"/servers/{s}/process/",
         "servers:remove": f"/servers/{s}/remove/",
+        "servers:connect": f"/servers/{s}/connect",
+        "servers:oauth_client": f"/servers/{s}/connect/client/",
+        "servers:oauth_callback": "/servers/oauth/callback",
+        "servers:oauth_client_metadata": "/servers/oauth/client-metadata.json",
         "approvals:list": "/approvals/",
         "approvals:add": "/approvals/add/",
         "approvals:edit": f"/approvals/{world['policy'].pk}/edit/",

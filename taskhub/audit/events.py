@@ -12,6 +12,7 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     "server.unreachable": gettext_noop("MCP server became unreachable"),
     "server.reachable": gettext_noop("MCP server reachable again"),
     "server.removed": gettext_noop("MCP server removed"),
+    "server.connected": gettext_noop("MCP server connected through OAuth"),
     # tasks
     "task.launched": gettext_noop("tool call launched"),
     "task.launch_sent": gettext_noop("tool call sent to the server"),

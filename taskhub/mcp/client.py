@@ -480,6 +480,9 @@ class TasksClient:
         self._connect_lock = asyncio.Lock()
         self._discover_result: mcp_types.DiscoverResult | None = None
         self._last_http_refusal: int | None = None
+        # Whether that refusal came with an OAuth Bearer challenge (WWW-Authenticate: Bearer …): the server wants
+        # an access token, which an admin gets by connecting it (issue 33).
+        self._last_bearer_challenge = False
         self._tool_schemas: dict[str, Any] = {}
         self._task_support: dict[str, str | None] = {}
         self._questions = Questions(target.describe)
@@ -554,6 +557,8 @@ class TasksClient:
 
     async def _note_http_status(self, response: httpx2.Response) -> None:
         self._last_http_refusal = response.status_code if response.status_code in (401, 403) else None
+        challenge = response.headers.get("www-authenticate", "") if self._last_http_refusal else ""
+        self._last_bearer_challenge = challenge[:7].lower() == "bearer " or challenge.lower() == "bearer"
 
     def _explain(self, error: McpClientError) -> McpClientError:
         """The SDK turns an HTTP 401/403 without a JSON-RPC body into a bare -32603; say what it was."""
@@ -563,7 +568,7 @@ class TasksClient:
             return AuthorizationFailed(
                 error.code,
                 f"HTTP {refused} {reason}: the server refused the credentials (check the token or headers)",
-                {"httpStatus": refused},
+                {"httpStatus": refused, "bearerChallenge": self._last_bearer_challenge},
                 method=error.method,
             )
         return error

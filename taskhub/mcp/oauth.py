@@ -703,18 +703,31 @@ OAuthProvider = AuthorizationCodeProvider | ClientSecretProvider | PrivateKeyPro
 
 
 def oauth_provider(
-    *, server_url: str, settings: OAuthClientSettings, storage: TokenStorage, redirect: Redirect | None
+    *,
+    server_url: str,
+    settings: OAuthClientSettings,
+    storage: TokenStorage,
+    redirect: Redirect | None,
+    code_provider: type[AuthorizationCodeProvider] = AuthorizationCodeProvider,
 ) -> OAuthProvider:
     """The `httpx2.Auth` that authorizes requests to `server_url` as `settings` say. Attach it to an httpx2 client
-    made by :class:`~taskhub.mcp.outbound.Outbound`. `redirect` is needed by the authorization code grant only.
+    made by :class:`~taskhub.mcp.outbound.Outbound`. `redirect` is needed by the authorization code grant only;
+    `code_provider` is the class that runs that grant (the web app's Connect splits it in two: oauth_browser).
     AuthorizationProblem when the settings cannot be used."""
-    provider = _provider(server_url=server_url, settings=settings, storage=storage, redirect=redirect)
+    provider = _provider(
+        server_url=server_url, settings=settings, storage=storage, redirect=redirect, code_provider=code_provider
+    )
     provider.extra_scope = settings.scope
     return provider
 
 
 def _provider(
-    *, server_url: str, settings: OAuthClientSettings, storage: TokenStorage, redirect: Redirect | None
+    *,
+    server_url: str,
+    settings: OAuthClientSettings,
+    storage: TokenStorage,
+    redirect: Redirect | None,
+    code_provider: type[AuthorizationCodeProvider],
 ) -> OAuthProvider:
     if problems := settings.problems():
         raise AuthorizationProblem("; ".join(problems))
@@ -758,7 +771,7 @@ def _provider(
             token_endpoint_auth_method=method,
             issuer=settings.issuer,
         )
-    return AuthorizationCodeProvider(
+    return code_provider(
         server_url=server_url,
         client_metadata=OAuthClientMetadata(
             client_name=settings.client_name,

@@ -7,8 +7,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth import get_user_model
 
 from taskhub.mcp.client import Discovery, TasksClient
-from taskhub.mcp.errors import McpClientError
-from taskhub.servers import services
+from taskhub.mcp.errors import AuthorizationFailed, McpClientError
+from taskhub.servers import connect, services
 from taskhub.servers.models import Server
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,12 @@ async def discover(
             return await own.discover()
 
 
+def wants_oauth(error: BaseException) -> bool:
+    """The server refused with HTTP 401 and an OAuth Bearer challenge: an admin must connect it (issue 33)."""
+    data = error.data if isinstance(error, AuthorizationFailed) and isinstance(error.data, dict) else {}
+    return data.get("httpStatus") == 401 and data.get("bearerChallenge") is True
+
+
 def describe_failure(error: BaseException, timeout: float = DISCOVERY_TIMEOUT_SECONDS) -> str:
     if isinstance(error, TimeoutError):
         return f"No answer within {timeout:g} s."
@@ -49,6 +55,8 @@ async def adiscover_and_record(
     except Exception as error:  # whatever went wrong, the caller is told and the server's health says so
         text = describe_failure(error, timeout)
         logger.info("discovery of server %s failed: %s", server.pk, text)
+        if wants_oauth(error) and not server.oauth:  # first: the page shows both once the failure is recorded
+            await sync_to_async(connect.record_authorization_needed)(server=server)
         await sync_to_async(services.record_discovery_failure)(server=server, error=text)
         raise DiscoveryFailed(text) from error
     await sync_to_async(services.record_discovery)(server=server, discovery=discovery, user=user)

@@ -7,18 +7,23 @@ outcome.
 """
 
 import logging
+import time
+from urllib.parse import urlsplit
 
 from django.contrib import messages
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts.permissions import admin_required
-from taskhub.servers import services
+from taskhub.mcp.oauth import AuthorizationProblem
+from taskhub.mcp.oauth_browser import NeedsClient, PendingAuthorization
+from taskhub.servers import connect, services
 from taskhub.servers.catalogue import endpoint_of, health_of, pretty_json, tools_of
 from taskhub.servers.errors import ServerConfigInvalid, ServerRemoved
 from taskhub.servers.forms import ServerForm
-from taskhub.servers.models import Server, ServerAuthorization, ServerProcess
+from taskhub.servers.models import Server, ServerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +112,7 @@ def _detail_context(server: Server) -> dict:
         "header_names": sorted(server.headers or {}),
         "env_names": sorted(server.env or {}),
         "has_token": bool(server.bearer_token),
-        "needs_reauthorization_since": (
-            ServerAuthorization.objects.filter(server=server)
-            .values_list("needs_reauthorization_since", flat=True)
-            .first()
-            if server.oauth
-            else None
-        ),
+        **dict(zip(("oauth_state", "oauth_since"), connect.authorization_state(server), strict=True)),
         "paused_tasks": 0 if server.enabled else server.tasks.filter(poll__isnull=False).count(),
         "process": ServerProcess.objects.filter(server=server).first() if server.transport == "stdio" else None,
     }
@@ -175,3 +174,123 @@ def _removal_context(server: Server) -> dict:
         "tasks_count": server.tasks.count(),
         "followed_count": server.tasks.filter(poll__isnull=False).count(),
     }
+
+
+# --- Connect through OAuth (issue 33 item 1) ----------------------------------------------------------------------
+
+# The session keeps each Connect's state, PKCE verifier and redirect URI until its callback, by state; at most a few,
+# for a few minutes (an authorization server's page is not a place to linger).
+PENDING_KEY = "oauth_pending"
+PENDING_SECONDS = 600
+PENDING_KEPT = 5
+
+
+def _connectable(server_id) -> Server:
+    return get_object_or_404(Server, pk=server_id, transport="http", removed_at__isnull=True)
+
+
+def _send_to_authorization(request, server: Server):
+    """The first half: the admin's browser goes to the authorization server, or back to the page saying why not."""
+    try:
+        leg = connect.start(server=server, redirect_uri=connect.callback_url(request))
+    except NeedsClient as problem:
+        messages.info(request, gettext("To connect %(name)s: %(problem)s.") % {"name": server.name, "problem": problem})
+        return redirect("servers:oauth_client", server_id=server.pk)
+    except AuthorizationProblem as problem:
+        messages.error(request, gettext("Connect failed: %(problem)s.") % {"problem": problem})
+        return redirect("servers:detail", server_id=server.pk)
+    if leg is None:
+        messages.info(request, gettext("%(name)s answered without asking for authorization.") % {"name": server.name})
+        return redirect("servers:detail", server_id=server.pk)
+    now = time.time()
+    kept = request.session.get(PENDING_KEY)
+    kept = {
+        state: entry
+        for state, entry in (kept.items() if isinstance(kept, dict) else ())
+        if isinstance(entry, dict) and now - entry.get("started", 0) < PENDING_SECONDS
+    }
+    kept[leg.pending.state] = {**leg.pending.stored(), "server_id": server.pk, "started": now}
+    request.session[PENDING_KEY] = dict(sorted(kept.items(), key=lambda item: item[1]["started"])[-PENDING_KEPT:])
+    # A page that moves on by itself rather than a redirect: the form's POST may not be redirected to another origin
+    # (CSP form-action 'self').
+    context = {
+        "server": server,
+        "authorization_url": leg.authorization_url,
+        "host": urlsplit(leg.authorization_url).netloc,
+    }
+    response = render(request, "servers/oauth_go.html", context)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@admin_required
+@require_POST
+def server_connect(request, server_id):
+    """Connect: authorize taskhub at the server's authorization server, in this browser."""
+    return _send_to_authorization(request, _connectable(server_id))
+
+
+@admin_required
+def server_oauth_client(request, server_id):
+    """The client id (and secret) an admin registered at an authorization server that registers none itself."""
+    server = _connectable(server_id)
+    redirect_uri = connect.callback_url(request)
+    problem = None
+    if request.method == "POST":
+        client_id = request.POST.get("client_id", "").strip()
+        try:
+            if not client_id:
+                raise ValueError(gettext("the client id is needed"))
+            connect.enter_client(
+                server=server,
+                client_id=client_id,
+                client_secret=request.POST.get("client_secret", "").strip(),
+                redirect_uri=redirect_uri,
+            )
+        except ValueError as error:
+            problem = str(error)
+        else:
+            return _send_to_authorization(request, server)
+    context = {"server": server, "redirect_uri": redirect_uri, "problem": problem}
+    return render(request, "servers/oauth_client.html", context, status=400 if problem else 200)
+
+
+@admin_required
+@require_GET
+def oauth_callback(request):
+    """Where the authorization server sends the admin back: the answer must carry the state of a Connect started in
+    this session (used once), then its issuer and code are checked and the tokens kept. A refused answer changes
+    nothing but forgetting that Connect."""
+    kept = request.session.get(PENDING_KEY)
+    kept = kept if isinstance(kept, dict) else {}
+    entry = kept.pop(request.GET.get("state", ""), None)
+    request.session[PENDING_KEY] = kept
+    pending = PendingAuthorization.from_stored(entry)
+    fresh = isinstance(entry, dict) and time.time() - entry.get("started", 0) < PENDING_SECONDS
+    if pending is None or not fresh:
+        return _refused(request, None, gettext("its state matches no Connect started in this browser lately"))
+    server = Server.objects.filter(pk=entry.get("server_id"), removed_at__isnull=True).first()
+    if server is None or server.url != pending.resource:
+        return _refused(request, server, gettext("the server was removed or its URL changed meanwhile"))
+    try:
+        tokens = connect.finish(server=server, pending=pending, answer=dict(request.GET.items()))
+    except AuthorizationProblem as problem:
+        return _refused(request, server, str(problem))
+    connect.record_connection(server=server, tokens=tokens, user=request.user)
+    messages.success(request, gettext("Connected %(name)s; its tools are being discovered.") % {"name": server.name})
+    return redirect("servers:detail", server_id=server.pk)
+
+
+def _refused(request, server: Server | None, reason: str):
+    logger.info("an OAuth callback was refused (server %s): %s", getattr(server, "pk", None), reason)
+    return render(request, "servers/oauth_refused.html", {"server": server, "reason": reason}, status=400)
+
+
+@require_GET
+def oauth_client_metadata(request):
+    """taskhub's Client ID Metadata Document: its URL is the client_id authorization servers fetch it by. Public (an
+    authorization server reads it without signing in); served only where taskhub has a public https address."""
+    document = connect.client_metadata_document()
+    if not document["client_id"]:
+        raise Http404("taskhub has no public https address (TASKHUB_BASE_URL)")
+    return JsonResponse(document, headers={"Cache-Control": "public, max-age=3600"})
