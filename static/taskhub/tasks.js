@@ -259,6 +259,36 @@
   });
 })();
 
+// The task page says politely when its task ends (a screen reader reads nothing of a header swapped in place), in a
+// live region outside what the socket replaces; the focus stays where it is.
+(function () {
+  "use strict";
+
+  var ENDED = ["completed", "failed", "cancelled", "expired", "lost"];
+  var shownStatus = null;
+
+  function pill() {
+    var page = document.querySelector(".task-detail[data-live-watch]");
+    return page && document.querySelector("#task-" + CSS.escape(page.dataset.liveWatch) + "-header .task-title .pill");
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var shown = pill();
+    if (shown) shownStatus = shown.dataset.status;
+  });
+
+  document.addEventListener("htmx:oobAfterSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    if (!target || !/^task-.+-header$/.test(target.id || "")) return;
+    var now = pill();
+    var region = document.getElementById("task-end-status");
+    if (!now || !region || now.dataset.status === shownStatus) return;
+    var ended = ENDED.indexOf(now.dataset.status) >= 0 && ENDED.indexOf(shownStatus) < 0;
+    shownStatus = now.dataset.status;
+    if (ended) region.textContent = taskhubWord("task_ended", "The task ended: %s.", now.textContent.trim());
+  });
+})();
+
 // The filter bar leaves its empty fields out of the URL, so a link names only the filters in force.
 (function () {
   "use strict";

@@ -71,6 +71,7 @@ def js_words() -> str:
         "exact_times": _("Exact times"),
         "relative_times": _("Relative times"),
         "inbox_new_one": _("A new request arrived."),
+        "task_ended": _("The task ended: %s."),
         "inbox_new_many": _("%s new requests arrived."),
         "home_updated": _("Home updated."),
     }
