@@ -333,6 +333,13 @@ class InputRequest(models.Model):
                 condition=models.Q(state="open", escalated_to__isnull=False),
                 name="input_request_open_escalated",
             ),
+            # The tasks a person declined (outcomes._declined, settle_declined): a few among every answered request,
+            # found without reading them all (the outcome filter and each list page asked for them by a scan).
+            models.Index(
+                fields=["task"],
+                condition=models.Q(answer__action="decline"),
+                name="input_request_declined",
+            ),
             # The deadline sweep: open requests whose deadline is still to act.
             models.Index(
                 fields=["answer_deadline_at"],
