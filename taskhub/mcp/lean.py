@@ -63,8 +63,9 @@ class TaskGetter(Protocol):
 def task_getter(
     target: ServerTarget, *, timeout: float = DEFAULT_TIMEOUT_SECONDS, concurrency: int = 100
 ) -> TaskGetter:
-    """The lean path for HTTP servers; the SDK-based client for stdio servers."""
-    if isinstance(target, HttpTarget):
+    """The lean path for HTTP servers; the SDK-based client for stdio servers and for HTTP servers whose requests
+    are authorized through OAuth (the SDK's provider refreshes their tokens; the lean path sends headers only)."""
+    if isinstance(target, HttpTarget) and target.auth is None:
         return LeanTaskGetter(target, timeout=timeout, concurrency=concurrency)
     return TasksClient(target, timeout=timeout)
 

@@ -549,6 +549,20 @@ class FileTokenStore(TokenStorage):
 # --- the provider -------------------------------------------------------------------------------------------------
 
 
+# A kept token is refreshed this long before it expires (at most; a fifth of its lifetime for a short one), so that
+# a request never leaves with a token that expires on the way.
+REFRESH_AHEAD_SECONDS = 60.0
+
+
+def _refresh_at(expires_at: float | None, tokens: OAuthToken | None) -> float | None:
+    """When a kept token is due for refresh: REFRESH_AHEAD_SECONDS (or a fifth of its lifetime) before it expires."""
+    if expires_at is None:
+        return None
+    lifetime = tokens.expires_in if tokens is not None and tokens.expires_in else None
+    ahead = REFRESH_AHEAD_SECONDS if lifetime is None else min(REFRESH_AHEAD_SECONDS, max(lifetime, 0) / 5)
+    return expires_at - ahead
+
+
 class _Guarded:
     """Mixed into each SDK provider: at most MAX_AUTHORIZATIONS authorizations, the first failure kept, and the
     server's last refusal after authorizing (a 401 or 403 the flow handed back) remembered until a request succeeds."""
@@ -569,7 +583,11 @@ class _Guarded:
         if not isinstance(storage, KeptAuthorization):
             return
         if self.context.current_tokens is not None:
-            self.context.token_expiry_time = await storage.get_expires_at()
+            expires_at = await storage.get_expires_at()
+            shared = isinstance(storage, SharedRefresh)  # the workers' store refreshes ahead of time
+            self.context.token_expiry_time = (
+                _refresh_at(expires_at, self.context.current_tokens) if shared else expires_at
+            )
         discovery = await storage.get_discovery()
         if discovery is not None and self.context.oauth_metadata is None:
             self.context.protected_resource_metadata = discovery.protected_resource
@@ -609,6 +627,7 @@ class _Guarded:
         held = await self._take_refresh_lock()
         flow = super().async_auth_flow(request)  # type: ignore[misc]
         response: httpx2.Response | None = None
+        retried = False
         try:
             outgoing = await flow.__anext__()
             while True:
@@ -616,6 +635,16 @@ class _Guarded:
                     await held.__aexit__(None, None, None)
                     held = None
                 response = yield outgoing
+                if outgoing is request and not retried and self._refreshes_after(request, response):
+                    # A kept token refused before its time (revoked, the server restarted): refresh it, one process
+                    # at a time, and send the request once more, by running the SDK's flow again with the token
+                    # counted as expired. Refused again, the SDK's own 401 handling follows (it asks for a person).
+                    retried = True
+                    await flow.aclose()
+                    held = await self._lock_for_refresh_after_refusal(request)
+                    flow = super().async_auth_flow(request)  # type: ignore[misc]
+                    outgoing = await flow.__anext__()
+                    continue
                 outgoing = await flow.asend(response)
         except StopAsyncIteration:
             if response is not None and response.request is request:
@@ -635,15 +664,43 @@ class _Guarded:
         storage = self.context.storage
         if not isinstance(storage, SharedRefresh):
             return None
-        expires_at = await storage.get_expires_at()
-        if expires_at is None or time.time() < expires_at:
+        refresh_at = _refresh_at(await storage.get_expires_at(), await storage.get_tokens())
+        if refresh_at is None or time.time() < refresh_at:
             return None
         held = storage.refresh_lock()
         await held.__aenter__()
         try:
-            # What the winner stored (or, still expired, what this process refreshes under the lock).
-            self.context.current_tokens = await storage.get_tokens()
-            self.context.token_expiry_time = await storage.get_expires_at()
+            # What the winner stored (or, still due, what this process refreshes under the lock).
+            tokens = self.context.current_tokens = await storage.get_tokens()
+            self.context.token_expiry_time = _refresh_at(await storage.get_expires_at(), tokens)
+        except BaseException:
+            await held.__aexit__(None, None, None)
+            raise
+        return held
+
+    def _refreshes_after(self, request: httpx2.Request, response: httpx2.Response) -> bool:
+        """Whether a refusal of `request` is answered by a refresh first: a 401 to a request that carried a kept
+        token, from a store several processes share (the workers' and the web app's, where nobody is there to
+        authorize), with a refresh token to refresh with."""
+        if response.status_code != 401 or not isinstance(self.context.storage, SharedRefresh):
+            return False
+        tokens = self.context.current_tokens
+        sent = request.headers.get("authorization", "")
+        return sent.startswith("Bearer ") and tokens is not None and bool(tokens.refresh_token)
+
+    async def _lock_for_refresh_after_refusal(self, request: httpx2.Request) -> contextlib.AbstractAsyncContextManager:
+        """The refresh lock, with the kept tokens read again under it: a token another process stored since the
+        refused one was sent is used as it is; the refused one counts as expired, so the flow refreshes it."""
+        storage = self.context.storage
+        assert isinstance(storage, SharedRefresh)
+        held = storage.refresh_lock()
+        await held.__aenter__()
+        try:
+            tokens = self.context.current_tokens = await storage.get_tokens()
+            if tokens is not None and request.headers.get("authorization") == f"Bearer {tokens.access_token}":
+                self.context.token_expiry_time = 1.0  # long past (0 would read as "never expires")
+            else:
+                self.context.token_expiry_time = _refresh_at(await storage.get_expires_at(), tokens)
         except BaseException:
             await held.__aexit__(None, None, None)
             raise
