@@ -77,3 +77,17 @@ def test_home_and_the_task_list_in_chinese(client):
         for english in ("Launch a tool", "Needs attention", "Sign out", "How the work is going", "No tasks yet"):
             assert english not in page, (url, english)
     assert "启动工具" in page and "还没有任务" in page
+
+
+def test_a_deadline_in_chinese_units_is_read_as_the_form_help_writes_it():
+    """The policy form's help says "例如 30 分钟、4 小时、1 天" in Chinese: what it shows must be accepted."""
+    import datetime
+
+    from taskhub.approvals.models import parse_answer_within
+
+    assert parse_answer_within("30 分钟") == datetime.timedelta(minutes=30)
+    assert parse_answer_within("4小时") == datetime.timedelta(hours=4)
+    assert parse_answer_within("1 天") == datetime.timedelta(days=1)
+    assert parse_answer_within("45 秒") == datetime.timedelta(seconds=45)
+    with pytest.raises(ValueError):
+        parse_answer_within("4 月")

@@ -7,6 +7,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST
 
 from taskhub.accounts import people
@@ -14,10 +16,10 @@ from taskhub.accounts.groups import ROLE_GROUPS
 from taskhub.accounts.permissions import admin_required
 
 ROLE_WORDS = {
-    "approvers": "approver: answers the inbox",
-    "operators": "operator: launches and cancels",
-    "admins": "admin: servers, approvals, audit, people",
-    "agents": "agent: launches through API tokens only",
+    "approvers": _("approver: answers the inbox"),
+    "operators": _("operator: launches and cancels"),
+    "admins": _("admin: servers, approvals, audit, people"),
+    "agents": _("agent: launches through API tokens only"),
 }
 
 
@@ -31,14 +33,16 @@ class GroupsField(forms.ModelMultipleChoiceField):
 def groups_field() -> GroupsField:
     # The role groups first, then the approver groups the approval policies name.
     ordered = sorted(Group.objects.all(), key=lambda group: (group.name not in ROLE_GROUPS, group.name))
-    field = GroupsField(queryset=Group.objects.all(), required=False, label="Groups")
+    field = GroupsField(queryset=Group.objects.all(), required=False, label=_("Groups"))
     field.choices = [(group.pk, field.label_from_instance(group)) for group in ordered]
     return field
 
 
 class PersonForm(forms.Form):
-    username = forms.CharField(max_length=150)
-    email = forms.EmailField(required=False, help_text="For notification mails; they can change it later.")
+    username = forms.CharField(max_length=150, label=_("Username"))
+    email = forms.EmailField(
+        required=False, label=_("Email"), help_text=_("For notification mails; they can change it later.")
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -94,7 +98,7 @@ def person_detail(request, user_id: int):
             except people.PeopleRefused as refused:
                 form.add_error(None, str(refused))
             else:
-                messages.success(request, f"{person.get_username()}'s groups are saved.")
+                messages.success(request, gettext("%(person)s's groups are saved.") % {"person": person.get_username()})
                 return redirect("people:detail", user_id=person.pk)
         return _detail(request, person, form, status=400)
     return _detail(request, person, form)
@@ -115,14 +119,18 @@ def person_state(request, user_id: int):
             ended = people.deactivate_person(user=person, by=request.user)
             messages.success(
                 request,
-                f"{person.get_username()} is deactivated: {ended['sessions']} session(s) ended, "
-                f"{ended['tokens']} API token(s) revoked.",
+                gettext("%(person)s is deactivated: %(sessions)d session(s) ended, %(tokens)d API token(s) revoked.")
+                % {"person": person.get_username(), "sessions": ended["sessions"], "tokens": ended["tokens"]},
             )
         elif request.POST.get("active") == "yes":
             people.reactivate_person(user=person, by=request.user)
-            messages.success(request, f"{person.get_username()} is active again (their old tokens stay revoked).")
+            messages.success(
+                request,
+                gettext("%(person)s is active again (their old tokens stay revoked).")
+                % {"person": person.get_username()},
+            )
         else:
-            messages.error(request, "Nothing was changed: say whether to deactivate or reactivate.")
+            messages.error(request, gettext("Nothing was changed: say whether to deactivate or reactivate."))
     except people.PeopleRefused as refused:
         messages.error(request, str(refused))
     return redirect("people:detail", user_id=person.pk)
@@ -133,7 +141,7 @@ def person_state(request, user_id: int):
 def person_password(request, user_id: int):
     person = get_object_or_404(get_user_model(), pk=user_id)
     if request.POST.get("confirm") != "yes":
-        messages.error(request, "Nothing was changed: tick the box to confirm the reset.")
+        messages.error(request, gettext("Nothing was changed: tick the box to confirm the reset."))
         return redirect("people:detail", user_id=person.pk)
     password = people.reset_password(user=person, by=request.user)
     form = GroupsForm(initial={"groups": list(person.groups.all())})

@@ -3,6 +3,8 @@ import json
 from django import forms
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from taskhub.approvals.models import (
     MAX_REQUIRED_ACCEPTS,
@@ -17,69 +19,81 @@ from taskhub.servers.models import Server
 
 
 class PolicyForm(forms.Form):
-    server = forms.ModelChoiceField(queryset=Server.objects.filter(removed_at__isnull=True).order_by("name"))
+    server = forms.ModelChoiceField(
+        queryset=Server.objects.filter(removed_at__isnull=True).order_by("name"), label=_("Server")
+    )
     tool = forms.CharField(
-        required=False, max_length=200, help_text="Empty: every tool of the server that has no policy of its own."
+        required=False,
+        max_length=200,
+        label=_("Tool"),
+        help_text=_("Empty: every tool of the server that has no policy of its own."),
     )
     groups = forms.ModelMultipleChoiceField(
-        queryset=Group.objects.order_by("name"), required=False, widget=forms.CheckboxSelectMultiple
+        queryset=Group.objects.order_by("name"), required=False, widget=forms.CheckboxSelectMultiple, label=_("Groups")
     )
     users = forms.ModelMultipleChoiceField(
         queryset=get_user_model().objects.filter(is_active=True).order_by("username"),
         required=False,
         widget=forms.CheckboxSelectMultiple,
-        help_text="Approvers in a ticked group or ticked by name answer; none ticked: every approver.",
+        label=_("Users"),
+        help_text=_("Approvers in a ticked group or ticked by name answer; none ticked: every approver."),
     )
     required_accepts = forms.IntegerField(
-        label="Acceptances needed",
+        label=_("Acceptances needed"),
         min_value=1,
         max_value=MAX_REQUIRED_ACCEPTS,
         initial=1,
-        help_text="How many different people must accept before the answer is sent (N of M).",
+        help_text=_("How many different people must accept before the answer is sent (N of M)."),
     )
     allow_self_approval = forms.BooleanField(
-        required=False, label="The person who launched the task may answer its requests"
+        required=False, label=_("The person who launched the task may answer its requests")
     )
-    comment_required_on_decline = forms.BooleanField(required=False, label="A decline needs a comment")
+    comment_required_on_decline = forms.BooleanField(required=False, label=_("A decline needs a comment"))
     gate_before_call = forms.BooleanField(
         required=False,
-        label="Needs approval before it runs",
-        help_text="A launch is not sent to the server until approved; declined, the task ends not approved.",
+        label=_("Needs approval before it runs"),
+        help_text=_("A launch is not sent to the server until approved; declined, the task ends not approved."),
     )
 
     answer_within = forms.CharField(
         required=False,
         max_length=40,
-        label="Answer within",
-        help_text="e.g. 30 min, 4 h, 1 day; empty: no deadline. Counted from when each request opens; a change here "
-        "applies to requests that open afterwards, never to deadlines already running.",
+        label=_("Answer within"),
+        help_text=_(
+            "e.g. 30 min, 4 h, 1 day; empty: no deadline. Counted from when each request opens; a change here "
+            "applies to requests that open afterwards, never to deadlines already running."
+        ),
     )
     at_deadline = forms.ChoiceField(
         choices=AtDeadline.choices,
         initial=AtDeadline.DECLINE,
         required=False,  # only read with a deadline; none chosen is a decline
-        label="At the deadline",
+        label=_("At the deadline"),
         widget=forms.RadioSelect,
     )
     deadline_answer = forms.CharField(
         required=False,
-        label="Fixed answer (JSON)",
+        label=_("Fixed answer (JSON)"),
         widget=forms.Textarea(attrs={"rows": 3}),
-        help_text='For "send a fixed answer": e.g. {"action": "accept", "content": {"approved": false}}. A request '
-        "whose form it does not fit is declined instead, and the audit trail says why.",
+        help_text=_(
+            'For "send a fixed answer": e.g. {"action": "accept", "content": {"approved": false}}. A request '
+            "whose form it does not fit is declined instead, and the audit trail says why."
+        ),
     )
     escalation_group = forms.ModelChoiceField(
         queryset=Group.objects.order_by("name"),
         required=False,
-        label="Escalation group",
-        help_text='For "hand it to an escalation group": its approvers answer the request from then on.',
+        label=_("Escalation group"),
+        help_text=_('For "hand it to an escalation group": its approvers answer the request from then on.'),
     )
 
     def clean_answer_within(self):
+        text = self.cleaned_data["answer_within"]
         try:
-            return parse_answer_within(self.cleaned_data["answer_within"])
+            return parse_answer_within(text)
         except ValueError as unreadable:
-            raise forms.ValidationError(str(unreadable)) from unreadable
+            said = gettext("%(value)s is not a duration: write e.g. 30 min, 2 h, 1 day, 45 s.")
+            raise forms.ValidationError(said % {"value": repr(text.strip().lower()[:40])}) from unreadable
 
     def clean_at_deadline(self):
         return self.cleaned_data["at_deadline"] or AtDeadline.DECLINE
@@ -91,14 +105,14 @@ class PolicyForm(forms.Form):
         try:
             return json.loads(text)
         except ValueError as unreadable:
-            raise forms.ValidationError(f"This is not JSON: {unreadable}.") from unreadable
+            raise forms.ValidationError(gettext("This is not JSON: %(error)s.") % {"error": unreadable}) from unreadable
 
     input_from = forms.ChoiceField(
         required=False,  # a form that does not send it (an older page, a script) keeps the default: people
-        label="Requests of an agent's calls answered by",
+        label=_("Requests of an agent's calls answered by"),
         choices=InputFrom.choices,
         initial=InputFrom.PEOPLE,
-        help_text="For calls an agent makes through the gateway: people in the inbox, or the agent itself.",
+        help_text=_("For calls an agent makes through the gateway: people in the inbox, or the agent itself."),
     )
 
     @classmethod
@@ -142,15 +156,17 @@ class WebhookForm(forms.Form):
         label="URL",
         max_length=2000,
         assume_scheme="https",
-        help_text="taskhub POSTs here when a request under this policy waits, its deadline is near, or a default is"
-        " applied.",
+        help_text=_(
+            "taskhub POSTs here when a request under this policy waits, its deadline is near, or a default is applied."
+        ),
     )
     secret = forms.CharField(
         required=False,
         max_length=500,
         strip=True,
         widget=forms.PasswordInput(render_value=False),
-        help_text="Signs each delivery (X-Taskhub-Signature); never shown again. A Slack webhook may have none.",
+        label=_("Secret"),
+        help_text=_("Signs each delivery (X-Taskhub-Signature); never shown again. A Slack webhook may have none."),
     )
-    format = forms.ChoiceField(choices=WebhookFormat.choices, initial=WebhookFormat.JSON)
-    enabled = forms.BooleanField(required=False, initial=True, label="Send deliveries")
+    format = forms.ChoiceField(choices=WebhookFormat.choices, initial=WebhookFormat.JSON, label=_("Format"))
+    enabled = forms.BooleanField(required=False, initial=True, label=_("Send deliveries"))

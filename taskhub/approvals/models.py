@@ -9,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.dateparse import parse_duration
+from django.utils.translation import gettext, pgettext_lazy
+from django.utils.translation import gettext_lazy as _
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
 from taskhub.tasks import storable_text
@@ -26,15 +28,18 @@ DURATION_UNITS = {
     "m": 60, "min": 60, "minute": 60, "minutes": 60,
     "h": 3600, "hour": 3600, "hours": 3600,
     "d": 86400, "day": 86400, "days": 86400,
+    # as a person reading taskhub in Chinese writes them (the form's help shows these)
+    "秒": 1, "分": 60, "分钟": 60, "小时": 3600, "天": 86400,
 }  # fmt: skip
 
 
 def parse_answer_within(text: str) -> datetime.timedelta | None:
-    """ "30 min", "2 s", "4h", "1 day" (or Django's "hh:mm:ss") as a duration; "" is None; ValueError if unreadable."""
+    """ "30 min", "2 s", "4h", "1 day", "4 小时" (or Django's "hh:mm:ss") as a duration; "" is None; ValueError if
+    unreadable."""
     text = (text or "").strip().lower()
     if not text:
         return None
-    match = re.fullmatch(r"(\d{1,7})\s*([a-z]+)", text)
+    match = re.fullmatch(r"(\d{1,7})\s*([a-z]+|[秒分钟小时天]+)", text)
     if match and match.group(2) in DURATION_UNITS:
         return datetime.timedelta(seconds=int(match.group(1)) * DURATION_UNITS[match.group(2)])
     duration = parse_duration(text)
@@ -58,17 +63,17 @@ def say_duration(duration: datetime.timedelta | None) -> str:
 class AtDeadline(models.TextChoices):
     """What taskhub does when nobody answered a request in time."""
 
-    DECLINE = "decline", "decline the request"
-    CANCEL = "cancel", "cancel the task"
-    ANSWER = "answer", "send a fixed answer"
-    ESCALATE = "escalate", "hand it to an escalation group"
+    DECLINE = "decline", _("decline the request")
+    CANCEL = "cancel", _("cancel the task")
+    ANSWER = "answer", _("send a fixed answer")
+    ESCALATE = "escalate", _("hand it to an escalation group")
 
 
 class InputFrom(models.TextChoices):
     """Who answers a server's requests for a call an agent made through the gateway (taskhub/gateway)."""
 
-    PEOPLE = "people", "people (the policy's approvers, in the inbox)"
-    AGENT = "agent", "the agent that made the call (passed through)"
+    PEOPLE = "people", _("people (the policy's approvers, in the inbox)")
+    AGENT = "agent", _("the agent that made the call (passed through)")
 
 
 class ApprovalPolicy(models.Model):
@@ -127,6 +132,11 @@ class ApprovalPolicy(models.Model):
     def __str__(self) -> str:
         return f"{self.server.name} · {self.tool}" if self.tool else f"{self.server.name} (every tool)"
 
+    @property
+    def shown_name(self) -> str:
+        """What __str__ says, in the reader's language (a tool's name is a name)."""
+        return str(self) if self.tool else gettext("%(server)s (every tool)") % {"server": self.server.name}
+
     def clean(self) -> None:
         problems = []
         if self.answer_within is not None:
@@ -172,14 +182,14 @@ def deadline_answer_problem(answer) -> str:
 
 
 class WebhookFormat(models.TextChoices):
-    JSON = "json", "JSON, signed"
-    SLACK = "slack", "Slack text"
+    JSON = "json", _("JSON, signed")
+    SLACK = "slack", _("Slack text")
 
 
 class WebhookEvent(models.TextChoices):
-    REQUEST_WAITING = "request.waiting", "a request waits for an answer"
-    DEADLINE_NEAR = "request.deadline_near", "a request's deadline is near"
-    DEFAULT_APPLIED = "request.default_applied", "a default was applied at the deadline"
+    REQUEST_WAITING = "request.waiting", _("a request waits for an answer")
+    DEADLINE_NEAR = "request.deadline_near", _("a request's deadline is near")
+    DEFAULT_APPLIED = "request.default_applied", _("a default was applied at the deadline")
 
 
 class PolicyWebhook(models.Model):
@@ -207,10 +217,10 @@ class PolicyWebhook(models.Model):
 
 
 class DeliveryStatus(models.TextChoices):
-    PENDING = "pending", "sending"
-    DELIVERED = "delivered", "delivered"
-    FAILED = "failed", "gave up"
-    CANCELLED = "cancelled", "not sent: webhook turned off"
+    PENDING = "pending", pgettext_lazy("webhook delivery", "sending")
+    DELIVERED = "delivered", pgettext_lazy("webhook delivery", "delivered")
+    FAILED = "failed", pgettext_lazy("webhook delivery", "gave up")
+    CANCELLED = "cancelled", pgettext_lazy("webhook delivery", "not sent: webhook turned off")
 
 
 class WebhookDelivery(models.Model):

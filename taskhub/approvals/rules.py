@@ -14,10 +14,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.models import Count, Exists, Q, QuerySet, Subquery
+from django.utils.translation import gettext, ngettext
 
 from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms
 from taskhub.approvals import answer_rules
-from taskhub.approvals.models import ApprovalPolicy, AtDeadline, say_duration
+from taskhub.approvals.models import ApprovalPolicy, AtDeadline
 from taskhub.servers.models import Server
 from taskhub.tasks.models import InputRequest, InputRequestState
 
@@ -51,22 +52,41 @@ def effective_policy(server_id: int, tool: str) -> ApprovalPolicy | None:
     return policies.get(tool or "") or policies.get("")
 
 
-def answerer_names(policy: ApprovalPolicy) -> str:
-    """ "finance, olga": the groups, then the named users; "all approvers" when it names none."""
+def answerer_names(policy: ApprovalPolicy, *, none_named: str = "all approvers") -> str:
+    """ "finance, olga": the groups, then the named users; `none_named` when it names none (the API's English
+    by default; a page passes it in the reader's language)."""
     names = sorted(group.name for group in policy.groups.all()) + sorted(
         user.get_username() for user in policy.users.all()
     )
-    return ", ".join(names) if names else "all approvers"
+    return ", ".join(names) if names else none_named
+
+
+def _shown_duration(duration: timedelta) -> str:
+    """say_duration's units in the reader's language (say_duration itself stays what the form reads back)."""
+    seconds = int(duration.total_seconds())
+    if seconds >= 86400 and seconds % 86400 == 0:
+        days = seconds // 86400
+        return ngettext("%(days)d day", "%(days)d days", days) % {"days": days}
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return gettext("%(hours)d h") % {"hours": seconds // 3600}
+    if seconds >= 60 and seconds % 60 == 0:
+        return gettext("%(minutes)d min") % {"minutes": seconds // 60}
+    return gettext("%(seconds)s s") % {"seconds": seconds}
 
 
 def deadline_words(policy: ApprovalPolicy) -> str:
-    """ "within 30 min, then decline the request": the policy's deadline as its page and command say it."""
+    """ "within 30 min, then decline the request": the policy's deadline as its page and command say it (in the
+    language active: a command's is English)."""
     if policy.answer_within is None:
-        return "no deadline"
+        return gettext("no deadline")
     then = policy.get_at_deadline_display()
     if policy.at_deadline == AtDeadline.ESCALATE:
-        then = f"escalate to {policy.escalation_group.name if policy.escalation_group else '(a removed group)'}"
-    return f"within {say_duration(policy.answer_within)}, then {then}"
+        group = policy.escalation_group.name if policy.escalation_group else gettext("(a removed group)")
+        then = gettext("escalate to %(group)s") % {"group": group}
+    return gettext("within %(duration)s, then %(then)s") % {
+        "duration": _shown_duration(policy.answer_within),
+        "then": then,
+    }
 
 
 def _group_ids(user) -> list[int]:

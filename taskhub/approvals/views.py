@@ -3,6 +3,7 @@ deliveries. Thin: the services do the work."""
 
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext
 from django.views.decorators.http import require_POST
 
 from taskhub.accounts.permissions import admin_required
@@ -22,7 +23,11 @@ def policy_list(request):
     if server.isdigit():
         policies = policies.filter(server_id=int(server))
     rows = [
-        {"policy": policy, "answerers": answerer_names(policy), "deadline": deadline_words(policy)}
+        {
+            "policy": policy,
+            "answerers": answerer_names(policy, none_named=gettext("all approvers")),
+            "deadline": deadline_words(policy),
+        }
         for policy in policies
     ]
     return render(request, LIST_TEMPLATE, {"rows": rows})
@@ -44,7 +49,7 @@ def policy_add(request):
         except services.PolicyInvalid as invalid:
             form.add_error(None, str(invalid))
         else:
-            messages.success(request, "The approval policy is saved.")
+            messages.success(request, gettext("The approval policy is saved."))
             return redirect("approvals:list")
     return render(request, FORM_TEMPLATE, {"form": form, "policy": None}, status=400 if form.errors else 200)
 
@@ -77,7 +82,7 @@ def policy_edit(request, policy_id):
         except services.PolicyInvalid as invalid:
             form.add_error(None, str(invalid))
         else:
-            messages.success(request, "The approval policy is saved.")
+            messages.success(request, gettext("The approval policy is saved."))
             return redirect("approvals:list")
     context = {"form": form, "policy": policy, **_webhooks_context(policy)}
     return render(request, FORM_TEMPLATE, context, status=400 if form.errors else 200)
@@ -88,7 +93,7 @@ def policy_edit(request, policy_id):
 def policy_remove(request, policy_id):
     policy = get_object_or_404(ApprovalPolicy, pk=policy_id)
     services.remove_policy(policy=policy, user=request.user)
-    messages.success(request, "The approval policy is removed: every approver answers there now.")
+    messages.success(request, gettext("The approval policy is removed: every approver answers there now."))
     return redirect("approvals:list")
 
 
@@ -103,7 +108,7 @@ def webhook_add(request, policy_id):
         except webhooks.WebhookInvalid as invalid:
             webhook_form.add_error(None, str(invalid))
         else:
-            messages.success(request, "The webhook is added.")
+            messages.success(request, gettext("The webhook is added."))
             return redirect("approvals:edit", policy_id=policy.pk)
     context = {"form": PolicyForm.for_policy(policy), "policy": policy, **_webhooks_context(policy, webhook_form)}
     context["form"].fields["server"].disabled = True
@@ -115,7 +120,10 @@ def webhook_add(request, policy_id):
 def webhook_switch(request, policy_id, webhook_id):
     webhook = get_object_or_404(PolicyWebhook, pk=webhook_id, policy_id=policy_id)
     webhooks.update_webhook(webhook=webhook, enabled=not webhook.enabled, user=request.user)
-    messages.success(request, "The webhook sends deliveries again." if not webhook.enabled else "The webhook is off.")
+    messages.success(
+        request,
+        gettext("The webhook sends deliveries again.") if not webhook.enabled else gettext("The webhook is off."),
+    )
     return redirect("approvals:edit", policy_id=policy_id)
 
 
@@ -124,5 +132,5 @@ def webhook_switch(request, policy_id, webhook_id):
 def webhook_remove(request, policy_id, webhook_id):
     webhook = get_object_or_404(PolicyWebhook, pk=webhook_id, policy_id=policy_id)
     webhooks.remove_webhook(webhook=webhook, user=request.user)
-    messages.success(request, "The webhook is removed, with its deliveries.")
+    messages.success(request, gettext("The webhook is removed, with its deliveries."))
     return redirect("approvals:edit", policy_id=policy_id)

@@ -6,6 +6,8 @@ from collections import defaultdict
 
 from django import apps, forms
 from django.db.models import F
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from taskhub.audit.events import AUDIT_EVENTS
 from taskhub.audit.models import agent_label
@@ -13,11 +15,11 @@ from taskhub.servers.forms import ServerChoiceField
 from taskhub.servers.models import Server
 
 GROUP_NAMES = {
-    "server": "Servers",
-    "task": "Tasks",
-    "input": "Input requests",
-    "api_token": "API tokens",
-    "audit": "Audit trail",
+    "server": _("Servers"),
+    "task": _("Tasks"),
+    "input": _("Input requests"),
+    "api_token": _("API tokens"),
+    "audit": _("Audit trail"),
 }
 
 
@@ -25,8 +27,10 @@ def action_choices() -> list:
     """The registry as a select: grouped by the part before the dot, each option saying what it means."""
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for code, description in AUDIT_EVENTS.items():
-        groups[code.split(".", 1)[0]].append((code, f"{description} ({code})"))
-    return [("", "any action")] + [(GROUP_NAMES.get(prefix, prefix), options) for prefix, options in groups.items()]
+        groups[code.split(".", 1)[0]].append((code, f"{gettext(description)} ({code})"))
+    return [("", gettext("any action"))] + [
+        (GROUP_NAMES.get(prefix, prefix), options) for prefix, options in groups.items()
+    ]
 
 
 ANY_AGENT = "any"
@@ -37,15 +41,15 @@ def agent_choices() -> list[tuple[str, str]]:
     """Every API token (the audit page is for admins), by the model's label: the audit readers never import the API."""
     tokens = apps.apps.get_model("api", "ApiToken").objects.select_related("user").order_by("revoked_at", "name", "pk")
     return [
-        ("", "people and agents"),
-        (ANY_AGENT, "done through an agent"),
-        (NO_AGENT, "done without one"),
+        ("", gettext("people and agents")),
+        (ANY_AGENT, gettext("done through an agent")),
+        (NO_AGENT, gettext("done without one")),
         *(
             (
                 str(token.pk),
                 agent_label({"name": token.name, "prefix": token.prefix})
                 + f" · {token.user.get_username()}"
-                + (" · revoked" if token.revoked_at else ""),
+                + (" · " + gettext("revoked") if token.revoked_at else ""),
             )
             for token in tokens
         ),
@@ -67,7 +71,7 @@ def parse_utc(text: str, *, end_of_day: bool) -> datetime.datetime:
         moment = datetime.datetime.fromisoformat(text.replace(" ", "T", 1))
     except ValueError:
         raise forms.ValidationError(
-            "“%(value)s” is not a date or time. Use YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC).",
+            _("“%(value)s” is not a date or time. Use YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC)."),
             code="invalid",
             params={"value": text[:40]},
         ) from None
@@ -90,55 +94,59 @@ class UTCMomentField(forms.CharField):
 
 
 PEOPLE, SYSTEM, EVERYONE = "people", "system", "all"
-MADE_BY = ((PEOPLE, "people's actions"), (SYSTEM, "taskhub's own (system, worker)"), (EVERYONE, "everything"))
+MADE_BY = (
+    (PEOPLE, _("people's actions")),
+    (SYSTEM, _("taskhub's own (system, worker)")),
+    (EVERYONE, _("everything")),
+)
 
 
 class AuditFilterForm(forms.Form):
     # People's actions unless asked otherwise: what a person decided is what the page is read for; the worker's
     # own records (status changes, deliveries, retries) are one click away.
-    made_by = forms.ChoiceField(required=False, label="Made by", choices=MADE_BY)
+    made_by = forms.ChoiceField(required=False, label=_("Made by"), choices=MADE_BY)
     actor = forms.CharField(
         required=False,
         max_length=150,
-        label="Actor",
-        widget=forms.TextInput(attrs={"placeholder": "alice, system, worker…", "autocomplete": "off"}),
+        label=_("Actor"),
+        widget=forms.TextInput(attrs={"placeholder": _("alice, system, worker…"), "autocomplete": "off"}),
     )
-    actor_exact = forms.BooleanField(required=False, label="exact name")
+    actor_exact = forms.BooleanField(required=False, label=_("exact name"))
     agent = forms.ChoiceField(
         required=False,
-        label="Agent (API token)",
+        label=_("Agent (API token)"),
         choices=agent_choices,
-        error_messages={"invalid_choice": "There is no API token “%(value)s”. Choose one from the list."},
+        error_messages={"invalid_choice": _("There is no API token “%(value)s”. Choose one from the list.")},
     )
     action = forms.ChoiceField(
         required=False,
-        label="Action",
+        label=_("Action"),
         choices=action_choices,
         error_messages={
-            "invalid_choice": "“%(value)s” is not an audit action taskhub records. Choose one from the list."
+            "invalid_choice": _("“%(value)s” is not an audit action taskhub records. Choose one from the list.")
         },
     )
     server = ServerChoiceField(  # removed servers too: their history stays readable, named "(removed)"
         required=False,
-        label="Server",
+        label=_("Server"),
         queryset=Server.objects.order_by("name", F("removed_at").desc(nulls_first=True)),
-        empty_label="any server",
-        error_messages={"invalid_choice": "That server does not exist (any more). Choose one from the list."},
+        empty_label=_("any server"),
+        error_messages={"invalid_choice": _("That server does not exist (any more). Choose one from the list.")},
     )
     task = forms.CharField(
         required=False,
         max_length=80,
-        label="Task id",
-        widget=forms.TextInput(attrs={"placeholder": "full task id", "autocomplete": "off", "spellcheck": "false"}),
+        label=_("Task id"),
+        widget=forms.TextInput(attrs={"placeholder": _("full task id"), "autocomplete": "off", "spellcheck": "false"}),
     )
-    since = UTCMomentField(label="From (UTC)")
-    until = UTCMomentField(label="To (UTC)", end_of_day=True)
+    since = UTCMomentField(label=_("From (UTC)"))
+    until = UTCMomentField(label=_("To (UTC)"), end_of_day=True)
     q = forms.CharField(
         required=False,
         max_length=200,
-        label="Search",
-        help_text="actor, action and event details",
-        widget=forms.TextInput(attrs={"type": "search", "placeholder": "text in the event", "autocomplete": "off"}),
+        label=_("Search"),
+        help_text=_("actor, action and event details"),
+        widget=forms.TextInput(attrs={"type": "search", "placeholder": _("text in the event"), "autocomplete": "off"}),
     )
 
     def clean_made_by(self) -> str:
@@ -152,7 +160,7 @@ class AuditFilterForm(forms.Form):
             return uuid.UUID(text)
         except ValueError:
             raise forms.ValidationError(
-                "“%(value)s” is not a task id. Paste the whole id (the copy button next to a task id gives it).",
+                _("“%(value)s” is not a task id. Paste the whole id (the copy button next to a task id gives it)."),
                 code="invalid",
                 params={"value": text[:40]},
             ) from None
@@ -161,7 +169,7 @@ class AuditFilterForm(forms.Form):
         cleaned = super().clean()
         since, until = cleaned.get("since"), cleaned.get("until")
         if since and until and since > until:
-            self.add_error("until", "“To” is before “From”: swap them, or clear one.")
+            self.add_error("until", _("“To” is before “From”: swap them, or clear one."))
         return cleaned
 
     def active_filters(self) -> dict[str, str]:

@@ -11,6 +11,8 @@ import re
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from taskhub.mcp.secret_urls import has_secrets, mask_url
 from taskhub.servers.models import Server, Transport, validate_roots
@@ -51,14 +53,23 @@ def parse_headers(text: str) -> dict[str, str]:
         name, colon, value = line.partition(":")
         name, value = name.strip(), value.strip()
         if not colon or not name:
-            problems.append(f"Line {number} is not of the form “Name: value”.")
+            problems.append(gettext("Line %(number)s is not of the form “Name: value”.") % {"number": number})
         elif not HEADER_NAME.match(name):
-            problems.append(f"Line {number}: a header name has only letters, digits and - _ . (no spaces).")
+            problems.append(
+                gettext("Line %(number)s: a header name has only letters, digits and - _ . (no spaces).")
+                % {"number": number}
+            )
         elif name.lower() in RESERVED_HEADERS:
-            what = "the bearer token field" if name.lower() == "authorization" else "taskhub itself"
-            problems.append(f"Line {number}: the {name} header is set by {what}.")
+            said = (
+                gettext("Line %(number)s: the %(name)s header is set by the bearer token field.")
+                if name.lower() == "authorization"
+                else gettext("Line %(number)s: the %(name)s header is set by taskhub itself.")
+            )
+            problems.append(said % {"number": number, "name": name})
         elif not value:
-            problems.append(f"Line {number}: the header {name} has no value.")
+            problems.append(
+                gettext("Line %(number)s: the header %(name)s has no value.") % {"number": number, "name": name}
+            )
         else:
             headers[name] = value
     if problems:
@@ -73,9 +84,12 @@ def parse_env(text: str) -> dict[str, str]:
         name, equals, value = line.partition("=")
         name = name.strip()
         if not equals or not name:
-            problems.append(f"Line {number} is not of the form “NAME=value”.")
+            problems.append(gettext("Line %(number)s is not of the form “NAME=value”.") % {"number": number})
         elif not ENV_NAME.match(name):
-            problems.append(f"Line {number}: a variable name has only letters, digits and _, not first a digit.")
+            problems.append(
+                gettext("Line %(number)s: a variable name has only letters, digits and _, not first a digit.")
+                % {"number": number}
+            )
         else:
             env[name] = value
     if problems:
@@ -84,9 +98,10 @@ def parse_env(text: str) -> dict[str, str]:
 
 
 class ServerForm(forms.Form):
-    name = forms.CharField(max_length=100, help_text="How people will see this server in taskhub.")
+    name = forms.CharField(max_length=100, label=_("Name"), help_text=_("How people will see this server in taskhub."))
     transport = forms.ChoiceField(
-        choices=[(Transport.HTTP, "Streamable HTTP"), (Transport.STDIO, "stdio (a program taskhub starts)")],
+        label=_("Transport"),
+        choices=[(Transport.HTTP, "Streamable HTTP"), (Transport.STDIO, _("stdio (a program taskhub starts)"))],
         widget=forms.RadioSelect,
         initial=Transport.HTTP,
     )
@@ -94,7 +109,7 @@ class ServerForm(forms.Form):
         label="URL",
         max_length=2000,
         required=False,
-        help_text=(
+        help_text=_(
             "The Streamable HTTP endpoint, e.g. https://mcp.example.com/mcp. A user:password@ in it is stored as an"
             " encrypted Basic authorization header; secret query values (token, api_key, …) are stored encrypted"
             " and shown as ***."
@@ -104,82 +119,94 @@ class ServerForm(forms.Form):
     command = forms.CharField(
         max_length=1000,
         required=False,
-        help_text="The program to start, e.g. /usr/bin/python3 or npx.",
+        label=_("Command"),
+        help_text=_("The program to start, e.g. /usr/bin/python3 or npx."),
         widget=forms.TextInput(attrs={"spellcheck": "false"}),
     )
     args = forms.CharField(
-        label="Arguments",
+        label=_("Arguments"),
         required=False,
-        help_text="One argument per line, as the program receives it (no shell quoting).",
+        help_text=_("One argument per line, as the program receives it (no shell quoting)."),
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
     )
     enabled = forms.BooleanField(
-        required=False, initial=True, help_text="Operators launch tools only on enabled servers."
+        required=False, initial=True, label=_("Enabled"), help_text=_("Operators launch tools only on enabled servers.")
     )
     max_concurrent_jobs = forms.IntegerField(
-        label="Max concurrent jobs",
+        label=_("Max concurrent jobs"),
         required=False,
         min_value=1,
         max_value=1000,
-        help_text="How many of this server's launches, answers and cancels one worker runs at once. Empty: the"
-        " worker's default (TASKHUB_MAX_JOBS_PER_SERVER, a quarter of its job slots).",
+        help_text=_(
+            "How many of this server's launches, answers and cancels one worker runs at once. Empty: the"
+            " worker's default (TASKHUB_MAX_JOBS_PER_SERVER, a quarter of its job slots)."
+        ),
     )
     call_timeout_seconds = forms.IntegerField(
-        label="Call timeout (seconds)",
+        label=_("Call timeout (seconds)"),
         required=False,
         min_value=1,
         max_value=3600,
-        help_text="How long a launch waits for the tool call to answer. Empty: TASKHUB_LAUNCH_TIMEOUT_SECONDS (120).",
+        help_text=_(
+            "How long a launch waits for the tool call to answer. Empty: TASKHUB_LAUNCH_TIMEOUT_SECONDS (120)."
+        ),
     )
     question_wait_seconds = forms.IntegerField(
-        label="Question wait (seconds)",
+        label=_("Question wait (seconds)"),
         required=False,
         min_value=10,
         max_value=86400,
-        help_text="How long a call waits for a person to answer a question the server asks in the middle of it"
-        " (classic elicitation); the time does not count against the call timeout. Then the server is told the"
-        " question was cancelled. Empty: TASKHUB_QUESTION_WAIT_SECONDS (600).",
+        help_text=_(
+            "How long a call waits for a person to answer a question the server asks in the middle of it"
+            " (classic elicitation); the time does not count against the call timeout. Then the server is told the"
+            " question was cancelled. Empty: TASKHUB_QUESTION_WAIT_SECONDS (600)."
+        ),
     )
     roots = forms.CharField(
-        label="Roots",
+        label=_("Roots"),
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
-        help_text="What taskhub answers when the server asks for the client's roots (roots/list, 2025 revisions): one"
-        " file:// URI per line, optionally followed by a space and a name, e.g. file:///srv/repo Repository. Empty:"
-        " no roots. A new list is announced at once to the server's open sessions.",
+        help_text=_(
+            "What taskhub answers when the server asks for the client's roots (roots/list, 2025 revisions): one"
+            " file:// URI per line, optionally followed by a space and a name, e.g. file:///srv/repo Repository."
+            " Empty: no roots. A new list is announced at once to the server's open sessions."
+        ),
     )
     sampling_declined = forms.BooleanField(
-        label="Decline sampling",
+        label=_("Decline sampling"),
         required=False,
-        help_text="Refuse sampling/createMessage outright. Otherwise a server that asks for a model's message in the"
-        " middle of a call gets one written by a person, in the inbox like any other request.",
+        help_text=_(
+            "Refuse sampling/createMessage outright. Otherwise a server that asks for a model's message in the"
+            " middle of a call gets one written by a person, in the inbox like any other request."
+        ),
     )
     bearer_token = forms.CharField(
         required=False,
         strip=True,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="HTTP: sent as “Authorization: Bearer …”.",
+        label=_("Bearer token"),
+        help_text=_("HTTP: sent as “Authorization: Bearer …”."),
     )
-    remove_bearer_token = forms.BooleanField(required=False, label="Remove the stored token")
+    remove_bearer_token = forms.BooleanField(required=False, label=_("Remove the stored token"))
     headers = forms.CharField(
-        label="Extra HTTP headers",
+        label=_("Extra HTTP headers"),
         required=False,
         strip=False,
         widget=SecretLines(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off"}),
-        help_text="One “Name: value” per line, e.g. X-Api-Key: …",
+        help_text=_("One “Name: value” per line, e.g. X-Api-Key: …"),
     )
     remove_headers = forms.MultipleChoiceField(
-        label="Remove headers", required=False, widget=forms.CheckboxSelectMultiple, choices=()
+        label=_("Remove headers"), required=False, widget=forms.CheckboxSelectMultiple, choices=()
     )
     env = forms.CharField(
-        label="Environment",
+        label=_("Environment"),
         required=False,
         strip=False,
         widget=SecretLines(attrs={"rows": 3, "spellcheck": "false", "autocomplete": "off"}),
-        help_text="stdio: one NAME=value per line, added to the program's environment.",
+        help_text=_("stdio: one NAME=value per line, added to the program's environment."),
     )
     remove_env = forms.MultipleChoiceField(
-        label="Remove variables", required=False, widget=forms.CheckboxSelectMultiple, choices=()
+        label=_("Remove variables"), required=False, widget=forms.CheckboxSelectMultiple, choices=()
     )
 
     def __init__(self, *args, server: Server | None = None, **kwargs):
@@ -208,12 +235,13 @@ class ServerForm(forms.Form):
         self.fields["remove_env"].choices = [(name, name) for name in self.stored_env]
         if server is not None:
             self.fields["bearer_token"].help_text = (
-                "A token is stored; leave blank to keep it, or type a new one to replace it."
+                gettext("A token is stored; leave blank to keep it, or type a new one to replace it.")
                 if self.has_token
-                else "No token is stored. " + self.fields["bearer_token"].help_text
+                else gettext("No token is stored.") + " " + str(self.fields["bearer_token"].help_text)
             )
-            self.fields["headers"].help_text += " A name already set gets the new value."
-            self.fields["env"].help_text += " A name already set gets the new value."
+            already_set = gettext("A name already set gets the new value.")
+            self.fields["headers"].help_text = f"{self.fields['headers'].help_text} {already_set}"
+            self.fields["env"].help_text = f"{self.fields['env'].help_text} {already_set}"
 
     def clean_headers(self):
         return parse_headers(self.cleaned_data.get("headers", ""))
@@ -240,11 +268,13 @@ class ServerForm(forms.Form):
         data = super().clean()
         transport = data.get("transport")
         if transport == Transport.HTTP and not data.get("url"):
-            self.add_error("url", "A Streamable HTTP server needs its URL.")
+            self.add_error("url", gettext("A Streamable HTTP server needs its URL."))
         if transport == Transport.STDIO and not data.get("command"):
-            self.add_error("command", "A stdio server needs the command that starts it.")
+            self.add_error("command", gettext("A stdio server needs the command that starts it."))
         if data.get("bearer_token") and data.get("remove_bearer_token"):
-            self.add_error("remove_bearer_token", "Either type a new token or remove the stored one, not both.")
+            self.add_error(
+                "remove_bearer_token", gettext("Either type a new token or remove the stored one, not both.")
+            )
         return data
 
     @property
@@ -291,7 +321,7 @@ class ServerChoiceField(forms.ModelChoiceField):
     """A choice of server that names a removed one as such (its name may have been taken by a new server)."""
 
     def label_from_instance(self, obj: Server) -> str:
-        return f"{obj.name} (removed)" if obj.removed_at is not None else obj.name
+        return gettext("%(server)s (removed)") % {"server": obj.name} if obj.removed_at is not None else obj.name
 
 
 class InUseServerSelect(forms.Select):

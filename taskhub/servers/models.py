@@ -2,6 +2,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
 from taskhub.mcp.client import HttpTarget, OwnAnswers, ServerTarget, StdioTarget
@@ -13,7 +15,7 @@ NAME_TAKEN = "server_name_taken"
 
 class Transport(models.TextChoices):
     HTTP = "http", "Streamable HTTP"
-    STDIO = "stdio", "stdio subprocess"
+    STDIO = "stdio", _("stdio subprocess")
 
 
 MAX_ROOTS = 50
@@ -224,10 +226,10 @@ class ServerAuthorization(models.Model):
 
 
 class ProcessState(models.TextChoices):
-    STARTING = "starting", "starting"
-    RUNNING = "running", "running"
-    RESTARTING = "restarting", "exited, restarting"
-    STOPPED = "stopped", "stopped"
+    STARTING = "starting", pgettext_lazy("process state", "starting")
+    RUNNING = "running", pgettext_lazy("process state", "running")
+    RESTARTING = "restarting", pgettext_lazy("process state", "exited, restarting")
+    STOPPED = "stopped", pgettext_lazy("process state", "stopped")
 
 
 # The last lines a stdio server wrote on stderr, kept for its page (redacted, each line capped).

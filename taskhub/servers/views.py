@@ -82,7 +82,7 @@ def server_add(request):
     if request.method == "POST" and form.is_valid():
         server = _save(request, form, None)
         if server is not None:
-            messages.success(request, f"Server {server.name} added.")
+            messages.success(request, gettext("Server %(server)s added.") % {"server": server.name})
             return redirect("servers:detail", server_id=server.pk)
     status = 400 if form.is_bound else 200
     return render(request, "servers/form.html", {"form": form, "server": None}, status=status)
@@ -92,13 +92,15 @@ def server_add(request):
 def server_edit(request, server_id):
     server = get_object_or_404(Server, pk=server_id)
     if server.removed_at is not None:
-        messages.error(request, f"The server {server.name} was removed; it cannot be edited.")
+        messages.error(
+            request, gettext("The server %(server)s was removed; it cannot be edited.") % {"server": server.name}
+        )
         return redirect("servers:detail", server_id=server.pk)
     form = ServerForm(request.POST or None, server=server)
     if request.method == "POST" and form.is_valid():
         saved = _save(request, form, server)
         if saved is not None:
-            messages.success(request, f"Server {saved.name} saved.")
+            messages.success(request, gettext("Server %(server)s saved.") % {"server": saved.name})
             return redirect("servers:detail", server_id=saved.pk)
     status = 400 if form.is_bound else 200
     return render(request, "servers/form.html", {"form": form, "server": server}, status=status)
@@ -156,14 +158,21 @@ def server_remove(request, server_id):
     """A confirmation page saying what removing does to the server's tasks; its form's POST removes it."""
     server = get_object_or_404(Server.objects.select_related("removed_by"), pk=server_id)
     if server.removed_at is not None:
-        messages.info(request, f"The server {server.name} was removed already.")
+        messages.info(request, gettext("The server %(server)s was removed already.") % {"server": server.name})
         return redirect("servers:detail", server_id=server.pk)
     if request.method == "POST":
         if request.POST.get("confirm") != server.name:
-            messages.error(request, f"Nothing was removed: type the server's name, {server.name}, to confirm.")
+            messages.error(
+                request,
+                gettext("Nothing was removed: type the server's name, %(server)s, to confirm.")
+                % {"server": server.name},
+            )
             return render(request, "servers/remove.html", _removal_context(server), status=400)
         services.remove_server(server=server, user=request.user)
-        messages.success(request, f"Server {server.name} removed. Its tasks and their history stay readable.")
+        messages.success(
+            request,
+            gettext("Server %(server)s removed. Its tasks and their history stay readable.") % {"server": server.name},
+        )
         return redirect("servers:list")
     return render(request, "servers/remove.html", _removal_context(server))
 

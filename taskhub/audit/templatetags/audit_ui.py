@@ -10,6 +10,7 @@ from typing import Any
 
 from django import template
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext
 
 register = template.Library()
 
@@ -44,7 +45,7 @@ def audit_details(data: Any) -> str:
         body = format_html(
             '<dl class="audit-data">{}{}</dl>',
             format_html_join("", "<div><dt>{}</dt><dd>{}</dd></div>", pairs),
-            format_html('<div class="more">+{} more</div>', more) if more > 0 else "",
+            format_html('<div class="more">{}</div>', gettext("+%(count)s more") % {"count": more}) if more > 0 else "",
         )
     else:
         text, truncated = capped(as_text(data), VALUE_CHARS)
@@ -53,5 +54,5 @@ def audit_details(data: Any) -> str:
         return body
     full, _ = capped(json.dumps(data, ensure_ascii=False, indent=2, default=str), FULL_CHARS)
     return format_html(
-        '{}<details class="audit-full"><summary>all details</summary><pre>{}</pre></details>', body, full
+        '{}<details class="audit-full"><summary>{}</summary><pre>{}</pre></details>', body, gettext("all details"), full
     )
