@@ -466,3 +466,24 @@ def test_a_digest_leaves_out_the_requests_answered_before_it_went(alpha, people,
     services.answer_input(input_request=request, response={"action": "decline"}, user=people["bob"])
     assert digest.send_digest(user_id=people["bob"].pk) == "nothing to mail"
     assert mails_to("bob@example.com") == []
+
+
+def test_a_digest_is_written_in_the_language_its_reader_chose(alpha, people, on_commit):
+    """ada chose Chinese on her profile: her digest's subject, headings and words are Chinese, what the server asked
+    is as sent; bob chose nothing, and a mail has no browser to ask: English."""
+    from taskhub.accounts.models import Profile
+
+    Profile.objects.create(user=people["ada"], language="zh-hans")
+    with on_commit():
+        launched_asking(alpha, people["olga"], {"q": ask("Deploy build 7?"), "r": ask("Roll back?")})
+    digest.send_digest(user_id=people["ada"].pk)
+    digest.send_digest(user_id=people["bob"].pk)
+    chinese, english = mails_to("ada@example.com")[0], mails_to("bob@example.com")[0]
+    assert chinese.subject == "taskhub: 2 个请求在等你回答"
+    assert chinese.body.startswith("你好") and re.search(r"服务器消息\W+ Deploy build 7\?", chinese.body)
+    assert "你的收件箱" in chinese.body and "Your inbox" not in chinese.body
+    html = chinese.alternatives[0][0]
+    assert '<html lang="zh-hans">' in html and "服务器消息" in html and "选择你要接收的邮件" in html
+    assert english.subject == "taskhub: 2 requests wait for you"
+    assert english.body.startswith("Hello bob,") and "server says: Deploy build 7?" in english.body
+    assert '<html lang="en">' in english.alternatives[0][0]

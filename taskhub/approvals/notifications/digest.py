@@ -3,6 +3,8 @@ straight to each card (the first LINKS_PER_KIND of each kind; "and 180 more" lin
 
 Every string that came from an MCP server (a request's message, a tool's name) is cut to one line of at most
 TEXT_MAX_CHARS and escaped in the HTML part by the template; the subject carries only counts and taskhub's words.
+The mail is written in the language the person chose on their profile (none chosen: LANGUAGE_CODE, English: a mail has
+no browser to ask).
 """
 
 import datetime
@@ -20,12 +22,15 @@ from django.db import transaction
 from django.db.models import F
 from django.template.loader import render_to_string
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext, ngettext_lazy
+from django.utils.translation import gettext_lazy as _
 
+from taskhub.accounts.models import Profile
 from taskhub.approvals.models import MailEvent, NotificationKind, NotificationPreferences
 from taskhub.approvals.notifications import outbox, recipients
 from taskhub.audit.services import WORKER, record_event
-from taskhub.tasks.models import GATE_METHOD, InputRequestState
+from taskhub.tasks.models import GATE_METHOD, InputRequestState, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +43,23 @@ ERROR_MAX_CHARS = 500
 FAILURES_AT_MOST = 42
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
-# How the subject and the headings count each kind: (one, many).
+# How the subject and the headings count each kind.
 PHRASES = {
-    NotificationKind.REQUEST_WAITING: ("{n} request waits for you", "{n} requests wait for you"),
-    NotificationKind.DEADLINE_NEAR: ("{n} answer deadline is near", "{n} answer deadlines are near"),
-    NotificationKind.DEFAULT_APPLIED: ("{n} default was applied", "{n} defaults were applied"),
-    NotificationKind.TASK_FINISHED: ("{n} task you launched finished", "{n} tasks you launched finished"),
+    NotificationKind.REQUEST_WAITING: ngettext_lazy("%(n)s request waits for you", "%(n)s requests wait for you", "n"),
+    NotificationKind.DEADLINE_NEAR: ngettext_lazy(
+        "%(n)s answer deadline is near", "%(n)s answer deadlines are near", "n"
+    ),
+    NotificationKind.DEFAULT_APPLIED: ngettext_lazy("%(n)s default was applied", "%(n)s defaults were applied", "n"),
+    NotificationKind.TASK_FINISHED: ngettext_lazy(
+        "%(n)s task you launched finished", "%(n)s tasks you launched finished", "n"
+    ),
 }
 OUTCOMES = {
-    "declined": "taskhub declined it",
-    "cancelled": "taskhub cancelled the task",
-    "answered": "taskhub sent the policy's answer",
-    "escalated": "handed to the escalation group",
-    "not approved": "the launch was not approved",
+    "declined": _("taskhub declined it"),
+    "cancelled": _("taskhub cancelled the task"),
+    "answered": _("taskhub sent the policy's answer"),
+    "escalated": _("handed to the escalation group"),
+    "not approved": _("the launch was not approved"),
 }
 
 
@@ -61,8 +70,7 @@ def one_line(text: Any, limit: int = TEXT_MAX_CHARS) -> str:
 
 
 def counted(kind: str, n: int) -> str:
-    one, many = PHRASES[NotificationKind(kind)]
-    return (one if n == 1 else many).format(n=n)
+    return PHRASES[NotificationKind(kind)] % {"n": n}
 
 
 def link(path: str) -> str:
@@ -89,22 +97,30 @@ class Section:
 
 def _item(event: MailEvent) -> Item:
     task = event.task
-    where = f"{one_line(task.tool, 100)} on {one_line(task.server.name, 100)}" if task is not None else ""
+    where = (
+        gettext("%(tool)s on %(server)s")
+        % {"tool": one_line(task.tool, 100), "server": one_line(task.server.name, 100)}
+        if task is not None
+        else ""
+    )
     url = link(reverse("tasks:detail", args=[task.pk])) if task is not None else link(reverse("tasks:inbox"))
     text, note, from_server = where, "", False
     if event.input_request is not None:
         params = event.input_request.params if isinstance(event.input_request.params, dict) else {}
         text = one_line(params.get("message"))
         from_server = bool(text) and event.input_request.method != GATE_METHOD  # taskhub words its gate itself
-        text = text or f"{where} asks for input"
+        text = text or gettext("%(where)s asks for input") % {"where": where}
         url += f"#ir-{event.input_request.pk}"
     if event.kind == NotificationKind.DEADLINE_NEAR and event.detail.get("deadline"):
-        note = f"answer by {_when(event.detail['deadline'])}"
+        note = gettext("answer by %(when)s") % {"when": _when(event.detail["deadline"])}
     elif event.kind == NotificationKind.DEFAULT_APPLIED:
         outcome = one_line(event.detail.get("outcome"), 40)
-        note = OUTCOMES.get(outcome, f"taskhub applied the default: {outcome}" if outcome else "")
+        said = gettext("taskhub applied the default: %(outcome)s") % {"outcome": outcome} if outcome else ""
+        note = str(OUTCOMES.get(outcome, said))
     elif event.kind == NotificationKind.TASK_FINISHED:
-        note = f"ended {one_line(event.detail.get('status'), 40)}"
+        status = one_line(event.detail.get("status"), 40)
+        shown = TaskStatus(status).label if status in TaskStatus.values else status
+        note = gettext("ended %(status)s") % {"status": shown}
     return Item(text=text, where=where, note=note, url=url, from_server=from_server)
 
 
@@ -120,6 +136,12 @@ def _when(iso: Any) -> str:
 
 
 def build(user, events: list[MailEvent]) -> EmailMultiAlternatives:
+    language = Profile.objects.filter(user=user).values_list("language", flat=True).first()
+    with translation.override(language or settings.LANGUAGE_CODE):
+        return _build(user, events)
+
+
+def _build(user, events: list[MailEvent]) -> EmailMultiAlternatives:
     sections = []
     for kind in NotificationKind:
         of_kind = [event for event in events if event.kind == kind]
