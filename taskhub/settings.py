@@ -352,6 +352,9 @@ TASKHUB_BULK_CANCEL_MAX = int(os.environ.get("TASKHUB_BULK_CANCEL_MAX", "1000"))
 # How long a launch waits for tools/call to answer (a synchronous tool may take a while); a server's own
 # "call timeout" overrides it, up to TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS.
 TASKHUB_LAUNCH_TIMEOUT_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_SECONDS", "120"))
+# Launches and answers for a server that needs an admin to connect it again (its OAuth token could not be refreshed)
+# wait, nothing sent: their jobs look again this often until it is connected (issue 33).
+TASKHUB_AUTHORIZATION_WAIT_SECONDS = float(os.environ.get("TASKHUB_AUTHORIZATION_WAIT_SECONDS", "10"))
 TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS = float(os.environ.get("TASKHUB_LAUNCH_TIMEOUT_CAP_SECONDS", "3600"))
 # How long a call waits for a person to answer a question its server asks in the middle of it (a classic
 # elicitation/create); a server's own setting overrides it. Then the server is told the question was cancelled.

@@ -19,6 +19,7 @@ for name, value in {
     "TASKHUB_DELIVERY_TIMEOUT_SECONDS": "9",
     "TASKHUB_DELIVERY_SETTLE_SECONDS": "10.5",
     "TASKHUB_POLL_BACKOFF_CAP_SECONDS": "2",
+    "TASKHUB_AUTHORIZATION_WAIT_SECONDS": "1",
 }.items():
     os.environ.setdefault(name, value)
 

@@ -44,7 +44,7 @@ def connected(protected_demo, *, expires_in_s: float) -> tuple[Server, DatabaseT
     issuer = protected_demo.url
     resource = f"{issuer}/mcp"
     protected_demo.provider.clients[CLIENT_ID] = protected_demo.provider.registered(
-        client_id=CLIENT_ID, client_secret=CLIENT_SECRET, redirect_uri="http://127.0.0.1/servers/oauth/callback"
+        client_id=CLIENT_ID, client_secret=CLIENT_SECRET, redirect_uri="http://testserver/servers/oauth/callback"
     )
     server = create_server(name="guarded", transport="http", url=resource, user=None)
     store = DatabaseTokenStore(server_id=server.pk, resource=resource)

@@ -14,7 +14,7 @@ from taskhub.mcp.client import Discovery
 from taskhub.mcp.secret_urls import mask_urls_in, masked_parameters, split_secrets
 from taskhub.servers import hooks
 from taskhub.servers.errors import ServerConfigInvalid, ServerRemoved
-from taskhub.servers.models import NAME_TAKEN, Server, Transport
+from taskhub.servers.models import NAME_TAKEN, Server, ServerAuthorization, Transport
 from taskhub.servers.policy import server_address_policy
 
 SECRET_FIELDS = frozenset({"env", "headers", "bearer_token", "url_secrets"})
@@ -291,3 +291,11 @@ def _mark_reachable(server: Server, now) -> bool:
     server.last_success_at = now
     server.unreachable_since = None
     return was_unreachable
+
+
+def needs_reauthorization(*, server_id: int) -> bool:
+    """Whether the server, connected through OAuth, waits for an admin to connect it again (issue 33): launches and
+    answers for it wait meanwhile."""
+    return ServerAuthorization.objects.filter(
+        server_id=server_id, server__oauth=True, needs_reauthorization_since__isnull=False
+    ).exists()

@@ -107,6 +107,18 @@ class NotBefore(Exception):
         self.retry_at = retry_at
 
 
+class AwaitingAuthorization(Exception):
+    """The server needs an admin to connect it again (its OAuth token could not be refreshed): nothing was sent. The
+    job waits, its attempt given back, and looks again every TASKHUB_AUTHORIZATION_WAIT_SECONDS until it is
+    connected; then it goes out, once (issue 33)."""
+
+
+async def wait_if_awaiting_authorization(server: Server, error: BaseException | None = None) -> None:
+    """Raise AwaitingAuthorization when `server` needs re-authorization now (a query for OAuth servers only)."""
+    if server.oauth and await db(server_services.needs_reauthorization, server_id=server.pk):
+        raise AwaitingAuthorization(f"the server {server.name!r} needs an admin to connect it again") from error
+
+
 class ServerUnreachable(NotBefore):
     """The server could not be reached before anything was sent; retrying (at `retry_at`, which the task shows as
     its next try) is safe."""
@@ -130,6 +142,9 @@ class Backoff(BaseRetryStrategy):
         if isinstance(exception, NotOwner):  # nothing was done; to the worker running the server's process
             wait = 0.0 if exception.queue != job.queue else BUSY_RETRY_SECONDS
             return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait), queue=exception.queue)
+        if isinstance(exception, AwaitingAuthorization):  # nothing was done; its attempt is given back too
+            wait = settings.TASKHUB_AUTHORIZATION_WAIT_SECONDS * random.uniform(0.8, 1.2)
+            return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
         if isinstance(exception, ServerBusy):  # nothing was done; its attempt is given back (give_back_attempt)
             wait = BUSY_RETRY_SECONDS * random.uniform(0.5, 1.5)
             return RetryDecision(retry_at=timezone.now() + datetime.timedelta(seconds=wait))
@@ -200,7 +215,7 @@ async def launch_task(context, task_id: str, declares_tasks: bool = True) -> str
             attempts_before=context.job.attempts,
             declares_tasks=declares_tasks,
         )
-    except (ServerBusy, NotOwner):
+    except (ServerBusy, NotOwner, AwaitingAuthorization):
         await give_back_attempt(context.job)
         raise
     except (Exception, asyncio.CancelledError) as error:
@@ -241,6 +256,7 @@ async def launch(
         error = {"message": f"The tool call was not sent: the server {task.server.name!r} is disabled."}
         await db(services.record_launch_failure, task=task, error=error, sent=False)
         return "server disabled"
+    await wait_if_awaiting_authorization(task.server)
     owned = stdio.owned_client(task.server)  # a stdio server's process, if this worker runs it; else NotOwner
     slot = SLOTS.slot(task.server)
     await slot.take()
@@ -302,6 +318,7 @@ async def _send_launch(
             )
             raise ServerUnreachable(why, retry_at=retry_at) from error
         except Exception as error:  # refused credentials, a broken discovery answer…: retrying will not help
+            await wait_if_awaiting_authorization(task.server, error)  # unless an admin's Connect will
             await db(services.record_launch_failure, task=task, error=_not_sent(error), sent=False)
             return "not sent"
         if task.server.unreachable_since is not None:  # a launch reached it: its outage is over
@@ -429,7 +446,7 @@ async def deliver_answer(context, input_request_id: int, server_id: int | None =
             return await deliver(input_request_id, last_attempt=last_attempt, server_id=server_id)
         except LeaseLost as lost:  # paused past its lease: the process is another worker's now; nothing was sent
             raise NotOwner(lost=lost) from lost
-    except (ServerBusy, NotOwner):
+    except (ServerBusy, NotOwner, AwaitingAuthorization):
         await give_back_attempt(context.job)
         raise
 
@@ -555,6 +572,7 @@ async def _deliver(
         error = {"message": f"The answer was not sent: the server {task.server.name!r} was removed."}
         await db(services.record_delivery_failure, input_request=input_request, error=error)
         return "server removed"
+    await wait_if_awaiting_authorization(task.server)
     if input_request.mrtr_round != TASK_PHASE:
         # The launch job sends the whole round; this answer may be the one that completes it.
         scheduled = await db(services.schedule_mrtr_retry, task=task, mrtr_round=input_request.mrtr_round)
@@ -597,10 +615,13 @@ async def _deliver(
                     raise await _not_claimed(input_request, owner=owner)
             await _send_answer(client, input_request, claimed_at=claimed_at, owner=owner)
         except ProtocolError as error:
-            # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help.
+            # -32602 (task not found or expired, or an answer the server rejects): retrying cannot help, unless the
+            # server refused a token that could not be refreshed: an admin's Connect will.
+            await wait_if_awaiting_authorization(task.server, error)
             await db(services.record_delivery_failure, input_request=input_request, error=error.to_error_object())
             return "refused"
         except (TransportError, RequestTimeout) as error:
+            await wait_if_awaiting_authorization(task.server, error)
             if not last_attempt:
                 raise
             await db(services.record_delivery_failure, input_request=input_request, error=_gave_up(error))

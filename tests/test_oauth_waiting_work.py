@@ -1,0 +1,112 @@
+"""Work waits while a server needs re-authorization (issue 33 item 3): a worker finds the server's refresh token
+revoked; the launch and the answer for that server then wait (not failed, not sent) and go out once, each exactly
+once, after an admin connects the server again. A real worker process, the demo MCP server behind the test
+authorization server, and the admin's Connect through the web views (tests/test_oauth_connect.py's halves)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from taskhub.accounts.groups import ADMINS, APPROVERS
+from taskhub.servers.models import Server, ServerAuthorization
+from taskhub.tasks import services
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
+from tests.account_fixtures import make_user
+from tests.catalogue_fixtures import with_tools
+from tests.demo_process import DemoServer
+from tests.helpers import wait_until
+from tests.oauth_server import AuthorizationServer
+from tests.stack_fixtures import Workers, demo_stats, worker_environment
+from tests.test_oauth_connect import approve, start_connect
+from tests.test_oauth_fresh_tokens import connected
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+APPROVE = {"action": "accept", "content": {"approved": True, "reason": "ok"}}
+
+
+@pytest.fixture
+def demo():
+    with DemoServer("--poll-interval-ms", "200") as server:
+        yield server
+
+
+@pytest.fixture
+def protected_demo(demo):
+    server = AuthorizationServer(upstream=demo.url)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def workers(transactional_db):
+    workers = Workers(worker_environment())
+    try:
+        yield workers
+    finally:
+        workers.stop_all()
+
+
+def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protected_demo, workers):
+    admin = make_user("alex", ADMINS)
+    approver = make_user("april", APPROVERS, ADMINS)
+    server, _, _ = connected(protected_demo, expires_in_s=3600)
+    server = with_tools(server, "approval", "progress")
+    workers.start("patient")
+
+    asking = services.launch(server=server, tool="approval", arguments={"action": "deploy"}, user=approver)
+    request = wait_until(
+        lambda: InputRequest.objects.filter(task=asking, state=InputRequestState.OPEN).first(),
+        timeout=60,
+        what="the approval request",
+    )
+    remote_task_id = Task.objects.get(pk=asking.pk).remote_task_id
+
+    # The authorization server revokes everything; the next call the worker makes finds out.
+    protected_demo.provider.revoke_all()
+    waiting_launch = services.launch(
+        server=server, tool="progress", arguments={"steps": 1, "step_ms": 100}, user=approver
+    )
+    wait_until(
+        lambda: ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None,
+        timeout=30,
+        what="the server marked as needing re-authorization",
+    )
+    services.answer_input(input_request=request, response=APPROVE, user=approver)
+    time.sleep(4)  # several of the jobs' looks (every second here): still waiting, nothing sent
+    assert Task.objects.get(pk=waiting_launch.pk).status == TaskStatus.LAUNCHING
+    assert InputRequest.objects.get(pk=request.pk).state == InputRequestState.ANSWERED
+    stats = demo_stats(demo)
+    assert stats["calls"].get("progress", 0) == 0
+    assert not stats["deliveries"]
+
+    # The admin connects it again, in the browser (here: the test client and the authorization server's redirect).
+    browser = Client()
+    browser.force_login(admin)
+    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
+    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+
+    wait_until(
+        lambda: Task.objects.get(pk=waiting_launch.pk).status != TaskStatus.LAUNCHING,
+        timeout=30,
+        what="the waiting launch to go out",
+    )
+    wait_until(
+        lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED,
+        timeout=30,
+        what="the waiting answer to be delivered",
+    )
+    wait_until(
+        lambda: Task.objects.get(pk=waiting_launch.pk).status == TaskStatus.COMPLETED,
+        timeout=30,
+        what="the launched task to complete (followed with the new token)",
+    )
+    time.sleep(2)  # anything sent twice would arrive meanwhile
+    stats = demo_stats(demo)
+    assert stats["calls"]["progress"] == 1
+    assert stats["deliveries"] == {f"{remote_task_id}/{request.key}": 1}
