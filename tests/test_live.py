@@ -192,6 +192,42 @@ async def test_connect_sends_the_nav_counts_from_the_database(socket_for, operat
     await communicator.disconnect()
 
 
+async def test_each_socket_hears_in_its_readers_language(application, django_user_model, operator, live_task):
+    """olga reads English; mei chose Chinese (her profile, copied into the session at sign-in); olga's second tab is
+    in a browser that asks for Chinese. The nav counts pushed on connect and after a change are in each one's
+    language, though olga and mei are one audience (operators): the language is part of what is shared."""
+    from taskhub.accounts.models import Profile
+
+    mei = await sync_to_async(user_in)(django_user_model, "mei", "operators")
+    await sync_to_async(Profile.objects.create)(user=mei, language="zh-hans")
+    english = _socket(application, await database_sync_to_async(session_cookie)(operator), ORIGIN)
+    chinese = _socket(application, await database_sync_to_async(session_cookie)(mei), ORIGIN)
+    olga_cookie = await database_sync_to_async(session_cookie)(operator)
+    browser_chinese = WebsocketCommunicator(
+        application,
+        "/ws/live/",
+        headers=[
+            (b"host", b"testserver"),
+            (b"origin", ORIGIN),
+            (b"cookie", f"sessionid={olga_cookie}".encode()),
+            (b"accept-language", b"zh-CN,zh;q=0.9,en;q=0.5"),
+        ],
+    )
+    sockets = {"english": english, "chinese": chinese, "browser chinese": browser_chinese}
+    on_connect = {name: await connected(socket) for name, socket in sockets.items()}
+    assert 'aria-label="running tasks"' in on_connect["english"] and "运行中的任务" not in on_connect["english"]
+    for name in ("chinese", "browser chinese"):
+        assert 'aria-label="运行中的任务"' in on_connect[name] and "running tasks" not in on_connect[name], name
+
+    await apply_snapshot(task=live_task, snapshot=snapshot("completed", result={"content": []}))
+    heard = {name: await socket.receive_from(timeout=5) for name, socket in sockets.items()}
+    assert 'aria-label="running tasks"' in heard["english"] and ">0</span>" in heard["english"]
+    assert 'aria-label="运行中的任务"' in heard["chinese"] and ">0</span>" in heard["chinese"]
+    assert heard["browser chinese"] == heard["chinese"]  # one audience and one language: the same bytes
+    for socket in sockets.values():
+        await socket.disconnect()
+
+
 # --- who hears what ----------------------------------------------------------------------------------
 
 

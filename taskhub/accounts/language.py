@@ -5,6 +5,7 @@ where sign-in copies it from the profile (so a page costs no query for it), and 
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
+from django.http import HttpRequest
 from django.utils import translation
 from django.utils.decorators import sync_and_async_middleware
 
@@ -34,6 +35,20 @@ def persons_language(get_response):
         return get_response(request)
 
     return middleware
+
+
+async def language_of_socket(scope) -> str:
+    """The language a live socket's fragments are rendered in, as its pages are: the choice in the session, else the
+    browser's (the WebSocket handshake carries Accept-Language), else LANGUAGE_CODE."""
+    session = scope.get("session")
+    chosen = await session.aget(SESSION_KEY) if session is not None else None
+    if chosen in LANGUAGE_CODES:
+        return chosen
+    handshake = HttpRequest()
+    for name, value in scope.get("headers") or ():
+        if name == b"accept-language":
+            handshake.META["HTTP_ACCEPT_LANGUAGE"] = value.decode("latin-1")
+    return translation.get_language_from_request(handshake)
 
 
 def on_logged_in(sender, request, user, **kwargs):

@@ -10,6 +10,9 @@ per access (the same bytes for every socket whose user may see the same, whateve
 for), one of Sharing.USER once per user. The message says the task's server, so a socket knows its parts
 without reading the task; the parts it lacks are rendered in one trip to a live thread, which reads the
 task there (once per change).
+
+Each socket's parts are rendered in its reader's language (the one chosen in the session, else the browser's, read
+when the socket connects): the language is part of every sharing key, so an audience is one per language too.
 """
 
 import asyncio
@@ -28,8 +31,9 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
-from django.utils import timezone
+from django.utils import timezone, translation
 
+from taskhub.accounts.language import language_of_socket
 from taskhub.live import publish
 from taskhub.live.access import (
     ACCESS_MAX_AGE_SECONDS,
@@ -91,6 +95,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         session = self.scope.get("session")
         self.session_key = getattr(session, "session_key", None)
         self.session = publish.session_fingerprint(self.session_key or "")
+        self.language = await language_of_socket(self.scope)
         self.session_timer: asyncio.TimerHandle | None = None
         self.access = NO_ACCESS
         self.access_read_at = 0.0
@@ -116,13 +121,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # On every (re)connect: the current state from the database, since messages missed meanwhile are lost.
         # Sockets of one audience connecting together share a rendering begun after they joined their groups.
         audience_html = await shared(
-            ("connect", self.access),
-            lambda: on_live_thread(_render_user_fragments)(self.user, self.access, Sharing.AUDIENCE),
+            ("connect", self.access, self.language),
+            lambda: on_live_thread(_render_user_fragments)(self.user, self.access, Sharing.AUDIENCE, self.language),
             started_after=loop.time(),
         )
         user_html = ""
         if has_user_fragments(Sharing.USER):
-            user_html = await on_live_thread(_render_user_fragments)(self.user, self.access, Sharing.USER)
+            user_html = await on_live_thread(_render_user_fragments)(
+                self.user, self.access, Sharing.USER, self.language
+            )
         await self._send_html(audience_html + user_html)
 
     async def dispatch(self, message):
@@ -175,7 +182,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         before = self.access
         if await self._read_access(since=asyncio.get_running_loop().time()) and self.access != before:
             # What the nav counts count changed with it (rare: not worth sharing).
-            await self._send_html(await on_live_thread(_render_user_fragments)(self.user, self.access, None))
+            await self._send_html(
+                await on_live_thread(_render_user_fragments)(self.user, self.access, None, self.language)
+            )
 
     async def hub_lost(self, event):
         """The process's hub could no longer read the channel layer: the page reconnects (and re-reads)."""
@@ -277,12 +286,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
                 kinds.append(FragmentKind.INBOX)
             if not kinds:
                 return  # heard through a group the user has since lost; nothing of it is theirs
-        user = self.user
+        user, language = self.user, self.language
 
         async def render(missing: list) -> dict:
             parts = [(key[3], key[4]) for key in missing]
             # One trip to a live thread: the task read there (once per change) and the parts rendered.
-            htmls = await on_live_thread(_render_change)(task_id, message_id, task, parts, user, access)
+            htmls = await on_live_thread(_render_change)(task_id, message_id, task, parts, user, access, language)
             return dict(zip(missing, htmls, strict=True))
 
         # One part per kind and sharing, so a part is rendered once per change for its audience (or user), whatever
@@ -294,7 +303,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         watched = [part for part in parts if part[0] == FragmentKind.TASK]
         for batch in (watched, [part for part in parts if part not in watched]):
             keys = [
-                ("change", message_id, access, kind, sharing, self.user_id if sharing == Sharing.USER else None)
+                (
+                    "change",
+                    message_id,
+                    access,
+                    kind,
+                    sharing,
+                    self.user_id if sharing == Sharing.USER else None,
+                    language,
+                )
                 for kind, sharing in batch
             ]
             if keys:
@@ -336,7 +353,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         task = _task_or_none(task_id)
         if user is None or task is None or not access.may_see_task(task):
             return None, ""
-        return task.server_id, "".join(render_task_fragments([FragmentKind.TASK], task, user))
+        with translation.override(self.language):
+            return task.server_id, "".join(render_task_fragments([FragmentKind.TASK], task, user))
 
 
 # --- rendering (sync, on a live thread) -----------------------------------------------------------
@@ -352,8 +370,8 @@ def _task_or_none(task_id):
     )
 
 
-def _render_user_fragments(user, access: LiveAccess, sharing: Sharing | None) -> str:
-    with rendering_for(access):
+def _render_user_fragments(user, access: LiveAccess, sharing: Sharing | None, language: str) -> str:
+    with rendering_for(access), translation.override(language):
         return "".join(render_user_fragments(user, sharing=sharing))
 
 
@@ -367,13 +385,15 @@ def _parts_of_change(kinds: list[FragmentKind]) -> list[tuple[FragmentKind | Non
     ]
 
 
-def _render_change(task_id: str, message_id: str, task, parts, user, access: LiveAccess) -> list[str]:
-    return _render_parts(task or _task_of_change(task_id, message_id), parts, user, access)
+def _render_change(task_id: str, message_id: str, task, parts, user, access: LiveAccess, language: str) -> list[str]:
+    return _render_parts(task or _task_of_change(task_id, message_id), parts, user, access, language=language)
 
 
-def _render_parts(task, parts: list[tuple[FragmentKind | None, Sharing]], user, access: LiveAccess) -> list[str]:
-    """Each part's HTML (a task's parts are empty once the task is gone)."""
-    with rendering_for(access):
+def _render_parts(
+    task, parts: list[tuple[FragmentKind | None, Sharing]], user, access: LiveAccess, *, language: str | None = None
+) -> list[str]:
+    """Each part's HTML in this language (None: the one active; a task's parts are empty once the task is gone)."""
+    with rendering_for(access), translation.override(language or translation.get_language()):
         return [
             "".join(
                 render_user_fragments(user, sharing=sharing)
