@@ -23,8 +23,9 @@ all the sockets that would get the same bytes:
 
 - Sharing.USER (the default): once per user; for what names the user ("answered by you").
 - Sharing.AUDIENCE: once per audience, i.e. per LiveAccess (roles and servers approved for) and language (each
-  socket's, activated while its fragments render), and the bytes go to every user of that audience. Only for a renderer whose output depends on the user through nothing but
-  that access (it is called with one of the audience's users): the list signal, the nav counts.
+  socket's, activated while its fragments render), and the bytes go to every user of that audience. Only for a
+  renderer whose output depends on the user through nothing but that access (it is called with one of the
+  audience's users): the list signal, the nav counts.
 """
 
 import enum
