@@ -10,15 +10,20 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.test import Client
 from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
 from pydantic import AnyUrl
 
+from taskhub.accounts.groups import ADMINS
+from taskhub.approvals.models import MailEvent, NotificationKind
+from taskhub.approvals.notifications import digest
 from taskhub.mcp.client import TasksClient
 from taskhub.mcp.lean import task_getter
 from taskhub.mcp.oauth import Discovery
 from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.oauth_store import DatabaseTokenStore
 from taskhub.servers.services import create_server
+from tests.account_fixtures import make_user
 from tests.oauth_server import AuthorizationServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,7 +129,9 @@ def test_the_tracker_polls_a_connected_server_with_its_token(protected_demo):
     assert protected_demo.provider.refresh_requests == 1
 
 
-def test_a_refused_refresh_marks_the_server_after_one_attempt(protected_demo):
+def test_a_refused_refresh_marks_the_server_after_one_attempt_and_tells_the_admins(protected_demo):
+    admin = make_user("alex", ADMINS, email="alex@example.com")
+    make_user("ada", ADMINS)  # no address: not mailed
     server, _, _ = connected(protected_demo, expires_in_s=LIFETIME)
     protected_demo.provider.revoke_all()
 
@@ -132,3 +139,19 @@ def test_a_refused_refresh_marks_the_server_after_one_attempt(protected_demo):
         discover(server)
     assert protected_demo.provider.refresh_requests == 1
     assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None
+    with pytest.raises(Exception, match="connect it again"):
+        discover(Server.objects.get(pk=server.pk))  # marked once, announced once
+
+    # The admins' mail: one event each, and the digest says which server and links to its page (Connect).
+    events = list(MailEvent.objects.filter(kind=NotificationKind.SERVER_NEEDS_AUTHORIZATION))
+    assert [event.user_id for event in events] == [admin.pk]
+    mail = digest.build(admin, events)
+    assert mail.subject == "taskhub: 1 server needs an admin to connect it again"
+    assert "guarded: its OAuth token could not be refreshed" in mail.body
+    assert f"/servers/{server.pk}/" in mail.body
+
+    # Home says so too.
+    browser = Client()
+    browser.force_login(admin)
+    home = browser.get("/").content.decode()
+    assert "needs re-authorization" in home and f"/servers/{server.pk}/" in home

@@ -261,6 +261,13 @@ class NotificationKind(models.TextChoices):
     DEADLINE_NEAR = "deadline_near", "a request's answer deadline is near"
     DEFAULT_APPLIED = "default_applied", "a default was applied to a request I could answer"
     TASK_FINISHED = "task_finished", "a task I launched finished"
+    # To every admin with an address, without a switch: a server waits for one of them to connect it again, and the
+    # launches and answers for it wait with it (issue 33).
+    SERVER_NEEDS_AUTHORIZATION = "server_needs_authorization", "a server needs an admin to connect it again"
+
+
+# The kinds a person turns on and off (each a field of NotificationPreferences).
+SWITCHED_KINDS = tuple(kind.value for kind in NotificationKind if kind != NotificationKind.SERVER_NEEDS_AUTHORIZATION)
 
 
 class NotificationPreferences(models.Model):
@@ -282,7 +289,7 @@ class NotificationPreferences(models.Model):
         return f"notification preferences of user {self.user_id}"
 
     def wants(self, kind: str) -> bool:
-        return bool(getattr(self, kind))
+        return bool(getattr(self, kind)) if kind in SWITCHED_KINDS else True
 
 
 class MailEventQuerySet(models.QuerySet):

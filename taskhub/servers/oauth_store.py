@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from taskhub.database.params import database_params
 from taskhub.mcp.oauth import AuthorizationProblem, Discovery, OAuthClientSettings, OAuthProvider, oauth_provider
+from taskhub.servers import signals
 from taskhub.servers.models import Server, ServerAuthorization
 
 # The first key of the advisory locks taken around a server's token refresh (the second is the server's id).
@@ -104,9 +105,18 @@ class DatabaseTokenStore:
             Server.objects.filter(pk=self.server_id, oauth=False).update(oauth=True)
 
     def mark_needs_reauthorization(self) -> None:
-        ServerAuthorization.objects.filter(server_id=self.server_id, needs_reauthorization_since__isnull=True).update(
-            needs_reauthorization_since=timezone.now()
-        )
+        """Mark the server (once: the mark's first setting is announced, for the admins' mail)."""
+        with transaction.atomic():
+            marked = ServerAuthorization.objects.filter(
+                server_id=self.server_id, needs_reauthorization_since__isnull=True
+            ).update(needs_reauthorization_since=timezone.now())
+            server = Server.objects.filter(pk=self.server_id, oauth=True).only("pk", "name").first()
+            if marked and server is not None:
+                transaction.on_commit(
+                    lambda: signals.needs_reauthorization.send_robust(
+                        sender=Server, server_id=server.pk, server_name=server.name
+                    )
+                )
 
     def client_info_now(self) -> OAuthClientInformationFull | None:
         row = self.row()

@@ -68,7 +68,7 @@ class Waiting:
 @dataclass
 class TroubledServer:
     server: Server
-    state: str  # "unreachable" or "failing"
+    state: str  # "needs_reauthorization", "unreachable" or "failing"
     since: datetime.datetime | None
     error: str
     href: str
@@ -107,19 +107,29 @@ def _waiting(user) -> Waiting | None:
 
 
 def _troubled_servers(user) -> list[TroubledServer]:
-    """Enabled servers that are unreachable, or whose last contact failed after their last success."""
+    """Enabled servers that need an admin to connect them again (OAuth, issue 33), are unreachable, or whose last
+    contact failed after their last success."""
     since_success = Q(last_success_at__isnull=True) | Q(last_error_at__gt=F("last_success_at"))
     failing = Q(last_error_at__isnull=False) & since_success
-    servers = Server.objects.filter(enabled=True).filter(Q(unreachable_since__isnull=False) | failing)
+    reauthorization = Q(oauth=True, authorization__needs_reauthorization_since__isnull=False)
+    servers = (
+        Server.objects.filter(enabled=True)
+        .filter(Q(unreachable_since__isnull=False) | failing | reauthorization)
+        .annotate(reauthorization_since=F("authorization__needs_reauthorization_since"))
+    )
     admin = permissions.is_admin(user)
     troubled = []
     for server in servers.order_by("name")[:SERVERS_SHOWN]:
         unreachable = server.unreachable_since is not None
+        state = "unreachable" if unreachable else "failing"
+        since = server.unreachable_since if unreachable else server.last_error_at
+        if server.oauth and server.reauthorization_since is not None:  # what an admin must do comes first
+            state, since = "needs_reauthorization", server.reauthorization_since
         troubled.append(
             TroubledServer(
                 server=server,
-                state="unreachable" if unreachable else "failing",
-                since=server.unreachable_since if unreachable else server.last_error_at,
+                state=state,
+                since=since,
                 error=(server.last_error or "")[:300],
                 href=reverse("servers:detail", args=[server.pk]) if admin else tasks_href(server=server.pk),
             )

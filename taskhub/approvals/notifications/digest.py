@@ -53,6 +53,9 @@ PHRASES = {
     NotificationKind.TASK_FINISHED: ngettext_lazy(
         "%(n)s task you launched finished", "%(n)s tasks you launched finished", "n"
     ),
+    NotificationKind.SERVER_NEEDS_AUTHORIZATION: ngettext_lazy(
+        "%(n)s server needs an admin to connect it again", "%(n)s servers need an admin to connect them again", "n"
+    ),
 }
 OUTCOMES = {
     "declined": _("taskhub declined it"),
@@ -96,6 +99,8 @@ class Section:
 
 
 def _item(event: MailEvent) -> Item:
+    if event.kind == NotificationKind.SERVER_NEEDS_AUTHORIZATION:
+        return _server_item(event)
     task = event.task
     where = (
         gettext("%(tool)s on %(server)s")
@@ -124,6 +129,16 @@ def _item(event: MailEvent) -> Item:
     return Item(text=text, where=where, note=note, url=url, from_server=from_server)
 
 
+def _server_item(event: MailEvent) -> Item:
+    """A server waiting for an admin's Connect (no task): its page, where the Connect button is."""
+    server_id = event.detail.get("server_id")
+    name = one_line(event.detail.get("server"), 100)
+    url = link(reverse("servers:detail", args=[server_id])) if isinstance(server_id, int) else link("/servers/")
+    text = gettext("%(server)s: its OAuth token could not be refreshed") % {"server": name}
+    note = gettext("launches and answers for it wait until an admin connects it again")
+    return Item(text=text, where=name, note=note, url=url)
+
+
 def _when(iso: Any) -> str:
     """ "2026-12-01 14:02 UTC" (mails are read anywhere: UTC, named)."""
     try:
@@ -150,6 +165,8 @@ def _build(user, events: list[MailEvent]) -> EmailMultiAlternatives:
         more_url = (
             link(reverse("tasks:list") + "?mine=on")
             if kind == NotificationKind.TASK_FINISHED
+            else link(reverse("servers:list"))
+            if kind == NotificationKind.SERVER_NEEDS_AUTHORIZATION
             else link(reverse("tasks:inbox"))
         )
         sections.append(

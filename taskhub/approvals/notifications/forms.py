@@ -1,7 +1,7 @@
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from taskhub.approvals.models import NotificationKind
+from taskhub.approvals.models import SWITCHED_KINDS
 
 
 class PreferencesForm(forms.Form):
@@ -32,7 +32,7 @@ class PreferencesForm(forms.Form):
         help_text=_("Completed, failed, cancelled, expired or lost. Off unless you turn it on."),
     )
 
-    SWITCHES = tuple(kind.value for kind in NotificationKind)
+    SWITCHES = SWITCHED_KINDS
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -135,3 +135,12 @@ def schedule_forgotten_digests(*, now: datetime.datetime | None = None) -> int:
     now = now or timezone.now()
     older_than = now - window() - FIRST_MAIL_AFTER
     return sum(schedule_digest(user_id) for user_id in users_with_unsent_events(older_than=older_than))
+
+
+@transaction.atomic
+def record_server_needs_authorization(*, server_id: int, server_name: str) -> int:
+    """Tell every admin that a server waits for one of them to connect it again (its OAuth token could not be
+    refreshed), and the work for it with it."""
+    kind = NotificationKind.SERVER_NEEDS_AUTHORIZATION
+    detail = {"server_id": server_id, "server": server_name}
+    return _record([MailEvent(user_id=user_id, kind=kind, detail=detail) for user_id in recipients.admins()])

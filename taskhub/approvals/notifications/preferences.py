@@ -5,10 +5,10 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from taskhub.approvals.models import NotificationKind, NotificationPreferences
+from taskhub.approvals.models import SWITCHED_KINDS, NotificationPreferences
 from taskhub.audit.services import record_event
 
-SWITCHES = tuple(kind.value for kind in NotificationKind)
+SWITCHES = SWITCHED_KINDS
 
 
 def preferences_of(user) -> NotificationPreferences:

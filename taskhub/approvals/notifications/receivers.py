@@ -6,6 +6,7 @@ nothing."""
 from taskhub.approvals import signals as approval_signals
 from taskhub.approvals.models import NotificationKind
 from taskhub.approvals.notifications import outbox
+from taskhub.servers import signals as server_signals
 from taskhub.tasks import signals as task_signals
 
 
@@ -30,8 +31,15 @@ def on_task_finished(sender, *, task_id, status, **kwargs) -> None:
     outbox.record_task_finished(task_id=task_id, status=status)
 
 
+def on_server_needs_reauthorization(sender, *, server_id, server_name, **kwargs) -> None:
+    outbox.record_server_needs_authorization(server_id=server_id, server_name=server_name)
+
+
 def connect() -> None:
     task_signals.input_requests_opened.connect(on_input_requests_opened, dispatch_uid="notifications.requests")
     task_signals.task_finished.connect(on_task_finished, dispatch_uid="notifications.task_finished")
     approval_signals.deadline_near.connect(on_deadline_near, dispatch_uid="notifications.deadline_near")
     approval_signals.default_applied.connect(on_default_applied, dispatch_uid="notifications.default_applied")
+    server_signals.needs_reauthorization.connect(
+        on_server_needs_reauthorization, dispatch_uid="notifications.server_needs_reauthorization"
+    )

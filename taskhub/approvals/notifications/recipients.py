@@ -2,8 +2,9 @@
 preference on."""
 
 from django.contrib.auth import get_user_model
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
+from taskhub.accounts.groups import ADMINS
 from taskhub.accounts.permissions import answer_terms, users_who_may_answer
 from taskhub.approvals.models import NotificationKind
 
@@ -12,6 +13,7 @@ DEFAULT_ON = {
     NotificationKind.DEADLINE_NEAR: True,
     NotificationKind.DEFAULT_APPLIED: True,
     NotificationKind.TASK_FINISHED: False,
+    NotificationKind.SERVER_NEEDS_AUTHORIZATION: True,  # no switch: always
 }
 
 
@@ -40,3 +42,9 @@ def launcher(*, launched_by_id: int | None, kind: str) -> list[int]:
         return []
     users = get_user_model().objects.filter(pk=launched_by_id)
     return list(_reachable(users, kind).values_list("pk", flat=True))
+
+
+def admins() -> list[int]:
+    """Every active admin (in `admins`, or a superuser) with an address."""
+    users = get_user_model().objects.filter(Q(is_superuser=True) | Q(groups__name=ADMINS))
+    return sorted(set(users.filter(is_active=True).exclude(email="").values_list("pk", flat=True)))
