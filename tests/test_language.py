@@ -91,3 +91,17 @@ def test_a_deadline_in_chinese_units_is_read_as_the_form_help_writes_it():
     assert parse_answer_within("45 秒") == datetime.timedelta(seconds=45)
     with pytest.raises(ValueError):
         parse_answer_within("4 月")
+
+
+@pytest.mark.django_db
+def test_what_a_view_and_a_service_say_back_is_in_the_readers_language(client):
+    """A refusal from a service (people.add_person) and a message from a view (the inbox's answer to many) reach a
+    Chinese reader in Chinese; English readers keep the English (the other tests read it)."""
+    from taskhub.accounts.groups import ADMINS, APPROVERS
+
+    client.force_login(make_user("mei", ADMINS, APPROVERS))
+    client.post(reverse("accounts:language"), {"language": "zh-hans"})
+    taken = client.post(reverse("people:list"), {"username": "MEI", "email": ""})
+    assert taken.status_code == 400 and "用户名“MEI”已被占用" in taken.text and "is taken" not in taken.text
+    answered = client.post(reverse("tasks:answer_like"), {"action": "accept"}, follow=True)
+    assert "请至少选择一个要回答的请求" in answered.text and "Select at least one" not in answered.text

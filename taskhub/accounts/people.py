@@ -19,6 +19,7 @@ from django.contrib.auth.models import Group
 from django.contrib.sessions.models import Session
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from taskhub.accounts.groups import ADMINS
 from taskhub.audit.services import record_event
@@ -58,9 +59,11 @@ def add_person(*, username: str, email: str = "", groups=(), by, password: str |
     username = username.strip()
     users = get_user_model()
     if not username:
-        raise PeopleRefused("A username is required.")
+        raise PeopleRefused(gettext("A username is required."))
     if users.objects.filter(**{f"{users.USERNAME_FIELD}__iexact": username}).exists():
-        raise PeopleRefused(f"The username “{username}” is taken: pick another, or edit that person.")
+        raise PeopleRefused(
+            gettext("The username “%(username)s” is taken: pick another, or edit that person.") % {"username": username}
+        )
     password = password or new_password()
     user = users.objects.create_user(username=username, email=email.strip(), password=password)
     groups = list(groups)
@@ -77,7 +80,10 @@ def set_groups(*, user, groups, by):
     before = _names(user.groups.all())
     demoted = user.is_active and _is_admin(user, user.groups.all()) and not _is_admin(user, groups)
     if demoted and _active_admins_besides(user) == 0:
-        raise PeopleRefused(f"{user.get_username()} is the last active admin: make someone else admin first.")
+        raise PeopleRefused(
+            gettext("%(person)s is the last active admin: make someone else admin first.")
+            % {"person": user.get_username()}
+        )
     user.groups.set(groups)
     after = _names(groups)
     if before != after:
@@ -94,7 +100,10 @@ def deactivate_person(*, user, by) -> dict:
     if not user.is_active:
         raise PeopleRefused(f"{user.get_username()} is deactivated already.")
     if _is_admin(user, user.groups.all()) and _active_admins_besides(user) == 0:
-        raise PeopleRefused(f"{user.get_username()} is the last active admin: make someone else admin first.")
+        raise PeopleRefused(
+            gettext("%(person)s is the last active admin: make someone else admin first.")
+            % {"person": user.get_username()}
+        )
     user.is_active = False
     user.save(update_fields=["is_active"])  # its sockets hear this (taskhub.live.access) and close
     sessions = _end_sessions(user)

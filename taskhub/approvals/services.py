@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils.translation import gettext
 
 from taskhub.approvals.models import ApprovalPolicy
 from taskhub.approvals.webhooks import describe_webhook
@@ -57,8 +58,12 @@ def _save(policy: ApprovalPolicy) -> None:
     except ValidationError as invalid:
         raise PolicyInvalid(" ".join(invalid.messages)) from invalid
     if ApprovalPolicy.objects.filter(server=policy.server, tool=policy.tool).exclude(pk=policy.pk).exists():
-        what = f"the tool {policy.tool!r}" if policy.tool else "every tool"
-        raise PolicyInvalid(f"{policy.server.name} has a policy for {what} already; edit that one.")
+        said = (
+            gettext("%(server)s has a policy for the tool %(tool)s already; edit that one.")
+            if policy.tool
+            else gettext("%(server)s has a policy for every tool already; edit that one.")
+        )
+        raise PolicyInvalid(said % {"server": policy.server.name, "tool": repr(policy.tool)})
     policy.save()
 
 

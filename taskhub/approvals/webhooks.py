@@ -32,6 +32,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from taskhub import backoff
 from taskhub.approvals import hooks
@@ -100,7 +101,9 @@ def _keep_url_secrets(webhook: PolicyWebhook, *, stored: dict[str, list[str]]) -
     for name in dict.fromkeys(masked_parameters(public)):
         values = typed.get(name) or list(stored.get(name) or [])
         if not values:
-            raise WebhookInvalid(f"The value of the URL's {name} parameter is hidden (***): type it.")
+            raise WebhookInvalid(
+                gettext("The value of the URL's %(name)s parameter is hidden (***): type it.") % {"name": name}
+            )
         secrets[name] = values
     webhook.url, webhook.url_secrets = public, secrets
 
@@ -116,17 +119,21 @@ def _check(webhook: PolicyWebhook) -> None:
     except ValidationError as invalid:
         raise WebhookInvalid(" ".join(invalid.messages)) from invalid
     if urlsplit(webhook.url).scheme not in ("http", "https"):
-        raise WebhookInvalid("A webhook URL starts with http:// or https://.")
+        raise WebhookInvalid(gettext("A webhook URL starts with http:// or https://."))
     if urlsplit(webhook.url).username is not None:
-        raise WebhookInvalid("A webhook URL carries no user or password; the secret signs each delivery instead.")
+        raise WebhookInvalid(
+            gettext("A webhook URL carries no user or password; the secret signs each delivery instead.")
+        )
     try:
         server_address_policy().check_url(webhook.url, resolve=True)
     except AddressRefused as refused:
-        raise WebhookInvalid(f"Not an address for webhooks: {refused}.") from refused
+        raise WebhookInvalid(gettext("Not an address for webhooks: %(why)s.") % {"why": refused}) from refused
     if len(webhook.secret or "") > SECRET_MAX_CHARS:
-        raise WebhookInvalid(f"The secret is longer than {SECRET_MAX_CHARS} characters.")
+        raise WebhookInvalid(gettext("The secret is longer than %(count)s characters.") % {"count": SECRET_MAX_CHARS})
     if webhook.format == WebhookFormat.JSON and not webhook.secret:
-        raise WebhookInvalid("A JSON webhook needs a secret: receivers check each delivery's signature with it.")
+        raise WebhookInvalid(
+            gettext("A JSON webhook needs a secret: receivers check each delivery's signature with it.")
+        )
 
 
 @transaction.atomic

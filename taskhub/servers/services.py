@@ -7,6 +7,7 @@ from typing import Any
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from taskhub.audit.services import WORKER, record_event
 from taskhub.mcp.address_policy import AddressRefused
@@ -163,7 +164,10 @@ def request_discovery(*, server: Server, user) -> Server:
 
 def _refuse_removed(server: Server) -> None:
     if server.removed_at is not None:
-        raise ServerRemoved(f"The server {server.name} was removed; it cannot be changed or used any more.")
+        raise ServerRemoved(
+            gettext("The server %(server)s was removed; it cannot be changed or used any more.")
+            % {"server": server.name}
+        )
 
 
 @transaction.atomic

@@ -6,6 +6,8 @@ the one validator (and wording) the launch form, the API and the CLI use too.
 
 from typing import Any
 
+from django.utils.translation import gettext
+
 from taskhub.mcp import schema_fields
 from taskhub.tasks.errors import AnswerRejected
 from taskhub.tasks.models import GATE_METHOD
@@ -67,7 +69,7 @@ def _validate_elicit_result(params: dict[str, Any], response: dict[str, Any]) ->
     schema = params.get("requestedSchema") or {}
     errors = content_errors(schema, content)
     if errors:
-        raise AnswerRejected("The answer does not fit the form:", errors)
+        raise AnswerRejected(gettext("The answer does not fit the form:"), errors)
     return {"action": "accept", "content": content}
 
 

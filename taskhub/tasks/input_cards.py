@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.translation import gettext, ngettext, pgettext_lazy
+from django.utils.translation import gettext_lazy as _
 
 from taskhub.accounts import permissions
 from taskhub.tasks.answers import ELICITATION_ACTIONS, content_errors
@@ -32,11 +34,15 @@ TITLE_MAX_CHARS = 60
 KEY_SEPARATORS = ":/#._-|"
 PARAMS_MAX_CHARS = 6000
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-ACTION_WORDS = {"accept": "accepted", "decline": "declined", "cancel": "cancelled"}
+ACTION_WORDS = {
+    "accept": pgettext_lazy("an answer's action", "accepted"),
+    "decline": pgettext_lazy("an answer's action", "declined"),
+    "cancel": pgettext_lazy("an answer's action", "cancelled"),
+}
 SAMPLING = "sampling/createMessage"
 OTHER_METHODS = {
-    SAMPLING: "asks the client's language model to write a message (sampling)",
-    "roots/list": "asks for the client's file-system roots",
+    SAMPLING: _("asks the client's language model to write a message (sampling)"),
+    "roots/list": _("asks for the client's file-system roots"),
 }
 
 
@@ -52,26 +58,27 @@ def url_target(value: Any) -> UrlTarget:
     """Whether a URL-mode request may be opened: https anywhere, http only on a loopback host (development)."""
     url = value if isinstance(value, str) else ""
     if not url.strip():
-        return UrlTarget(url=url, host="", clickable=False, problem="The server sent no URL.")
+        return UrlTarget(url=url, host="", clickable=False, problem=gettext("The server sent no URL."))
     try:
         parts = urlsplit(url.strip())
         host = parts.hostname or ""
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError:
-        return UrlTarget(url=url, host="", clickable=False, problem="This is not a well-formed URL.")
+        return UrlTarget(url=url, host="", clickable=False, problem=gettext("This is not a well-formed URL."))
     if any(ch.isspace() or ord(ch) < 32 for ch in url.strip()):
-        return UrlTarget(url=url, host=host, clickable=False, problem="The URL contains spaces or control characters.")
+        problem = gettext("The URL contains spaces or control characters.")
+        return UrlTarget(url=url, host=host, clickable=False, problem=problem)
     scheme = parts.scheme.lower()
     if scheme not in ("https", "http"):
         return UrlTarget(
             url=url,
             host=host,
             clickable=False,
-            problem=f"taskhub opens only https: links, not {scheme or 'scheme-less'}: ones; "
-            "decline or cancel this request.",
+            problem=gettext("taskhub opens only https: links, not %(scheme)s: ones; decline or cancel this request.")
+            % {"scheme": scheme or "scheme-less"},
         )
     if not host:
-        return UrlTarget(url=url, host="", clickable=False, problem="The URL names no host.")
+        return UrlTarget(url=url, host="", clickable=False, problem=gettext("The URL names no host."))
     if scheme == "https":
         return UrlTarget(url=url, host=host, clickable=True)
     if scheme == "http" and _is_loopback(host):
@@ -80,8 +87,10 @@ def url_target(value: Any) -> UrlTarget:
         url=url,
         host=host,
         clickable=False,
-        problem="taskhub opens only https: links (http: only on this machine, for development); "
-        "decline or cancel this request.",
+        problem=gettext(
+            "taskhub opens only https: links (http: only on this machine, for development); "
+            "decline or cancel this request."
+        ),
     )
 
 
@@ -109,20 +118,22 @@ def deadline_view(input_request: InputRequest, *, now: datetime.datetime) -> Dea
         return None
     left = (deadline - now).total_seconds()
     if left <= 0:
-        return DeadlineView(words="past due: taskhub applies the default now", state="past", at=deadline)
+        return DeadlineView(words=gettext("past due: taskhub applies the default now"), state="past", at=deadline)
     near = now >= permissions.deadline_near_at(opened_at=input_request.created_at, deadline=deadline)
-    return DeadlineView(words=f"answer within {_time_left(left)}", state="near" if near else "due", at=deadline)
+    words = gettext("answer within %(time)s") % {"time": _time_left(left)}
+    return DeadlineView(words=words, state="near" if near else "due", at=deadline)
 
 
 def _time_left(seconds: float) -> str:
     """Rounded up, so it never promises less time than is left: 59.2 s is "60 s", 61 s is "2 min"."""
     if seconds <= 60:
-        return f"{math.ceil(seconds)} s"
+        return gettext("%(seconds)s s") % {"seconds": math.ceil(seconds)}
     if seconds <= 3600:
-        return f"{math.ceil(seconds / 60)} min"
+        return gettext("%(minutes)d min") % {"minutes": math.ceil(seconds / 60)}
     if seconds <= 48 * 3600:
-        return f"{math.ceil(seconds / 3600)} h"
-    return f"{math.ceil(seconds / 86400)} days"
+        return gettext("%(hours)d h") % {"hours": math.ceil(seconds / 3600)}
+    days = math.ceil(seconds / 86400)
+    return ngettext("%(days)d day", "%(days)d days", days) % {"days": days}
 
 
 @dataclass
@@ -240,7 +251,7 @@ def card_for(
         if submitted is not None:
             card.submitted_reply = str(submitted.get("reply", ""))[:REPLY_MAX_CHARS]
     else:
-        card.other_what = OTHER_METHODS.get(input_request.method, "asks for something taskhub does not know")
+        card.other_what = OTHER_METHODS.get(input_request.method, gettext("asks for something taskhub does not know"))
         card.other_params = _capped(_pretty(params), PARAMS_MAX_CHARS)
     _show_state(card, input_request, user)
     return card
@@ -288,7 +299,7 @@ def _show_state(card: Card, input_request: InputRequest, user) -> None:
         card.answered_by_name = answerer_name(input_request)
         answer = input_request.answer if isinstance(input_request.answer, dict) else {}
         card.action_word = ACTION_WORDS.get(
-            answer.get("action"), "replied" if answer.get("role") == "assistant" else ""
+            answer.get("action"), gettext("replied") if answer.get("role") == "assistant" else ""
         )
 
 
@@ -382,25 +393,30 @@ def response_from_post(card: Card, data) -> dict[str, Any]:
     """The ElicitResult to record, or AnswerRejected (with field errors) before anything is recorded."""
     action = data.get("action")
     if card.state == "removed":
-        raise AnswerRejected(f"The server {card.task.server.name} was removed; it takes no answers any more.")
+        raise AnswerRejected(
+            gettext("The server %(server)s was removed; it takes no answers any more.")
+            % {"server": card.task.server.name}
+        )
     if card.kind == "other":
         raise AnswerRejected(f"taskhub cannot answer {card.input_request.method or 'this kind of'} requests here.")
     if action not in ELICITATION_ACTIONS:
-        raise AnswerRejected("Choose Accept, Decline or Cancel.")
+        raise AnswerRejected(gettext("Choose Accept, Decline or Cancel."))
     if card.kind == "sampling":
         return sampling_reply(data) if action == "accept" else {"action": action}
     if action != "accept" or card.kind == "gate":
         return {"action": action}
     if card.kind == "url":
         if not card.url.clickable:
-            raise AnswerRejected(card.url.problem or "This URL cannot be opened from taskhub; decline or cancel.")
+            raise AnswerRejected(
+                card.url.problem or gettext("This URL cannot be opened from taskhub; decline or cancel.")
+            )
         return {"action": "accept"}
     form = card.form
     if not form.renderable:
-        raise AnswerRejected(CANNOT_RENDER)
+        raise AnswerRejected(str(CANNOT_RENDER))
     content, problems = form.read(data)
     if problems:
         params = card.input_request.params if isinstance(card.input_request.params, dict) else {}
         errors = content_errors(params.get("requestedSchema") or {}, content)
-        raise AnswerRejected("The answer does not fit the form:", {**errors, **problems})
+        raise AnswerRejected(gettext("The answer does not fit the form:"), {**errors, **problems})
     return {"action": "accept", "content": content}

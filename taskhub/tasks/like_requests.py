@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.utils.translation import gettext
 
 from taskhub.tasks import services
 from taskhub.tasks.errors import AlreadyAnswered, TaskError
@@ -109,13 +110,21 @@ def answer_each(
     outcomes = []
     for input_request in input_requests:
         if not may_answer(input_request):
-            problem = f"You do not approve for the server {input_request.task.server.name!r}."
+            problem = gettext("You do not approve for the server %(server)s.") % {
+                "server": repr(input_request.task.server.name)
+            }
             outcomes.append(Outcome(input_request, answered=False, problem=problem))
             continue
         try:
             recorded = services.answer_input(input_request=input_request, response=response, user=user, comment=comment)
         except AlreadyAnswered as taken:
-            outcomes.append(Outcome(input_request, answered=False, problem=f"{taken.answered_by} answered it first."))
+            outcomes.append(
+                Outcome(
+                    input_request,
+                    answered=False,
+                    problem=gettext("%(person)s answered it first.") % {"person": taken.answered_by},
+                )
+            )
         except (TaskError, PermissionDenied) as refused:
             outcomes.append(Outcome(input_request, answered=False, problem=str(refused)))
         else:

@@ -4,6 +4,8 @@ model's message for, and the person's reply as that message (templates/tasks/inp
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import gettext
+
 from taskhub.tasks.errors import AnswerRejected
 
 SAMPLING_MESSAGES_SHOWN = 20
@@ -75,9 +77,11 @@ def sampling_reply(data) -> dict[str, Any]:
     """A person's reply to a sampling request, as the model's message (CreateMessageResult)."""
     reply = str(data.get("reply", "")).strip()
     if not reply:
-        raise AnswerRejected("Write the reply the model would give (or decline).", {"reply": "Write the reply."})
+        raise AnswerRejected(
+            gettext("Write the reply the model would give (or decline)."), {"reply": gettext("Write the reply.")}
+        )
     if len(reply) > REPLY_MAX_CHARS:
-        raise AnswerRejected(f"The reply is longer than {REPLY_MAX_CHARS} characters.")
+        raise AnswerRejected(gettext("The reply is longer than %(count)s characters.") % {"count": REPLY_MAX_CHARS})
     return {
         "role": "assistant",
         "content": {"type": "text", "text": reply},

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext_lazy as _
+
 from taskhub.mcp.schema_fields import ELICITATION, TOOL, FieldSet, SchemaField, Use, build_fields, read_form
 
-CANNOT_RENDER = "taskhub cannot render this request; decline or cancel it."
+CANNOT_RENDER = _("taskhub cannot render this request; decline or cancel it.")
 
 
 class SchemaForm:

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from taskhub.accounts import permissions
 from taskhub.audit.services import record_event
@@ -87,11 +88,18 @@ def _answer(
             answered_at=input_request.answered_at,
         )
     if input_request.state == InputRequestState.SUPERSEDED:
-        raise InputNoLongerOpen(f"The server no longer asks {input_request.key!r}; the answer was not recorded.")
+        raise InputNoLongerOpen(
+            gettext("The server no longer asks %(key)s; the answer was not recorded.")
+            % {"key": repr(input_request.key)}
+        )
     if task.is_terminal:
-        raise InputNoLongerOpen(f"The task is {task.get_status_display()}; it takes no more answers.")
+        raise InputNoLongerOpen(
+            gettext("The task is %(status)s; it takes no more answers.") % {"status": task.get_status_display()}
+        )
     if task.server.removed_at is not None:
-        raise InputNoLongerOpen(f"The server {task.server.name!r} was removed; it takes no more answers.")
+        raise InputNoLongerOpen(
+            gettext("The server %(server)s was removed; it takes no more answers.") % {"server": repr(task.server.name)}
+        )
     _refuse_unstorable_answer(response)
     answer = validate_response(
         method=input_request.method,
@@ -199,7 +207,9 @@ COMMENT_MAX_CHARS = 2000
 def _checked_comment(comment: str) -> str:
     comment = (comment or "").strip()
     if len(comment) > COMMENT_MAX_CHARS:
-        raise AnswerRejected(f"The comment is too long: at most {COMMENT_MAX_CHARS} characters.")
+        raise AnswerRejected(
+            gettext("The comment is too long: at most %(count)s characters.") % {"count": COMMENT_MAX_CHARS}
+        )
     problem = storable_text.value_problem(comment)
     if problem:
         raise AnswerRejected(f"The comment {problem}.")
@@ -222,7 +232,7 @@ def _refuse_unstorable_answer(response: Any) -> None:
         problem = storable_text.value_problem(response)
         unstorable = {"": f"The answer {problem}."} if problem else {}
     if unstorable:
-        raise AnswerRejected("The answer contains text that cannot be stored.", unstorable)
+        raise AnswerRejected(gettext("The answer contains text that cannot be stored."), unstorable)
 
 
 DEFAULT_ANSWERER = "taskhub, at the deadline"

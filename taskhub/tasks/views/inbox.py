@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts.permissions import approver_required, may_answer, may_see_task
@@ -144,21 +145,28 @@ def answer(request, request_id):
         return _refused(request, again, status=400)
     except AlreadyAnswered as taken:
         input_request.refresh_from_db()
-        notice = f"{taken.answered_by} answered this first; your answer was not recorded."
+        notice = _("%(person)s answered this first; your answer was not recorded.") % {"person": taken.answered_by}
         return _refused(request, card_for(input_request, request.user, may_answer=True, notice=notice), status=409)
     except InputNoLongerOpen as gone:
         input_request.refresh_from_db()
-        notice = f"{gone} Nothing more to do here."
+        notice = _("%(why)s Nothing more to do here.") % {"why": gone}
         return _refused(request, card_for(input_request, request.user, may_answer=True, notice=notice), status=409)
 
     if request.htmx:
         return render(request, CARD_TEMPLATE, {"card": card_after_answer(card, answered, request.user)})
     if answered.state == "open":  # N of M: recorded, more acceptances needed
-        messages.success(request, f"Accepted: {len(answered.acceptances)} of the acceptances needed are in.")
+        messages.success(
+            request,
+            _("Accepted: %(count)s of the acceptances needed are in.") % {"count": len(answered.acceptances)},
+        )
         return redirect(next_url or reverse("tasks:inbox"))
     action = (answered.answer or {}).get("action", "answer")
-    words = {"accept": "Accepted", "decline": "Declined", "cancel": "Cancelled"}.get(action, "Answered")
-    messages.success(request, f"{words}: the answer to {answered.task.server.name} is recorded and being delivered.")
+    said = {
+        "accept": _("Accepted: the answer to %(server)s is recorded and being delivered."),
+        "decline": _("Declined: the answer to %(server)s is recorded and being delivered."),
+        "cancel": _("Cancelled: the answer to %(server)s is recorded and being delivered."),
+    }.get(action, _("Answered: the answer to %(server)s is recorded and being delivered."))
+    messages.success(request, said % {"server": answered.task.server.name})
     return redirect(next_url or reverse("tasks:inbox"))
 
 
@@ -188,7 +196,6 @@ def _refused(request, card, *, status: int):
 # --- like requests, answered with one form (taskhub/tasks/like_requests.py) ----------------------------------------
 
 FAILURES_LISTED = 10
-ACTION_DONE = {"accept": "Accepted", "decline": "Declined", "cancel": "Cancelled"}
 
 
 @approver_required
@@ -200,22 +207,23 @@ def answer_like(request):
     back = next_url or reverse("tasks:inbox")
     ids = _ids(",".join(request.POST.getlist("request")))
     if not ids:
-        messages.error(request, "Select at least one request to answer; nothing was answered.")
+        messages.error(request, _("Select at least one request to answer; nothing was answered."))
         return redirect(back)
     if len(ids) > like_requests.MAX_ANSWERED_AT_ONCE:
         messages.error(
             request,
-            f"At most {like_requests.MAX_ANSWERED_AT_ONCE} requests can be answered at once; nothing was answered.",
+            _("At most %(count)s requests can be answered at once; nothing was answered.")
+            % {"count": like_requests.MAX_ANSWERED_AT_ONCE},
         )
         return redirect(back)
     # Only requests of servers the user approves for are found: others do not exist for them (as in answer()).
     chosen = list(requests_user_may_see(request.user, ids))
     missing = len(set(ids)) - len(chosen)
     if not chosen:
-        messages.error(request, "None of the selected requests is one you may answer; nothing was answered.")
+        messages.error(request, _("None of the selected requests is one you may answer; nothing was answered."))
         return redirect(back)
     if len({like_requests.likeness(ir) for ir in chosen}) != 1 or like_requests.likeness(chosen[0]) is None:
-        messages.error(request, "The selected requests do not all ask the same thing; nothing was answered.")
+        messages.error(request, _("The selected requests do not all ask the same thing; nothing was answered."))
         return redirect(back)
 
     lead = chosen[0]
@@ -237,35 +245,73 @@ def answer_like(request):
     done = [outcome for outcome in outcomes if outcome.answered and not outcome.waiting_for_more]
     failed = [outcome for outcome in outcomes if not outcome.answered]
     if done:
-        words = ACTION_DONE.get(response.get("action"), "Answered")  # a sampling reply: "Answered"
-        many = f"{len(done)} request{'s' if len(done) != 1 else ''}"
-        messages.success(
-            request, f"{words} {many} from {lead.task.server.name}: each answer is recorded and being delivered."
-        )
+        said = _done_words(response.get("action"), len(done))  # a sampling reply: "Answered"
+        messages.success(request, said % {"count": len(done), "server": lead.task.server.name})
     if waiting:
-        many = f"{len(waiting)} request{'s' if len(waiting) != 1 else ''}"
-        counts = sorted({f"{outcome.accepted} of {outcome.required}" for outcome in waiting})
-        messages.success(
-            request,
-            f"Your acceptance is recorded for {many} ({', '.join(counts)} accepted): each waits for more acceptances "
-            "before anything is sent.",
+        counts = sorted(
+            {_("%(accepted)s of %(required)s") % {"accepted": o.accepted, "required": o.required} for o in waiting}
         )
+        said = ngettext(
+            "Your acceptance is recorded for %(count)s request (%(counts)s accepted): each waits for more acceptances"
+            " before anything is sent.",
+            "Your acceptance is recorded for %(count)s requests (%(counts)s accepted): each waits for more acceptances"
+            " before anything is sent.",
+            len(waiting),
+        )
+        messages.success(request, said % {"count": len(waiting), "counts": ", ".join(counts)})
     if failed or missing:
         not_answered = len(failed) + missing
         lines = [_failure_line(outcome) for outcome in failed[:FAILURES_LISTED]]
         if len(failed) > FAILURES_LISTED:
-            lines.append(f"and {len(failed) - FAILURES_LISTED} more")
+            lines.append(_("and %(count)s more") % {"count": len(failed) - FAILURES_LISTED})
         if missing:
             lines.append(
-                f"{missing} selected request{'s are' if missing != 1 else ' is'} not among those you may answer"
+                ngettext(
+                    "%(count)s selected request is not among those you may answer",
+                    "%(count)s selected requests are not among those you may answer",
+                    missing,
+                )
+                % {"count": missing}
             )
-        messages.error(request, f"{not_answered} not answered: " + "; ".join(lines) + ".")
+        messages.error(
+            request, _("%(count)s not answered: %(lines)s.") % {"count": not_answered, "lines": "; ".join(lines)}
+        )
     return redirect(back)
 
 
 def _failure_line(outcome: like_requests.Outcome) -> str:
     ir = outcome.input_request
-    return f"request {short_key(ir.key, task=ir.task) or ir.pk} of task {str(ir.task_id)[:8]}: {outcome.problem}"
+    return _("request %(request)s of task %(task)s: %(problem)s") % {
+        "request": short_key(ir.key, task=ir.task) or ir.pk,
+        "task": str(ir.task_id)[:8],
+        "problem": outcome.problem,
+    }
+
+
+def _done_words(action: str | None, count: int) -> str:
+    if action == "accept":
+        return ngettext(
+            "Accepted %(count)s request from %(server)s: each answer is recorded and being delivered.",
+            "Accepted %(count)s requests from %(server)s: each answer is recorded and being delivered.",
+            count,
+        )
+    if action == "decline":
+        return ngettext(
+            "Declined %(count)s request from %(server)s: each answer is recorded and being delivered.",
+            "Declined %(count)s requests from %(server)s: each answer is recorded and being delivered.",
+            count,
+        )
+    if action == "cancel":
+        return ngettext(
+            "Cancelled %(count)s request from %(server)s: each answer is recorded and being delivered.",
+            "Cancelled %(count)s requests from %(server)s: each answer is recorded and being delivered.",
+            count,
+        )
+    return ngettext(
+        "Answered %(count)s request from %(server)s: each answer is recorded and being delivered.",
+        "Answered %(count)s requests from %(server)s: each answer is recorded and being delivered.",
+        count,
+    )
 
 
 def _group_refused(request, lead: InputRequest, refused: AnswerRejected, *, next_url: str):
