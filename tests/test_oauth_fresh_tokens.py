@@ -6,6 +6,7 @@ use, to the demo MCP server behind the test authorization server (tests/oauth_se
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -155,3 +156,22 @@ def test_a_refused_refresh_marks_the_server_after_one_attempt_and_tells_the_admi
     browser.force_login(admin)
     home = browser.get("/").content.decode()
     assert "needs re-authorization" in home and f"/servers/{server.pk}/" in home
+
+
+def test_a_client_that_read_a_token_before_another_process_refreshed_it_uses_the_new_one(protected_demo):
+    """A long-lived client (the tracker's) whose token another process refreshed meanwhile (and so spent its
+    rotated refresh token) sends the stored token, instead of refreshing again with the spent one."""
+    server, _, _ = connected(protected_demo, expires_in_s=8)  # due for refresh 2 s from now (6 s ahead)
+
+    async def two_processes() -> None:
+        async with TasksClient(server.to_target(), timeout=15) as long_lived:
+            await long_lived.discover()  # reads the token, still fresh
+            await asyncio.sleep(2.5)
+            async with TasksClient(server.to_target(), timeout=15) as other:
+                await other.discover()  # the other process refreshes it
+            assert protected_demo.provider.refresh_requests == 1
+            await long_lived.discover()
+
+    async_to_sync(two_processes)()
+    assert protected_demo.provider.refresh_requests == 1
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is None

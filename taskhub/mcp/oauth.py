@@ -664,8 +664,14 @@ class _Guarded:
         storage = self.context.storage
         if not isinstance(storage, SharedRefresh):
             return None
-        refresh_at = _refresh_at(await storage.get_expires_at(), await storage.get_tokens())
+        kept = await storage.get_tokens()
+        refresh_at = _refresh_at(await storage.get_expires_at(), kept)
         if refresh_at is None or time.time() < refresh_at:
+            if kept is not None and self._initialized:  # type: ignore[attr-defined]
+                # What the store holds goes out: another process may have refreshed (and rotated) the token this
+                # provider read before, whose refresh token is spent.
+                self.context.current_tokens = kept
+                self.context.token_expiry_time = refresh_at
             return None
         held = storage.refresh_lock()
         await held.__aenter__()

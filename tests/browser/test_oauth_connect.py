@@ -1,33 +1,46 @@
-"""In a real browser (issue 33 item 1): an admin adds a server protected by a real authorization server (the demo MCP
-server behind tests/oauth_server.py), a worker's discovery meets its 401 challenge and the page says it needs
-authorization; Connect takes the browser to the authorization server (which approves at once) and back to taskhub's
-callback; the worker then discovers the server's tools with the token taskhub kept."""
+"""In a real browser (issue 33): an admin adds a server protected by a real authorization server (the demo MCP server
+behind tests/oauth_server.py), a worker's discovery meets its 401 challenge and the page says it needs authorization;
+Connect takes the browser to the authorization server (which approves at once) and back to taskhub's callback; the
+worker then discovers the server's tools with the token taskhub kept. An operator launches; the access token (six
+seconds of life here) expires and the worker refreshes it with nobody noticing; then the authorization server revokes
+everything: the server shows "needs re-authorization" on its page and on Home, a launch waits, the admin connects
+again, and the launch goes out once."""
 
 import re
+import time
 
 import pytest
 from playwright.sync_api import expect
 
-from taskhub.accounts.groups import ADMINS
-from taskhub.servers.models import Server
+from taskhub.accounts.groups import ADMINS, OPERATORS
+from taskhub.servers.models import Server, ServerAuthorization
+from taskhub.tasks.models import Task, TaskStatus
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser_fixtures import sign_in
 from tests.demo_process import DemoServer
+from tests.helpers import wait_until
 from tests.oauth_server import AuthorizationServer
-from tests.stack_fixtures import Workers, worker_environment
+from tests.stack_fixtures import Workers, demo_stats, worker_environment
 
 pytestmark = pytest.mark.slow
 
 LATE_MS = 30_000
+ACCESS_SECONDS = 6
 
 
 @pytest.fixture
-def protected_demo():
-    with DemoServer() as demo:
-        server = AuthorizationServer(upstream=demo.url)
-        server.start()
+def demo():
+    with DemoServer("--poll-interval-ms", "200") as server:
         yield server
-        server.stop()
+
+
+@pytest.fixture
+def protected_demo(demo):
+    server = AuthorizationServer(upstream=demo.url)
+    server.start()
+    server.provider.access_expires_in = ACCESS_SECONDS
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -39,10 +52,13 @@ def workers(transactional_db):
         workers.stop_all()
 
 
-def test_an_admin_connects_a_server_behind_oauth_in_the_browser(daphne_server, new_page, protected_demo, workers):
+def test_an_admin_connects_a_server_behind_oauth_and_its_work_waits_for_a_reconnect(
+    daphne_server, new_page, demo, protected_demo, workers
+):
     base = daphne_server.url
     workers.start("oauth-connect")
     make_user("alex", ADMINS, password=TEST_PASSWORD)
+    make_user("olga", OPERATORS, password=TEST_PASSWORD)
 
     admin = new_page()
     sign_in(admin, base, "alex", TEST_PASSWORD)
@@ -71,3 +87,45 @@ def test_an_admin_connects_a_server_behind_oauth_in_the_browser(daphne_server, n
     kept = server.authorization.tokens
     assert kept["access_token"] in protected_demo.provider.access
     assert kept["access_token"] not in admin.content() and kept["refresh_token"] not in admin.content()
+
+    # --- an operator launches; the token expires on the way and is refreshed unnoticed ---
+    operator = new_page()
+    sign_in(operator, base, "olga", TEST_PASSWORD)
+    first = launch_progress(operator, base, server)
+    time.sleep(ACCESS_SECONDS + 1)  # the token the admin's Connect got has expired now
+    second = launch_progress(operator, base, server)
+    for task in (first, second):
+        wait_until(lambda task=task: Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED, what="completed")
+    assert protected_demo.provider.refresh_requests >= 1
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is None
+    assert demo_stats(demo)["calls"]["progress"] == 2
+
+    # --- the authorization server revokes everything: the server needs an admin, a launch waits ---
+    protected_demo.provider.revoke_all()
+    waiting = launch_progress(operator, base, server)
+    wait_until(
+        lambda: ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None,
+        what="the server marked as needing re-authorization",
+    )
+    admin.goto(f"{base}/")
+    expect(admin.locator("#dash-servers")).to_contain_text("needs re-authorization")
+    admin.locator("#dash-servers").get_by_role("link", name="Guarded").click()
+    expect(discovery).to_contain_text("Needs re-authorization")
+    time.sleep(2)  # the waiting launch's job looks every second: still not sent
+    assert Task.objects.get(pk=waiting.pk).status == TaskStatus.LAUNCHING
+    assert demo_stats(demo)["calls"]["progress"] == 2
+
+    # --- the admin connects it again: the launch goes out, once ---
+    admin.get_by_role("button", name="Connect", exact=True).click()
+    expect(admin.locator("p.notice").filter(has_text="Connected Guarded")).to_be_visible(timeout=LATE_MS)
+    wait_until(lambda: Task.objects.get(pk=waiting.pk).status == TaskStatus.COMPLETED, what="the waiting launch")
+    time.sleep(1)
+    assert demo_stats(demo)["calls"]["progress"] == 3
+
+
+def launch_progress(operator, base: str, server: Server) -> Task:
+    operator.goto(f"{base}/launch/{server.pk}/progress/")
+    operator.get_by_label("Steps").fill("2")
+    operator.get_by_role("button", name="Launch").click()
+    expect(operator).to_have_url(re.compile(rf"{base}/tasks/[0-9a-f-]{{36}}/$"))
+    return Task.objects.get(pk=operator.url.rstrip("/").rsplit("/", 1)[1])
