@@ -4,15 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('approvals', '0009_webhook_url_secrets'),
+        ("approvals", "0009_webhook_url_secrets"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='mailevent',
-            name='kind',
-            field=models.CharField(choices=[('request_waiting', 'a request waits for me'), ('deadline_near', "a request's answer deadline is near"), ('default_applied', 'a default was applied to a request I could answer'), ('task_finished', 'a task I launched finished'), ('server_needs_authorization', 'a server needs an admin to connect it again')], max_length=32),
+            model_name="mailevent",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("request_waiting", "a request waits for me"),
+                    ("deadline_near", "a request's answer deadline is near"),
+                    ("default_applied", "a default was applied to a request I could answer"),
+                    ("task_finished", "a task I launched finished"),
+                    ("server_needs_authorization", "a server needs an admin to connect it again"),
+                ],
+                max_length=32,
+            ),
         ),
     ]
