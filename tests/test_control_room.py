@@ -204,6 +204,9 @@ def test_times_under_a_minute_are_just_now_and_one_day_is_singular():
     assert duration_words(2 * 86_400_000) == "2 days"
     assert duration_text(90) == "1 min 30 s"
     assert duration_text(86_400 + 3600) == "1 day 1 h"
+    # One formatter for every duration (taskhub/tasks/durations.py): a task's run, Home's percentiles, a TTL.
+    assert (duration_text(0.02), duration_text(5), duration_text(3.25)) == ("20 ms", "5 s", "3.2 s")
+    assert duration_words(90_000) == "1 min 30 s" and duration_words(5_000) == "5 s"
 
 
 def test_the_list_shows_durations(client, olga, alpha):

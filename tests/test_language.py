@@ -105,3 +105,15 @@ def test_what_a_view_and_a_service_say_back_is_in_the_readers_language(client):
     assert taken.status_code == 400 and "用户名“MEI”已被占用" in taken.text and "is taken" not in taken.text
     answered = client.post(reverse("tasks:answer_like"), {"action": "accept"}, follow=True)
     assert "请至少选择一个要回答的请求" in answered.text and "Select at least one" not in answered.text
+
+
+def test_a_duration_in_chinese():
+    """The one duration formatter says its units in the reader's language (Home's percentiles, a task's run)."""
+    from django.utils import translation
+
+    from taskhub.tasks.durations import duration_text
+
+    with translation.override("zh-hans"):
+        assert duration_text(90) == "1 分钟 30 秒"
+        assert duration_text(2 * 86_400 + 3_600) == "2 天 1 小时"
+        assert duration_text(0.02) == "20 毫秒"

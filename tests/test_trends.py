@@ -135,7 +135,7 @@ def test_durations_and_answer_times_at_p50_and_p95(alpha):
     assert board.slowest_tools[1].href == f"/tasks/?server={alpha.pk}&tool=render&ended=24h"
     [answers] = board.answer_times
     assert (answers.label, answers.count, answers.p50, answers.p95) == ("alpha", 10, 55.0, pytest.approx(95.5))
-    assert answers.p95_text == "1.6 min" and answers.p50_text == "55.0 s"
+    assert answers.p95_text == "1 min 35 s" and answers.p50_text == "55 s"
 
 
 def test_an_approver_sees_the_trends_of_their_servers_only(alpha, beta):

@@ -14,12 +14,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.models import Count, Exists, Q, QuerySet, Subquery
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext
 
 from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms
 from taskhub.approvals import answer_rules
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline
 from taskhub.servers.models import Server
+from taskhub.tasks.durations import duration_text
 from taskhub.tasks.models import InputRequest, InputRequestState
 
 NOTHING = Q(pk__in=[])
@@ -61,19 +62,6 @@ def answerer_names(policy: ApprovalPolicy, *, none_named: str = "all approvers")
     return ", ".join(names) if names else none_named
 
 
-def _shown_duration(duration: timedelta) -> str:
-    """say_duration's units in the reader's language (say_duration itself stays what the form reads back)."""
-    seconds = int(duration.total_seconds())
-    if seconds >= 86400 and seconds % 86400 == 0:
-        days = seconds // 86400
-        return ngettext("%(days)d day", "%(days)d days", days) % {"days": days}
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return gettext("%(hours)d h") % {"hours": seconds // 3600}
-    if seconds >= 60 and seconds % 60 == 0:
-        return gettext("%(minutes)d min") % {"minutes": seconds // 60}
-    return gettext("%(seconds)s s") % {"seconds": seconds}
-
-
 def deadline_words(policy: ApprovalPolicy) -> str:
     """ "within 30 min, then decline the request": the policy's deadline as its page and command say it (in the
     language active: a command's is English)."""
@@ -84,7 +72,7 @@ def deadline_words(policy: ApprovalPolicy) -> str:
         group = policy.escalation_group.name if policy.escalation_group else gettext("(a removed group)")
         then = gettext("escalate to %(group)s") % {"group": group}
     return gettext("within %(duration)s, then %(then)s") % {
-        "duration": _shown_duration(policy.answer_within),
+        "duration": duration_text(policy.answer_within.total_seconds()),
         "then": then,
     }
 

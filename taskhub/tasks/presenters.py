@@ -19,6 +19,7 @@ from django.utils.translation import gettext
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import AuditEvent
+from taskhub.tasks.durations import duration_text
 from taskhub.tasks.input_cards import card_for, number_siblings
 from taskhub.tasks.models import (
     CANCELLED_NOT_SENT,
@@ -330,17 +331,7 @@ def parse_remote_time(value: str) -> datetime.datetime | None:
 
 
 def duration_words(ms: int | None) -> str:
-    if not ms:
-        return ""
-    seconds = ms / 1000
-    if seconds < 60:
-        return gettext("%(value)s s") % {"value": f"{seconds:g}"}
-    if seconds < 3600:
-        return gettext("%(value)s min") % {"value": f"{seconds / 60:.3g}"}
-    if seconds < 86400:
-        return gettext("%(value)s h") % {"value": f"{seconds / 3600:.3g}"}
-    days = f"{seconds / 86400:.3g}"
-    return gettext("%(value)s day") % {"value": days} if days == "1" else gettext("%(value)s days") % {"value": days}
+    return duration_text(ms / 1000) if ms else ""
 
 
 @dataclass

@@ -29,6 +29,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
 from taskhub.accounts import permissions
+from taskhub.tasks.durations import duration_text
 from taskhub.tasks.models import InputRequest, InputRequestState
 from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts_per
 from taskhub.tasks.queries import tasks_visible_to
@@ -75,18 +76,6 @@ class P95(Aggregate):
 def tasks_href(**filters) -> str:
     kept = {name: value for name, value in filters.items() if value not in ("", None)}
     return reverse("tasks:list") + (f"?{urlencode(kept)}" if kept else "")
-
-
-def duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 1:
-        return _("%(value)s ms") % {"value": f"{seconds * 1000:.0f}"}
-    if seconds < 60:
-        return _("%(value)s s") % {"value": f"{seconds:.1f}"}
-    if seconds < 3600:
-        return _("%(value)s min") % {"value": f"{seconds / 60:.1f}"}
-    return _("%(value)s h") % {"value": f"{seconds / 3600:.1f}"}
 
 
 @dataclass

@@ -6,9 +6,10 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html, json_script
 from django.utils.timesince import timesince
-from django.utils.translation import get_language, gettext_lazy, ngettext, pgettext_lazy
+from django.utils.translation import get_language, gettext_lazy, pgettext_lazy
 from django.utils.translation import gettext as _
 
+from taskhub.tasks.durations import duration_text
 from taskhub.tasks.models import NOT_APPROVED, TaskStatus
 from taskhub.tasks.outcomes import OUTCOME_WORDS, Outcome
 
@@ -144,27 +145,6 @@ def outcome_badge(task) -> str:
         words,
         format_html(' <span class="outcome-detail">{}</span>', detail) if detail else "",
     )
-
-
-def duration_text(seconds: float) -> str:
-    """3.2 s, 4 min 10 s, 2 h 5 min, 3 days 4 h: two units at most, "1 day" not "1 days"."""
-    if seconds < 10:
-        return _("%(seconds)s s") % {"seconds": f"{seconds:.1f}"}
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    day_text = ngettext("%(days)d day", "%(days)d days", days) % {"days": days}
-    hour_text = _("%(hours)d h") % {"hours": hours}
-    minute_text = _("%(minutes)d min") % {"minutes": minutes}
-    second_text = _("%(seconds)s s") % {"seconds": secs}
-    if days:
-        return f"{day_text} {hour_text}" if hours else day_text
-    if hours:
-        return f"{hour_text} {minute_text}" if minutes else hour_text
-    if minutes:
-        return f"{minute_text} {second_text}" if secs else minute_text
-    return second_text
 
 
 @register.filter
