@@ -5,6 +5,7 @@ from django.contrib import messages
 from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.utils.translation import gettext
 
 from taskhub.accounts import permissions
 from taskhub.accounts.permissions import signed_in_required
@@ -59,10 +60,18 @@ def token_revoke(request, token_id: int):
     if token is None:
         raise Http404("No such token.")
     if token.revoked_at is not None:
-        messages.info(request, f"The token “{token.name}” ({token.prefix}…) was revoked already.")
+        messages.info(
+            request,
+            gettext("The token “%(name)s” (%(prefix)s…) was revoked already.")
+            % {"name": token.name, "prefix": token.prefix},
+        )
         return redirect("tokens:list")
     if request.method != "POST":
         return render(request, "api/token_revoke.html", {"token": token, "own": token.user_id == request.user.pk})
     revoke_token(token=token, revoked_by=request.user)
-    messages.success(request, f"Revoked the token “{token.name}” ({token.prefix}…): it no longer works.")
+    messages.success(
+        request,
+        gettext("Revoked the token “%(name)s” (%(prefix)s…): it no longer works.")
+        % {"name": token.name, "prefix": token.prefix},
+    )
     return redirect("tokens:list")

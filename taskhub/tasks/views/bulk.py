@@ -125,13 +125,22 @@ def cancel_many(request):
         except bulk.BulkRefused as refusal:
             context["refusal"] = str(refusal)
             return _page(request, context, tasks, status=409)
-        skipped = "; ".join(f"{n} {reason}" for reason, n in done.skipped)
-        text = f"Cancel requested for {done.count} task{'s' if done.count != 1 else ''}"
-        text += f" (skipped: {skipped})." if skipped else "."
+        requested = ngettext("Cancel requested for %(count)s task", "Cancel requested for %(count)s tasks", done.count)
+        said = {"requested": requested % {"count": done.count}}
+        if done.skipped:  # the reasons' words stay English in the audit row, and are the reader's here
+            said["skipped"] = "; ".join(f"{n} {gettext(reason)}" for reason, n in done.skipped)
+            sentences = [gettext("%(requested)s (skipped: %(skipped)s).") % said]
+        else:
+            sentences = [gettext("%(requested)s.") % said]
         if done.more:
-            text += f" {done.more} more matched beyond the {bulk.max_tasks()} at a time: cancel again for them."
-        text += " taskhub tells the servers a few at a time; each task shows when its server stops it."
-        messages.success(request, text)
+            sentences.append(
+                gettext("%(more)s more matched beyond the %(limit)s at a time: cancel again for them.")
+                % {"more": done.more, "limit": bulk.max_tasks()}
+            )
+        sentences.append(
+            gettext("taskhub tells the servers a few at a time; each task shows when its server stops it.")
+        )
+        messages.success(request, " ".join(sentences))
         return redirect(list_href)
     return _page(request, context, tasks)
 
