@@ -62,15 +62,18 @@ class ApprovingProvider:
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
 
-    def registered(self, *, client_id: str, client_secret: str, redirect_uri: str) -> OAuthClientInformationFull:
+    def registered(
+        self, *, client_id: str, client_secret: str, redirect_uri: str, scope: str | None = None
+    ) -> OAuthClientInformationFull:
         """A client registered by hand (as an admin does where registration is refused), authenticated by
-        client_secret_basic."""
+        client_secret_basic, allowed `scope`."""
         return OAuthClientInformationFull(
             client_id=client_id,
             client_secret=client_secret,
             redirect_uris=[AnyUrl(redirect_uri)],
             token_endpoint_auth_method="client_secret_basic",
             grant_types=["authorization_code", "refresh_token"],
+            scope=scope,
         )
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
@@ -153,15 +156,20 @@ class AuthorizationServer:
         self.provider = ApprovingProvider()
         self._app: ThreadedApp | None = None
         self.url = ""
-        self.mcp_refusals = 0  # requests to /mcp refused for want of a valid token
+        self.mcp_refusals = 0  # requests to /mcp refused for want of a valid token (or of its scope)
+        # A scope /mcp then demands (403 insufficient_scope without it: a step-up).
+        self.required_scope: str | None = None
 
     def start(self) -> str:
         holder: dict[str, str] = {}
 
-        async def authorized(request: Request) -> bool:
+        async def access_of(request: Request) -> AccessToken | None:
             header = request.headers.get("authorization", "")
             token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else ""
-            return bool(token) and await self.provider.load_access_token(token) is not None
+            return await self.provider.load_access_token(token) if token else None
+
+        async def authorized(request: Request) -> bool:
+            return await access_of(request) is not None
 
         def challenge(metadata_path: str) -> JSONResponse:
             metadata = f"{holder['url']}/.well-known/oauth-protected-resource{metadata_path}"
@@ -177,9 +185,21 @@ class AuthorizationServer:
             return challenge("")
 
         async def mcp(request: Request):
-            if not await authorized(request):
+            access = await access_of(request)
+            if access is None:
                 self.mcp_refusals += 1
                 return challenge("/mcp")
+            if self.required_scope and self.required_scope not in access.scopes:
+                self.mcp_refusals += 1
+                metadata = f"{holder['url']}/.well-known/oauth-protected-resource/mcp"
+                return JSONResponse(
+                    {"error": "insufficient_scope"},
+                    status_code=403,
+                    headers={
+                        "WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{self.required_scope}", '
+                        f'resource_metadata="{metadata}"'
+                    },
+                )
             headers = {key: value for key, value in request.headers.items() if key.lower() not in DROPPED_HEADERS}
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
             try:

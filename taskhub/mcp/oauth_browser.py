@@ -31,7 +31,7 @@ from urllib.parse import urlencode, urljoin, urlparse
 
 from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError, PKCEParameters
 from mcp.client.auth.oauth2 import OAuthContext
-from mcp.client.auth.utils import validate_authorization_response_iss
+from mcp.client.auth.utils import union_scopes, validate_authorization_response_iss
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
@@ -115,6 +115,9 @@ class _FirstHalf(AuthorizationCodeProvider):
 
     async def _perform_authorization(self):
         await self._keep_discovery()
+        if self.extra_scope:  # a wider scope the server asked for since (step-up), beside the selection's
+            metadata = self.context.client_metadata
+            metadata.scope = union_scopes(metadata.scope, self.extra_scope)
         raise _SendTheBrowser(authorization_request(self.context))
 
 
@@ -198,11 +201,13 @@ async def start_authorization(
     redirect_uri: str,
     protocol_version: str,
     client_metadata_url: str | None = None,
+    scope: str | None = None,
 ) -> BrowserLeg | None:
     """Ask the server, unauthorized; on its challenge run discovery and the client's identification and return
-    where to send the person. None when the server answered without asking for authorization. NeedsClient when
+    where to send the person (asking for `scope` too, besides the scopes the challenge or metadata name). None when
+    the server answered without asking for authorization. NeedsClient when
     no way to identify taskhub is left but a client an admin registers; AuthorizationProblem otherwise."""
-    settings = OAuthClientSettings(client_metadata_url=client_metadata_url)
+    settings = OAuthClientSettings(client_metadata_url=client_metadata_url, scope=scope or None)
     provider = oauth_provider(
         server_url=server_url,
         settings=settings,

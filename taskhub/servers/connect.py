@@ -79,7 +79,14 @@ def start(*, server: Server, redirect_uri: str) -> BrowserLeg | None:
         redirect_uri=redirect_uri,
         protocol_version=wire.PROTOCOL_VERSION,
         client_metadata_url=public_url(reverse("servers:oauth_client_metadata")),
+        scope=wanted_scope(server),
     )
+
+
+def wanted_scope(server: Server) -> str:
+    """The wider scope the server asked for since it was connected (a 403 insufficient_scope), or ""."""
+    row = store_of(server).row()
+    return row.wanted_scope if row is not None else ""
 
 
 def finish(*, server: Server, pending: PendingAuthorization, answer: dict[str, str]) -> OAuthToken:

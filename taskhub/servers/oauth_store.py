@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 from asgiref.sync import sync_to_async
@@ -104,9 +105,12 @@ class DatabaseTokenStore:
             )
             Server.objects.filter(pk=self.server_id, oauth=False).update(oauth=True)
 
-    def mark_needs_reauthorization(self) -> None:
-        """Mark the server (once: the mark's first setting is announced, for the admins' mail)."""
+    def mark_needs_reauthorization(self, *, wanted_scope: str = "") -> None:
+        """Mark the server (once: the mark's first setting is announced, for the admins' mail). `wanted_scope`: a
+        wider scope the server asked for (a 403 insufficient_scope), which the admin's next Connect asks for."""
         with transaction.atomic():
+            if wanted_scope:
+                ServerAuthorization.objects.filter(server_id=self.server_id).update(wanted_scope=wanted_scope[:2000])
             marked = ServerAuthorization.objects.filter(
                 server_id=self.server_id, needs_reauthorization_since__isnull=True
             ).update(needs_reauthorization_since=timezone.now())
@@ -164,7 +168,16 @@ class NoPersonHere:
         self.store = store
 
     async def redirect_handler(self, authorization_url: str) -> None:
-        await sync_to_async(self.store.mark_needs_reauthorization)()
+        # The scope the flow would have asked for: after a 403 insufficient_scope, the SDK's union of the granted
+        # and the challenged scopes (step-up). Kept when it is wider than what was granted: the admin's next Connect
+        # asks for it.
+        asked = parse_qs(urlsplit(authorization_url).query).get("scope", [""])[0]
+        await sync_to_async(self._mark)(asked)
+
+    def _mark(self, asked: str) -> None:
+        granted = self.store.tokens_now()
+        wider = set(asked.split()) - set(((granted.scope if granted else None) or "").split())
+        self.store.mark_needs_reauthorization(wanted_scope=asked if wider else "")
         raise AuthorizationProblem("the server needs an admin to connect it again (its token could not be refreshed)")
 
     async def callback_handler(self) -> AuthorizationCodeResult:

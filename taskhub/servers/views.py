@@ -115,6 +115,7 @@ def _detail_context(server: Server) -> dict:
         "env_names": sorted(server.env or {}),
         "has_token": bool(server.bearer_token),
         **dict(zip(("oauth_state", "oauth_since"), connect.authorization_state(server), strict=True)),
+        "oauth_wanted_scope": connect.wanted_scope(server) if server.oauth else "",
         "paused_tasks": 0 if server.enabled else server.tasks.filter(poll__isnull=False).count(),
         "process": ServerProcess.objects.filter(server=server).first() if server.transport == "stdio" else None,
     }
