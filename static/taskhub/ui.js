@@ -23,7 +23,7 @@
     if (!button || !navigator.clipboard) return;
     navigator.clipboard.writeText(button.dataset.copy).then(function () {
       var label = button.textContent;
-      button.textContent = "copied";
+      button.textContent = taskhubWord("copied", "copied");
       setTimeout(function () { button.textContent = label; }, 1200);
     });
   });

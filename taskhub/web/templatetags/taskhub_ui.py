@@ -75,6 +75,7 @@ def js_words() -> str:
         "task_ended": _("The task ended: %s."),
         "inbox_new_many": _("%s new requests arrived."),
         "home_updated": _("Home updated."),
+        "copied": _("copied"),
     }
     return json_script(words, "taskhub-words")
 
