@@ -7,6 +7,7 @@ nothing; taskhub's Client ID Metadata Document is served where it has a public h
 
 from __future__ import annotations
 
+import logging
 import re
 from html import unescape
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -24,6 +25,7 @@ from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.services import create_server
 from tests.account_fixtures import make_user
 from tests.oauth_server import AuthorizationServer
+from tests.test_credentials_nowhere import every_text_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,7 +72,8 @@ def approve(authorization_url: str) -> dict[str, str]:
     return {name: values[0] for name, values in parse_qs(location.query).items()}
 
 
-def test_an_admin_connects_a_challenged_server_and_its_tools_are_discovered(protected_demo, admin_browser):
+def test_an_admin_connects_a_challenged_server_and_its_tools_are_discovered(protected_demo, admin_browser, caplog):
+    caplog.set_level(logging.DEBUG)
     server = added_and_challenged(protected_demo)
     page = admin_browser.get(reverse("servers:detail", args=[server.pk])).content.decode()
     assert "Needs authorization" in page and "Connect</button>" in page
@@ -107,6 +110,13 @@ def test_an_admin_connects_a_challenged_server_and_its_tools_are_discovered(prot
     # The callback is good once: the same answer again is refused.
     again = admin_browser.get(reverse("servers:oauth_callback"), answer)
     assert again.status_code == 400
+
+    # Neither the tokens nor the client's registration secret nor the PKCE verifier are logged (DEBUG) or shown.
+    shown = page + again.content.decode()
+    client_secret = protected_demo.provider.clients[asked["client_id"]].client_secret
+    secrets = [tokens.access_token, tokens.refresh_token, client_secret]
+    logged = every_text_logged(caplog.records)
+    assert all(secret and secret not in logged and secret not in shown for secret in secrets)
 
 
 def test_an_answer_with_a_wrong_state_is_refused_and_changes_nothing(protected_demo, admin_browser):
