@@ -7,10 +7,12 @@ server protected by a real authorization server). Served by uvicorn in a thread 
 
 from __future__ import annotations
 
+import base64
+import hmac
 import secrets
 import threading
 import time
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, unquote, urlencode
 
 import aiohttp
 from mcp.server.auth.provider import (
@@ -41,6 +43,7 @@ class ApprovingProvider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.refresh_requests = 0
+        self.client_credentials_requests = 0
         self.refuse_registration = False
         self.issuer = ""  # set once the port is known: what `iss` says in each redirect
         # Access tokens live this long (a test makes them short to see them refreshed).
@@ -141,6 +144,48 @@ class ApprovingProvider:
         )
         self.refresh[refresh] = RefreshToken(token=refresh, client_id=client_id, scopes=scopes, resource=resource)
         return OAuthToken(access_token=access, refresh_token=refresh, expires_in=expires_in, scope=" ".join(scopes))
+
+
+class ClientCredentialsToken:
+    """An ASGI token endpoint: grant_type=client_credentials for a known client whose secret matches (HTTP Basic or
+    the form), tokens without a refresh token; any other grant goes on to the SDK's endpoint, the body replayed."""
+
+    def __init__(self, provider: ApprovingProvider, sdk_token: Route) -> None:
+        self.provider = provider
+        self.sdk_token = sdk_token
+
+    async def __call__(self, scope, receive, send) -> None:
+        request = Request(scope, receive)
+        body = await request.body()
+        form = {name: values[0] for name, values in parse_qs(body.decode()).items()}
+        if form.get("grant_type") != "client_credentials":
+            sent = False
+
+            async def replay():
+                nonlocal sent
+                if sent:
+                    return await receive()
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            await self.sdk_token.handle(scope, replay, send)
+            return
+        client_id, secret = form.get("client_id"), form.get("client_secret")
+        header = request.headers.get("authorization", "")
+        if header.startswith("Basic "):
+            client_id, _, secret = base64.b64decode(header[6:]).decode().partition(":")
+            client_id, secret = unquote(client_id), unquote(secret)
+        client = self.provider.clients.get(client_id or "")
+        if client is None or not secret or not hmac.compare_digest(client.client_secret or "", secret):
+            await JSONResponse({"error": "invalid_client"}, status_code=401)(scope, receive, send)
+            return
+        with self.provider._lock:
+            self.provider.client_credentials_requests += 1
+        tokens = self.provider._tokens(
+            client_id=client_id, scopes=[], resource=form.get("resource"), expires_in=self.provider.access_expires_in
+        )
+        tokens.refresh_token = None
+        await JSONResponse(tokens.model_dump(mode="json", exclude_none=True))(scope, receive, send)
 
 
 # Not forwarded by the proxy at /mcp (hop-by-hop, recomputed, or the token meant for it alone).
@@ -252,7 +297,11 @@ class AuthorizationServer:
                 Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]),
                 Route("/.well-known/oauth-protected-resource/mcp", protected_resource("/mcp"), methods=["GET"]),
             ]
-        for route in [*routes, *own]:
+        sdk_token = next(route for route in routes if getattr(route, "path", "") == "/token")
+        # The client credentials grant, which the SDK's token endpoint does not know, answered here; the rest is the
+        # SDK's.
+        own.insert(0, Route("/token", ClientCredentialsToken(self.provider, sdk_token), methods=["POST"]))
+        for route in [*own, *routes]:
             app.router.routes.append(route)
         return self.url
 

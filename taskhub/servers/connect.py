@@ -103,6 +103,7 @@ def record_connection(*, server: Server, tokens: OAuthToken, user) -> Server:
     server = Server.objects.select_for_update().get(pk=server.pk)
     store = store_of(server)
     store.store_tokens(tokens)
+    Server.objects.filter(pk=server.pk, oauth_client_credentials=True).update(oauth_client_credentials=False)
     row = store.row()
     issuer = None
     if row is not None and isinstance(row.discovery, dict):
@@ -165,3 +166,37 @@ def authorization_state(server: Server) -> tuple[str | None, object]:
         state = "needs_reauthorization" if server.oauth and row.tokens else "needs_authorization"
         return state, row.needs_reauthorization_since
     return ("connected", row.updated_at) if server.oauth and row.tokens else (None, None)
+
+
+@transaction.atomic
+def set_client_credentials(*, server: Server, client_id: str, client_secret: str, user) -> Server:
+    """A server whose tokens taskhub gets and renews itself, with the client credentials grant and the client id and
+    secret an admin registered at its authorization server (kept encrypted, like the tokens; issue 33 item 5). The
+    first request to it gets the first token; its tools are discovered now."""
+    problems = OAuthClientSettings(
+        client_id=client_id, client_secret=client_secret or None, client_credentials=True
+    ).problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    server = Server.objects.select_for_update().get(pk=server.pk)
+    store = store_of(server)
+    store._update(
+        client_info=OAuthClientInformationFull(
+            client_id=client_id,
+            client_secret=client_secret,
+            redirect_uris=None,
+            grant_types=["client_credentials"],
+            token_endpoint_auth_method="client_secret_basic",
+        ).model_dump(mode="json", exclude_none=True),
+        tokens={},
+        expires_at=None,
+        needs_reauthorization_since=None,
+    )
+    Server.objects.filter(pk=server.pk).update(oauth=True, oauth_client_credentials=True)
+    record_event(
+        action="server.connected",
+        user=user,
+        server=server,
+        data={"name": server.name, "grant": "client_credentials", "client_id": client_id},
+    )
+    return services.request_discovery(server=server, user=user)

@@ -69,6 +69,11 @@ class Server(models.Model):
     enabled = models.BooleanField(default=True)
     # HTTP: connected through OAuth (issue 33): requests carry the tokens kept on its ServerAuthorization row.
     oauth = models.BooleanField(default=False, help_text="HTTP: authorized through OAuth")
+    # How its tokens are got: a person's Connect (authorization code, refreshed), or by taskhub itself with the client
+    # id and secret kept on its ServerAuthorization (client credentials, issue 33 item 5).
+    oauth_client_credentials = models.BooleanField(
+        default=False, help_text="HTTP: OAuth tokens got with the client credentials grant, no person"
+    )
     # Overrides of the worker's defaults for this server (taskhub/worker/slots.py); empty: the settings' values.
     max_concurrent_jobs = models.PositiveSmallIntegerField(
         null=True,
@@ -184,7 +189,9 @@ class Server(models.Model):
             return None
         from taskhub.servers.oauth_store import stored_authorization
 
-        return stored_authorization(server_id=self.pk, resource=self.url)
+        return stored_authorization(
+            server_id=self.pk, resource=self.url, client_credentials=self.oauth_client_credentials
+        )
 
     def own_answers(self) -> OwnAnswers:
         roots = tuple(

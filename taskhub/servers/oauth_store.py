@@ -9,6 +9,7 @@ token; the row's repr names the server only.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -26,7 +27,14 @@ from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import ValidationError
 
 from taskhub.database.params import database_params
-from taskhub.mcp.oauth import AuthorizationProblem, Discovery, OAuthClientSettings, OAuthProvider, oauth_provider
+from taskhub.mcp.oauth import (
+    AuthorizationProblem,
+    ClientSecretProvider,
+    Discovery,
+    OAuthClientSettings,
+    OAuthProvider,
+    oauth_provider,
+)
 from taskhub.servers import signals
 from taskhub.servers.models import Server, ServerAuthorization
 
@@ -184,10 +192,29 @@ class NoPersonHere:
         raise AuthorizationProblem("the server needs an admin to connect it again")
 
 
-def stored_authorization(*, server_id: int, resource: str) -> OAuthProvider:
+class StoredClientCredentials(ClientSecretProvider):
+    """The client-credentials grant with the client id and secret kept (encrypted) in the server's store rather than
+    given to the constructor: no query when the provider is made (Server.to_target runs in async code too)."""
+
+    async def _initialize(self) -> None:
+        await super()._initialize()
+        kept = await self.context.storage.get_client_info()
+        if kept is None:
+            raise AuthorizationProblem("no client id and secret are kept for this server's client credentials")
+        self.context.client_info = kept
+
+
+def stored_authorization(*, server_id: int, resource: str, client_credentials: bool = False) -> OAuthProvider:
     """The httpx2.Auth for a server connected through OAuth: its kept registration and tokens, refreshed one
-    process at a time; a person is never asked (NoPersonHere)."""
+    process at a time; a person is never asked (NoPersonHere). With `client_credentials`, taskhub gets and renews
+    the tokens itself with the kept client id and secret (issue 33 item 5)."""
     store = DatabaseTokenStore(server_id=server_id, resource=resource)
+    if client_credentials:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no issuer named: the one discovery finds, as the SDK allows until 3.0
+            return StoredClientCredentials(
+                server_url=resource, storage=store, client_id="(kept)", client_secret="(kept)"
+            )
     return oauth_provider(
         server_url=resource, settings=OAuthClientSettings(), storage=store, redirect=NoPersonHere(store)
     )

@@ -248,18 +248,29 @@ def server_oauth_client(request, server_id):
     problem = None
     if request.method == "POST":
         client_id = request.POST.get("client_id", "").strip()
+        client_secret = request.POST.get("client_secret", "").strip()
+        by_itself = request.POST.get("client_credentials") == "on"
         try:
             if not client_id:
                 raise ValueError(gettext("the client id is needed"))
-            connect.enter_client(
-                server=server,
-                client_id=client_id,
-                client_secret=request.POST.get("client_secret", "").strip(),
-                redirect_uri=redirect_uri,
-            )
+            if by_itself:
+                connect.set_client_credentials(
+                    server=server, client_id=client_id, client_secret=client_secret, user=request.user
+                )
+            else:
+                connect.enter_client(
+                    server=server, client_id=client_id, client_secret=client_secret, redirect_uri=redirect_uri
+                )
         except ValueError as error:
             problem = str(error)
         else:
+            if by_itself:
+                messages.success(
+                    request,
+                    gettext("taskhub gets %(name)s's tokens itself now; its tools are being discovered.")
+                    % {"name": server.name},
+                )
+                return redirect("servers:detail", server_id=server.pk)
             return _send_to_authorization(request, server)
     context = {"server": server, "redirect_uri": redirect_uri, "problem": problem}
     return render(request, "servers/oauth_client.html", context, status=400 if problem else 200)

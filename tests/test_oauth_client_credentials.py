@@ -1,0 +1,74 @@
+"""Without a person (issue 33 item 5): an admin gives a server the client id and secret of a client registered for the
+client credentials grant; taskhub then gets the server's tokens itself on its first request and again when one is
+due, never asking anyone and never marking the server. The secret is kept encrypted and shown nowhere."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from taskhub.accounts.groups import ADMINS
+from taskhub.audit.models import AuditEvent
+from taskhub.servers.connect import store_of
+from taskhub.servers.models import Server, ServerAuthorization
+from taskhub.servers.services import create_server
+from tests.account_fixtures import make_user
+from tests.oauth_server import AuthorizationServer
+from tests.test_credentials_nowhere import every_text_logged
+from tests.test_oauth_fresh_tokens import discover
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "robot-secret-must-stay-hidden"
+
+
+@pytest.fixture
+def protected_demo(shared_demo_server):
+    server = AuthorizationServer(upstream=shared_demo_server.url)
+    server.start()
+    server.provider.access_expires_in = 30
+    yield server
+    server.stop()
+
+
+def test_a_server_with_client_credentials_gets_and_renews_its_tokens_itself(protected_demo, caplog):
+    caplog.set_level(logging.DEBUG)
+    protected_demo.provider.clients["robot"] = protected_demo.provider.registered(
+        client_id="robot", client_secret=SECRET, redirect_uri="http://unused.example/cb"
+    )
+    server = create_server(name="machine", transport="http", url=f"{protected_demo.url}/mcp", user=None)
+    admin = Client()
+    admin.force_login(make_user("alex", ADMINS))
+
+    response = admin.post(
+        reverse("servers:oauth_client", args=[server.pk]),
+        {"client_id": "robot", "client_secret": SECRET, "client_credentials": "on"},
+    )
+    assert response.status_code == 302 and response["Location"] == reverse("servers:detail", args=[server.pk])
+    server = Server.objects.get(pk=server.pk)
+    assert server.oauth and server.oauth_client_credentials and server.discovery_pending_since is not None
+    event = AuditEvent.objects.get(action="server.connected")
+    assert event.data["grant"] == "client_credentials" and SECRET not in str(event.data)
+
+    # The first request gets a token with the client credentials, nobody asked.
+    assert "quick" in discover(server)
+    assert protected_demo.provider.client_credentials_requests == 1
+    first = store_of(server).tokens_now()
+    assert first is not None and first.access_token in protected_demo.provider.access
+
+    # A token due for renewal is renewed the same way.
+    ServerAuthorization.objects.filter(server=server).update(expires_at=time.time() + 3)
+    assert "quick" in discover(Server.objects.get(pk=server.pk))
+    assert protected_demo.provider.client_credentials_requests == 2
+    assert store_of(server).tokens_now().access_token != first.access_token
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is None
+
+    page = admin.get(reverse("servers:detail", args=[server.pk])).content.decode()
+    assert "connected" in page
+    kept = store_of(server).tokens_now().access_token
+    for secret in (SECRET, kept, first.access_token):
+        assert secret not in page and secret not in every_text_logged(caplog.records)
