@@ -117,3 +117,14 @@ def test_a_duration_in_chinese():
         assert duration_text(90) == "1 分钟 30 秒"
         assert duration_text(2 * 86_400 + 3_600) == "2 天 1 小时"
         assert duration_text(0.02) == "20 毫秒"
+
+
+@pytest.mark.django_db
+def test_a_page_that_is_not_there_says_so_in_the_readers_language(client):
+    """Django's own 404 page is English only: taskhub's (templates/404.html) is translated, for everyone signed in
+    or not; the API's stays JSON."""
+    chinese = client.get("/no-such-page/", headers={"accept-language": "zh-CN,zh;q=0.9"})
+    assert chinese.status_code == 404 and "没有这个页面" in chinese.text and "Not Found" not in chinese.text
+    english = client.get("/no-such-page/", headers={"accept-language": "en"})
+    assert english.status_code == 404 and "There is no such page" in english.text
+    assert client.get("/api/no-such-endpoint").json()["error"] == "No such API endpoint."
