@@ -180,17 +180,14 @@ def set_client_credentials(*, server: Server, client_id: str, client_secret: str
         raise ValueError("; ".join(problems))
     server = Server.objects.select_for_update().get(pk=server.pk)
     store = store_of(server)
-    store._update(
-        client_info=OAuthClientInformationFull(
+    store.keep_client_without_tokens(
+        OAuthClientInformationFull(
             client_id=client_id,
             client_secret=client_secret,
             redirect_uris=None,
             grant_types=["client_credentials"],
             token_endpoint_auth_method="client_secret_basic",
-        ).model_dump(mode="json", exclude_none=True),
-        tokens={},
-        expires_at=None,
-        needs_reauthorization_since=None,
+        )
     )
     Server.objects.filter(pk=server.pk).update(oauth=True, oauth_client_credentials=True)
     record_event(

@@ -113,6 +113,16 @@ class DatabaseTokenStore:
             )
             Server.objects.filter(pk=self.server_id, oauth=False).update(oauth=True)
 
+    def keep_client_without_tokens(self, client_info: OAuthClientInformationFull) -> None:
+        """A new client for the server, and no tokens of the old one (nor its mark)."""
+        self._update(
+            client_info=client_info.model_dump(mode="json", exclude_none=True),
+            tokens={},
+            expires_at=None,
+            needs_reauthorization_since=None,
+            wanted_scope="",
+        )
+
     def mark_needs_reauthorization(self, *, wanted_scope: str = "") -> None:
         """Mark the server (once: the mark's first setting is announced, for the admins' mail). `wanted_scope`: a
         wider scope the server asked for (a 403 insufficient_scope), which the admin's next Connect asks for."""
