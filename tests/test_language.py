@@ -128,3 +128,17 @@ def test_a_page_that_is_not_there_says_so_in_the_readers_language(client):
     english = client.get("/no-such-page/", headers={"accept-language": "en"})
     assert english.status_code == 404 and "There is no such page" in english.text
     assert client.get("/api/no-such-endpoint").json()["error"] == "No such API endpoint."
+
+
+def test_the_server_error_page_in_the_readers_language(rf):
+    """templates/500.html reads nothing (the failure may be the database's) but the language the request had."""
+    from django.utils import translation
+
+    from taskhub.api.errors import server_error
+
+    with translation.override("zh-hans"):
+        chinese = server_error(rf.get("/tasks/")).content.decode()
+    assert '<html lang="zh-hans">' in chinese and "服务器出错了" in chinese
+    with translation.override("en"):
+        english = server_error(rf.get("/tasks/")).content.decode()
+    assert '<html lang="en">' in english and "Something went wrong on the server" in english
