@@ -77,7 +77,8 @@
       }
       if (current) {
         if (window.taskhubKeepOrdinal) window.taskhubKeepOrdinal(current, card);
-        current.replaceWith(card);
+        if (window.taskhubReplaceKeepingFocus) window.taskhubReplaceKeepingFocus(current, card);
+        else current.replaceWith(card);
       } else if (previous && previous.parentNode === target) {
         previous.after(card);
         added += 1;
@@ -242,14 +243,5 @@
     }
   });
 
-  // After htmx swaps a card in place (an answer, or a refusal with errors), keep the focus on that card.
-  document.addEventListener("htmx:afterSwap", function (event) {
-    var card = event.detail && event.detail.target;
-    if (!card || !card.id) return;
-    var swapped = document.getElementById(card.id);
-    if (swapped && swapped.classList.contains("ir-card")) {
-      var error = swapped.querySelector("[aria-invalid=true], .has-error input, .has-error select");
-      (error || swapped).focus();
-    }
-  });
+  // After htmx swaps a card in place, static/taskhub/live.js keeps the focus on it (the task page has cards too).
 })();

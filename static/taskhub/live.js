@@ -63,10 +63,26 @@
       if (!shown) return;
       var fresh = document.importNode(element, true);
       keepOrdinal(shown, fresh);
-      shown.replaceWith(fresh);
+      replaceKeepingFocus(shown, fresh);
       if (window.htmx) window.htmx.process(fresh);
     });
   });
+
+  // An element replaced live while the focus is in it (a card answered a moment ago, now "delivered ✓") would drop the
+  // focus to the page's body, and a keyboard or screen reader user back to the top: the same element in the new one
+  // (by id), or the new one itself, takes it back, without scrolling (issue 35 item 3).
+  function replaceKeepingFocus(shown, fresh) {
+    var active = document.activeElement;
+    var had = active && active !== document.body && shown.contains(active);
+    var activeId = had ? active.id : "";
+    shown.replaceWith(fresh);
+    if (!had) return;
+    var again = null;
+    if (activeId) again = fresh.id === activeId ? fresh : fresh.querySelector("#" + CSS.escape(activeId));
+    if (!again && fresh.hasAttribute("tabindex")) again = fresh;
+    if (again) again.focus({ preventScroll: true });
+  }
+  window.taskhubReplaceKeepingFocus = replaceKeepingFocus;
 
   // "request 2 of 3" numbers the cards of one task that the page shows together; a card rendered alone to replace
   // one of them (closed live, or answered through htmx) cannot know its siblings, so it keeps the number shown.
@@ -89,6 +105,18 @@
     var swapped = document.getElementById(target.id);
     if (swapped) keepOrdinal(ordinals[target.id], swapped);
     delete ordinals[target.id];
+  });
+
+  // A card htmx swapped in place (an answer on the inbox or the task page, or a refusal with errors) keeps the focus
+  // that was in the form it replaced: on the first field in error, else on the card (tabindex -1).
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var card = event.detail && event.detail.target;
+    if (!card || !card.id) return;
+    var swapped = document.getElementById(card.id);
+    if (swapped && swapped.classList.contains("ir-card")) {
+      var error = swapped.querySelector("[aria-invalid=true], .has-error input, .has-error select");
+      (error || swapped).focus();
+    }
   });
 
   document.addEventListener("htmx:wsClose", function (event) {
