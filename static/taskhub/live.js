@@ -84,6 +84,56 @@
   }
   window.taskhubReplaceKeepingFocus = replaceKeepingFocus;
 
+  // An element swapped out of band while the focus is in it (a section of the task page at every change, a nav count)
+  // would drop the focus to the page's body: the same element in the new one takes it back, or, gone with the change
+  // (the header's "Cancel task…" once the task ended), the new element itself (issue 35 item 3).
+  var focusBeforeSwap = null;
+  var FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]";
+
+  function focusables(within) {
+    return Array.prototype.slice.call(within.querySelectorAll(FOCUSABLE));
+  }
+
+  function sameControl(element, key) {
+    return element.tagName === key.tag && element.getAttribute("href") === key.href &&
+      element.getAttribute("name") === key.name && element.getAttribute("value") === key.value;
+  }
+
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    var active = document.activeElement;
+    focusBeforeSwap = null;
+    if (!target || !target.id || !active || active === document.body || !target.contains(active)) return;
+    focusBeforeSwap = {
+      container: target.id,
+      id: active.id,
+      tag: active.tagName,
+      href: active.getAttribute("href"),
+      name: active.getAttribute("name"),
+      value: active.getAttribute("value"),
+      index: focusables(target).indexOf(active),
+    };
+  });
+
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    var key = focusBeforeSwap;
+    focusBeforeSwap = null;
+    if (!key || (document.activeElement && document.activeElement !== document.body)) return;
+    var fresh = document.getElementById(key.container);
+    if (!fresh) return;
+    var again = key.id ? document.getElementById(key.id) : null;
+    if (!again || !fresh.contains(again)) {
+      var all = focusables(fresh);
+      var same = all.filter(function (element) { return sameControl(element, key); });
+      again = same.length === 1 ? same[0] : (all[key.index] && sameControl(all[key.index], key) ? all[key.index] : same[0]);
+    }
+    if (!again) {
+      if (!fresh.hasAttribute("tabindex")) fresh.setAttribute("tabindex", "-1");
+      again = fresh;
+    }
+    again.focus({ preventScroll: true });
+  });
+
   // "request 2 of 3" numbers the cards of one task that the page shows together; a card rendered alone to replace
   // one of them (closed live, or answered through htmx) cannot know its siblings, so it keeps the number shown.
   function keepOrdinal(shown, fresh) {

@@ -54,9 +54,18 @@ FOCUS_PROBLEM = """() => {
 MOST_TABS = 80
 
 
+FOCUSED = """() => {
+  const element = document.activeElement;
+  if (!element || element === document.body) return "the page's body";
+  const text = (element.textContent || element.value || "").trim().slice(0, 40);
+  return `${element.tagName.toLowerCase()}#${element.id}.${[...element.classList].join(".")} "${text}"`;
+}"""
+
+
 def press(page: Page, key: str) -> None:
+    before = page.evaluate(FOCUSED)
     page.keyboard.press(key)
-    assert_focus_visible(page, key)
+    assert_focus_visible(page, f"{key} from {before}")
 
 
 def assert_focus_visible(page: Page, after: str) -> None:
