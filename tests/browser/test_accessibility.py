@@ -37,6 +37,18 @@ def blocking_violations(page) -> list[str]:
     return [described(violation) for violation in violations if violation["impact"] in BLOCKING]
 
 
+def lasting_violations(page) -> list[str]:
+    """The violations axe finds on the page and again a moment later: a live update landing while axe measures (the
+    nav's counts, the live dot, a re-layout after the resize) can move what it measures once (a target-size seen
+    on a phone's policy form, not again in dozens of runs); a violation of the page itself is there both times."""
+    found = blocking_violations(page)
+    if not found:
+        return []
+    page.wait_for_timeout(300)
+    again = set(blocking_violations(page))
+    return [violation for violation in found if violation in again]
+
+
 def described(violation: dict) -> str:
     nodes = violation["nodes"]
     targets = ", ".join(" >>> ".join(map(str, node["target"])) for node in nodes[:6])
@@ -56,7 +68,7 @@ def test_every_page_has_no_serious_violation_for_every_role(daphne_server, new_p
             for view, size, scheme in VIEWS:
                 page.set_viewport_size(size)
                 page.emulate_media(color_scheme=scheme)
-                for violation in blocking_violations(page):
+                for violation in lasting_violations(page):
                     found.append(f"{name} ({path}) as {role} at {view}: {violation}")
             page.set_viewport_size(VIEWPORT)
             page.emulate_media(color_scheme="light")
@@ -70,6 +82,6 @@ def test_the_check_finds_what_it_must(page):
         '<!doctype html><html lang="en"><head><title>broken</title></head><body><main>'
         '<input type="text"><button></button><p style="color: #bbb; background: #fff">faint</p></main></body></html>'
     )
-    found = " ".join(blocking_violations(page))
+    found = " ".join(lasting_violations(page))
     for rule in ("label", "button-name", "color-contrast"):
         assert f"{rule} (" in found, found
