@@ -142,3 +142,19 @@ def test_the_server_error_page_in_the_readers_language(rf):
     with translation.override("en"):
         english = server_error(rf.get("/tasks/")).content.decode()
     assert '<html lang="en">' in english and "Something went wrong on the server" in english
+
+
+@pytest.mark.django_db
+def test_the_choices_of_a_select_are_translated_too(client):
+    """The browser walk leaves a select's options out (they name servers, tools and groups as they are): the words
+    taskhub puts among them, an empty choice and "any server", are checked here."""
+    from taskhub.accounts.groups import ADMINS, APPROVERS
+    from taskhub.servers.services import create_server
+
+    create_server(name="alpha", transport="http", url="http://127.0.0.1:9/mcp", user=None)
+    client.force_login(make_user("mei", ADMINS, APPROVERS))
+    client.post(reverse("accounts:language"), {"language": "zh-hans"})
+    policy_form = client.get(reverse("approvals:add")).text
+    assert "- 请选择 -" in policy_form and "Select an option" not in policy_form
+    inbox = client.get(reverse("tasks:inbox")).text
+    assert "any server" not in inbox and "requests whose policy names me" not in inbox

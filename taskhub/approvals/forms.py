@@ -17,10 +17,15 @@ from taskhub.approvals.models import (
 )
 from taskhub.servers.models import Server
 
+# Django's own words for an empty choice (its catalogue has no zh-Hans for them yet).
+CHOOSE_ONE = _("- Select an option -")
+
 
 class PolicyForm(forms.Form):
     server = forms.ModelChoiceField(
-        queryset=Server.objects.filter(removed_at__isnull=True).order_by("name"), label=_("Server")
+        queryset=Server.objects.filter(removed_at__isnull=True).order_by("name"),
+        label=_("Server"),
+        empty_label=CHOOSE_ONE,
     )
     tool = forms.CharField(
         required=False,
@@ -84,6 +89,7 @@ class PolicyForm(forms.Form):
         queryset=Group.objects.order_by("name"),
         required=False,
         label=_("Escalation group"),
+        empty_label=CHOOSE_ONE,
         help_text=_('For "hand it to an escalation group": its approvers answer the request from then on.'),
     )
 

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.db.models import Count, QuerySet
+from django.utils.translation import gettext_lazy
 
 from taskhub.accounts import permissions
 from taskhub.servers.forms import ServerFilterField
@@ -29,12 +30,16 @@ class InboxFilterForm(forms.Form):
     server = ServerFilterField(
         required=False,
         queryset=Server.objects.none(),
-        empty_label="any server",
-        error_messages={"invalid_choice": "There is no server with that id among those you approve for."},
+        empty_label=gettext_lazy("any server"),
+        error_messages={"invalid_choice": gettext_lazy("There is no server with that id among those you approve for.")},
     )
     tool = forms.CharField(required=False, max_length=200)
-    mine = forms.BooleanField(required=False, label="For me", help_text="requests whose policy names me or my group")
-    disabled = forms.BooleanField(required=False, label="Show disabled servers' requests")
+    mine = forms.BooleanField(
+        required=False,
+        label=gettext_lazy("For me"),
+        help_text=gettext_lazy("requests whose policy names me or my group"),
+    )
+    disabled = forms.BooleanField(required=False, label=gettext_lazy("Show disabled servers' requests"))
     page = forms.IntegerField(
         required=False, min_value=1, error_messages={"invalid": "The page must be a whole number (1, 2, …)."}
     )
