@@ -6,7 +6,6 @@ use, to the demo MCP server behind the test authorization server (tests/oauth_se
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -25,6 +24,7 @@ from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.oauth_store import DatabaseTokenStore
 from taskhub.servers.services import create_server
 from tests.account_fixtures import make_user
+from tests.helpers import let_time_pass_async
 from tests.oauth_server import AuthorizationServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -166,7 +166,7 @@ def test_a_client_that_read_a_token_before_another_process_refreshed_it_uses_the
     async def two_processes() -> None:
         async with TasksClient(server.to_target(), timeout=15) as long_lived:
             await long_lived.discover()  # reads the token, still fresh
-            await asyncio.sleep(2.5)
+            await let_time_pass_async(2.5, because="the token must come due for its refresh")
             async with TasksClient(server.to_target(), timeout=15) as other:
                 await other.discover()  # the other process refreshes it
             assert protected_demo.provider.refresh_requests == 1

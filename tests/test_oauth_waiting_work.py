@@ -5,8 +5,6 @@ authorization server, and the admin's Connect through the web views (tests/test_
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -18,7 +16,7 @@ from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStat
 from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
 from tests.demo_process import DemoServer
-from tests.helpers import wait_until
+from tests.helpers import let_time_pass, wait_until
 from tests.oauth_server import AuthorizationServer
 from tests.stack_fixtures import Workers, demo_stats, worker_environment
 from tests.test_oauth_connect import approve, start_connect
@@ -78,7 +76,7 @@ def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protect
         what="the server marked as needing re-authorization",
     )
     services.answer_input(input_request=request, response=APPROVE, user=approver)
-    time.sleep(4)  # several of the jobs' looks (every second here): still waiting, nothing sent
+    let_time_pass(4, because="several of the jobs' looks (every second here) must send nothing while it waits")
     assert Task.objects.get(pk=waiting_launch.pk).status == TaskStatus.LAUNCHING
     assert InputRequest.objects.get(pk=request.pk).state == InputRequestState.ANSWERED
     stats = demo_stats(demo)
@@ -106,7 +104,7 @@ def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protect
         timeout=30,
         what="the launched task to complete (followed with the new token)",
     )
-    time.sleep(2)  # anything sent twice would arrive meanwhile
+    let_time_pass(2, because="anything sent twice would arrive meanwhile")
     stats = demo_stats(demo)
     assert stats["calls"]["progress"] == 1
     assert stats["deliveries"] == {f"{remote_task_id}/{request.key}": 1}

@@ -7,7 +7,6 @@ everything: the server shows "needs re-authorization" on its page and on Home, a
 again, and the launch goes out once."""
 
 import re
-import time
 
 import pytest
 from playwright.sync_api import expect
@@ -18,7 +17,7 @@ from taskhub.tasks.models import Task, TaskStatus
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser_fixtures import sign_in
 from tests.demo_process import DemoServer
-from tests.helpers import wait_until
+from tests.helpers import let_time_pass, wait_until
 from tests.oauth_server import AuthorizationServer
 from tests.stack_fixtures import Workers, demo_stats, worker_environment
 
@@ -92,7 +91,7 @@ def test_an_admin_connects_a_server_behind_oauth_and_its_work_waits_for_a_reconn
     operator = new_page()
     sign_in(operator, base, "olga", TEST_PASSWORD)
     first = launch_progress(operator, base, server)
-    time.sleep(ACCESS_SECONDS + 1)  # the token the admin's Connect got has expired now
+    let_time_pass(ACCESS_SECONDS + 1, because="the token the admin's Connect got must have expired")
     second = launch_progress(operator, base, server)
     for task in (first, second):
         wait_until(lambda task=task: Task.objects.get(pk=task.pk).status == TaskStatus.COMPLETED, what="completed")
@@ -111,7 +110,7 @@ def test_an_admin_connects_a_server_behind_oauth_and_its_work_waits_for_a_reconn
     expect(admin.locator("#dash-servers")).to_contain_text("needs re-authorization")
     admin.locator("#dash-servers").get_by_role("link", name="Guarded").click()
     expect(discovery).to_contain_text("Needs re-authorization")
-    time.sleep(2)  # the waiting launch's job looks every second: still not sent
+    let_time_pass(2, because="the waiting launch's job looks every second and must still send nothing")
     assert Task.objects.get(pk=waiting.pk).status == TaskStatus.LAUNCHING
     assert demo_stats(demo)["calls"]["progress"] == 2
 
@@ -119,7 +118,7 @@ def test_an_admin_connects_a_server_behind_oauth_and_its_work_waits_for_a_reconn
     admin.get_by_role("button", name="Connect", exact=True).click()
     expect(admin.locator("p.notice").filter(has_text="Connected Guarded")).to_be_visible(timeout=LATE_MS)
     wait_until(lambda: Task.objects.get(pk=waiting.pk).status == TaskStatus.COMPLETED, what="the waiting launch")
-    time.sleep(1)
+    let_time_pass(1, because="a launch sent twice would reach the server meanwhile")
     assert demo_stats(demo)["calls"]["progress"] == 3
 
 
