@@ -72,3 +72,30 @@ def test_a_server_with_client_credentials_gets_and_renews_its_tokens_itself(prot
     kept = store_of(server).tokens_now().access_token
     for secret in (SECRET, kept, first.access_token):
         assert secret not in page and secret not in every_text_logged(caplog.records)
+
+
+def test_client_credentials_the_authorization_server_refuses_mark_the_server_until_an_admin_enters_them_again(
+    protected_demo,
+):
+    """A secret rotated at the authorization server: the token request is refused, the server is marked as needing
+    an admin (its launches and answers wait, as after a failed refresh) rather than its work failing; entering the
+    client again clears the mark and the next request gets a token."""
+    protected_demo.provider.clients["robot"] = protected_demo.provider.registered(
+        client_id="robot", client_secret=SECRET, redirect_uri="http://unused.example/cb"
+    )
+    server = create_server(name="rotated", transport="http", url=f"{protected_demo.url}/mcp", user=None)
+    admin = Client()
+    admin.force_login(make_user("alex", ADMINS))
+    form = {"client_id": "robot", "client_secret": "an-old-secret", "client_credentials": "on"}
+    assert admin.post(reverse("servers:oauth_client", args=[server.pk]), form).status_code == 302
+
+    with pytest.raises(Exception):  # noqa: B017 - whatever the client wraps the refusal in
+        discover(Server.objects.get(pk=server.pk))
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None
+    assert protected_demo.provider.client_credentials_requests == 0  # refused: none granted
+
+    form["client_secret"] = SECRET
+    assert admin.post(reverse("servers:oauth_client", args=[server.pk]), form).status_code == 302
+    assert ServerAuthorization.objects.get(server=server).needs_reauthorization_since is None
+    assert "quick" in discover(Server.objects.get(pk=server.pk))
+    assert protected_demo.provider.client_credentials_requests == 1

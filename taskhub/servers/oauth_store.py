@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx2
 import psycopg
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -212,6 +213,19 @@ class StoredClientCredentials(ClientSecretProvider):
         if kept is None:
             raise AuthorizationProblem("no client id and secret are kept for this server's client credentials")
         self.context.client_info = kept
+
+    async def _handle_token_response(self, response: httpx2.Response) -> None:
+        """A token request the authorization server refuses (a secret revoked or rotated there, a client removed)
+        marks the server as needing an admin, as a failed refresh does: its launches and answers wait for the admin
+        to enter the client again instead of failing (issue 33 item 3). A server error (5xx) marks nothing."""
+        if 400 <= response.status_code < 500:
+            store = self.context.storage
+            await sync_to_async(store.mark_needs_reauthorization)()
+            raise AuthorizationProblem(
+                f"the authorization server refused this server's client credentials (HTTP {response.status_code}):"
+                " an admin must enter the client again"
+            )
+        await super()._handle_token_response(response)
 
 
 def stored_authorization(*, server_id: int, resource: str, client_credentials: bool = False) -> OAuthProvider:
