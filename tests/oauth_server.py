@@ -8,10 +8,12 @@ server protected by a real authorization server). Served by uvicorn in a thread 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hmac
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from urllib.parse import parse_qs, unquote, urlencode
 
 import aiohttp
@@ -308,3 +310,17 @@ class AuthorizationServer:
     def stop(self) -> None:
         if self._app is not None:
             self._app.stop()
+
+
+@contextlib.contextmanager
+def protecting(upstream: str, *, access_expires_in: float | None = None) -> Iterator[AuthorizationServer]:
+    """An AuthorizationServer in front of the MCP server at `upstream`, started for the `with` block; its access
+    tokens live `access_expires_in` seconds where given."""
+    server = AuthorizationServer(upstream=upstream)
+    server.start()
+    if access_expires_in is not None:
+        server.provider.access_expires_in = access_expires_in
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -17,7 +17,7 @@ from taskhub.servers.connect import store_of
 from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.services import create_server
 from tests.account_fixtures import make_user
-from tests.oauth_server import AuthorizationServer
+from tests.oauth_server import protecting
 from tests.test_credentials_nowhere import every_text_logged
 from tests.test_oauth_fresh_tokens import discover
 
@@ -28,11 +28,8 @@ SECRET = "robot-secret-must-stay-hidden"
 
 @pytest.fixture
 def protected_demo(shared_demo_server):
-    server = AuthorizationServer(upstream=shared_demo_server.url)
-    server.start()
-    server.provider.access_expires_in = 30
-    yield server
-    server.stop()
+    with protecting(shared_demo_server.url, access_expires_in=30) as server:
+        yield server
 
 
 def test_a_server_with_client_credentials_gets_and_renews_its_tokens_itself(protected_demo, caplog):

@@ -24,7 +24,7 @@ from taskhub.servers.discovery import DiscoveryFailed, discover_and_record
 from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.servers.services import create_server
 from tests.account_fixtures import make_user
-from tests.oauth_server import AuthorizationServer
+from tests.oauth_server import protecting
 from tests.test_credentials_nowhere import every_text_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,10 +32,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def protected_demo(shared_demo_server):
-    server = AuthorizationServer(upstream=shared_demo_server.url)
-    server.start()
-    yield server
-    server.stop()
+    with protecting(shared_demo_server.url) as server:
+        yield server
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from taskhub.servers.oauth_store import DatabaseTokenStore
 from taskhub.servers.services import create_server
 from tests.account_fixtures import make_user
 from tests.helpers import let_time_pass_async
-from tests.oauth_server import AuthorizationServer
+from tests.oauth_server import protecting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,11 +36,8 @@ LIFETIME = 30  # seconds an access token lives: refreshed 6 s (a fifth) before i
 
 @pytest.fixture
 def protected_demo(shared_demo_server):
-    server = AuthorizationServer(upstream=shared_demo_server.url)
-    server.start()
-    server.provider.access_expires_in = LIFETIME
-    yield server
-    server.stop()
+    with protecting(shared_demo_server.url, access_expires_in=LIFETIME) as server:
+        yield server
 
 
 def connected(protected_demo, *, expires_in_s: float) -> tuple[Server, DatabaseTokenStore, str]:

@@ -14,7 +14,7 @@ from django.urls import reverse
 from taskhub.accounts.groups import ADMINS
 from taskhub.servers.models import Server, ServerAuthorization
 from tests.account_fixtures import make_user
-from tests.oauth_server import AuthorizationServer
+from tests.oauth_server import protecting
 from tests.test_oauth_connect import approve, start_connect
 from tests.test_oauth_fresh_tokens import CLIENT_ID, LIFETIME, connected, discover
 
@@ -23,10 +23,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def protected_demo(shared_demo_server):
-    server = AuthorizationServer(upstream=shared_demo_server.url)
-    server.start()
-    yield server
-    server.stop()
+    with protecting(shared_demo_server.url) as server:
+        yield server
 
 
 def test_a_403_insufficient_scope_asks_the_admin_to_connect_with_the_wider_scope(protected_demo):

@@ -17,8 +17,8 @@ from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
 from tests.demo_process import DemoServer
 from tests.helpers import let_time_pass, wait_until
-from tests.oauth_server import AuthorizationServer
-from tests.stack_fixtures import Workers, demo_stats, worker_environment
+from tests.oauth_server import protecting
+from tests.stack_fixtures import demo_stats
 from tests.test_oauth_connect import approve, start_connect
 from tests.test_oauth_fresh_tokens import connected
 
@@ -35,19 +35,8 @@ def demo():
 
 @pytest.fixture
 def protected_demo(demo):
-    server = AuthorizationServer(upstream=demo.url)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def workers(transactional_db):
-    workers = Workers(worker_environment())
-    try:
-        yield workers
-    finally:
-        workers.stop_all()
+    with protecting(demo.url) as server:
+        yield server
 
 
 def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protected_demo, workers):

@@ -18,8 +18,8 @@ from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser_fixtures import sign_in
 from tests.demo_process import DemoServer
 from tests.helpers import let_time_pass, wait_until
-from tests.oauth_server import AuthorizationServer
-from tests.stack_fixtures import Workers, demo_stats, worker_environment
+from tests.oauth_server import protecting
+from tests.stack_fixtures import demo_stats
 
 pytestmark = pytest.mark.slow
 
@@ -35,20 +35,8 @@ def demo():
 
 @pytest.fixture
 def protected_demo(demo):
-    server = AuthorizationServer(upstream=demo.url)
-    server.start()
-    server.provider.access_expires_in = ACCESS_SECONDS
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def workers(transactional_db):
-    workers = Workers(worker_environment())
-    try:
-        yield workers
-    finally:
-        workers.stop_all()
+    with protecting(demo.url, access_expires_in=ACCESS_SECONDS) as server:
+        yield server
 
 
 def test_an_admin_connects_a_server_behind_oauth_and_its_work_waits_for_a_reconnect(

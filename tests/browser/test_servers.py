@@ -13,7 +13,6 @@ from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser_fixtures import screenshot as save_screenshot
 from tests.browser_fixtures import sign_in
 from tests.demo_process import DemoServer, free_port
-from tests.stack_fixtures import Workers, worker_environment
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +35,6 @@ LATE_MS = 30_000
 def demo():
     with DemoServer("--list-delay-ms", str(LIST_DELAY_MS)) as server:
         yield server
-
-
-@pytest.fixture
-def workers(transactional_db):
-    """One `manage.py worker`: it runs the discovery jobs the pages defer."""
-    workers = Workers(worker_environment())
-    try:
-        yield workers
-    finally:
-        workers.stop_all()
 
 
 def test_admin_adds_and_discovers_the_demo_server_then_an_operator_launches_a_tool(
