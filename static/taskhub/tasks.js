@@ -227,7 +227,7 @@
     var open = (signal.dataset.open || "").split(" ").filter(Boolean);
     var count = taskSection.querySelector("[id$='-requests-count']");
     var none = taskSection.querySelector("[id$='-no-requests']");
-    if (count) count.textContent = open.length + " open";
+    if (count) count.textContent = taskhubWord("requests_open", "%s open", open.length);
     if (!list) return;
     var shown = shownIds(list);
     var missing = open.filter(function (id) { return shown.indexOf(id) < 0; });

@@ -73,6 +73,7 @@ def js_words() -> str:
         "relative_times": _("Relative times"),
         "inbox_new_one": _("A new request arrived."),
         "task_ended": _("The task ended: %s."),
+        "requests_open": _("%s open"),
         "inbox_new_many": _("%s new requests arrived."),
         "home_updated": _("Home updated."),
         "copied": _("copied"),
