@@ -158,3 +158,21 @@ def test_the_choices_of_a_select_are_translated_too(client):
     assert "- 请选择 -" in policy_form and "Select an option" not in policy_form
     inbox = client.get(reverse("tasks:inbox")).text
     assert "any server" not in inbox and "requests whose policy names me" not in inbox
+
+
+@pytest.mark.django_db
+def test_a_tasks_timeline_names_its_server_log_lines_and_progress_in_the_readers_language(alpha, olga):
+    """The timeline's own words for what a server logged and reported; the server's text stays as sent."""
+    from django.utils import timezone, translation
+
+    from taskhub.tasks import presenters
+    from taskhub.tasks.models import ServerLogLine
+    from tests.task_page_fixtures import durable
+
+    task = durable(alpha, olga)
+    ServerLogLine.objects.create(task=task, at=timezone.now(), level="info", text="warming up")
+    with translation.override("zh-hans"):
+        entries, _ = presenters.timeline(task)
+    logged = next(entry for entry in entries if entry.action == "server.log")
+    assert logged.description.startswith("服务器日志") and logged.description.endswith("info")
+    assert logged.data == "warming up"

@@ -281,7 +281,7 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
                 time=line.at,
                 actor=f"server{f' ({line.logger})' if line.logger else ''}",
                 action="server.log",
-                description=f"server log: {line.level}",
+                description=gettext("server log: %(level)s") % {"level": line.level},
                 status="",
                 data=line.text,
             )
@@ -292,7 +292,8 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
     said = list(reversed(said)) if task.progress_updates else []  # none: a query less
     if said:  # the progress history: status messages alone, not audit (ids apart from the log lines' negative ones)
         progress = [
-            TimelineEntry(-(10**12) - m.pk, m.at, "server", "task.progress", "progress", "", m.text) for m in said
+            TimelineEntry(-(10**12) - m.pk, m.at, "server", "task.progress", gettext("progress"), "", m.text)
+            for m in said
         ]
         entries = sorted([*entries, *progress], key=lambda entry: entry.time)
     return entries, max(0, earlier)
