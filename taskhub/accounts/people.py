@@ -75,7 +75,7 @@ def add_person(*, username: str, email: str = "", groups=(), by, password: str |
 @transaction.atomic
 def set_groups(*, user, groups, by):
     """`user` in exactly these groups (roles and approver groups alike)."""
-    user = get_user_model().objects.select_for_update().get(pk=user.pk)
+    user = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
     groups = list(groups)
     before = _names(user.groups.all())
     demoted = user.is_active and _is_admin(user, user.groups.all()) and not _is_admin(user, groups)
@@ -94,7 +94,7 @@ def set_groups(*, user, groups, by):
 @transaction.atomic
 def deactivate_person(*, user, by) -> dict:
     """`user` can no longer sign in or use a token; what they had open ends. Returns what was ended."""
-    user = get_user_model().objects.select_for_update().get(pk=user.pk)
+    user = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
     if by is not None and user.pk == by.pk:
         raise PeopleRefused("You cannot deactivate yourself: ask another admin.")
     if not user.is_active:
@@ -115,7 +115,7 @@ def deactivate_person(*, user, by) -> dict:
 
 @transaction.atomic
 def reactivate_person(*, user, by):
-    user = get_user_model().objects.select_for_update().get(pk=user.pk)
+    user = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
     if user.is_active:
         raise PeopleRefused(f"{user.get_username()} is active already.")
     user.is_active = True
@@ -128,7 +128,7 @@ def reactivate_person(*, user, by):
 @transaction.atomic
 def reset_password(*, user, by, password: str | None = None) -> str:
     """A new password for `user` (shown once to the admin, to hand over); their sessions and sockets end."""
-    user = get_user_model().objects.select_for_update().get(pk=user.pk)
+    user = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
     password = password or new_password()
     user.set_password(password)
     user.save(update_fields=["password"])

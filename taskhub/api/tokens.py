@@ -42,7 +42,7 @@ def create_token(*, user, name: str, created_by=None, expires_at=None) -> tuple[
 
 @transaction.atomic
 def revoke_token(*, token: ApiToken, revoked_by=None) -> ApiToken:
-    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    token = ApiToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])

@@ -96,7 +96,7 @@ def update_policy(
     token=None,
     **terms: Any,
 ) -> ApprovalPolicy:
-    policy = ApprovalPolicy.objects.select_for_update().select_related("server").get(pk=policy.pk)
+    policy = ApprovalPolicy.objects.select_for_update(no_key=True).select_related("server").get(pk=policy.pk)
     before = describe_policy(policy)
     for name, value in terms.items():
         if name not in TERMS:
@@ -122,7 +122,7 @@ def update_policy(
 
 @transaction.atomic
 def remove_policy(*, policy: ApprovalPolicy, user, token=None) -> None:
-    policy = ApprovalPolicy.objects.select_for_update().select_related("server").get(pk=policy.pk)
+    policy = ApprovalPolicy.objects.select_for_update(no_key=True).select_related("server").get(pk=policy.pk)
     data = {"id": policy.pk, **describe_policy(policy)}
     if webhooks := [describe_webhook(webhook) for webhook in policy.webhooks.all()]:
         data["webhooks_removed"] = webhooks  # they go with the policy (and their delivery log)

@@ -166,7 +166,7 @@ def update_webhook(
     enabled: bool | None = None,
 ) -> PolicyWebhook:
     """Change what is given (None: unchanged). A secret, once set, is replaced, never shown."""
-    webhook = PolicyWebhook.objects.select_for_update().select_related("policy__server").get(pk=webhook.pk)
+    webhook = PolicyWebhook.objects.select_for_update(no_key=True).select_related("policy__server").get(pk=webhook.pk)
     before, url_before = describe_webhook(webhook), webhook.url
     secret_replaced = secret is not None and (secret or "").strip() != (webhook.secret or "")
     stored_secrets = dict(webhook.url_secrets or {})
@@ -201,7 +201,7 @@ def update_webhook(
 
 @transaction.atomic
 def remove_webhook(*, webhook: PolicyWebhook, user) -> None:
-    webhook = PolicyWebhook.objects.select_for_update().select_related("policy__server").get(pk=webhook.pk)
+    webhook = PolicyWebhook.objects.select_for_update(no_key=True).select_related("policy__server").get(pk=webhook.pk)
     record_event(
         action="approval_webhook.removed", user=user, server=webhook.policy.server, data=describe_webhook(webhook)
     )
@@ -414,7 +414,10 @@ def start_attempt(*, delivery_id: uuid.UUID) -> Attempt | None:
     """Count the attempt and build the request; None when nothing is to be sent (delivered, given up, removed,
     or the webhook was turned off: then the delivery says so)."""
     delivery = (
-        WebhookDelivery.objects.select_for_update(of=("self",)).select_related("webhook").filter(pk=delivery_id).first()
+        WebhookDelivery.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("webhook")
+        .filter(pk=delivery_id)
+        .first()
     )
     if delivery is None or delivery.status != DeliveryStatus.PENDING:
         return None
@@ -479,7 +482,7 @@ def next_try_at(attempts: int) -> datetime.datetime:
 def record_attempt(*, delivery_id: uuid.UUID, outcome: Outcome) -> WebhookDelivery | None:
     """What the attempt means for the delivery: delivered, tried again at `next_try_at`, or given up (audited)."""
     delivery = (
-        WebhookDelivery.objects.select_for_update(of=("self",))
+        WebhookDelivery.objects.select_for_update(no_key=True, of=("self",))
         .select_related("webhook__policy__server", "input_request__task")
         .filter(pk=delivery_id)
         .first()

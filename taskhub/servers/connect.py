@@ -100,7 +100,7 @@ def finish(*, server: Server, pending: PendingAuthorization, answer: dict[str, s
 def record_connection(*, server: Server, tokens: OAuthToken, user) -> Server:
     """The admin connected the server: its tokens kept (encrypted), the mark of a needed authorization cleared,
     the connection audited without any token, and its tools discovered again in the background."""
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     store = store_of(server)
     store.store_tokens(tokens)
     Server.objects.filter(pk=server.pk, oauth_client_credentials=True).update(oauth_client_credentials=False)
@@ -178,7 +178,7 @@ def set_client_credentials(*, server: Server, client_id: str, client_secret: str
     ).problems()
     if problems:
         raise ValueError("; ".join(problems))
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     store = store_of(server)
     store.keep_client_without_tokens(
         OAuthClientInformationFull(

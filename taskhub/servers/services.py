@@ -156,7 +156,7 @@ def create_server(
 @transaction.atomic
 def request_discovery(*, server: Server, user) -> Server:
     """“Discover now”: the job asks the server in the background; the page shows it pending meanwhile."""
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     _refuse_removed(server)
     _queue_discovery(server, user)
     return server
@@ -176,7 +176,7 @@ def remove_server(*, server: Server, user) -> Server:
     marked removed (answer and cancel deliveries are not sent, it leaves the lists), its discovery forgotten. The
     row stays, so its tasks, their requests and the audit trail stay readable with its name. Removing twice
     changes nothing."""
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     if server.removed_at is not None:
         return server
     server.enabled = False
@@ -200,7 +200,7 @@ def update_server(*, server: Server, user, **changes: Any) -> Server:
     unknown = set(changes) - EDITABLE_FIELDS
     if unknown:
         raise TypeError(f"update_server cannot change {', '.join(sorted(unknown))}")
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     _refuse_removed(server)
     before = {field: getattr(server, field) for field in EDITABLE_FIELDS | SECRET_FIELDS}
     for field, value in changes.items():
@@ -221,7 +221,7 @@ def update_server(*, server: Server, user, **changes: Any) -> Server:
 
 @transaction.atomic
 def record_discovery(*, server: Server, discovery: Discovery, user=None) -> Server:
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     now = timezone.now()
     server.capabilities = discovery.capabilities
     server.tools = discovery.tools
@@ -250,7 +250,7 @@ def record_discovery(*, server: Server, discovery: Discovery, user=None) -> Serv
 @transaction.atomic
 def record_server_success(*, server: Server) -> Server:
     """A request reached the server. Audited only when this ends an outage, not on every poll."""
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     now = timezone.now()
     was_unreachable = _mark_reachable(server, now)
     server.save(update_fields=["last_success_at", "unreachable_since", "updated_at"])
@@ -262,7 +262,7 @@ def record_server_success(*, server: Server) -> Server:
 @transaction.atomic
 def record_server_failure(*, server: Server, error: str) -> Server:
     """A request could not reach the server. Audited only when this starts an outage."""
-    server = Server.objects.select_for_update().get(pk=server.pk)
+    server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     now = timezone.now()
     server.last_error = mask_urls_in(error)[:LAST_ERROR_MAX_CHARS]
     server.last_error_at = now

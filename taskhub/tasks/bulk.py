@@ -140,7 +140,7 @@ def request_cancels(
     # Locked, oldest first: none of them can finish or be cancelled by someone else before this commits.
     chosen = list(
         _in_order(tasks.filter(CANCELLABLE))
-        .select_for_update(of=("self",))
+        .select_for_update(no_key=True, of=("self",))
         .only("id", "server_id", "status", "cancel_requested_at", "created_at")[: limit + 1]
     )
     more = 0

@@ -234,7 +234,7 @@ def permanent_refusal(error: BaseException) -> str | None:
 @transaction.atomic
 def _send(user_id: int) -> str:
     events = list(
-        MailEvent.objects.select_for_update(skip_locked=True, of=("self",))
+        MailEvent.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
         .waiting()
         .filter(user_id=user_id)
         .select_related("task__server", "input_request")

@@ -26,8 +26,8 @@ def save_preferences(*, user, email: str, **switches: bool) -> dict[str, Any]:
     unknown = set(switches) - set(SWITCHES)
     if unknown:
         raise TypeError(f"save_preferences cannot change {sorted(unknown)}")
-    person = get_user_model().objects.select_for_update().get(pk=user.pk)
-    preferences, _ = NotificationPreferences.objects.select_for_update().get_or_create(user=person)
+    person = get_user_model().objects.select_for_update(no_key=True).get(pk=user.pk)
+    preferences, _ = NotificationPreferences.objects.select_for_update(no_key=True).get_or_create(user=person)
     before = describe(preferences, person.email)
     for switch, value in switches.items():
         setattr(preferences, switch, bool(value))

@@ -38,7 +38,7 @@ def locked_for_answer(*, input_request_id: int) -> InputRequest:
     locked rows are read again when a lock was waited for, so who answered (or the escalation group) is not joined
     here: the rare paths that show them read them after the lock."""
     return (
-        InputRequest.objects.select_for_update(of=("task", "self"))
+        InputRequest.objects.select_for_update(no_key=True, of=("task", "self"))
         .select_related("task__server")
         .get(pk=input_request_id)
     )

@@ -61,12 +61,12 @@ def _finished(task: Task) -> None:
 
 
 def _locked(task: Task) -> Task:
-    return Task.objects.select_for_update().get(pk=task.pk)
+    return Task.objects.select_for_update(no_key=True).get(pk=task.pk)
 
 
 def _locked_with_asks(task: Task) -> Task:
     """Locked, with `asks`: whether the task has input requests, whatever their state."""
-    return Task.objects.select_for_update().annotate(asks=has_input_requests()).get(pk=task.pk)
+    return Task.objects.select_for_update(no_key=True).annotate(asks=has_input_requests()).get(pk=task.pk)
 
 
 def _name(user) -> str:

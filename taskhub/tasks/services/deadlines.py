@@ -49,8 +49,8 @@ def apply_deadline_default(*, input_request_id: int, outcome: DeadlineOutcome, n
     task_id = InputRequest.objects.filter(pk=input_request_id).values_list("task_id", flat=True).first()
     if task_id is None:
         return None
-    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=task_id)
-    input_request = InputRequest.objects.select_for_update(of=("self",)).get(pk=input_request_id)
+    task = Task.objects.select_for_update(no_key=True, of=("self",)).select_related("server").get(pk=task_id)
+    input_request = InputRequest.objects.select_for_update(no_key=True, of=("self",)).get(pk=input_request_id)
     if (
         input_request.state != InputRequestState.OPEN
         or input_request.default_applied_at is not None
@@ -137,7 +137,7 @@ def mark_deadline_near(*, input_request_id: int, near_at, now) -> bool:
     if now < near_at:
         return False
     input_request = (
-        InputRequest.objects.select_for_update()
+        InputRequest.objects.select_for_update(no_key=True)
         .filter(
             pk=input_request_id,
             state=InputRequestState.OPEN,

@@ -131,8 +131,8 @@ def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = No
 
 
 def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
-    task = Task.objects.select_for_update().get(pk=input_request.task_id)
-    input_request = InputRequest.objects.select_for_update().get(pk=input_request.pk)
+    task = Task.objects.select_for_update(no_key=True).get(pk=input_request.task_id)
+    input_request = InputRequest.objects.select_for_update(no_key=True).get(pk=input_request.pk)
     if input_request.state == InputRequestState.DELIVERED:
         return False
     if input_request.state != InputRequestState.ANSWERED:
@@ -177,7 +177,7 @@ def mark_cancel_delivered(*, task: Task) -> bool:
 def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any]) -> None:
     """The server refused the answer (e.g. the task is gone), or could not be reached in time; the answer stays
     recorded, not delivered. The tracker polls the task at once to see where it stands."""
-    task = Task.objects.select_for_update().get(pk=input_request.task_id)
+    task = Task.objects.select_for_update(no_key=True).get(pk=input_request.task_id)
     record_event(
         action="input.delivery_failed",
         actor_label=WORKER,

@@ -322,7 +322,7 @@ def _supersede_open_requests(task: Task, *, reason: str, keep: set[str] | frozen
     """Open requests the server no longer lists become superseded; answered ones stay as they are. A question held
     on a session (held_questions.py) is the holder's to close, never a snapshot's: it is in no list."""
     vanished = (
-        InputRequest.objects.select_for_update()
+        InputRequest.objects.select_for_update(no_key=True)
         .filter(task=task, state=InputRequestState.OPEN, held_by="")
         .exclude(mrtr_round=TASK_PHASE, key__in=keep)
     )

@@ -49,7 +49,7 @@ def open_held_question(
 ) -> InputRequest | None:
     """The question as an input request on the task, held by `held_by`; None when the task takes no more questions
     (it ended, or the server is over its cap of open requests: the caller answers "cancel")."""
-    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=task_id)
+    task = Task.objects.select_for_update(no_key=True, of=("self",)).select_related("server").get(pk=task_id)
     if task.is_terminal:
         return None
     problems: list[str] = []
@@ -89,8 +89,8 @@ def close_held_question(*, input_request_id: int, reason: str, was: tuple[str, .
     input_request = InputRequest.objects.filter(pk=input_request_id).only("task_id").first()
     if input_request is None:
         return False
-    task = Task.objects.select_for_update(of=("self",)).get(pk=input_request.task_id)
-    input_request = InputRequest.objects.select_for_update().get(pk=input_request_id)
+    task = Task.objects.select_for_update(no_key=True, of=("self",)).get(pk=input_request.task_id)
+    input_request = InputRequest.objects.select_for_update(no_key=True).get(pk=input_request_id)
     if input_request.state not in was:
         return False
     was_state = input_request.state

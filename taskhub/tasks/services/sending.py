@@ -96,7 +96,7 @@ def mark_launch_sent(*, task: Task, lease_owner: str | None = None) -> LaunchCal
         task = _locked(task)
     else:
         held = holds_lease(lease_owner)
-        task = Task.objects.select_for_update(of=("self",)).annotate(holds_lease=held).get(pk=task.pk)
+        task = Task.objects.select_for_update(no_key=True, of=("self",)).annotate(holds_lease=held).get(pk=task.pk)
         if not task.holds_lease:
             raise lease_lost(lease_owner, task.server_id)
     if task.status != TaskStatus.LAUNCHING:
@@ -211,7 +211,7 @@ def give_up_launch(*, task_id: uuid.UUID, attempts: int, error: BaseException) -
     """The launch job will not run again (its last attempt failed, or its worker stopped), so a task still
     launching would say so forever: its outcome is unknown if tools/call of its round was sent, else it failed.
     False: its outcome was recorded already."""
-    task = Task.objects.select_for_update().filter(pk=task_id, status=TaskStatus.LAUNCHING).first()
+    task = Task.objects.select_for_update(no_key=True).filter(pk=task_id, status=TaskStatus.LAUNCHING).first()
     if task is None:
         return False
     gave_up = f"Gave up after {attempts} attempt{'' if attempts == 1 else 's'} ({str(error) or type(error).__name__})"

@@ -49,7 +49,7 @@ def hand_on_session_task(*, task_id, follower: str, why: str) -> bool:
     """The follower of a live 2025-11-25 task went (`why`): the follow job is deferred for another worker to take it
     up, with an audit row saying why; past `MAX_TAKE_UPS` the task ends as lost instead. False when the task ended
     already or another follower has it."""
-    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=task_id)
+    task = Task.objects.select_for_update(no_key=True, of=("self",)).select_related("server").get(pk=task_id)
     if task.is_terminal or task.followed_by != follower:
         return False
     times = task.audit_events.filter(action=TAKE_UP_ACTION).count()
@@ -78,7 +78,7 @@ def lose_task_not_known_elsewhere(*, task_id) -> bool:
 def take_up_session_task(*, task_id, follower: str) -> Task | None:
     """The follow job's claim: the live, unfollowed task now followed by `follower`; None when there is nothing to
     follow (it ended, or another worker follows it)."""
-    task = Task.objects.select_for_update(of=("self",)).select_related("server").get(pk=task_id)
+    task = Task.objects.select_for_update(no_key=True, of=("self",)).select_related("server").get(pk=task_id)
     if task.is_terminal or task.followed_by or not task.remote_task_id:
         return None
     task.followed_by = follower

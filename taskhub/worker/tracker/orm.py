@@ -59,7 +59,7 @@ def server_answered(server_id: int) -> None:
 def record_poll_problem(task_id: uuid.UUID, data: dict[str, Any]) -> bool:
     """Put a bad answer on the task's timeline, once per distinct problem in a row."""
     with transaction.atomic():
-        task = Task.objects.select_for_update().only("id", "server_id").get(pk=task_id)
+        task = Task.objects.select_for_update(no_key=True).only("id", "server_id").get(pk=task_id)
         return services.record_protocol_error_once(task=task, data=data)
 
 
