@@ -342,7 +342,7 @@ def test_an_htmx_answer_costs_nine_statements_and_reads_the_request_once(form_re
     [user] = [sql for sql in statements if 'FROM "auth_user"' in sql and '"approvals_approvalpolicy"' not in sql]
     assert '"auth_group"' in user  # the roles come with the user
     request_reads = [sql for sql in statements if 'FROM "tasks_inputrequest"' in sql]
-    assert len(request_reads) == 1 and "FOR UPDATE OF" in request_reads[0], request_reads
+    assert len(request_reads) == 1 and "FOR NO KEY UPDATE OF" in request_reads[0], request_reads
     stored = next(i for i, sql in enumerate(statements) if sql.startswith('UPDATE "tasks_inputrequest"'))
     assert statements.index(request_reads[0]) < stored
 
