@@ -93,6 +93,18 @@ def type_here(page: Page, selector: str, text: str) -> None:
     assert_focus_visible(page, f"typing {text!r}")
 
 
+def accept_and_see_it_delivered(page: Page, card: str, shot: str) -> None:
+    """Tab to the card's Accept, press Enter; the card says so, turns "delivered ✓" live (replaced by the socket's
+    push), and the focus stays on it, visible."""
+    tab_to(page, f"{card} button[data-accept]")
+    screenshot(page, shot)
+    press(page, "Enter")
+    expect(page.locator(card)).to_contain_text("answered by you")
+    expect(page.locator(card)).to_contain_text("delivered ✓", timeout=15_000)
+    expect(page.locator(card)).to_be_focused()
+    assert_focus_visible(page, "the card was answered and then delivered")
+
+
 def request_id(task_id: str) -> int:
     return in_own_thread(InputRequest.objects.values_list("pk", flat=True).get, task_id=task_id)
 
@@ -135,14 +147,7 @@ def test_an_approver_answers_a_form_and_a_url_request_with_the_keyboard_alone(ne
     press(approver, "Shift+Tab")
     expect(approver.locator(reason)).to_be_focused()
     expect(approver.locator(reason)).to_have_value("keyboard only")
-    tab_to(approver, f"{form_card} button[data-accept]")
-    screenshot(approver, "keyboard-inbox-accept-focused")
-    press(approver, "Enter")
-    expect(approver.locator(form_card)).to_contain_text("answered by you")
-    # The card turns "delivered ✓" live (replaced by the socket's push): the focus stays on it, where it was.
-    expect(approver.locator(form_card)).to_contain_text("delivered ✓", timeout=15_000)
-    expect(approver.locator(form_card)).to_be_focused()
-    assert_focus_visible(approver, "the card was answered and then delivered")
+    accept_and_see_it_delivered(approver, form_card, "keyboard-inbox-accept-focused")
     operator.goto(f"{stack.url}/tasks/{form_task}/")
     expect(operator.get_by_text("approved: deploy to staging (reason: keyboard only)")).to_be_visible(timeout=15_000)
 
@@ -160,11 +165,5 @@ def test_an_approver_answers_a_form_and_a_url_request_with_the_keyboard_alone(ne
     opened.value.close()
     assert [url for url in opened_hosts if "example.com" in url]
     approver.bring_to_front()
-    tab_to(approver, f"{url_card} button[data-accept]")
-    screenshot(approver, "keyboard-task-url-accept-focused")
-    press(approver, "Enter")
-    expect(approver.locator(url_card)).to_contain_text("answered by you")
-    expect(approver.locator(url_card)).to_contain_text("delivered ✓", timeout=15_000)
-    expect(approver.locator(url_card)).to_be_focused()
-    assert_focus_visible(approver, "the card was answered and then delivered")
+    accept_and_see_it_delivered(approver, url_card, "keyboard-task-url-accept-focused")
     expect(operator.get_by_text("consented")).to_be_visible(timeout=15_000)
