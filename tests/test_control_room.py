@@ -8,7 +8,10 @@ import re
 
 import pytest
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.html import escape
+from django.utils.timesince import timesince
+from django.utils.translation import gettext as _
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.mcp.client import TaskCreated, ToolCompleted
@@ -184,6 +187,27 @@ def test_an_invalid_filter_says_so_and_the_others_still_apply(client, olga, ende
     page = client_for(client, olga).get(reverse("tasks:list"), {**params, "tool": "approve"}).content.decode()
     assert 'id="filter-errors"' in page and message in page
     assert set(row_outcomes(page)) == {str(ended[""].pk)}
+
+
+NBSP = "\xa0"
+
+
+def test_relative_times_say_what_timesince_says_in_both_languages_whatever_the_span():
+    """reltime makes its words once per language and number of minutes (under four weeks): they must be the words
+    timesince gives for the real times, on either side of every unit's boundary and past the four weeks."""
+    now = timezone.now()
+    spans = [61, 119, 3599, 3600, 3661, 86_399, 86_400, 6 * 86_400 + 86_399, 7 * 86_400, 27 * 86_400 + 86_399]
+    spans += [28 * 86_400 + 1, 45 * 86_400, 400 * 86_400]
+    for language in ("en", "zh-hans"):
+        with translation.override(language):
+            for seconds in spans:
+                # reltime reads the clock a moment later: ago only grows (may sit on a boundary); ahead is mid-minute
+                ago, ahead = now - datetime.timedelta(seconds=seconds), now + datetime.timedelta(seconds=seconds + 30)
+                said_ago = _("%(time)s ago") % {"time": timesince(ago, now, depth=1)}
+                counted_to = ahead + datetime.timedelta(seconds=59)
+                said_ahead = _("in %(time)s") % {"time": timesince(now, counted_to, depth=1)}
+                assert f">{escape(said_ago.replace(NBSP, ' '))}</time>" in reltime(ago), (language, seconds)
+                assert f">{escape(said_ahead.replace(NBSP, ' '))}</time>" in reltime(ahead), (language, seconds)
 
 
 def test_the_inbox_reports_its_invalid_filters_the_same_way(client, amy):
