@@ -8,10 +8,13 @@
 taskhub's audit trail is one hash chain per month (UTC): each row carries `prev_hash`, the `hash` of the month's
 previous row (64 zeros for its first), and `hash` = SHA-256(prev_hash bytes + content), where content is the text of
 the JSON array [id, time in microseconds since 1970, actor_id, actor_label, action, task_id, server_id, data] as
-Postgres writes jsonb (keys by length then bytes, ", " and ": " between items, numbers as exported). This script
-recomputes every row's hash and, per month, checks that each row's prev_hash is the hash of the row before it, so an
-edited, deleted or reordered row shows. It prints each month's row count and head (its last row's hash): compare the
-heads with `manage.py audit verify` (or the archive's header) to know that no row was cut off the end either.
+Postgres writes jsonb (keys by length then bytes, ", " and ": " between items, numbers as exported). A month's
+chain runs in the order of `seq` (exports made before audit migration 0011 have none: their id order is their chain
+order). This script recomputes every row's hash and, per month, checks that each row's prev_hash is the hash of the
+row before it, so an edited, deleted or reordered row shows. A row with no hash yet (written just before the export,
+not yet sealed into the chain) is counted and left out: it is not evidence either way. It prints each month's row
+count and head (its last row's hash): compare the heads with `manage.py audit verify` (or the archive's header) to
+know that no row was cut off the end either.
 
 An export of all rows of a month verifies whole. A filtered export (a task, an actor...) leaves gaps by design: with
 --filtered only each row's own hash is checked. Exit status: 0 whole, 1 broken, 2 unreadable.
@@ -99,13 +102,22 @@ def read_rows(path: str) -> tuple[list[dict], dict | None]:
     return (lines[1:] if header else lines), header
 
 
+def chain_order(row: dict) -> tuple[int, int]:
+    seq = row.get("seq")
+    return (int(seq) if seq is not None else int(row["id"]), int(row["id"]))
+
+
 def verify(rows: list[dict], *, filtered: bool) -> tuple[dict[str, dict], list[str]]:
     months: dict[str, list[dict]] = {}
+    unsealed: dict[str, int] = {}
     for row in rows:
+        if row.get("hash") is None:
+            unsealed[row["time"][:7]] = unsealed.get(row["time"][:7], 0) + 1
+            continue
         months.setdefault(row["time"][:7], []).append(row)
     report, problems = {}, []
     for month, chain in sorted(months.items()):
-        chain.sort(key=lambda row: int(row["id"]))
+        chain.sort(key=chain_order)
         previous = None
         for row in chain:
             if row_hash(row) != row["hash"]:
@@ -117,7 +129,9 @@ def verify(rows: list[dict], *, filtered: bool) -> tuple[dict[str, dict], list[s
                 problems.append(f"{month}: chain broken at row {row['id']}: {where} before it")
                 break
             previous = row
-        report[month] = {"rows": len(chain), "head": chain[-1]["hash"]}
+        report[month] = {"rows": len(chain), "head": chain[-1]["hash"], "unsealed": unsealed.pop(month, 0)}
+    for month, count in unsealed.items():
+        report[month] = {"rows": 0, "head": "", "unsealed": count}
     return report, problems
 
 
@@ -140,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 f" {header['head']}, its rows say {month['rows']} ending in {month['head']}"
             )
     for month, facts in report.items():
-        print(f"{month}: {facts['rows']} rows, head {facts['head']}")
+        waiting = f", {facts['unsealed']} not sealed yet (left out)" if facts.get("unsealed") else ""
+        print(f"{month}: {facts['rows']} rows, head {facts['head']}{waiting}")
     for problem in problems:
         print(f"BROKEN {problem}")
     print("whole" if not problems else "broken", f"({len(rows)} rows{', filtered' if args.filtered else ''})")

@@ -304,6 +304,7 @@ def test_csv_export_has_a_header_and_exactly_the_filtered_rows(as_admin, history
         "description",
         "task_id",
         "server_id",
+        "seq",
         "prev_hash",
         "hash",
         "data",

@@ -20,6 +20,7 @@ from taskhub.audit import chain, retention
 from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import record_event
 from taskhub.mcp.client import TaskCreated
+from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import presenters, services
 from taskhub.tasks.models import ProgressMessage
@@ -91,8 +92,9 @@ def chained_rows(admin) -> list[AuditEvent]:
     return events
 
 
-def as_owner_broken(statement: str, params: list) -> chain.MonthChain:
+def as_owner_broken(statement: str, params) -> chain.MonthChain:
     """`statement` run as the database owner with every trigger off, the chain verified, all rolled back."""
+    chain.seal_committed()
     month = f"{timezone.now().astimezone(datetime.UTC):%Y-%m}"
     try:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -118,9 +120,17 @@ def test_the_chain_finds_an_edit_a_deleted_row_and_a_reordering_and_an_export_ve
     assert (edited.broken_at, "changed") == (ids[2], edited.problem.split(": it was ")[1][:7])
     deleted = as_owner_broken("DELETE FROM audit_auditevent WHERE id = %s", [ids[2]])
     assert deleted.broken_at == ids[3] and "missing" in deleted.problem
-    swap = "UPDATE audit_auditevent SET id = CASE id WHEN %s THEN %s ELSE %s END WHERE id IN (%s, %s)"
-    reordered = as_owner_broken(swap, [ids[1], ids[2], ids[1], ids[1], ids[2]])
-    assert reordered.broken_at == ids[1]
+    # Two rows' places in the chain swapped (seq), each row's own content untouched: ids[2] now comes first.
+    swap = (
+        "UPDATE audit_auditevent SET seq = (SELECT sum(seq) FROM audit_auditevent WHERE id IN (%(a)s, %(b)s)) - seq"
+        " WHERE id IN (%(a)s, %(b)s)"
+    )
+    reordered = as_owner_broken(swap, {"a": ids[1], "b": ids[2]})
+    assert reordered.broken_at == ids[2] and f"follows row {ids[1]} in the chain but not in order" in reordered.problem
+    # Or two rows' ids swapped: each row's content (its id is in it) no longer matches its hash.
+    swap_ids = "UPDATE audit_auditevent SET id = CASE id WHEN %s THEN %s ELSE %s END WHERE id IN (%s, %s)"
+    renumbered = as_owner_broken(swap_ids, [ids[1], ids[2], ids[1], ids[1], ids[2]])
+    assert renumbered.problem.endswith("it was changed (or given another row's id or time)")
     # What the command says of it, the same walk:
     with pytest.raises(CommandError, match="broken in 1 month"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL session_replication_role = replica")
@@ -188,6 +198,21 @@ def test_the_owner_archives_and_drops_a_month_past_retention_the_application_rol
             ):
                 with pytest.raises(DatabaseError, match=r"must be owner|permission denied"), transaction.atomic():
                     cursor.execute(statement)
+            # It writes rows unsealed and seals them through audit_seal (which runs as the owner); it cannot fill in a
+            # row's place in the chain itself, not even with the setting audit_seal's own UPDATE is let through by.
+            with transaction.atomic():
+                written = record_event(action="server.updated", data={"by": "the application's role"})
+            cursor.execute("SET taskhub.audit_sealing = 'on'")
+            for statement in (
+                "UPDATE audit_auditevent SET seq = 1, prev_hash = ''::bytea, hash = ''::bytea WHERE id = %s",
+                "SELECT audit_auditevent_refuse_change()",
+            ):
+                refused = r"permission denied|trigger functions can only be called"
+                with pytest.raises(DatabaseError, match=refused), transaction.atomic():
+                    cursor.execute(statement, [written.pk] if "%s" in statement else None)
+            cursor.execute("RESET taskhub.audit_sealing")
+            assert chain.seal_committed() >= 1
+            assert AuditEvent.objects.get(pk=written.pk).hash is not None
         finally:
             cursor.execute("RESET ROLE")
 
@@ -214,8 +239,9 @@ def test_the_owner_archives_and_drops_a_month_past_retention_the_application_rol
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_writers_extend_one_chain_without_forking_it():
-    start = threading.Barrier(4)
+def test_concurrent_writers_and_sealers_extend_one_chain_without_forking_it():
+    start = threading.Barrier(6)
+    writing = threading.Event()
 
     def write(n: int) -> None:
         start.wait()
@@ -226,15 +252,78 @@ def test_concurrent_writers_extend_one_chain_without_forking_it():
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
-    for thread in threads:
+    def seal() -> None:  # two sealers, as two workers' sweeps, while the writers write
+        start.wait()
+        try:
+            while writing.is_set():
+                chain.seal_committed()
+        finally:
+            connection.close()
+
+    writing.set()
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    sealers = [threading.Thread(target=seal) for _ in range(2)]
+    for thread in writers + sealers:
         thread.start()
-    for thread in threads:
+    for thread in writers:
+        thread.join()
+    writing.clear()
+    for thread in sealers:
         thread.join()
     walked = chain.verify_all()
-    assert [(month.rows, month.whole) for month in walked] == [(40, True)], walked
-    # A snapshot older than the lock would fork the chain: refused there, as a serialization failure to retry.
+    assert [(month.rows, month.whole, month.unsealed) for month in walked] == [(40, True, 0)], walked
+    seqs = list(AuditEvent.objects.order_by("seq").values_list("seq", flat=True))
+    assert len(set(seqs)) == 40 and None not in seqs
+    # A snapshot older than the sealers' lock would fork the chain: sealing is refused there, as a serialization
+    # failure to retry; writing is not (a row is sealed after its commit, by whoever seals next).
     with pytest.raises(OperationalError, match="READ COMMITTED only"), transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         record_event(action="server.updated", data={})
+        chain.seal_committed()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_taken_after_an_audit_row_cannot_deadlock_with_a_writer_that_holds_it():
+    """The shape of a launch retry (its audit row, then its server locked to count the failure) against a failure
+    recorded for the same server (the server locked, then its audit row). While the chain was made inside the writing
+    transaction, the first held the month's chain lock and waited for the server; the second held the server and
+    waited for the chain: Postgres failed one of them (a deadlock)."""
+    server = create_server(name="demo", transport="http", url="http://127.0.0.1:8765/mcp", user=None)
+    audited, locked = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def audit_then_lock() -> None:
+        try:
+            with transaction.atomic():
+                record_event(action="server.updated", server=server, data={"by": "the retry"})
+                audited.set()
+                assert locked.wait(10)
+                Server.objects.select_for_update(no_key=True).get(pk=server.pk)  # waits for the other to commit
+        except BaseException as error:
+            failures.append(error)
+        finally:
+            connection.close()
+
+    def lock_then_audit() -> None:
+        try:
+            assert audited.wait(10)
+            with transaction.atomic():
+                Server.objects.select_for_update(no_key=True).get(pk=server.pk)
+                locked.set()
+                record_event(action="server.updated", server=server, data={"by": "the failure"})
+        except BaseException as error:
+            failures.append(error)
+        finally:
+            locked.set()
+            connection.close()
+
+    threads = [threading.Thread(target=audit_then_lock), threading.Thread(target=lock_then_audit)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    by = AuditEvent.objects.filter(server_id=server.pk, action="server.updated").values_list("data__by", flat=True)
+    assert sorted(by) == ["the failure", "the retry"]
+    assert all(month.whole for month in chain.verify_all())

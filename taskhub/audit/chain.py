@@ -1,34 +1,58 @@
-"""The audit trail's hash chains (one per month, migration 0009): whether each is whole, and where it first breaks.
+"""The audit trail's hash chains (one per month, migrations 0009 and 0011): sealing committed rows into them, whether
+each is whole, and where it first breaks.
 
-The database recomputes every row's hash with the same function its trigger used (audit_row_hash), so what is checked
-is exactly what was written; scripts/verify_audit_export.py does the same offline, from an export or an archive.
+A row is written unsealed and sealed after its commit (0011's audit_seal: the worker every minute, and everything
+here before it reads). The database recomputes every row's hash with the same function the sealer used
+(audit_row_hash), so what is checked is exactly what was written; scripts/verify_audit_export.py does the same
+offline, from an export or an archive.
 """
 
 import datetime
 from dataclasses import dataclass
 
 from django.db import connection
+from django.db.models import F
 
 GENESIS = bytes(32)  # the previous hash of a month's first row
 
-MONTH_WALK = """
-SELECT id, (audit_row_hash(prev_hash, id, time, actor_id, actor_label, action, task_id, server_id, data)
+SEAL_BATCH = 10_000
+# The chain's order: seq (a row with a hash but no seq was tampered with: it is walked last, and breaks there).
+CHAIN_ORDER = "seq NULLS LAST, id"
+LAST_FIRST = "seq DESC NULLS FIRST, id DESC"
+CHAIN_ORDER_FIELDS = (F("seq").asc(nulls_last=True), "id")  # the same, for the ORM
+SEALED_IN_MONTH = "time >= %(start)s AND time < %(end)s AND hash IS NOT NULL"
+MONTH_WALK = f"""
+SELECT id, seq, (audit_row_hash(prev_hash, id, time, actor_id, actor_label, action, task_id, server_id, data)
             IS NOT DISTINCT FROM hash) AS content_ok,
-       prev_hash IS NOT DISTINCT FROM coalesce(lag(hash) OVER (ORDER BY id), %(genesis)s) AS linked,
+       prev_hash IS NOT DISTINCT FROM coalesce(lag(hash) OVER (ORDER BY {CHAIN_ORDER}), %(genesis)s) AS linked,
        prev_hash, hash
-FROM audit_auditevent WHERE time >= %(start)s AND time < %(end)s
+FROM audit_auditevent WHERE {SEALED_IN_MONTH}
 """
 FIRST_BREAK = f"SELECT id, content_ok, linked, prev_hash FROM ({MONTH_WALK}) walk WHERE NOT (content_ok AND linked)"
-FIRST_BREAK += " ORDER BY id LIMIT 1"
+FIRST_BREAK += f" ORDER BY {CHAIN_ORDER} LIMIT 1"
+
+
+def seal_committed() -> int:
+    """Seal every committed row not sealed yet into its month's chain; how many. Run it outside other work's
+    transaction: the sealers' lock is held until the transaction that took it ends."""
+    sealed = 0
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute("SELECT audit_seal(%s)", [SEAL_BATCH])
+            (count,) = cursor.fetchone()
+            sealed += count
+            if count < SEAL_BATCH:
+                return sealed
 
 
 @dataclass(frozen=True)
 class MonthChain:
     month: str  # "2026-11"
-    rows: int
+    rows: int  # sealed
     head: str  # the hash of its last row, hex ("" for none)
     broken_at: int | None = None
     problem: str = ""
+    unsealed: int = 0  # rows not in the chain yet (written by a transaction that committed after the last seal)
 
     @property
     def whole(self) -> bool:
@@ -56,26 +80,28 @@ def months_present() -> list[str]:
 
 
 def verify_month(month: str) -> MonthChain:
+    """The month's sealed rows walked in chain order (seal_committed first, to cover every committed row)."""
     start, end = month_bounds(month)
     params = {"start": start, "end": end, "genesis": GENESIS}
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), (SELECT hash FROM audit_auditevent WHERE time >= %(start)s AND time < %(end)s"
-            " ORDER BY id DESC LIMIT 1) FROM audit_auditevent WHERE time >= %(start)s AND time < %(end)s",
+            f"SELECT count(*) FILTER (WHERE hash IS NOT NULL), count(*) FILTER (WHERE hash IS NULL),"
+            f" (SELECT hash FROM audit_auditevent WHERE {SEALED_IN_MONTH} ORDER BY {LAST_FIRST} LIMIT 1)"
+            " FROM audit_auditevent WHERE time >= %(start)s AND time < %(end)s",
             params,
         )
-        rows, head = cursor.fetchone()
+        rows, unsealed, head = cursor.fetchone()
         head = bytes(head).hex() if head is not None else ""
         cursor.execute(FIRST_BREAK, params)
         broken = cursor.fetchone()
         if broken is None:
-            return MonthChain(month=month, rows=rows, head=head)
+            return MonthChain(month=month, rows=rows, head=head, unsealed=unsealed)
         row_id, content_ok, _, prev_hash = broken
         if not content_ok:
             problem = f"row {row_id} does not match its hash: it was changed (or given another row's id or time)"
         else:
             cursor.execute(
-                "SELECT id FROM audit_auditevent WHERE time >= %(start)s AND time < %(end)s AND hash = %(prev)s",
+                f"SELECT id FROM audit_auditevent WHERE {SEALED_IN_MONTH} AND hash = %(prev)s",
                 {**params, "prev": prev_hash},
             )
             follows = cursor.fetchone()
@@ -83,8 +109,10 @@ def verify_month(month: str) -> MonthChain:
                 problem = f"row {row_id} follows row {follows[0]} in the chain but not in order: rows were reordered"
             else:
                 problem = f"a row is missing before row {row_id} (deleted): its previous hash is no row's"
-    return MonthChain(month=month, rows=rows, head=head, broken_at=row_id, problem=problem)
+    return MonthChain(month=month, rows=rows, head=head, broken_at=row_id, problem=problem, unsealed=unsealed)
 
 
 def verify_all() -> list[MonthChain]:
+    """Every month's chain, after sealing what is committed."""
+    seal_committed()
     return [chain for chain in map(verify_month, months_present()) if chain.rows]

@@ -21,6 +21,7 @@ def export_row(event: AuditEvent) -> dict:
         "description": event.description,
         "task_id": str(event.task_id) if event.task_id else None,
         "server_id": event.server_id,
+        "seq": event.seq,
         "prev_hash": bytes(event.prev_hash).hex() if event.prev_hash is not None else None,
         "hash": bytes(event.hash).hex() if event.hash is not None else None,
         "data": event.data_text,

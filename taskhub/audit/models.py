@@ -62,8 +62,11 @@ class AuditEvent(models.Model):
         related_name="audit_events",
     )
     data = models.JSONField(default=dict, blank=True)
-    # Set by the database (migration 0009's trigger), whatever an INSERT gives: the hash of the month's previous
-    # row (32 zero bytes for its first) and sha256(prev_hash + this row's content). audit/chain.py verifies them.
+    # Set by the database when the row is sealed after its commit (migration 0011's audit_seal), NULL until then
+    # whatever an INSERT gives: its place in the chains (within a month, seq order is chain order), the hash of the
+    # month's previous row (32 zero bytes for its first) and sha256(prev_hash + this row's content). audit/chain.py
+    # seals and verifies them.
+    seq = models.BigIntegerField(null=True, editable=False)
     prev_hash = models.BinaryField(null=True, editable=False)
     hash = models.BinaryField(null=True, editable=False)
 

@@ -100,14 +100,17 @@ def archive_month(*, month: str, directory: Path | str, now: datetime.datetime |
     path = directory / f"taskhub-audit-{month}.jsonl"
     partial = directory / f".{path.name}.partial"
     digest = hashlib.sha256()
+    chain.seal_committed()  # before the snapshot (sealing needs READ COMMITTED)
     with partial.open("w", encoding="utf-8") as file, transaction.atomic():
         with connection.cursor() as cursor:  # the header and the rows from one snapshot, a late row or not
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         walked = chain.verify_month(month)
         if not walked.whole:
             raise RetentionRefused(f"{month}: its chain is broken ({walked.problem}); not archived.")
+        if walked.unsealed:
+            raise RetentionRefused(f"{month}: {walked.unsealed} row(s) were written meanwhile; archive it again.")
         header = {"taskhub_audit_archive": 1, "month": month, "rows": walked.rows, "head": walked.head}
-        events = AuditEvent.objects.filter(time__gte=start, time__lt=end).order_by("id")
+        events = AuditEvent.objects.filter(time__gte=start, time__lt=end).order_by(*chain.CHAIN_ORDER_FIELDS)
         lines = [json.dumps(header)]
         for event in with_data_text(events).iterator(chunk_size=2000):
             lines.append(export_line(export_row(event)))
@@ -147,6 +150,7 @@ def drop_month(*, month: str, now: datetime.datetime | None = None) -> int:
     archived = AuditEvent.objects.filter(action="audit.archived", data__month=month).order_by("-time", "-id").first()
     if archived is None:
         raise RetentionRefused(f"{month} has no archive: run `manage.py audit archive {month} --to DIR` first.")
+    chain.seal_committed()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "SELECT 1 FROM pg_inherits WHERE inhparent = 'audit_auditevent'::regclass AND inhrelid = to_regclass(%s)",
@@ -156,7 +160,7 @@ def drop_month(*, month: str, now: datetime.datetime | None = None) -> int:
             raise RetentionRefused(f"{month} has no partition of its own (its rows are in the default one).")
         cursor.execute(f'LOCK TABLE "{partition}" IN ACCESS EXCLUSIVE MODE')
         now_there = chain.verify_month(month)
-        if (now_there.rows, now_there.head) != (archived.data["rows"], archived.data["head"]):
+        if now_there.unsealed or (now_there.rows, now_there.head) != (archived.data["rows"], archived.data["head"]):
             raise RetentionRefused(
                 f"{month} changed since its archive ({archived.data['rows']} rows then, {now_there.rows} now):"
                 " archive it again."

@@ -32,6 +32,7 @@ EXPORT_COLUMNS = (
     "description",
     "task_id",
     "server_id",
+    "seq",
     "prev_hash",
     "hash",
     "data",
@@ -119,6 +120,7 @@ def audit_export(request, fmt):
             content_type="text/plain; charset=utf-8",
         )
     now = timezone.now()
+    chain.seal_committed()  # the rows sent carry their place in the chain
     with transaction.atomic():
         # The rows that exist now, and no later ones: the count recorded below is exactly what is sent.
         newest = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0

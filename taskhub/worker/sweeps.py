@@ -1,5 +1,5 @@
 """Periodic jobs: expire tasks past their TTL, act on answer deadlines, delete old finished tasks, recover stalled
-jobs, requeue mail digests."""
+jobs, requeue mail digests, seal the audit trail's new rows into its chains."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from procrastinate.contrib.django import app
 from taskhub.approvals import deadlines
 from taskhub.approvals import webhooks as approval_webhooks
 from taskhub.approvals.notifications import outbox as notification_outbox
+from taskhub.audit import chain as audit_chain
 from taskhub.audit import retention as audit_retention
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import LIVE_STATUSES, Task
@@ -93,6 +94,14 @@ async def sweep_answer_deadlines(timestamp: int) -> int:
     if applied:
         logger.info("applied the deadline default of %d input request(s)", applied)
     return applied
+
+
+# Audit rows are chained after their commit (audit migration 0011): within a minute here, and by whatever reads the
+# chain (verify, exports, archives) before it reads.
+@app.periodic(cron="* * * * *")
+@app.task(name="taskhub.seal_audit_rows", queueing_lock="taskhub.seal_audit_rows")
+async def seal_audit_rows(timestamp: int) -> int:
+    return await db(audit_chain.seal_committed)
 
 
 @app.periodic(cron="17 * * * *")
