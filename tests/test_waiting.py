@@ -6,7 +6,9 @@ import re
 
 import pytest
 from django.contrib.auth.models import Group
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
 from taskhub.api.tokens import create_token
@@ -58,3 +60,21 @@ def test_the_nav_the_title_home_the_inbox_and_the_api_count_the_same_requests():
     other = server("other")
     task_asking(other, {"a": ASK}, tool="deploy")
     assert waiting_count(alex) == expected + 1
+
+
+def test_a_page_reads_the_approval_policies_once_however_often_it_asks_what_they_leave_a_person():
+    """Home asks which servers and requests the policies leave its reader for its panels and for the nav's count, and
+    the inbox asks again for its cards: the policies and the reader's groups are read once per request
+    (accounts.permissions.read_once), not once per question."""
+    alex = make_user("alex", ADMINS, APPROVERS)
+    demo = server("demo")
+    create_policy(server=demo, tool="approval", groups=[Group.objects.create(name="finance")], user=None)
+    task_asking(demo, {"a": ASK}, tool="deploy")
+    client = Client()
+    client.force_login(alex)
+    for path in ("/", "/inbox/"):
+        client.get(path)
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(path).status_code == 200
+        policy_reads = [q["sql"] for q in queries if 'COUNT(DISTINCT "approvals_approvalpolicy_groups"' in q["sql"]]
+        assert len(policy_reads) == 1, (path, len(policy_reads))

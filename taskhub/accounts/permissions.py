@@ -25,7 +25,7 @@ finished): the services decide that.
 
 import datetime
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -202,6 +202,23 @@ def answer_policies() -> AnswerPolicies | None:
     return None
 
 
+# {(question, user id): answer} of the approval rules' questions about a person (taskhub/approvals/rules.py: which
+# policies leave them what, their groups), for the HTTP request being answered (read_once): Home asks them for its
+# panels and again for the nav's count, the inbox for its listing and its cards (bench/pages.py).
+rules_this_request: ContextVar[dict[tuple[str, int], object] | None] = ContextVar("rules_this_request", default=None)
+
+
+def read_once_per_request[T](question: str, user, read: Callable[[], T]) -> T:
+    """`read()`, or what it gave for the same question about the same user earlier in this request (read_once)."""
+    known = rules_this_request.get()
+    if known is None:
+        return read()
+    key = (question, user.pk)
+    if key not in known:
+        known[key] = read()
+    return known[key]  # type: ignore[return-value]
+
+
 def servers_user_may_approve(user) -> QuerySet[Server]:
     """The servers with requests this user may answer; a queryset, so the inbox can filter by it. Which requests
     of them: requests_user_may_answer."""
@@ -345,13 +362,15 @@ allowed_this_request: ContextVar[dict[tuple[int, int, str, int | None], bool] | 
 
 @contextmanager
 def read_once() -> Iterator[None]:
-    """Inside, roles, answer terms and whether a policy names a user are each read once: for one HTTP request
-    (accounts.middleware) or one live change rendered for its sockets (live.access.rendering_for), which ask
-    each of them once per card."""
+    """Inside, roles, answer terms, whether a policy names a user and what the policies leave a user are each read
+    once: for one HTTP request (accounts.middleware) or one live change rendered for its sockets
+    (live.access.rendering_for), which ask each of them once per card."""
     roles, terms, allowed = roles_this_request.set({}), terms_this_request.set({}), allowed_this_request.set({})
+    rules = rules_this_request.set({})
     try:
         yield
     finally:
+        rules_this_request.reset(rules)
         allowed_this_request.reset(allowed)
         terms_this_request.reset(terms)
         roles_this_request.reset(roles)

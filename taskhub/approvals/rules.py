@@ -16,7 +16,7 @@ from django.db import connection
 from django.db.models import Count, Exists, Q, QuerySet, Subquery
 from django.utils.translation import gettext
 
-from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms
+from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms, read_once_per_request
 from taskhub.approvals import answer_rules
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline
 from taskhub.servers.models import Server
@@ -78,7 +78,7 @@ def deadline_words(policy: ApprovalPolicy) -> str:
 
 
 def _group_ids(user) -> list[int]:
-    return list(user.groups.values_list("pk", flat=True))
+    return read_once_per_request("groups", user, lambda: list(user.groups.values_list("pk", flat=True)))
 
 
 def _escalated_to_groups_of(user) -> QuerySet[InputRequest]:
@@ -87,6 +87,10 @@ def _escalated_to_groups_of(user) -> QuerySet[InputRequest]:
 
 class PolicyRules:
     def _allowed(self, user) -> tuple[list[_Row], dict[int, bool]]:
+        """Every policy, and whether each lets this user answer: it names nobody, or them or a group of theirs."""
+        return read_once_per_request("policies", user, lambda: self._read_allowed(user))
+
+    def _read_allowed(self, user) -> tuple[list[_Row], dict[int, bool]]:
         rows = _rows()
         naming = _naming(user) if rows else set()
         return rows, {row.pk: row.open or row.pk in naming for row in rows}
@@ -129,8 +133,8 @@ class PolicyRules:
         return by_policy | Q(escalated_to__in=_group_ids(user))
 
     def for_me(self, user) -> Q:
-        rows = _rows()
-        naming = _naming(user) if rows else set()
+        rows, allowed = self._allowed(user)
+        naming = {row.pk for row in rows if allowed[row.pk] and not row.open}
         tools_with_policy: dict[int, list[str]] = defaultdict(list)
         for row in rows:
             if row.tool:
