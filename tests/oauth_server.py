@@ -204,8 +204,10 @@ class AuthorizationServer:
         self._app: ThreadedApp | None = None
         self.url = ""
         self.mcp_refusals = 0  # requests to /mcp refused for want of a valid token (or of its scope)
-        # A scope /mcp then demands (403 insufficient_scope without it: a step-up).
+        # A scope /mcp then demands (403 insufficient_scope without it: a step-up), of every request or of those of
+        # one JSON-RPC method (a tool call, say, while discovery still passes).
         self.required_scope: str | None = None
+        self.scope_for_method: dict[str, str] = {}
 
     def start(self) -> str:
         holder: dict[str, str] = {}
@@ -236,14 +238,15 @@ class AuthorizationServer:
             if access is None:
                 self.mcp_refusals += 1
                 return challenge("/mcp")
-            if self.required_scope and self.required_scope not in access.scopes:
+            required = self.required_scope or self.scope_for_method.get(request.headers.get("mcp-method", ""))
+            if required and required not in access.scopes:
                 self.mcp_refusals += 1
                 metadata = f"{holder['url']}/.well-known/oauth-protected-resource/mcp"
                 return JSONResponse(
                     {"error": "insufficient_scope"},
                     status_code=403,
                     headers={
-                        "WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{self.required_scope}", '
+                        "WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{required}", '
                         f'resource_metadata="{metadata}"'
                     },
                 )

@@ -10,6 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from taskhub.accounts.groups import ADMINS, APPROVERS
+from taskhub.audit.models import AuditEvent
 from taskhub.servers.models import Server, ServerAuthorization
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStatus
@@ -20,7 +21,7 @@ from tests.helpers import let_time_pass, wait_until
 from tests.oauth_server import protecting
 from tests.stack_fixtures import demo_stats
 from tests.test_oauth_connect import approve, start_connect
-from tests.test_oauth_fresh_tokens import connected
+from tests.test_oauth_fresh_tokens import CLIENT_ID, connected
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -97,3 +98,50 @@ def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protect
     stats = demo_stats(demo)
     assert stats["calls"]["progress"] == 1
     assert stats["deliveries"] == {f"{remote_task_id}/{request.key}": 1}
+
+
+def test_a_tool_call_refused_unrun_for_want_of_scope_waits_for_the_admin_and_goes_out_once(
+    demo, protected_demo, workers
+):
+    """Step-up after the launch was marked sent (issue 33 item 4): discovery passes, then the server answers the
+    tools/call itself 403 insufficient_scope. A 403 proves it did not run the call, so the launch is not "outcome
+    unknown": its sent marker is withdrawn (an audit row of its own), it waits like a launch not sent yet, and it goes
+    out once, with the wider scope, after the admin connects the server again."""
+    admin = make_user("alex", ADMINS)
+    server, _, _ = connected(protected_demo, expires_in_s=3600)
+    server = with_tools(server, "progress")
+    protected_demo.provider.clients[CLIENT_ID].scope = "admin"  # what the authorization server would grant
+    protected_demo.scope_for_method["tools/call"] = "admin"
+    workers.start("patient")
+
+    launch = services.launch(server=server, tool="progress", arguments={"steps": 1, "step_ms": 100}, user=admin)
+    wait_until(
+        lambda: AuditEvent.objects.filter(task=launch, action="task.launch_withdrawn").exists(),
+        timeout=30,
+        what="the refused call's sent marker withdrawn",
+    )
+    authorization = ServerAuthorization.objects.get(server=server)
+    assert authorization.needs_reauthorization_since is not None and authorization.wanted_scope == "admin"
+    let_time_pass(3, because="the launch job's looks (every second here) must send nothing while it waits")
+    waiting = Task.objects.get(pk=launch.pk)
+    assert waiting.status == TaskStatus.LAUNCHING and "connect the server again" in waiting.status_message
+    assert demo_stats(demo)["calls"].get("progress", 0) == 0
+
+    browser = Client()
+    browser.force_login(admin)
+    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
+    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+    wait_until(
+        lambda: Task.objects.get(pk=launch.pk).status == TaskStatus.COMPLETED,
+        timeout=30,
+        what="the launch to go out with the wider scope and complete",
+    )
+    let_time_pass(2, because="a call sent twice would arrive meanwhile")
+    assert demo_stats(demo)["calls"]["progress"] == 1
+    marks = AuditEvent.objects.filter(task=launch, action__startswith="task.launch_").order_by("id")
+    assert [event.action for event in marks] == [
+        "task.launch_sent",
+        "task.launch_withdrawn",
+        "task.launch_sent",
+        "task.launch_answered",
+    ]

@@ -23,6 +23,10 @@ AUDIT_EVENTS: Final[dict[str, str]] = {
     ),
     "task.launch_retrying": gettext_noop("the launch could not reach the server; it will try again"),
     "task.launch_unknown": gettext_noop("launch outcome unknown"),
+    "task.launch_withdrawn": gettext_noop(
+        "the server refused the tool call unrun for want of authorization; it will be sent once the server is"
+        " connected again"
+    ),
     "task.status_changed": gettext_noop("task status changed"),
     "task.updated": gettext_noop("task details changed"),
     "task.input_requested": gettext_noop("server asked for input"),

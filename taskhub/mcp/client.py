@@ -37,6 +37,8 @@ from taskhub.mcp import sdk_private, session_tasks, wire
 from taskhub.mcp.address_policy import AddressPolicy
 from taskhub.mcp.errors import (
     AuthorizationFailed,
+    AuthorizationIncomplete,
+    AuthorizationProblem,
     InvalidResult,
     InvalidToolDefinition,
     McpClientError,
@@ -600,7 +602,9 @@ class TasksClient:
             [leaf for leaf in _leaf_exceptions(cause) if not isinstance(leaf, asyncio.CancelledError)] if cause else []
         )
         detail = f" ({_describe(leaves)})" if leaves else ""
-        return TransportError(f"{method}: connection to {self.target.describe()} lost{detail}")
+        refused = any(isinstance(leaf, AuthorizationProblem) for leaf in leaves)
+        kind = AuthorizationIncomplete if refused else TransportError
+        return kind(f"{method}: connection to {self.target.describe()} lost{detail}")
 
     async def _request(self, method: str, send: Any, *, deadline: PausableDeadline | None = None) -> Any:
         """Run `send(client)` on a live connection; map every failure to a typed error. `deadline`: the call's own,

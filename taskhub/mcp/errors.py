@@ -73,6 +73,18 @@ class TransportError(McpClientError):
     """The connection failed (refused, reset, process exited). The next call reconnects by itself."""
 
 
+class AuthorizationProblem(Exception):
+    """Authorization to the server could not be completed (a person's settings, or the authorization server).
+    Raised inside a request's OAuth flow (taskhub.mcp.oauth), before the request is sent or after the server refused
+    it (HTTP 401, 403 insufficient_scope)."""
+
+
+class AuthorizationIncomplete(TransportError):
+    """The request's OAuth authorization could not be completed (an AuthorizationProblem in its flow): the server
+    refused it (HTTP 401, or 403 insufficient_scope) or it was never sent. Either way the server did not run it.
+    (AuthorizationFailed is a refusal with no OAuth flow to try: static credentials.)"""
+
+
 class IncompleteAnswer(TransportError):
     """The server began to answer, but the body broke off or did not finish in time.
 

@@ -64,6 +64,7 @@ from mcp.shared.auth import (
 from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import AnyUrl, ValidationError
 
+from taskhub.mcp.errors import AuthorizationProblem
 from taskhub.mcp.excerpts import validation_summary
 from taskhub.mcp.outbound import Outbound
 
@@ -95,10 +96,6 @@ def _quiet_sdk_tracebacks() -> None:
 
 
 _quiet_sdk_tracebacks()
-
-
-class AuthorizationProblem(Exception):
-    """Authorization to the server could not be completed (a person's settings, or the authorization server)."""
 
 
 # --- who the client is ------------------------------------------------------------------------------------------

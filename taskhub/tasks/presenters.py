@@ -241,7 +241,7 @@ def event_status(action: str, data: Any) -> str:
         status = status.get(outcome) or data.get("status") or ""
     elif action == "task.lost":
         status = TaskStatus.LOST
-    elif action in ("task.launched", "task.launch_retrying"):
+    elif action in ("task.launched", "task.launch_retrying", "task.launch_withdrawn"):
         status = TaskStatus.LAUNCHING
     elif action == "task.launch_unknown":
         status = TaskStatus.LAUNCH_UNKNOWN

@@ -55,7 +55,13 @@ from taskhub.approvals.notifications import digest
 from taskhub.approvals.notifications import outbox as notification_outbox
 from taskhub.database import pooled
 from taskhub.mcp.client import TaskCreated, TasksClient
-from taskhub.mcp.errors import McpClientError, ProtocolError, RequestTimeout, TransportError
+from taskhub.mcp.errors import (
+    AuthorizationIncomplete,
+    McpClientError,
+    ProtocolError,
+    RequestTimeout,
+    TransportError,
+)
 from taskhub.observability import metrics, tracing
 from taskhub.servers import discovery
 from taskhub.servers import hooks as server_hooks
@@ -358,6 +364,13 @@ async def _call_and_follow(
         await db(services.record_launch_failure, task=task, error=error.to_error_object(), sent=True)
         return "refused"
     except Exception as error:
+        # Answered 401 or 403 (or never sent: no token could be had), and the server now waits for an admin's
+        # Connect: the call did not run, so it waits with the launches not sent yet and goes out once after it.
+        if await _refused_unrun_for_authorization(task, error) and await db(
+            services.withdraw_launch_sent, task=task, reason=REFUSED_UNRUN
+        ):
+            waits = f"the server {task.server.name!r} needs an admin to connect it again"
+            raise AwaitingAuthorization(waits) from error
         # The request may have reached the server (and run): say so, never resend.
         logger.warning("tools/call of task %s: no usable answer (%s)", task.id, error)
         await db(services.mark_launch_unknown, task=task, reason=f"tools/call sent, but no usable answer: {error}")
@@ -385,6 +398,21 @@ async def _call_and_follow(
             progress_token=outcome.progress_token,
         )
     return type(outcome).__name__
+
+
+REFUSED_UNRUN = (
+    "Waiting for an admin to connect the server again: it refused the tool call unrun, for want of authorization."
+)
+
+
+async def _refused_unrun_for_authorization(task: Task, error: BaseException) -> bool:
+    """Whether a tools/call failed in its authorization (the OAuth flow of taskhub/mcp/oauth.py gave up: the server
+    answered 401 or 403 insufficient_scope, or no token could be got before sending: AuthorizationIncomplete) and the
+    server is now marked as needing re-authorization. A resource server refuses a request it does not authorize
+    before running it."""
+    if not isinstance(error, AuthorizationIncomplete) or not task.server.oauth:
+        return False
+    return await db(server_services.needs_reauthorization, server_id=task.server_id)
 
 
 def _not_sent(error: Exception) -> dict[str, Any]:

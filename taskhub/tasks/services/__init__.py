@@ -76,6 +76,7 @@ from taskhub.tasks.services.sending import (
     record_launch_failure,
     record_launch_retry,
     schedule_mrtr_retry,
+    withdraw_launch_sent,
 )
 
 __all__ = [
@@ -124,4 +125,5 @@ __all__ = [
     "schedule_mrtr_retry",
     "sent_before",
     "snapshot_values",
+    "withdraw_launch_sent",
 ]

@@ -71,7 +71,13 @@ def _launch_round(task: Task) -> int:
 
 
 def _launch_round_sent(task: Task, mrtr_round: int) -> bool:
-    return AuditEvent.objects.filter(task=task, action="task.launch_sent", data__mrtr_round=mrtr_round).exists()
+    """Whether the round's tools/call was marked sent and that mark stands: more `task.launch_sent` rows than
+    `task.launch_withdrawn` ones (withdraw_launch_sent: the server refused it unrun)."""
+    marks = AuditEvent.objects.filter(
+        task=task, action__in=("task.launch_sent", "task.launch_withdrawn"), data__mrtr_round=mrtr_round
+    ).values_list("action", flat=True)
+    actions = list(marks)
+    return actions.count("task.launch_sent") > actions.count("task.launch_withdrawn")
 
 
 def launch_was_sent(*, task: Task) -> bool:
@@ -117,6 +123,32 @@ def mark_launch_sent(*, task: Task, lease_owner: str | None = None) -> LaunchCal
         request_state=task.mrtr_request_state if mrtr_round else None,
         answered_request_ids=tuple(request.pk for request in answered),
     )
+
+
+@transaction.atomic
+def withdraw_launch_sent(*, task: Task, reason: str) -> bool:
+    """The server refused the round's tools/call before running it (HTTP 401 or 403: the authorization it carried
+    was not enough, and taskhub needs an admin to connect the server again), so its `task.launch_sent` marker no
+    longer stands: the launch waits, as one never sent does, and is sent once the server is connected again.
+
+    Audit rows are never changed, so the marker is withdrawn by a row of its own (`task.launch_withdrawn`, read by
+    _launch_round_sent). False: the task is no longer launching, or its round was not marked sent."""
+    task = _locked(task)
+    if task.status != TaskStatus.LAUNCHING:
+        return False
+    mrtr_round = _launch_round(task)
+    if not _launch_round_sent(task, mrtr_round):
+        return False
+    task.status_message, task.status_message_is_taskhubs = cap_status_message(storable(reason)), True
+    task.save(update_fields=["status_message", "status_message_is_taskhubs", "updated_at"])
+    record_event(
+        action="task.launch_withdrawn",
+        actor_label=WORKER,
+        task=task,
+        data={"mrtr_round": mrtr_round, "reason": task.status_message},
+    )
+    _publish_after_commit(task.id)
+    return True
 
 
 @transaction.atomic
