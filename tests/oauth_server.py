@@ -46,6 +46,8 @@ class ApprovingProvider:
         self.refresh: dict[str, RefreshToken] = {}
         self.refresh_requests = 0
         self.client_credentials_requests = 0
+        # {client id: its public key, PEM}: clients that authenticate with a private-key JWT (RFC 7523) instead.
+        self.client_keys: dict[str, str] = {}
         self.refuse_registration = False
         self.issuer = ""  # set once the port is known: what `iss` says in each redirect
         # Access tokens live this long (a test makes them short to see them refreshed).
@@ -172,13 +174,11 @@ class ClientCredentialsToken:
 
             await self.sdk_token.handle(scope, replay, send)
             return
-        client_id, secret = form.get("client_id"), form.get("client_secret")
-        header = request.headers.get("authorization", "")
-        if header.startswith("Basic "):
-            client_id, _, secret = base64.b64decode(header[6:]).decode().partition(":")
-            client_id, secret = unquote(client_id), unquote(secret)
-        client = self.provider.clients.get(client_id or "")
-        if client is None or not secret or not hmac.compare_digest(client.client_secret or "", secret):
+        if form.get("client_assertion_type") == JWT_BEARER:
+            client_id = self._asserted_client(form.get("client_assertion", ""))
+        else:
+            client_id = self._secret_client(form, request.headers.get("authorization", ""))
+        if client_id is None:
             await JSONResponse({"error": "invalid_client"}, status_code=401)(scope, receive, send)
             return
         with self.provider._lock:
@@ -189,6 +189,39 @@ class ClientCredentialsToken:
         tokens.refresh_token = None
         await JSONResponse(tokens.model_dump(mode="json", exclude_none=True))(scope, receive, send)
 
+    def _secret_client(self, form: dict[str, str], header: str) -> str | None:
+        client_id, secret = form.get("client_id"), form.get("client_secret")
+        if header.startswith("Basic "):
+            client_id, _, secret = base64.b64decode(header[6:]).decode().partition(":")
+            client_id, secret = unquote(client_id), unquote(secret)
+        client = self.provider.clients.get(client_id or "")
+        if client is None or not secret or not hmac.compare_digest(client.client_secret or "", secret):
+            return None
+        return client_id
+
+    def _asserted_client(self, assertion: str) -> str | None:
+        """private_key_jwt (RFC 7523 §2.2): signed by the key registered for its issuer (the client id, also its
+        subject), for this authorization server (its audience), not expired."""
+        import jwt
+
+        try:
+            client_id = jwt.decode(assertion, options={"verify_signature": False}).get("iss", "")
+            public_key = self.provider.client_keys.get(client_id)
+            if public_key is None:
+                return None
+            claims = jwt.decode(
+                assertion,
+                public_key,
+                algorithms=["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "ES512", "EdDSA"],
+                audience=self.provider.issuer,
+                options={"require": ["iss", "sub", "aud", "exp"]},
+            )
+        except jwt.InvalidTokenError:
+            return None
+        return client_id if claims.get("sub") == client_id else None
+
+
+JWT_BEARER = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 
 # Not forwarded by the proxy at /mcp (hop-by-hop, recomputed, or the token meant for it alone).
 DROPPED_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "authorization"}

@@ -23,7 +23,7 @@ from pydantic import AnyUrl
 
 from taskhub.audit.services import record_event
 from taskhub.mcp import wire
-from taskhub.mcp.oauth import OAuthClientSettings
+from taskhub.mcp.oauth import AuthorizationProblem, OAuthClientSettings, signing_algorithm_of
 from taskhub.mcp.oauth_browser import BrowserLeg, PendingAuthorization, finish_authorization, start_authorization
 from taskhub.mcp.outbound import Outbound
 from taskhub.servers import services
@@ -103,7 +103,10 @@ def record_connection(*, server: Server, tokens: OAuthToken, user) -> Server:
     server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     store = store_of(server)
     store.store_tokens(tokens)
-    Server.objects.filter(pk=server.pk, oauth_client_credentials=True).update(oauth_client_credentials=False)
+    Server.objects.filter(pk=server.pk, oauth_client_credentials=True).update(
+        oauth_client_credentials=False, oauth_client_private_key=False
+    )
+    ServerAuthorization.objects.filter(server_id=server.pk).exclude(client_key={}).update(client_key={})
     row = store.row()
     issuer = None
     if row is not None and isinstance(row.discovery, dict):
@@ -169,31 +172,58 @@ def authorization_state(server: Server) -> tuple[str | None, object]:
 
 
 @transaction.atomic
-def set_client_credentials(*, server: Server, client_id: str, client_secret: str, user) -> Server:
-    """A server whose tokens taskhub gets and renews itself, with the client credentials grant and the client id and
-    secret an admin registered at its authorization server (kept encrypted, like the tokens; issue 33 item 5). The
-    first request to it gets the first token; its tools are discovered now."""
+def set_client_credentials(
+    *, server: Server, client_id: str, client_secret: str, user, private_key_pem: str = "", jwt_algorithm: str = ""
+) -> Server:
+    """A server whose tokens taskhub gets and renews itself, with the client credentials grant and the client an admin
+    registered at its authorization server: its id and a secret, or its id and a private key whose JWT client
+    assertions (RFC 7523) authenticate it (`jwt_algorithm`: the key's own by default). Kept encrypted, like the
+    tokens; issue 33 item 5. The first request to it gets the first token; its tools are discovered now."""
     problems = OAuthClientSettings(
-        client_id=client_id, client_secret=client_secret or None, client_credentials=True
+        client_id=client_id,
+        client_secret=client_secret or None,
+        private_key_pem=private_key_pem or None,
+        client_credentials=True,
     ).problems()
     if problems:
         raise ValueError("; ".join(problems))
+    private_key = None
+    if private_key_pem:
+        try:
+            algorithm = signing_algorithm_of(private_key_pem)
+        except AuthorizationProblem as problem:
+            raise ValueError(str(problem)) from None
+        if jwt_algorithm and jwt_algorithm != algorithm and not _fits(jwt_algorithm, algorithm):
+            raise ValueError(f"a {algorithm} key cannot sign {jwt_algorithm} assertions")
+        private_key = {"pem": private_key_pem, "algorithm": jwt_algorithm or algorithm}
     server = Server.objects.select_for_update(no_key=True).get(pk=server.pk)
     store = store_of(server)
     store.keep_client_without_tokens(
         OAuthClientInformationFull(
             client_id=client_id,
-            client_secret=client_secret,
+            client_secret=client_secret or None,
             redirect_uris=None,
             grant_types=["client_credentials"],
-            token_endpoint_auth_method="client_secret_basic",
-        )
+            token_endpoint_auth_method="private_key_jwt" if private_key else "client_secret_basic",
+        ),
+        private_key=private_key,
     )
-    Server.objects.filter(pk=server.pk).update(oauth=True, oauth_client_credentials=True)
+    Server.objects.filter(pk=server.pk).update(
+        oauth=True, oauth_client_credentials=True, oauth_client_private_key=private_key is not None
+    )
+    grant = {"grant": "client_credentials", "client_auth": "private_key_jwt" if private_key else "client_secret"}
     record_event(
         action="server.connected",
         user=user,
         server=server,
-        data={"name": server.name, "grant": "client_credentials", "client_id": client_id},
+        data={"name": server.name, **grant, "client_id": client_id},
     )
     return services.request_discovery(server=server, user=user)
+
+
+# The JWS algorithms a key of each kind may sign with (the key's own is the default).
+KEY_ALGORITHMS = {"RS256": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")}
+
+
+def _fits(wanted: str, keys_own: str) -> bool:
+    return wanted in KEY_ALGORITHMS.get(keys_own, (keys_own,))

@@ -74,6 +74,11 @@ class Server(models.Model):
     oauth_client_credentials = models.BooleanField(
         default=False, help_text="HTTP: OAuth tokens got with the client credentials grant, no person"
     )
+    # With client credentials: the client authenticates with a private-key JWT (RFC 7523; the key kept on its
+    # ServerAuthorization) rather than a secret. On the server row so that its target needs no query to know.
+    oauth_client_private_key = models.BooleanField(
+        default=False, help_text="HTTP: the client credentials are a private key (a JWT client assertion)"
+    )
     # Overrides of the worker's defaults for this server (taskhub/worker/slots.py); empty: the settings' values.
     max_concurrent_jobs = models.PositiveSmallIntegerField(
         null=True,
@@ -190,7 +195,10 @@ class Server(models.Model):
         from taskhub.servers.oauth_store import stored_authorization
 
         return stored_authorization(
-            server_id=self.pk, resource=self.url, client_credentials=self.oauth_client_credentials
+            server_id=self.pk,
+            resource=self.url,
+            client_credentials=self.oauth_client_credentials,
+            private_key=self.oauth_client_private_key,
         )
 
     def own_answers(self) -> OwnAnswers:
@@ -215,6 +223,8 @@ class ServerAuthorization(models.Model):
     server = models.OneToOneField(Server, primary_key=True, on_delete=models.CASCADE, related_name="authorization")
     resource = models.URLField(max_length=2000, help_text="the resource the tokens were issued for")
     client_info = EncryptedJSONField(default=dict, blank=True, help_text="the client's registration (encrypted)")
+    # {"pem": …, "algorithm": …}: a client-credentials client's private key, for its JWT client assertions.
+    client_key = EncryptedJSONField(default=dict, blank=True, help_text="the client's private key (encrypted)")
     discovery = EncryptedJSONField(default=dict, blank=True, help_text="the discovered metadata (encrypted)")
     tokens = EncryptedJSONField(default=dict, blank=True, help_text="access and refresh token, scopes (encrypted)")
     # When the access token expires (epoch seconds, as the SDK counts); NULL: it did not say.

@@ -34,6 +34,8 @@ from taskhub.mcp.oauth import (
     Discovery,
     OAuthClientSettings,
     OAuthProvider,
+    PrivateKeyProvider,
+    jwt_assertion_provider,
     oauth_provider,
 )
 from taskhub.servers import signals
@@ -114,10 +116,14 @@ class DatabaseTokenStore:
             )
             Server.objects.filter(pk=self.server_id, oauth=False).update(oauth=True)
 
-    def keep_client_without_tokens(self, client_info: OAuthClientInformationFull) -> None:
-        """A new client for the server, and no tokens of the old one (nor its mark)."""
+    def keep_client_without_tokens(
+        self, client_info: OAuthClientInformationFull, *, private_key: dict[str, str] | None = None
+    ) -> None:
+        """A new client for the server, and no tokens of the old one (nor its mark). `private_key`: {"pem",
+        "algorithm"} of a client that authenticates with a JWT client assertion; none is kept otherwise."""
         self._update(
             client_info=client_info.model_dump(mode="json", exclude_none=True),
+            client_key=private_key or {},
             tokens={},
             expires_at=None,
             needs_reauthorization_since=None,
@@ -170,6 +176,10 @@ class DatabaseTokenStore:
     async def set_discovery(self, discovery: Discovery) -> None:
         await sync_to_async(self._update)(discovery=discovery.stored())
 
+    def private_key_now(self) -> dict[str, str]:
+        row = self.row()
+        return dict(row.client_key) if row is not None and isinstance(row.client_key, dict) else {}
+
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         return await sync_to_async(self.client_info_now)()
 
@@ -203,39 +213,66 @@ class NoPersonHere:
         raise AuthorizationProblem("the server needs an admin to connect it again")
 
 
-class StoredClientCredentials(ClientSecretProvider):
-    """The client-credentials grant with the client id and secret kept (encrypted) in the server's store rather than
-    given to the constructor: no query when the provider is made (Server.to_target runs in async code too)."""
+class _KeptClient:
+    """The client-credentials grant with the client kept (encrypted) in the server's store rather than given to the
+    constructor: no query when the provider is made (Server.to_target runs in async code too)."""
 
     async def _initialize(self) -> None:
-        await super()._initialize()
-        kept = await self.context.storage.get_client_info()
+        await super()._initialize()  # type: ignore[misc]
+        kept = await self.context.storage.get_client_info()  # type: ignore[attr-defined]
         if kept is None:
-            raise AuthorizationProblem("no client id and secret are kept for this server's client credentials")
-        self.context.client_info = kept
+            raise AuthorizationProblem("no client is kept for this server's client credentials")
+        self.context.client_info = kept  # type: ignore[attr-defined]
 
     async def _handle_token_response(self, response: httpx2.Response) -> None:
-        """A token request the authorization server refuses (a secret revoked or rotated there, a client removed)
-        marks the server as needing an admin, as a failed refresh does: its launches and answers wait for the admin
-        to enter the client again instead of failing (issue 33 item 3). A server error (5xx) marks nothing."""
+        """A token request the authorization server refuses (a secret or key revoked or rotated there, a client
+        removed) marks the server as needing an admin, as a failed refresh does: its launches and answers wait for
+        the admin to enter the client again instead of failing (issue 33 item 3). A server error (5xx) marks
+        nothing."""
         if 400 <= response.status_code < 500:
-            store = self.context.storage
+            store = self.context.storage  # type: ignore[attr-defined]
             await sync_to_async(store.mark_needs_reauthorization)()
             raise AuthorizationProblem(
                 f"the authorization server refused this server's client credentials (HTTP {response.status_code}):"
                 " an admin must enter the client again"
             )
-        await super()._handle_token_response(response)
+        await super()._handle_token_response(response)  # type: ignore[misc]
 
 
-def stored_authorization(*, server_id: int, resource: str, client_credentials: bool = False) -> OAuthProvider:
+class StoredClientCredentials(_KeptClient, ClientSecretProvider):
+    """With the kept client id and secret."""
+
+
+class StoredPrivateKeyCredentials(_KeptClient, PrivateKeyProvider):
+    """With the kept client id and private key: each token request carries a JWT client assertion (RFC 7523) signed
+    with it, for the authorization server's issuer."""
+
+    def __init__(self, *, server_url: str, storage: DatabaseTokenStore) -> None:
+        async def assertion(audience: str) -> str:
+            key = await sync_to_async(storage.private_key_now)()
+            client = self.context.client_info
+            if not key.get("pem") or client is None:
+                raise AuthorizationProblem("no private key is kept for this server's client credentials")
+            sign = jwt_assertion_provider(
+                client_id=client.client_id, private_key_pem=key["pem"], algorithm=key.get("algorithm") or "RS256"
+            )
+            return await sign(audience)
+
+        super().__init__(server_url=server_url, storage=storage, client_id="(kept)", assertion_provider=assertion)
+
+
+def stored_authorization(
+    *, server_id: int, resource: str, client_credentials: bool = False, private_key: bool = False
+) -> OAuthProvider:
     """The httpx2.Auth for a server connected through OAuth: its kept registration and tokens, refreshed one
     process at a time; a person is never asked (NoPersonHere). With `client_credentials`, taskhub gets and renews
-    the tokens itself with the kept client id and secret (issue 33 item 5)."""
+    the tokens itself with the kept client id and secret, or with its private key (`private_key`; issue 33 item 5)."""
     store = DatabaseTokenStore(server_id=server_id, resource=resource)
     if client_credentials:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # no issuer named: the one discovery finds, as the SDK allows until 3.0
+            if private_key:
+                return StoredPrivateKeyCredentials(server_url=resource, storage=store)
             return StoredClientCredentials(
                 server_url=resource, storage=store, client_id="(kept)", client_secret="(kept)"
             )

@@ -250,12 +250,20 @@ def server_oauth_client(request, server_id):
         client_id = request.POST.get("client_id", "").strip()
         client_secret = request.POST.get("client_secret", "").strip()
         by_itself = request.POST.get("client_credentials") == "on"
+        private_key = request.POST.get("private_key", "").strip()
         try:
             if not client_id:
                 raise ValueError(gettext("the client id is needed"))
+            if private_key and not by_itself:
+                raise ValueError(gettext("a private key is for the client credentials grant: tick “No person”"))
             if by_itself:
                 connect.set_client_credentials(
-                    server=server, client_id=client_id, client_secret=client_secret, user=request.user
+                    server=server,
+                    client_id=client_id,
+                    client_secret=client_secret,
+                    user=request.user,
+                    private_key_pem=private_key,
+                    jwt_algorithm=request.POST.get("jwt_algorithm", "").strip(),
                 )
             else:
                 connect.enter_client(
@@ -272,7 +280,12 @@ def server_oauth_client(request, server_id):
                 )
                 return redirect("servers:detail", server_id=server.pk)
             return _send_to_authorization(request, server)
-    context = {"server": server, "redirect_uri": redirect_uri, "problem": problem}
+    context = {
+        "server": server,
+        "redirect_uri": redirect_uri,
+        "problem": problem,
+        "jwt_algorithms": connect.KEY_ALGORITHMS["RS256"][1:],
+    }
     return render(request, "servers/oauth_client.html", context, status=400 if problem else 200)
 
 

@@ -25,7 +25,7 @@ ALLOWED = {
     "taskhub", "mcp", "url", "json", "api", "utc", "id", "http", "https", "csv", "postgresql", "ttl", "uuid",
     "iserror", "ci", "readme", "javascript", "ctrl", "enter", "html", "png", "oauth", "stdio", "sse",
     "elicitation", "webhook", "webhooks", "streamable", "uri", "post", "authorization", "bearer", "basic", "slack",
-    "true", "false", "null",
+    "true", "false", "null", "jwt", "pem", "rfc",
 }  # fmt: skip
 # Where a page shows what a server or a person sent (shown as sent), or an identifier; an audit event's data as it
 # was recorded (its keys and values, as the export has them).
