@@ -241,6 +241,7 @@ class AuthorizationServer:
         # one JSON-RPC method (a tool call, say, while discovery still passes).
         self.required_scope: str | None = None
         self.scope_for_method: dict[str, str] = {}
+        self.mcp_queries: list[str] = []  # the query string of each request to /mcp, as it came
 
     def start(self) -> str:
         holder: dict[str, str] = {}
@@ -267,6 +268,7 @@ class AuthorizationServer:
             return challenge("")
 
         async def mcp(request: Request):
+            self.mcp_queries.append(request.url.query)
             access = await access_of(request)
             if access is None:
                 self.mcp_refusals += 1

@@ -184,3 +184,17 @@ def test_the_client_id_metadata_document_is_served_at_its_own_url(settings):
     assert document["client_id"] == f"https://hub.example{url}"
     assert document["redirect_uris"] == ["https://hub.example/servers/oauth/callback"]
     assert document["token_endpoint_auth_method"] == "none"
+
+
+def test_connect_asks_the_server_at_its_url_with_the_secret_query_values_it_needs(protected_demo, admin_browser):
+    """A server whose URL carries a secret query value (kept apart, encrypted: taskhub/mcp/secret_urls.py) is asked
+    by Connect as by every other request, with the value; its pages show it masked."""
+    server = create_server(
+        name="keyed-url", transport="http", url=f"{protected_demo.url}/mcp?token=url-secret-0042", user=None
+    )
+    assert "url-secret-0042" not in server.url and server.url_secrets == {"token": ["url-secret-0042"]}
+    protected_demo.mcp_queries.clear()
+    authorization_url = start_connect(admin_browser, server)
+    assert authorization_url.startswith(f"{protected_demo.url}/authorize?")
+    assert protected_demo.mcp_queries and all(query == "token=url-secret-0042" for query in protected_demo.mcp_queries)
+    assert "url-secret-0042" not in admin_browser.get(reverse("servers:detail", args=[server.pk])).content.decode()

@@ -202,11 +202,14 @@ async def start_authorization(
     protocol_version: str,
     client_metadata_url: str | None = None,
     scope: str | None = None,
+    probe_url: str | None = None,
 ) -> BrowserLeg | None:
     """Ask the server, unauthorized; on its challenge run discovery and the client's identification and return
     where to send the person (asking for `scope` too, besides the scopes the challenge or metadata name). None when
     the server answered without asking for authorization. NeedsClient when
-    no way to identify taskhub is left but a client an admin registers; AuthorizationProblem otherwise."""
+    no way to identify taskhub is left but a client an admin registers; AuthorizationProblem otherwise.
+    `probe_url`: where to ask, when it is not `server_url` itself (the server's URL with the secret query values it
+    needs, which the resource the tokens are for leaves masked)."""
     settings = OAuthClientSettings(client_metadata_url=client_metadata_url, scope=scope or None)
     provider = oauth_provider(
         server_url=server_url,
@@ -217,7 +220,7 @@ async def start_authorization(
     )
     try:
         await authorize_ahead(
-            server_url=server_url, auth=provider, outbound=outbound, protocol_version=protocol_version
+            server_url=probe_url or server_url, auth=provider, outbound=outbound, protocol_version=protocol_version
         )
     except _SendTheBrowser as sent:
         return sent.leg

@@ -26,6 +26,7 @@ from taskhub.mcp import wire
 from taskhub.mcp.oauth import AuthorizationProblem, OAuthClientSettings, signing_algorithm_of
 from taskhub.mcp.oauth_browser import BrowserLeg, PendingAuthorization, finish_authorization, start_authorization
 from taskhub.mcp.outbound import Outbound
+from taskhub.mcp.secret_urls import with_secrets
 from taskhub.servers import services
 from taskhub.servers.models import Server, ServerAuthorization, Transport
 from taskhub.servers.oauth_store import DatabaseTokenStore
@@ -80,6 +81,7 @@ def start(*, server: Server, redirect_uri: str) -> BrowserLeg | None:
         protocol_version=wire.PROTOCOL_VERSION,
         client_metadata_url=public_url(reverse("servers:oauth_client_metadata")),
         scope=wanted_scope(server),
+        probe_url=with_secrets(server.url, dict(server.url_secrets or {})),  # as every request to it is sent
     )
 
 
