@@ -226,6 +226,28 @@ def test_transport_streams_is_still_a_read_and_a_write_stream():
         assert len(typing.get_args(sdk_private.TransportStreams)) == 2
 
 
+def test_the_oauth_providers_hooks_are_still_the_sdks_and_called_through_sdk_private():
+    """taskhub's OAuth providers override these methods of the SDK's provider and call the SDK's own through
+    sdk_private (its other users, the OAuth tests, walk them against a real authorization server): each must still be
+    a coroutine method of every provider class taskhub builds on, and `_initialized` an attribute it sets."""
+    import inspect
+
+    from mcp.client.auth import OAuthClientProvider
+    from mcp.client.auth.extensions.client_credentials import (
+        ClientCredentialsOAuthProvider,
+        PrivateKeyJWTOAuthProvider,
+    )
+    from mcp.shared.auth import OAuthClientMetadata
+
+    for base in (OAuthClientProvider, ClientCredentialsOAuthProvider, PrivateKeyJWTOAuthProvider):
+        for hook in sdk_private.OAUTH_PROVIDER_HOOKS:
+            assert inspect.iscoroutinefunction(getattr(base, hook, None)), (base.__name__, hook)
+    provider = OAuthClientProvider(
+        "http://127.0.0.1:9/mcp", OAuthClientMetadata(redirect_uris=None), storage=None, redirect_handler=None
+    )
+    assert sdk_private.provider_initialized(provider) is False
+
+
 def _private_names_of_the_sdk(tree: ast.AST) -> set[str]:
     """The SDK's underscore names sdk_private reaches: attributes, and names imported from `mcp` modules."""
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("_")}

@@ -64,6 +64,7 @@ from mcp.shared.auth import (
 from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import AnyUrl, ValidationError
 
+from taskhub.mcp import sdk_private
 from taskhub.mcp.errors import AuthorizationProblem
 from taskhub.mcp.excerpts import validation_summary
 from taskhub.mcp.outbound import Outbound
@@ -575,7 +576,7 @@ class _Guarded:
     _kept_discovery: Discovery | None = None
 
     async def _initialize(self) -> None:
-        await super()._initialize()  # type: ignore[misc]
+        await sdk_private.initialize_provider(_Guarded, self)
         storage = self.context.storage
         if not isinstance(storage, KeptAuthorization):
             return
@@ -614,7 +615,7 @@ class _Guarded:
         if self.extra_scope:
             metadata = self.context.client_metadata
             metadata.scope = union_scopes(metadata.scope, self.extra_scope)
-        return await super()._perform_authorization()  # type: ignore[misc]
+        return await sdk_private.perform_authorization(_Guarded, self)
 
     async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         # A store shared by several processes (SharedRefresh) refreshes one at a time: when the kept token has
@@ -664,7 +665,7 @@ class _Guarded:
         kept = await storage.get_tokens()
         refresh_at = _refresh_at(await storage.get_expires_at(), kept)
         if refresh_at is None or time.time() < refresh_at:
-            if kept is not None and self._initialized:  # type: ignore[attr-defined]
+            if kept is not None and sdk_private.provider_initialized(self):
                 # What the store holds goes out: another process may have refreshed (and rotated) the token this
                 # provider read before, whose refresh token is spent.
                 self.context.current_tokens = kept
@@ -746,7 +747,7 @@ class AuthorizationCodeProvider(_Guarded, OAuthClientProvider):
         self._preregistered = preregistered
 
     async def _initialize(self) -> None:
-        await super()._initialize()
+        await sdk_private.initialize_provider(AuthorizationCodeProvider, self)
         if self.context.client_info is None and self._preregistered is not None:
             self.context.client_info = self._preregistered
 

@@ -25,10 +25,15 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import CallOptions
 
 __all__ = [
+    "OAUTH_PROVIDER_HOOKS",
     "TransportStreams",
     "absorb_tool_listing",
     "drain_stdout",
+    "handle_token_response",
+    "initialize_provider",
     "listen_route_honored",
+    "perform_authorization",
+    "provider_initialized",
     "register_listen_route",
     "send_raw_request",
     "settle_listen_route",
@@ -171,3 +176,32 @@ def shape_capabilities(client: Any, *, session_tasks: mcp_types.ClientTasksCapab
 
 
 SESSION_TASKS_VERSION = "2025-11-25"
+
+
+# --- the OAuth client's hooks (taskhub/mcp/oauth.py, taskhub/mcp/oauth_browser.py, taskhub/servers/oauth_store.py) --
+
+# The methods of the SDK's `OAuthClientProvider` (mcp.client.auth) that taskhub's providers override, each calling
+# the SDK's own through the functions below. Missing: public hooks for "the flow starts" (keep discovery, load kept
+# tokens), "a person must authorize now" (step-up scopes, an admin's Connect split in two) and "the token endpoint
+# answered" (a refused client marks its server).
+OAUTH_PROVIDER_HOOKS = ("_initialize", "_perform_authorization", "_handle_token_response")
+
+
+async def initialize_provider(cls: type, provider: Any) -> None:
+    """The SDK's `_initialize` of `provider`, from the override in `cls` (`super(cls, provider)._initialize()`)."""
+    await super(cls, provider)._initialize()
+
+
+async def perform_authorization(cls: type, provider: Any) -> Any:
+    """The SDK's `_perform_authorization` of `provider` (the request of the grant it runs), from `cls`'s override."""
+    return await super(cls, provider)._perform_authorization()
+
+
+async def handle_token_response(cls: type, provider: Any, response: Any) -> None:
+    """The SDK's `_handle_token_response` of `provider` (keeps the tokens of a token endpoint's answer)."""
+    await super(cls, provider)._handle_token_response(response)
+
+
+def provider_initialized(provider: Any) -> bool:
+    """Whether `provider` has loaded its stored tokens: `OAuthClientProvider._initialized`."""
+    return bool(provider._initialized)

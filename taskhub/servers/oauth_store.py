@@ -28,6 +28,7 @@ from mcp.shared.auth_utils import calculate_token_expiry
 from pydantic import ValidationError
 
 from taskhub.database.params import database_params
+from taskhub.mcp import sdk_private
 from taskhub.mcp.oauth import (
     AuthorizationProblem,
     ClientSecretProvider,
@@ -218,7 +219,7 @@ class _KeptClient:
     constructor: no query when the provider is made (Server.to_target runs in async code too)."""
 
     async def _initialize(self) -> None:
-        await super()._initialize()  # type: ignore[misc]
+        await sdk_private.initialize_provider(_KeptClient, self)
         kept = await self.context.storage.get_client_info()  # type: ignore[attr-defined]
         if kept is None:
             raise AuthorizationProblem("no client is kept for this server's client credentials")
@@ -236,7 +237,7 @@ class _KeptClient:
                 f"the authorization server refused this server's client credentials (HTTP {response.status_code}):"
                 " an admin must enter the client again"
             )
-        await super()._handle_token_response(response)  # type: ignore[misc]
+        await sdk_private.handle_token_response(_KeptClient, self, response)
 
 
 class StoredClientCredentials(_KeptClient, ClientSecretProvider):
