@@ -20,6 +20,8 @@ order), and the sequence starts above every id. Sealing reads the month's last s
 COMMITTED only (0010's guard moves here).
 """
 
+from importlib import import_module
+
 from django.db import migrations, models
 
 LOCK_CLASS = 36036  # as in 0009: pg_advisory_xact_lock(LOCK_CLASS, 0) is the sealers' (0009's were yyyymm per month)
@@ -101,7 +103,10 @@ END
 $$;
 """
 
-# Back to 0010: everything sealed first (the old trigger chains from the last row by id), seq dropped.
+# Back to 0010: everything sealed first (the old trigger chains from the last row by id), its trigger function
+# restored, seq dropped.
+_0010 = import_module("taskhub.audit.migrations.0010_chain_needs_read_committed")
+PREVIOUS_CHAIN = _0010.chain_function(guard=_0010.GUARD.replace("%%", "%"))
 BACKWARD = f"""
 DO $$ BEGIN
     WHILE audit_seal(10000) > 0 LOOP END LOOP;
@@ -114,29 +119,7 @@ BEGIN
               HINT = 'Audit events can be added, never changed or deleted.';
 END
 $$;
-CREATE OR REPLACE FUNCTION audit_auditevent_chain() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    month_start timestamptz := date_trunc('month', NEW.time, 'UTC');
-    last_id bigint;
-    last_hash bytea;
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'audit rows are chained under READ COMMITTED only, not %',
-            current_setting('transaction_isolation') USING ERRCODE = 'serialization_failure';
-    END IF;
-    PERFORM pg_advisory_xact_lock({LOCK_CLASS}, to_char(month_start AT TIME ZONE 'UTC', 'YYYYMM')::integer);
-    SELECT id, hash INTO last_id, last_hash FROM audit_auditevent
-        WHERE time >= month_start AND time < month_start + interval '1 month' ORDER BY id DESC LIMIT 1;
-    IF last_id IS NOT NULL AND NEW.id <= last_id THEN
-        NEW.id := nextval('audit_auditevent_id_seq');
-    END IF;
-    NEW.prev_hash := coalesce(last_hash, {GENESIS});
-    NEW.hash := audit_row_hash(NEW.prev_hash, NEW.id, NEW.time, NEW.actor_id, NEW.actor_label, NEW.action,
-                               NEW.task_id, NEW.server_id, NEW.data);
-    RETURN NEW;
-END
-$$;
-DROP INDEX audit_unsealed;
+{PREVIOUS_CHAIN}DROP INDEX audit_unsealed;
 DROP INDEX audit_seq;
 ALTER TABLE audit_auditevent DROP COLUMN seq;
 DROP SEQUENCE audit_auditevent_seq_seq;
