@@ -602,7 +602,9 @@ class TasksClient:
             [leaf for leaf in _leaf_exceptions(cause) if not isinstance(leaf, asyncio.CancelledError)] if cause else []
         )
         detail = f" ({_describe(leaves)})" if leaves else ""
-        refused = any(isinstance(leaf, AuthorizationProblem) for leaf in leaves)
+        # Only a refusal of this request itself says it did not run: during a long call the connection may die of
+        # another request's (an answer to the server's question, sent while the call runs).
+        refused = any(isinstance(leaf, AuthorizationProblem) and leaf.method == method for leaf in leaves)
         kind = AuthorizationIncomplete if refused else TransportError
         return kind(f"{method}: connection to {self.target.describe()} lost{detail}")
 

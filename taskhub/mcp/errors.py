@@ -76,13 +76,16 @@ class TransportError(McpClientError):
 class AuthorizationProblem(Exception):
     """Authorization to the server could not be completed (a person's settings, or the authorization server).
     Raised inside a request's OAuth flow (taskhub.mcp.oauth), before the request is sent or after the server refused
-    it (HTTP 401, 403 insufficient_scope)."""
+    it (HTTP 401, 403 insufficient_scope). `method`: the JSON-RPC method of that request, once the flow knows it."""
+
+    method: str | None = None
 
 
 class AuthorizationIncomplete(TransportError):
-    """The request's OAuth authorization could not be completed (an AuthorizationProblem in its flow): the server
-    refused it (HTTP 401, or 403 insufficient_scope) or it was never sent. Either way the server did not run it.
-    (AuthorizationFailed is a refusal with no OAuth flow to try: static credentials.)"""
+    """The request's OAuth authorization could not be completed (an AuthorizationProblem in the flow of that very
+    request, not of another on its connection): the server refused it (HTTP 401, or 403 insufficient_scope) or it was
+    never sent. Either way the server did not run it. (AuthorizationFailed is a refusal with no OAuth flow to try:
+    static credentials.)"""
 
 
 class IncompleteAnswer(TransportError):

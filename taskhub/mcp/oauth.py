@@ -652,6 +652,8 @@ class _Guarded:
         except Exception as error:
             if self.failure is None:
                 self.failure = error
+            if isinstance(error, AuthorizationProblem) and error.method is None:
+                error.method = _jsonrpc_method(request)  # which request went unauthorized (errors.AuthorizationProblem)
             raise
         finally:
             if held is not None:
@@ -847,3 +849,15 @@ def _provider(
         client_metadata_url=settings.client_metadata_url,
         preregistered=preregistered,
     )
+
+
+def _jsonrpc_method(request: httpx2.Request) -> str:
+    """The JSON-RPC method a request to an MCP server carries: its `Mcp-Method` header (2026-07-28), else its body's
+    `method` ("" for a response or a body that cannot be read)."""
+    if method := request.headers.get("mcp-method"):
+        return method
+    try:
+        body = json.loads(request.content)
+    except (httpx2.RequestNotRead, ValueError, TypeError):
+        return ""
+    return body.get("method", "") if isinstance(body, dict) and isinstance(body.get("method"), str) else ""
