@@ -145,3 +145,45 @@ def test_a_tool_call_refused_unrun_for_want_of_scope_waits_for_the_admin_and_goe
         "task.launch_sent",
         "task.launch_answered",
     ]
+
+
+def test_an_answer_refused_unrun_for_want_of_scope_waits_for_the_admin_and_is_delivered_once(
+    demo, protected_demo, workers
+):
+    """The same for an answer: its `tasks/update` is refused 403 insufficient_scope after the delivery was claimed.
+    The server did not take it, so it waits for the admin's Connect and is delivered once after it."""
+    admin = make_user("alex", ADMINS, APPROVERS)
+    server, _, _ = connected(protected_demo, expires_in_s=3600)
+    server = with_tools(server, "approval")
+    protected_demo.provider.clients[CLIENT_ID].scope = "admin"
+    workers.start("patient")
+    asking = services.launch(server=server, tool="approval", arguments={"action": "deploy"}, user=admin)
+    request = wait_until(
+        lambda: InputRequest.objects.filter(task=asking, state=InputRequestState.OPEN).first(),
+        timeout=60,
+        what="the approval request",
+    )
+    remote_task_id = Task.objects.get(pk=asking.pk).remote_task_id
+
+    protected_demo.scope_for_method["tasks/update"] = "admin"
+    services.answer_input(input_request=request, response=APPROVE, user=admin)
+    wait_until(
+        lambda: ServerAuthorization.objects.get(server=server).needs_reauthorization_since is not None,
+        timeout=30,
+        what="the refused answer to mark the server",
+    )
+    let_time_pass(3, because="the delivery's looks (every second here) must deliver nothing while it waits")
+    assert InputRequest.objects.get(pk=request.pk).state == InputRequestState.ANSWERED
+    assert not demo_stats(demo)["deliveries"]
+
+    browser = Client()
+    browser.force_login(admin)
+    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
+    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+    wait_until(
+        lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED,
+        timeout=60,
+        what="the answer delivered after the Connect",
+    )
+    let_time_pass(2, because="an answer sent twice would arrive meanwhile")
+    assert demo_stats(demo)["deliveries"] == {f"{remote_task_id}/{request.key}": 1}
