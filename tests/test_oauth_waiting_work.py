@@ -40,6 +40,15 @@ def protected_demo(demo):
         yield server
 
 
+def connect_again(admin, server: Server) -> None:
+    """The admin connects the server again in the browser (the test client, and the authorization server's redirect
+    that approves by itself)."""
+    browser = Client()
+    browser.force_login(admin)
+    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
+    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+
+
 def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protected_demo, workers):
     admin = make_user("alex", ADMINS)
     approver = make_user("april", APPROVERS, ADMINS)
@@ -74,10 +83,7 @@ def test_a_launch_and_an_answer_wait_for_the_admin_and_go_out_once(demo, protect
     assert not stats["deliveries"]
 
     # The admin connects it again, in the browser (here: the test client and the authorization server's redirect).
-    browser = Client()
-    browser.force_login(admin)
-    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
-    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+    connect_again(admin, server)
 
     wait_until(
         lambda: Task.objects.get(pk=waiting_launch.pk).status != TaskStatus.LAUNCHING,
@@ -127,10 +133,7 @@ def test_a_tool_call_refused_unrun_for_want_of_scope_waits_for_the_admin_and_goe
     assert waiting.status == TaskStatus.LAUNCHING and "connect the server again" in waiting.status_message
     assert demo_stats(demo)["calls"].get("progress", 0) == 0
 
-    browser = Client()
-    browser.force_login(admin)
-    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
-    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+    connect_again(admin, server)
     wait_until(
         lambda: Task.objects.get(pk=launch.pk).status == TaskStatus.COMPLETED,
         timeout=30,
@@ -176,10 +179,7 @@ def test_an_answer_refused_unrun_for_want_of_scope_waits_for_the_admin_and_is_de
     assert InputRequest.objects.get(pk=request.pk).state == InputRequestState.ANSWERED
     assert not demo_stats(demo)["deliveries"]
 
-    browser = Client()
-    browser.force_login(admin)
-    answer = approve(start_connect(browser, Server.objects.get(pk=server.pk)))
-    assert browser.get(reverse("servers:oauth_callback"), answer).status_code == 302
+    connect_again(admin, server)
     wait_until(
         lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED,
         timeout=60,
