@@ -25,7 +25,7 @@ from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskStat
 from taskhub.web.request_threads import ANSWERED_AT_ONCE_URLCONF, answered_at_once
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import set_approver_groups
-from tests.helpers import snapshot
+from tests.helpers import snapshot, wait_until
 
 TASKS = "io.modelcontextprotocol/tasks"
 DECLARING = {
@@ -404,6 +404,84 @@ async def test_listen_streams_the_agents_tasks_changes_from_postgres_and_ends_wh
     }
     await sync_to_async(connections.close_all)()  # the sync_to_async thread's, or the test database stays in use
     await sync_to_async(close_gateway_connections)()  # and the gateway pool's threads'
+
+
+def listen_scope(secret: str, path: str = "/mcp/servers/alpha") -> dict:
+    """An ASGI HTTP scope as daphne makes it, for a `subscriptions/listen` POST with its routing header."""
+    headers = {"host": "testserver", "content-type": "application/json", "authorization": f"Bearer {secret}"}
+    headers["mcp-method"] = "subscriptions/listen"
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(name.encode(), value.encode()) for name, value in headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_under_daphnes_application_a_stream_is_sent_after_its_request_and_ends_when_the_agent_leaves():
+    """taskhub.asgi's HTTP application (KeptRequestThreads, OneTripHandler): the request finishes and its kept thread
+    is free before the stream's first event; the agent leaving ends the stream and frees its slot."""
+    from asgiref.sync import sync_to_async
+    from asgiref.testing import ApplicationCommunicator
+    from django.core.signals import request_finished
+
+    from taskhub.gateway import waiting
+    from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler
+
+    alpha = await discovered_alpha()
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    task = await a_working_task(alpha, agent)
+    application = KeptRequestThreads(OneTripHandler())
+    finished = []
+
+    def on_finished(**kwargs) -> None:
+        finished.append(kwargs)
+
+    request_finished.connect(on_finished)
+    try:
+        body = {
+            "jsonrpc": "2.0",
+            "id": "listen-1",
+            "method": "subscriptions/listen",
+            "params": {"notifications": {"taskIds": [str(task.pk)]}, "_meta": DECLARING},
+        }
+        agent_side = ApplicationCommunicator(application, listen_scope(secret))
+        await agent_side.send_input({"type": "http.request", "body": json.dumps(body).encode()})
+        head = await agent_side.receive_output(10)
+        assert head["type"] == "http.response.start" and head["status"] == 200, head
+        assert (b"Content-Type", b"text/event-stream") in head["headers"]
+        (ack,) = sse_messages((await agent_side.receive_output(10))["body"])
+        assert ack["method"] == "notifications/subscriptions/acknowledged"
+        assert finished  # Django finished the request before the stream's first event
+        # and its kept thread goes back to wait for other requests (once it has run what the request left on it).
+        kept = application.idle_answering_at_once
+        await asyncio.to_thread(wait_until, lambda: kept, what="the request's thread kept", timeout=5)
+        (now,) = sse_messages((await agent_side.receive_output(10))["body"])
+        assert now["params"]["taskId"] == str(task.pk) and now["params"]["status"] == "working"
+        assert waiting.open_slots() == 1
+
+        await sync_to_async(services.apply_snapshot)(task=task, snapshot=snapshot("working", statusMessage="half"))
+        changed = await agent_side.receive_output(10)
+        assert sse_messages(changed["body"])[0]["params"]["statusMessage"] == "half" and changed["more_body"]
+
+        await agent_side.send_input({"type": "http.disconnect"})
+        await agent_side.wait(10)  # the application returns: the stream ended with the agent
+        assert waiting.open_slots() == 0
+    finally:
+        request_finished.disconnect(on_finished)
+        await sync_to_async(application.close_connections)()
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_gateway_connections)()
 
 
 @pytest.mark.django_db(transaction=True)

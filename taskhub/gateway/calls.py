@@ -108,10 +108,10 @@ def call_tool(endpoint: Endpoint, user, call: Call) -> Launched:
     return Launched(task_id=task.id, declared=declared, after_round=0)
 
 
-def stream_refusal(user) -> RpcError | None:
-    """Why a stream opened with this user's token must end now (None: it may go on): the token revoked or expired,
-    its user deactivated, or no longer an agent or operator (who use the gateway). Read afresh, not from the request."""
-    token = ApiToken.objects.select_related("user").filter(pk=agent_token(user).pk).first()
+def stream_refusal(token_id: int) -> RpcError | None:
+    """Why a stream opened with this token must end now (None: it may go on): the token revoked or expired, its
+    user deactivated, or no longer an agent or operator (who use the gateway). Read afresh, not from the request."""
+    token = ApiToken.objects.select_related("user").filter(pk=token_id).first()
     if token is None or token.revoked_at is not None:
         why = "the API token was revoked"
     elif token.expires_at is not None and token.expires_at <= timezone.now():
@@ -338,12 +338,23 @@ def listened_task(task_id: str) -> dict[str, Any] | None:
 
 
 def subscription_state(
-    endpoint: Endpoint, user, subscription: Subscription, *, tools: bool = True
+    endpoint: Endpoint, token_id: int, subscription: Subscription, *, tools: bool = True
 ) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(a fingerprint of the tool list, or "" when not listened to or not asked for (`tools`); each listened task
-    as `tasks/get` shows it)."""
-    tools = json.dumps(endpoint.tools(user), sort_keys=True, default=str) if subscription.tools and tools else ""
+    """(a fingerprint of the tool list the token's user sees now, or "" when not listened to or not asked for
+    (`tools`); each listened task as `tasks/get` shows it)."""
+    user = _user_of_token(token_id) if subscription.tools and tools else None
+    tools = json.dumps(endpoint.tools(user), sort_keys=True, default=str) if user is not None else ""
     tasks = Task.objects.select_related("server").filter(pk__in=subscription.task_ids)
     return hashlib.sha256(tools.encode()).hexdigest() if tools else "", {
         str(task.pk): wire_tasks.detailed_task(task) for task in tasks
     }
+
+
+def _user_of_token(token_id: int):
+    """The token's user, carrying the token (as views._bearer_user's), read afresh; None once the token is gone."""
+    token = ApiToken.objects.select_related("user").filter(pk=token_id).first()
+    if token is None:
+        return None
+    user = token.user
+    user.api_token = token
+    return user

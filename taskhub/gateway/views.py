@@ -17,7 +17,7 @@ import time
 import mcp_types
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from taskhub.api.tokens import active_token
@@ -37,6 +37,7 @@ from taskhub.gateway.protocol import (
 )
 from taskhub.live.hub import HUB_LOST
 from taskhub.live.publish import ACCESS_CHANGED, TASK_CHANGED
+from taskhub.web.request_threads import StreamAfterRequest
 
 logger = logging.getLogger(__name__)
 
@@ -214,87 +215,99 @@ async def _wait_for_launch(launched: calls.Launched) -> None:
                 return
 
 
-async def _listen(endpoint: Endpoint, user, call: Call) -> StreamingHttpResponse:
+async def _listen(endpoint: Endpoint, user, call: Call) -> StreamAfterRequest:
     """`subscriptions/listen` as an SSE stream: the acknowledgement, each granted task as it is now, then
     `notifications/tasks` on each change of one and `notifications/tools/list_changed` on a change of the tool list;
     it ends (the listen request's result) once every task listened to has ended, after
     TASKHUB_GATEWAY_LISTEN_SECONDS, or when the process's channel-layer hub is lost (the agent listens again).
     Woken by the channel layer or the process's safety net (waiting.py); it reads Postgres only then, the task that
-    changed (once for every stream woken by that change)."""
+    changed (once for every stream woken by that change), on the gateway's pool. Sent after Django has finished the
+    request (StreamAfterRequest), so an idle stream holds only what `_stream_events` keeps."""
     slot = waiting.take_slot(user.api_token.pk)
     try:
         subscription = await waiting.in_turn(calls.subscribe, endpoint, user, call)
     except BaseException:
         slot.release()
         raise
-    meta = {SUBSCRIPTION_ID: call.id}
-    read_state = waiting.on_gateway_thread(calls.subscription_state)
-    read_task = waiting.on_gateway_thread(calls.listened_task)
-
-    def notification(method: str, params: dict) -> bytes:
-        message = {"jsonrpc": "2.0", "method": method, "params": {**params, "_meta": meta}}
-        return f"event: message\ndata: {json.dumps(message)}\n\n".encode()
-
-    def as_notified(task: dict) -> dict:
-        return {key: value for key, value in task.items() if key != "resultType"}
-
-    def comparable(task: dict | None) -> dict | None:
-        return None if task is None else {key: value for key, value in task.items() if key != "lastUpdatedAt"}
-
-    async def events():
-        try:
-            yield notification(
-                "notifications/subscriptions/acknowledged", {"notifications": subscription.acknowledged()}
-            )
-            tools_of_user = user.pk if subscription.tools else None
-            wakeups = waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user, access_of_user=user.pk)
-            async with wakeups:
-                tools_seen, tasks_seen = await waiting.in_turn(calls.subscription_state, endpoint, user, subscription)
-                await sync_to_async(waiting.release_request_connection)()
-                for task in tasks_seen.values():
-                    yield notification("notifications/tasks", as_notified(task))
-                deadline = time.monotonic() + settings.TASKHUB_GATEWAY_LISTEN_SECONDS
-                while (left := deadline - time.monotonic()) > 0:
-                    if not subscription.tools and all(task["status"] in TERMINAL for task in tasks_seen.values()):
-                        break
-                    # Woken by a change (the layer's, or the process's safety net: waiting.SafetyNet), or not at all.
-                    messages = await wakeups.wait(left)
-                    if not messages:
-                        continue
-                    if any(message.get("type") == HUB_LOST for message in messages):
-                        break
-                    if any(message.get("type") == ACCESS_CHANGED for message in messages):
-                        # The token revoked, its user deactivated or a role taken: the stream ends at once.
-                        refusal = await waiting.in_turn(calls.stream_refusal, user)
-                        if refusal is not None:
-                            ended_by = error_message(call.id, refusal)
-                            yield f"event: message\ndata: {json.dumps(ended_by)}\n\n".encode()
-                            return
-                    # The tool list is read again only when access or a server's tools changed (or by the safety net).
-                    if any(message.get("type") != TASK_CHANGED for message in messages):
-                        tools_now, tasks_now = await read_state(endpoint, user, subscription, tools=True)
-                    else:
-                        tools_now, tasks_now = tools_seen, dict(tasks_seen)
-                        changes = {m["task_id"]: m.get("message_id") for m in messages if m.get("task_id")}
-                        for task_id, message_id in changes.items():
-                            if task_id not in tasks_seen:
-                                continue
-                            # The streams woken by one change read its task once between them.
-                            task = await waiting.read_once((task_id, message_id), lambda t=task_id: read_task(t))
-                            if task is not None:
-                                tasks_now[task_id] = task
-                    if tools_now != tools_seen:
-                        yield notification("notifications/tools/list_changed", {})
-                    for task_id, task in tasks_now.items():
-                        if comparable(task) != comparable(tasks_seen.get(task_id)):
-                            yield notification("notifications/tasks", as_notified(task))
-                    tools_seen, tasks_seen = tools_now, tasks_now
-            ended = result_message(call.id, {"resultType": "complete", "_meta": meta})
-            yield f"event: message\ndata: {json.dumps(ended)}\n\n".encode()
-        finally:
-            slot.release()
-
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    # The stream keeps the token's id, not the user: it reads them afresh when their access or tools may have changed.
+    events = _stream_events(endpoint, user.pk, user.api_token.pk, call.id, subscription)
+    response = StreamAfterRequest(events, on_end=slot.release, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
-    response._resource_closers.append(slot.release)  # a stream never iterated (the agent left at once)
     return response
+
+
+_read_state = waiting.on_gateway_thread(calls.subscription_state)
+_read_task = waiting.on_gateway_thread(calls.listened_task)
+_stream_refusal = waiting.on_gateway_thread(calls.stream_refusal)
+
+
+def _sse(message: dict) -> bytes:
+    return f"event: message\ndata: {json.dumps(message)}\n\n".encode()
+
+
+def _notification(method: str, params: dict, meta: dict) -> bytes:
+    return _sse({"jsonrpc": "2.0", "method": method, "params": {**params, "_meta": meta}})
+
+
+def _as_notified(task: dict) -> dict:
+    return {key: value for key, value in task.items() if key != "resultType"}
+
+
+def _seen(task: dict) -> tuple[str, int]:
+    """What a stream keeps of a task it notified, rather than the task (memory per idle stream: bench/gateway.py
+    --listen): its status, and a hash of the rest but lastUpdatedAt (a change of that alone is not notified)."""
+    rest = {key: value for key, value in task.items() if key != "lastUpdatedAt"}
+    return task["status"], hash(json.dumps(rest, sort_keys=True, default=str))
+
+
+async def _stream_events(endpoint: Endpoint, user_id: int, token_id: int, call_id, subscription: calls.Subscription):
+    meta = {SUBSCRIPTION_ID: call_id}
+    acknowledged = {"notifications": subscription.acknowledged()}
+    yield _notification("notifications/subscriptions/acknowledged", acknowledged, meta)
+    tools_of_user = user_id if subscription.tools else None
+    wakeups = waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user, access_of_user=user_id)
+    async with wakeups:
+        tools_seen, tasks = await _read_state(endpoint, token_id, subscription)
+        tasks_seen = {task_id: _seen(task) for task_id, task in tasks.items()}
+        for task in tasks.values():
+            yield _notification("notifications/tasks", _as_notified(task), meta)
+        del tasks
+        deadline = time.monotonic() + settings.TASKHUB_GATEWAY_LISTEN_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            if not subscription.tools and all(status in TERMINAL for status, _ in tasks_seen.values()):
+                break
+            # Woken by a change (the layer's, or the process's safety net: waiting.SafetyNet), or not at all.
+            messages = await wakeups.wait(left)
+            if not messages:
+                continue
+            if any(message.get("type") == HUB_LOST for message in messages):
+                break
+            if any(message.get("type") == ACCESS_CHANGED for message in messages):
+                # The token revoked, its user deactivated or a role taken: the stream ends at once.
+                refusal = await _stream_refusal(token_id)
+                if refusal is not None:
+                    yield _sse(error_message(call_id, refusal))
+                    return
+            # The tool list is read again only when access or a server's tools changed (or by the safety net).
+            if any(message.get("type") != TASK_CHANGED for message in messages):
+                tools_now, read = await _read_state(endpoint, token_id, subscription, tools=True)
+                tasks_seen = {task_id: seen for task_id, seen in tasks_seen.items() if task_id in read}  # deleted
+            else:
+                tools_now, read = tools_seen, {}
+                changes = {m["task_id"]: m.get("message_id") for m in messages if m.get("task_id")}
+                for task_id, message_id in changes.items():
+                    if task_id not in tasks_seen:
+                        continue
+                    # The streams woken by one change read its task once between them.
+                    task = await waiting.read_once((task_id, message_id), lambda t=task_id: _read_task(t))
+                    if task is not None:
+                        read[task_id] = task
+            if tools_now != tools_seen:
+                yield _notification("notifications/tools/list_changed", {}, meta)
+            tools_seen = tools_now
+            for task_id, task in read.items():
+                if (seen := _seen(task)) != tasks_seen.get(task_id):
+                    tasks_seen[task_id] = seen
+                    yield _notification("notifications/tasks", _as_notified(task), meta)
+            del read
+    yield _sse(result_message(call_id, {"resultType": "complete", "_meta": meta}))

@@ -20,21 +20,30 @@ its turn on an event loop that also serves every live socket (about 1 ms of ever
 bench/approval.py); now two (request_started with the chain and its view, and close). Async views (the gateway)
 keep Django's chain.
 
-An async view's request (the gateway: a `subscriptions/listen` stream or a waiting `tools/call` may stay open for
-minutes, idle) gets no kept thread, unless its `Mcp-Method` header names a method answered at once (`tasks/get`
-and the like: ANSWERED_AT_ONCE): its sync parts (the token check, a middleware) run on an IdleExitingExecutor,
-whose one thread closes its database connection and exits once nothing has been given to it for a moment, and
-starts again if the request has sync work later. So an idle stream holds neither a thread nor a connection.
+An async view's request (the gateway: a waiting `tools/call` may stay open for a minute, idle) gets no kept thread,
+unless its `Mcp-Method` header names a method answered at once (`tasks/get` and the like: ANSWERED_AT_ONCE) or
+`subscriptions/listen` (below): its sync parts (the token check, a middleware) run on an IdleExitingExecutor, whose
+one thread closes its database connection and exits once nothing has been given to it for a moment, and starts again
+if the request has sync work later. So an idle wait holds neither a thread nor a connection.
+
+A response that stays open for minutes, idle (StreamAfterRequest: a gateway `subscriptions/listen` stream), has its
+body sent here after Django has finished its request, in a context of its own: the request, its headers and body
+file, the middleware's objects, the request's context and its thread are freed (the thread a kept one: the request
+is as short as an answer at once), and the open stream holds only its own state and daphne's connection (an idle
+stream 60 KB of daphne's memory before, 30 after: bench/gateway.py --listen).
 """
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import logging
 import queue
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from contextlib import closing
+from contextlib import aclosing, closing
 
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
 from django.core import signals
@@ -42,6 +51,7 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.db import connections
+from django.http import StreamingHttpResponse
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
 logger = logging.getLogger(__name__)
@@ -66,17 +76,40 @@ class KeptRequestThreads:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and _async_view(scope.get("path", "")):
-            if answered_at_once(scope.get("headers", ())):
+            method = _mcp_method(scope.get("headers", ()))
+            if method in ANSWERED_AT_ONCE:
                 await self._answer_at_once(scope, receive, send)
-                return
-            executor = IdleExitingExecutor()
-            try:
-                async with ThreadSensitiveContext(executor=executor):
-                    await self.app(scope, receive, send)
-            finally:
-                executor.shutdown(wait=False)
+            elif method == LISTEN:
+                # Its request is as short as an answer at once: the stream is sent after it (StreamAfterRequest).
+                await self._then_stream(self._answer_at_once, scope, receive, send)
+            else:
+                await self._then_stream(self._on_idle_exiting_thread, scope, receive, send)
             return
         await self._on_kept_thread(self.idle, scope, receive, send)
+
+    async def _then_stream(self, serve, scope, receive, send) -> None:
+        """`serve` the request, then send the body of a StreamAfterRequest it left (OneTripHandler), once the request's
+        thread and context are released."""
+        scope[STREAM_AFTER_REQUEST] = None
+        try:
+            # In a context of its own: what the request sets in its contextvars (Django's locals: the URLconf, the
+            # language, asgiref's thread context) goes with it, not kept by the stream for its life.
+            await asyncio.create_task(serve(scope, receive, send), context=contextvars.copy_context())
+            handed_off = scope.pop(STREAM_AFTER_REQUEST)
+        finally:
+            left = scope.pop(STREAM_AFTER_REQUEST, None)
+            if left is not None:  # the request failed after its head was sent: the body will never be
+                left.end()
+        if handed_off is not None:
+            await handed_off.send(send, receive)
+
+    async def _on_idle_exiting_thread(self, scope, receive, send) -> None:
+        executor = IdleExitingExecutor()
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await self.app(scope, receive, send)
+        finally:
+            executor.shutdown(wait=False)
 
     async def _answer_at_once(self, scope, receive, send) -> None:
         """A gateway request answered from one read: at most KEPT_THREADS at once, on threads kept for them (an agent
@@ -192,6 +225,94 @@ class IdleExitingExecutor(Executor):
                 future.set_exception(error)
 
 
+# The scope key under which OneTripHandler hands a StreamAfterRequest's body to KeptRequestThreads.
+STREAM_AFTER_REQUEST = "taskhub.stream_after_request"
+
+
+class StreamAfterRequest(StreamingHttpResponse):
+    """A streaming response (of an async iterator) whose body is sent after Django has finished its request, when
+    served by daphne (KeptRequestThreads): a stream open for minutes then keeps no request, no middleware object and
+    no request context (an idle gateway `subscriptions/listen` stream cost 60 KB of daphne's memory, of which Django's
+    objects about 19: bench/gateway.py --listen). Served any other way (Django's test clients) it is a
+    StreamingHttpResponse. `on_end` runs once the stream has ended, however it ended (the body ran out, the client
+    left, an error), or when the response is closed unsent."""
+
+    def __init__(self, streaming_content, *, on_end: Callable[[], None], **kwargs) -> None:
+        super().__init__(streaming_content, **kwargs)
+        self._on_end = on_end
+        self._resource_closers.append(on_end)
+
+    def hand_off(self) -> "HandedOffBody":
+        """The body and `on_end`, taken out: the response itself now streams nothing, and closing it (Django does so
+        as the request finishes) runs only the request's own closers (which hold the request)."""
+        body = HandedOffBody(self._iterator, self._on_end)
+        self._resource_closers.remove(self._on_end)
+        self._on_end = None
+        self.streaming_content = _no_chunks()
+        return body
+
+
+class HandedOffBody:
+    __slots__ = ("chunks", "on_end")
+
+    def __init__(self, chunks, on_end: Callable[[], None]) -> None:
+        self.chunks = chunks
+        self.on_end = on_end
+
+    async def send(self, send, receive) -> None:
+        """Each chunk as an ASGI body message until the iterator ends (then the final message) or the client leaves
+        (then the iterator is closed: its `finally` runs), as Django's handler streams."""
+        try:
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(_until_disconnected(receive))
+                    async with _closing_iterator(self.chunks) as chunks:
+                        async for chunk in chunks:
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                            del chunk  # not kept while the stream waits for its next
+                    await send({"type": "http.response.body"})
+                    raise RequestProcessed
+            except* (RequestProcessed, RequestAborted):
+                pass
+        except BaseExceptionGroup as exception_group:
+            if len(exception_group.exceptions) == 1:
+                raise exception_group.exceptions[0]  # noqa: B904 (the one error, as it was raised)
+            raise
+        finally:
+            self.end()
+
+    def end(self) -> None:
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
+
+
+async def _no_chunks():
+    return
+    yield
+
+
+def _closing_iterator(chunks):
+    return aclosing(chunks) if hasattr(chunks, "aclose") else contextlib.nullcontext(chunks)
+
+
+async def _until_disconnected(receive) -> None:
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            raise RequestAborted
+
+
+def _head_only(send):
+    """`send`, but for the final empty body message of a response whose body was handed off."""
+
+    async def head_only(message) -> None:
+        if message["type"] == "http.response.body" and not message.get("body") and not message.get("more_body"):
+            return
+        await send(message)
+
+    return head_only
+
+
 class RequestProcessed(Exception):
     """Django's handle() defines this in each call: a class per request, 1.5 KB that an open stream keeps."""
 
@@ -233,6 +354,9 @@ class OneTripHandler(ASGIHandler):
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self.listen_for_disconnect(receive))
                         response = await self.run_get_response(request)
+                        if isinstance(response, StreamAfterRequest) and STREAM_AFTER_REQUEST in scope:
+                            scope[STREAM_AFTER_REQUEST] = response.hand_off()
+                            send = _head_only(send)
                         await self.send_response(response, send)
                         raise RequestProcessed
                 except* (RequestProcessed, RequestAborted):
@@ -269,9 +393,17 @@ ANSWERED_AT_ONCE = frozenset(
 )
 
 
+# A stream whose request is as short (its body is sent after it: StreamAfterRequest).
+LISTEN = b"subscriptions/listen"
+
+
 def answered_at_once(headers) -> bool:
     """Whether a request's ASGI headers name, in `Mcp-Method`, a method answered at once."""
-    return any(name == b"mcp-method" and value.strip() in ANSWERED_AT_ONCE for name, value in headers)
+    return _mcp_method(headers) in ANSWERED_AT_ONCE
+
+
+def _mcp_method(headers) -> bytes | None:
+    return next((value.strip() for name, value in headers if name == b"mcp-method"), None)
 
 
 @functools.lru_cache(maxsize=4096)  # a path resolves to the same view for the process's life
