@@ -15,7 +15,6 @@ import logging
 import time
 
 import mcp_types
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -192,7 +191,7 @@ async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
 
 async def _wait_for_launch(launched: calls.Launched) -> None:
     """Until the worker recorded the launch's outcome, or the wait runs out (then the agent gets the task). Woken
-    by the task's changes; between them it holds neither the request's thread nor a database connection."""
+    by the task's changes; past a moment it holds neither the request's thread nor a database connection."""
     wait = (
         settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS
         if launched.declared
@@ -203,7 +202,9 @@ async def _wait_for_launch(launched: calls.Launched) -> None:
         # Joined first: a change committed between the first look and the wait still wakes it.
         if await waiting.in_turn(calls.launch_settled, launched) or wait <= 0:
             return
-        await sync_to_async(waiting.release_request_connection)()
+        # The request's thread keeps its connection for the answer (call_answer): a quick tool's outcome comes within
+        # milliseconds, and a new connection cost more than the rest of its answer. A longer wait holds neither: the
+        # thread exits after a moment with nothing to do, closing its connection (IdleExitingExecutor).
         settled = waiting.on_gateway_thread(calls.launch_settled)
         # A process without a layer shared with the worker's is woken by nothing: it looks again after 1, 2, 4 … s.
         safety_net = waiting.WAIT_SAFETY_NET_FIRST_SECONDS

@@ -32,7 +32,6 @@ from asgiref.sync import sync_to_async
 from channels.db import DatabaseSyncToAsync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection
 
 from taskhub.gateway.protocol import RpcError
 from taskhub.live import publish
@@ -79,13 +78,6 @@ def on_gateway_thread(function):
 def close_gateway_connections(timeout: float = 10) -> None:
     """Close every pool thread's connection (tests: an open one keeps the test database from being dropped)."""
     close_pool_connections(_executor, GATEWAY_THREADS, timeout=timeout)
-
-
-def release_request_connection() -> None:
-    """Close the request thread's connection before a long wait (it reconnects if the request reads again). Not
-    inside a transaction: a test's, which the request shares."""
-    if not connection.in_atomic_block:
-        connection.close()
 
 
 _turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
