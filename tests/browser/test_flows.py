@@ -568,7 +568,7 @@ def test_a_deadline_passes_and_the_default_is_sent_and_audited(new_page, stack, 
 
 
 def test_an_admin_adds_a_webhook_and_a_gated_launch_reaches_it_signed(new_page, stack, people):
-    from taskhub.approvals.models import ApprovalPolicy
+    from taskhub.approvals.models import ApprovalPolicy, DeliveryStatus, WebhookDelivery
     from tests.webhook_receiver import WebhookReceiver
 
     policy = in_own_thread(
@@ -593,6 +593,13 @@ def test_an_admin_adds_a_webhook_and_a_gated_launch_reaches_it_signed(new_page, 
         delivery = receiver.received[0]
         assert delivery.signature_ok and delivery.headers["x-taskhub-event"] == "request.waiting"
         assert (delivery.json["task_id"], delivery.json["tool"]) == (task_id, "approval")
+        # The worker records the delivery once the receiver has answered, a moment after it was received; the page
+        # refreshes its table only every 10 s, as long as an expectation waits: look once it is recorded.
+        wait_until(
+            lambda: in_own_thread(lambda: WebhookDelivery.objects.filter(status=DeliveryStatus.DELIVERED).exists()),
+            what="the delivery recorded as delivered",
+            timeout=20,
+        )
 
         admin.goto(f"{stack.url}/approvals/{policy.pk}/edit/")
         row = admin.locator(".deliveries-table tbody tr").first
