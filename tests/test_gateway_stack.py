@@ -273,11 +273,11 @@ def test_idle_listen_streams_are_capped_hold_no_connection_and_are_woken_by_the_
                 healthz = health.status
             others = await asyncio.gather(*(open_stream(other, tools, b"acknowledged") for _ in range(10)))
             streams = [response for response, _ in opened + others]
-            # Each stream's request thread exits once idle (taskhub.web.request_threads.IdleExitingExecutor).
+            # A stream's request runs on a kept thread, and the stream is sent after it (StreamAfterRequest).
             idle_threads = await asyncio.to_thread(
                 wait_until,
                 lambda: (n := gateway["daphne"].num_threads() - threads_before) <= THREADS_HOWEVER_MANY_STREAMS and [n],
-                what="the idle streams' request threads to exit",
+                what="the requests' threads beyond the kept ones to be retired",
                 timeout=15,
             )
             idle_backends = await asyncio.to_thread(backends) - before

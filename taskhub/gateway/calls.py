@@ -130,6 +130,13 @@ def agent_token(user):
     return getattr(user, "api_token", None)
 
 
+def user_carrying(token):
+    """The token's user, carrying the token as `api_token` (what agent_token reads)."""
+    user = token.user
+    user.api_token = token
+    return user
+
+
 def mrtr_state(task: Task, mrtr_round: int, user) -> str:
     return signing.dumps({"task": str(task.id), "round": mrtr_round, "user": user.pk}, salt=MRTR_STATE_SALT)
 
@@ -353,8 +360,4 @@ def subscription_state(
 def _user_of_token(token_id: int):
     """The token's user, carrying the token (as views._bearer_user's), read afresh; None once the token is gone."""
     token = ApiToken.objects.select_related("user").filter(pk=token_id).first()
-    if token is None:
-        return None
-    user = token.user
-    user.api_token = token
-    return user
+    return None if token is None else user_carrying(token)

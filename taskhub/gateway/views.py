@@ -71,11 +71,7 @@ def _bearer_user(request: HttpRequest):
     if scheme.lower() != "bearer":
         return None
     token = active_token(secret.strip())
-    if token is None:
-        return None
-    user = token.user
-    user.api_token = token
-    return user
+    return None if token is None else calls.user_carrying(token)
 
 
 def _json(message: dict, status: int = 200, **headers: str) -> JsonResponse:
@@ -261,6 +257,13 @@ def _seen(task: dict) -> tuple[str, int]:
     return task["status"], hash(json.dumps(rest, sort_keys=True, default=str))
 
 
+async def _read_task_seen(task_id: str) -> tuple[dict, tuple[str, int]] | None:
+    """A listened task as read after a change, with what streams keep of it (_seen): made once for all the streams
+    that share the read (waiting.read_once), not once per stream."""
+    task = await _read_task(task_id)
+    return None if task is None else (task, _seen(task))
+
+
 async def _stream_events(endpoint: Endpoint, user_id: int, token_id: int, call_id, subscription: calls.Subscription):
     meta = {SUBSCRIPTION_ID: call_id}
     acknowledged = {"notifications": subscription.acknowledged()}
@@ -291,7 +294,8 @@ async def _stream_events(endpoint: Endpoint, user_id: int, token_id: int, call_i
                     return
             # The tool list is read again only when access or a server's tools changed (or by the safety net).
             if any(message.get("type") != TASK_CHANGED for message in messages):
-                tools_now, read = await _read_state(endpoint, token_id, subscription, tools=True)
+                tools_now, tasks = await _read_state(endpoint, token_id, subscription, tools=True)
+                read = {task_id: (task, _seen(task)) for task_id, task in tasks.items()}
                 tasks_seen = {task_id: seen for task_id, seen in tasks_seen.items() if task_id in read}  # deleted
             else:
                 tools_now, read = tools_seen, {}
@@ -300,14 +304,14 @@ async def _stream_events(endpoint: Endpoint, user_id: int, token_id: int, call_i
                     if task_id not in tasks_seen:
                         continue
                     # The streams woken by one change read its task once between them.
-                    task = await waiting.read_once((task_id, message_id), lambda t=task_id: _read_task(t))
-                    if task is not None:
-                        read[task_id] = task
+                    task_seen = await waiting.read_once((task_id, message_id), lambda t=task_id: _read_task_seen(t))
+                    if task_seen is not None:
+                        read[task_id] = task_seen
             if tools_now != tools_seen:
                 yield _notification("notifications/tools/list_changed", {}, meta)
             tools_seen = tools_now
-            for task_id, task in read.items():
-                if (seen := _seen(task)) != tasks_seen.get(task_id):
+            for task_id, (task, seen) in read.items():
+                if seen != tasks_seen.get(task_id):
                     tasks_seen[task_id] = seen
                     yield _notification("notifications/tasks", _as_notified(task), meta)
             del read

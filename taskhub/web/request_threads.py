@@ -393,7 +393,7 @@ ANSWERED_AT_ONCE = frozenset(
 )
 
 
-# A stream whose request is as short (its body is sent after it: StreamAfterRequest).
+# Its request is as short as an answer at once: its stream is sent after it (StreamAfterRequest).
 LISTEN = b"subscriptions/listen"
 
 
