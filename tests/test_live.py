@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 
 import pytest
@@ -25,7 +26,7 @@ from taskhub.live.access import current_access
 from taskhub.live.consumer import CLOSE_HUB_LOST, CLOSE_NO_LONGER_ALLOWED, CLOSE_NOT_SIGNED_IN
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment, unregister_task_fragment
 from taskhub.live.groups import TASKS_GROUP, inbox_group, task_group, user_group
-from taskhub.live.hub import hub_for
+from taskhub.live.hub import Hub, hub_for
 from taskhub.mcp.client import TaskCreated
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
@@ -501,6 +502,41 @@ async def test_the_sockets_of_a_process_are_in_each_group_once_and_a_hub_that_st
     for communicator in sockets[1:]:
         assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_HUB_LOST}
         await communicator.disconnect()
+
+
+async def test_the_hub_hands_a_change_first_to_the_sockets_watching_its_task():
+    """The sockets a change reaches first ask first for their rendering, which the live thread does in turn: the page
+    showing the task must not wait behind the list pages' signal and nav counts (bench/freshness.py)."""
+    layer = InMemoryChannelLayer()
+    hub = Hub(layer)
+    handed = []
+
+    class Inbox(asyncio.Queue):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def put_nowait(self, item) -> None:
+            handed.append(self.name)
+            super().put_nowait(item)
+
+    lists = [Inbox(f"list {n}") for n in range(20)]
+    detail, other_detail = Inbox("detail"), Inbox("another task's detail")
+    task_id, other_task_id = uuid.uuid4(), uuid.uuid4()
+    for inbox in [*lists[:10], detail, other_detail, *lists[10:]]:
+        await hub.join(TASKS_GROUP, inbox)
+    await hub.join(task_group(task_id), detail)
+    await hub.join(task_group(other_task_id), other_detail)
+    try:
+        await layer.group_send(TASKS_GROUP, {"type": "task.changed", "task_id": str(task_id), "group": TASKS_GROUP})
+        for inbox in [*lists, detail, other_detail]:
+            assert (await asyncio.wait_for(inbox.get(), 5))["task_id"] == str(task_id)
+        assert handed[0] == "detail" and sorted(handed[1:]) == sorted(
+            ["another task's detail", *(i.name for i in lists)]
+        )
+    finally:
+        for task in (hub._reader, hub._refresher):
+            task.cancel()
 
 
 async def test_the_last_socket_of_a_group_leaving_takes_the_process_out_of_it(socket_for, operator):

@@ -16,6 +16,8 @@ import logging
 import weakref
 from collections.abc import Callable
 
+from taskhub.live.groups import task_group
+
 logger = logging.getLogger(__name__)
 
 # channels_redis forgets a membership after its group_expiry (a day by default): the hub's outlive sockets.
@@ -97,12 +99,21 @@ class Hub:
         try:
             while True:
                 message = await self.layer.receive(channel)
-                for inbox in list(self.members.get(message.get("group"), ())):
+                for inbox in self._inboxes_for(message):
                     inbox.put_nowait(message)
         except asyncio.CancelledError:
             raise
         except Exception as error:
             self._stop(error)
+
+    def _inboxes_for(self, message: dict) -> list[Inbox]:
+        """The message's group's inboxes, those of the sockets watching the changed task first."""
+        members = list(self.members.get(message.get("group"), ()))
+        watching = self.members.get(task_group(message["task_id"]), ()) if "task_id" in message else ()
+        # The sockets handed a change first ask for their rendering first, and the live thread renders in the order
+        # asked (threads.py). The page that shows the task waited behind the list's signal and the nav counts of
+        # other sockets (bench/freshness.py: stored → the detail page's socket frame).
+        return sorted(members, key=lambda inbox: inbox not in watching) if watching else members
 
     async def _refresh(self, channel: str) -> None:
         while True:
