@@ -20,6 +20,7 @@ import pytest
 import yaml
 from django.db import connection
 from django.db.models import Count, F
+from django.test.utils import CaptureQueriesContext
 from procrastinate.job_context import JobContext
 from procrastinate.jobs import Job
 from prometheus_client import REGISTRY
@@ -175,6 +176,23 @@ def test_tasks_by_server_and_status_follow_every_write_and_survive_folding(clien
     assert exposed_task_counts(scrape(client)) == expected
     Task.objects.all().delete()
     assert exposed_task_counts(scrape(client)) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_page_reads_the_kept_counts_in_one_statement_and_folds_them_when_due(monkeypatch):
+    alpha = make_server("alpha")
+    for status in (TaskStatus.WORKING, TaskStatus.WORKING, TaskStatus.LAUNCHING):
+        Task.objects.create(server=alpha, tool="t", status=status)
+    with CaptureQueriesContext(connection) as read:
+        assert counts.tasks_per_status() == {"working": 2, "launching": 1}
+    # No BEGIN and COMMIT around it: the nav and the list's tabs read these on every page and live change.
+    assert [query["sql"] for query in read.captured_queries] == [counts.sum_sql(*counts.TASKS)]
+    assert len(delta_rows()) == 3
+
+    monkeypatch.setattr(counts, "FOLD_ROWS", 2)
+    assert counts.tasks_per_status() == {"working": 2, "launching": 1}
+    assert delta_rows() == [(str(alpha.pk), "launching", 1.0), (str(alpha.pk), "working", 2.0)]
+    assert counts.tasks_per_status(server_ids={alpha.pk + 1}) == {}
 
 
 def test_the_inbox_the_queue_the_leases_and_server_health(client, token, empty_job_queue):

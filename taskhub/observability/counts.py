@@ -58,11 +58,17 @@ def poll_failure_counts(cursor) -> list[tuple[int, int, int]]:
 
 def _counts(cursor, table: tuple[str, str]) -> list:
     """The sums per key; folds the table if it has many rows (in the caller's transaction)."""
+    counted, fold_due = _sums(cursor, table)
+    if fold_due:
+        _fold(cursor, [table])
+    return counted
+
+
+def _sums(cursor, table: tuple[str, str]) -> tuple[list, bool]:
+    """The sums per key, and whether the table has rows enough to fold."""
     cursor.execute(sum_sql(*table))
     rows = cursor.fetchall()
-    if sum(row[-1] for row in rows) > FOLD_ROWS:
-        _fold(cursor, [table])
-    return [row[:-1] for row in rows if row[-2]]
+    return [row[:-1] for row in rows if row[-2]], sum(row[-1] for row in rows) > FOLD_ROWS
 
 
 def fold() -> bool:
@@ -86,8 +92,7 @@ def _fold(cursor, tables) -> bool:
 
 def tasks_per_status(*, server_ids=None) -> dict[str, int]:
     """Tasks per status, over every server or those in `server_ids`."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        rows = task_counts(cursor)
+    rows = _counts_read_alone(TASKS)
     totals: dict[str, int] = {}
     for server_id, status, count in rows:
         if server_ids is None or server_id in server_ids:
@@ -97,6 +102,16 @@ def tasks_per_status(*, server_ids=None) -> dict[str, int]:
 
 def open_input_requests(*, server_ids) -> int:
     """Open input requests of the servers in `server_ids`."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        rows = input_request_counts(cursor)
+    rows = _counts_read_alone(INPUT_REQUESTS)
     return sum(count for server_id, state, count in rows if state == "open" and server_id in server_ids)
+
+
+def _counts_read_alone(table: tuple[str, str]) -> list:
+    """_counts without a transaction around the read (one statement sees one snapshot): a page or a live change reads
+    these on every render, and BEGIN and COMMIT were two of its round trips. A fold that is due has one of its own."""
+    with connection.cursor() as cursor:
+        counted, fold_due = _sums(cursor, table)
+    if fold_due:
+        with transaction.atomic(), connection.cursor() as cursor:
+            _fold(cursor, [table])
+    return counted
