@@ -20,7 +20,7 @@ from taskhub.tasks import dashboard, queries, services
 from taskhub.tasks.models import Task, TaskStatus
 from taskhub.tasks.outcomes import PREVIEW_CHARS
 from taskhub.tasks.presenters import duration_words
-from taskhub.web.templatetags.taskhub_ui import duration_text, reltime
+from taskhub.web.templatetags.taskhub_ui import calendar_relative_words, duration_text, reltime
 from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
 from tests.helpers import snapshot
@@ -208,6 +208,37 @@ def test_relative_times_say_what_timesince_says_in_both_languages_whatever_the_s
                 said_ahead = _("in %(time)s") % {"time": timesince(now, counted_to, depth=1)}
                 assert f">{escape(said_ago.replace(NBSP, ' '))}</time>" in reltime(ago), (language, seconds)
                 assert f">{escape(said_ahead.replace(NBSP, ' '))}</time>" in reltime(ahead), (language, seconds)
+
+
+def test_relative_times_past_four_weeks_say_what_timesince_says_whatever_the_calendar():
+    """Past four weeks reltime makes its words once per language and number of calendar months: across month ends,
+    leap days and times of day they must be timesince's own words for those two times."""
+    nows = [
+        datetime.datetime(2026, 3, 31, 23, 59, 59, tzinfo=datetime.UTC),
+        datetime.datetime(2028, 2, 29, 0, 0, 1, tzinfo=datetime.UTC),
+        datetime.datetime(2026, 12, 1, 12, 30, tzinfo=datetime.UTC),
+        datetime.datetime(2027, 1, 15, 6, 0, tzinfo=datetime.UTC),
+    ]
+    offsets = [datetime.timedelta(days=days, hours=hours) for days in range(28, 800, 1) for hours in (0, 11, 23)]
+    for language in ("en", "zh-hans"):
+        with translation.override(language):
+            for now in nows:
+                for offset in offsets:
+                    ago, ahead = now - offset, now + offset
+                    said_ago = _("%(time)s ago") % {"time": timesince(ago, now, depth=1)}
+                    said_ahead = _("in %(time)s") % {
+                        "time": timesince(now, ahead + datetime.timedelta(seconds=59), depth=1)
+                    }
+                    assert calendar_relative_words(ago, now) == escape(said_ago.replace(NBSP, " ")), (
+                        language,
+                        now,
+                        ago,
+                    )
+                    assert calendar_relative_words(ahead, now) == escape(said_ahead.replace(NBSP, " ")), (
+                        language,
+                        now,
+                        ahead,
+                    )
 
 
 def test_the_inbox_reports_its_invalid_filters_the_same_way(client, amy):

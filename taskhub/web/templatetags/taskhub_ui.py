@@ -100,12 +100,16 @@ def reltime(value: datetime.datetime | None) -> SafeString:
     if abs((now - value).total_seconds()) < 60:
         words = _relative_words(get_language(), 0, ago=True)
     elif value <= now:
-        words = _relative_words(get_language(), _whole_minutes(now - value), ago=True) or _relative(value, now)
+        words = _relative_words(get_language(), _whole_minutes(now - value), ago=True) or calendar_relative_words(
+            value, now
+        )
     else:
         # Counted down as a countdown is, to the next whole minute: "in 7 days" made a second ago is not "in 6 days"
         # (timesince floors every unit).
         ahead = value + datetime.timedelta(seconds=59)
-        words = _relative_words(get_language(), _whole_minutes(ahead - now), ago=False) or _relative(value, now)
+        words = _relative_words(get_language(), _whole_minutes(ahead - now), ago=False) or calendar_relative_words(
+            value, now
+        )
     return mark_safe(f'<time datetime="{exact.isoformat()}" title="{exact:%Y-%m-%d %H:%M:%S} UTC">{words}</time>')
 
 
@@ -131,13 +135,34 @@ def _relative_words(language: str | None, minutes: int, *, ago: bool) -> str:
     return escape((_("%(time)s ago") if ago else _("in %(time)s")) % {"time": span})
 
 
-def _relative(value: datetime.datetime, now: datetime.datetime) -> str:
-    """Four weeks or more: the calendar's months and years, as timesince counts them."""
-    if value <= now:
-        words = _("%(time)s ago") % {"time": timesince(value, now, depth=1)}
-    else:
-        words = _("in %(time)s") % {"time": timesince(now, value + datetime.timedelta(seconds=59), depth=1)}
-    return escape(words.replace("\xa0", " "))
+def calendar_relative_words(value: datetime.datetime, now: datetime.datetime) -> str:
+    """Four weeks or more: the calendar's months and years, as timesince counts them; the words made once per
+    language and number of months (an inbox of old requests asked timesince for every time on it)."""
+    ago = value <= now
+    start, end = (value, now) if ago else (now, value + datetime.timedelta(seconds=59))
+    key = (get_language(), _whole_months(start, end), ago)
+    words = _calendar_words.get(key)
+    if words is None:
+        span = timesince(start, end, depth=1)
+        words = escape(((_("%(time)s ago") if ago else _("in %(time)s")) % {"time": span}).replace("\xa0", " "))
+        if len(_calendar_words) >= CALENDAR_WORDS_KEPT:
+            _calendar_words.clear()
+        _calendar_words[key] = words
+    return words
+
+
+CALENDAR_WORDS_KEPT = 4096
+_calendar_words: dict[tuple[str | None, int, bool], str] = {}
+
+
+def _whole_months(start: datetime.datetime, end: datetime.datetime) -> int:
+    """The whole calendar months from start to end, counted as timesince counts them. From four weeks on, its words
+    (depth 1) depend on nothing else: the years or months, or "4 weeks" under one month."""
+    end = end.astimezone(start.tzinfo)
+    months = (end.year - start.year) * 12 + (end.month - start.month)
+    if start.day > end.day or (start.day == end.day and start.time() > end.time()):
+        months -= 1
+    return months
 
 
 @register.filter
