@@ -522,18 +522,19 @@ async def test_the_hub_hands_a_change_first_to_the_sockets_watching_its_task():
 
     lists = [Inbox(f"list {n}") for n in range(20)]
     detail, other_detail = Inbox("detail"), Inbox("another task's detail")
+    approvers_detail = Inbox("an approver's detail")  # not in the tasks group: it hears the task through its own
     task_id, other_task_id = uuid.uuid4(), uuid.uuid4()
     for inbox in [*lists[:10], detail, other_detail, *lists[10:]]:
         await hub.join(TASKS_GROUP, inbox)
-    await hub.join(task_group(task_id), detail)
+    for inbox in (detail, approvers_detail):
+        await hub.join(task_group(task_id), inbox)
     await hub.join(task_group(other_task_id), other_detail)
     try:
         await layer.group_send(TASKS_GROUP, {"type": "task.changed", "task_id": str(task_id), "group": TASKS_GROUP})
-        for inbox in [*lists, detail, other_detail]:
+        for inbox in [*lists, detail, other_detail, approvers_detail]:
             assert (await asyncio.wait_for(inbox.get(), 5))["task_id"] == str(task_id)
-        assert handed[0] == "detail" and sorted(handed[1:]) == sorted(
-            ["another task's detail", *(i.name for i in lists)]
-        )
+        assert sorted(handed[:2]) == ["an approver's detail", "detail"]
+        assert sorted(handed[2:]) == sorted(["another task's detail", *(inbox.name for inbox in lists)])
     finally:
         for task in (hub._reader, hub._refresher):
             task.cancel()

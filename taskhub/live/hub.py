@@ -107,13 +107,16 @@ class Hub:
             self._stop(error)
 
     def _inboxes_for(self, message: dict) -> list[Inbox]:
-        """The message's group's inboxes, those of the sockets watching the changed task first."""
-        members = list(self.members.get(message.get("group"), ()))
-        watching = self.members.get(task_group(message["task_id"]), ()) if "task_id" in message else ()
-        # The sockets handed a change first ask for their rendering first, and the live thread renders in the order
-        # asked (threads.py). The page that shows the task waited behind the list's signal and the nav counts of
-        # other sockets (bench/freshness.py: stored → the detail page's socket frame).
-        return sorted(members, key=lambda inbox: inbox not in watching) if watching else members
+        """The inboxes of the message's group; for a task's change, those of the sockets watching the task first,
+        whichever of the change's groups (publish.py) the message came through."""
+        members = self.members.get(message.get("group"), set())
+        task_id = message.get("task_id")
+        watching = self.members.get(task_group(task_id), set()) if task_id else set()
+        # The sockets handed a change first ask first for their rendering, which the live thread does in turn
+        # (threads.py): the page that shows the task waited behind other pages' list signal and nav counts
+        # (bench/freshness.py: stored → the detail page's socket frame). A watching socket is granted the task's
+        # changes (consumer._watch) and drops the same change heard again (its message id).
+        return [*watching, *(members - watching)]
 
     async def _refresh(self, channel: str) -> None:
         while True:
