@@ -70,6 +70,7 @@ def test_a_page_reads_the_approval_policies_once_however_often_it_asks_what_they
     demo = server("demo")
     create_policy(server=demo, tool="approval", groups=[Group.objects.create(name="finance")], user=None)
     task_asking(demo, {"a": ASK}, tool="deploy")
+    task_asking(server("plain"), {"a": ASK}, tool="deploy")  # counted from the kept per-server counts
     client = Client()
     client.force_login(alex)
     for path in ("/", "/inbox/"):
@@ -78,3 +79,6 @@ def test_a_page_reads_the_approval_policies_once_however_often_it_asks_what_they
             assert client.get(path).status_code == 200
         policy_reads = [q["sql"] for q in queries if 'COUNT(DISTINCT "approvals_approvalpolicy_groups"' in q["sql"]]
         assert len(policy_reads) == 1, (path, len(policy_reads))
+        # Home's "waiting for me" is the nav's count too: counted once (the open requests' kept counts read once).
+        counts_reads = [q["sql"] for q in queries if "FROM observability_inputrequeststatedelta" in q["sql"]]
+        assert len(counts_reads) == 1, (path, len(counts_reads))

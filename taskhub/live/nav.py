@@ -14,9 +14,12 @@ NAV_COUNTS_TEMPLATE = "live/nav_counts.html"
 RUNNING_STATUSES = (TaskStatus.LAUNCHING, TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)
 
 
-def nav_counts(user, access: LiveAccess | None = None, *, running: int | None = None) -> dict[str, int | None]:
+def nav_counts(
+    user, access: LiveAccess | None = None, *, running: int | None = None, waiting: int | None = None
+) -> dict[str, int | None]:
     """None where the count is not this user's business (shown as a dash). `running`: the running tasks among all
-    tasks when the caller has counted them already (the unfiltered task list has)."""
+    tasks when the caller has counted them already (the unfiltered task list has); `waiting`: the requests waiting for
+    the user, likewise (Home has)."""
     access = access if access is not None else access_in_force(user)
     if not access.sees_all_tasks:
         running = None
@@ -26,7 +29,9 @@ def nav_counts(user, access: LiveAccess | None = None, *, running: int | None = 
     open_requests = None
     if access.approvable_server_ids:
         # "Waiting for me", as Home, the inbox and the API count it (taskhub/tasks/waiting.py).
-        open_requests = waiting_count(user, approvable_server_ids=access.approvable_server_ids)
+        open_requests = (
+            waiting if waiting is not None else waiting_count(user, approvable_server_ids=access.approvable_server_ids)
+        )
     return {"running": running, "open_requests": open_requests}
 
 

@@ -1,10 +1,12 @@
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
+from django.utils.functional import SimpleLazyObject
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from taskhub.accounts.permissions import is_admin
+from taskhub.live.nav import nav_counts
 from taskhub.tasks.dashboard import dashboard
 from taskhub.tasks.trends import trends
 from taskhub.web.health import database_status
@@ -24,8 +26,12 @@ def home(request):
     if request.htmx:
         return render(request, "web/home.html#system-status", context)
     if signed_in:
-        board = {"board": dashboard(request.user), "trends": trends(request.user)}
-        return render(request, "web/dashboard.html", {**context, **board})
+        board = dashboard(request.user)
+        # The nav's Inbox count is the board's "waiting for me" (tasks/waiting.py), counted once for both.
+        waiting = board.waiting.count if board.waiting is not None else None
+        nav = SimpleLazyObject(lambda: nav_counts(request.user, waiting=waiting))
+        context |= {"board": board, "trends": trends(request.user), "nav_counts": nav}
+        return render(request, "web/dashboard.html", context)
     return render(request, "web/home.html", context)
 
 
