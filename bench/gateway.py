@@ -12,7 +12,10 @@ p95, max) from send to the whole answer read, and the CPU the serving process (d
 request. The two paths alternate `--rounds` times, so load drifts hit both. Then `--calls` `tools/call` of the
 demo's `quick` tool (an echo) one at a time on each path, alternating: what the gateway adds to a quick call.
 What differs: the gateway is Django (token lookup, one task read, the wire mapping) on daphne; the demo server is
-the SDK's Streamable HTTP app on uvicorn with an in-process task store.
+the SDK's Streamable HTTP app on uvicorn with an in-process task store. A third path in the same rounds, "daphne
+alone": a second daphne serving bench/daphne_floor.py, a bare ASGI application that answers every request with the
+same JSON of the gateway's answer's size, without Django or a database: the most one daphne serves, which bounds
+what the gateway can reach on one (issue 37 item 1 asks >= 0.8x the demo server on one daphne).
 
     uv run python bench/gateway.py                               # 4 rounds of 2,000 requests per path (~2 min)
     uv run python bench/gateway.py --requests 200 --no-record    # a quick look
@@ -135,13 +138,19 @@ async def poll_batch(
 
 
 async def measure(
-    args, gateway_url: str, demo_url: str, token: str, remote_of: dict[str, str], pids: dict[str, int]
+    args,
+    gateway_url: str,
+    demo_url: str,
+    floor_url: str,
+    token: str,
+    remote_of: dict[str, str],
+    pids: dict[str, int],
 ) -> dict:
     """Per path: each round's rate, every latency, and the CPU its server process spent per request (utime + stime
     of daphne or of the demo server over the round, over its requests: less moved by other load than the rate)."""
     connector = aiohttp.TCPConnector(limit=args.concurrency * 2)
     results: dict[str, dict[str, list[float]]] = {
-        path: {"rates": [], "ms": [], "cpu_ms": []} for path in ("gateway", "demo")
+        path: {"rates": [], "ms": [], "cpu_ms": []} for path in ("gateway", "demo", "floor")
     }
     async with aiohttp.ClientSession(connector=connector) as session:
         gateway_ids = list(remote_of)
@@ -150,6 +159,7 @@ async def measure(
             for path, url, ids, headers in (
                 ("gateway", gateway_url, gateway_ids, {"Authorization": f"Bearer {token}"}),
                 ("demo", demo_url, demo_ids, {}),
+                ("floor", floor_url, gateway_ids, {"Authorization": f"Bearer {token}"}),
             ):
                 session.headers.clear()
                 session.headers.update(headers)
@@ -236,6 +246,7 @@ def main() -> None:
         with (
             DemoServer("--poll-interval-ms", str(args.upstream_poll_ms)) as demo,
             web_and_worker(env, f"bench-gateway-{os.getpid()}") as (web, worker),
+            daphne_alone() as floor,
         ):
             agent = make_user(f"agent-{uuid.uuid4().hex[:6]}", ADMINS)
             server = register_and_discover(demo, agent, name="demo")
@@ -247,8 +258,9 @@ def main() -> None:
             remote_of = dict(Task.objects.filter(pk__in=task_ids).values_list("id", "remote_task_id"))
             remote_of = {str(task_id): remote for task_id, remote in remote_of.items()}
             with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
-                pids = {"gateway": web.process.pid, "demo": demo.process.pid}
-                results = asyncio.run(measure(args, gateway_url, demo.url, token, remote_of, pids))
+                pids = {"gateway": web.process.pid, "demo": demo.process.pid, "floor": floor.process.pid}
+                floor_url = f"{floor.url}/mcp/servers/{server.name}"
+                results = asyncio.run(measure(args, gateway_url, demo.url, floor_url, token, remote_of, pids))
             results["call_steps"] = call_steps(results["calls"], agent)
     finally:
         drop(args.database_url)
@@ -319,7 +331,11 @@ def report(args, results: dict, load_start: str) -> None:
         "| path | tasks/get per s (median of rounds) | p50 ms | p95 ms | max ms | server CPU ms per request (median) |",
         "|---|---|---|---|---|---|",
     ]
-    for path, label in (("gateway", "gateway (/mcp/servers/demo, Postgres)"), ("demo", "demo server directly")):
+    for path, label in (
+        ("gateway", "gateway (/mcp/servers/demo, Postgres)"),
+        ("demo", "demo server directly"),
+        ("floor", "daphne alone (bench/daphne_floor.py: no Django, no database)"),
+    ):
         rates = sorted(results[path]["rates"])
         spreads = spread(results[path]["ms"])
         lines.append(
@@ -328,8 +344,11 @@ def report(args, results: dict, load_start: str) -> None:
         )
     gateway_rate = sorted(results["gateway"]["rates"])[len(rates) // 2]
     demo_rate = sorted(results["demo"]["rates"])[len(rates) // 2]
+    floor_rate = sorted(results["floor"]["rates"])[len(rates) // 2]
     lines.append(
-        f"\n- gateway / demo server: {gateway_rate / demo_rate:.2f}x the rate (issue 37 item 1's goal: >= 0.8x)"
+        f"\n- gateway / demo server: {gateway_rate / demo_rate:.2f}x the rate (issue 37 item 1's goal: >= 0.8x); "
+        f"daphne alone / demo server: {floor_rate / demo_rate:.2f}x, the most any answer on one daphne reaches; "
+        f"gateway / daphne alone: {gateway_rate / floor_rate:.2f}x"
     )
     if args.calls:
         gateway, demo = spread(results["calls"]["gateway"]), spread(results["calls"]["demo"])
@@ -427,6 +446,21 @@ async def window(pid: int, seconds: float) -> dict:
     before = await asyncio.to_thread(counters, pid)
     await asyncio.sleep(seconds)
     return await asyncio.to_thread(window_figures, pid, before)
+
+
+@contextlib.contextmanager
+def daphne_alone():
+    """daphne serving bench/daphne_floor.py (the floor of one daphne)."""
+    from browser_fixtures import daphne_process
+    from helpers import free_port
+
+    port = free_port()
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "bench"), "PYTHONUNBUFFERED": "1"}
+    log_path = ROOT / "test-output" / f"daphne-floor-{port}.log"
+    with daphne_process(
+        port=port, env=environment, cwd=ROOT / "bench", log_path=log_path, application="daphne_floor:application"
+    ) as server:
+        yield server
 
 
 @contextlib.contextmanager

@@ -161,13 +161,16 @@ def running_daphne(**extra_env: str) -> Iterator[DaphneServer]:
 
 
 @contextlib.contextmanager
-def daphne_process(*, port: int, env: dict[str, str], cwd: Path, log_path: Path) -> Iterator[DaphneServer]:
-    """`daphne taskhub.asgi:application` of the checkout at `cwd` on 127.0.0.1:`port`, its output in `log_path`;
-    serving when entered, stopped on exit (benchmarks serve another checkout with it: bench/gateway.py)."""
+def daphne_process(
+    *, port: int, env: dict[str, str], cwd: Path, log_path: Path, application: str = "taskhub.asgi:application"
+) -> Iterator[DaphneServer]:
+    """`daphne <application>` (taskhub's) of the checkout at `cwd` on 127.0.0.1:`port`, its output in `log_path`;
+    serving when entered, stopped on exit (benchmarks serve another checkout, or a bare application, with it:
+    bench/gateway.py)."""
     log_path.parent.mkdir(exist_ok=True)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "taskhub.asgi:application"],
+            [str(VENV_BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), application],
             cwd=cwd,
             env=env,
             stdout=log,
