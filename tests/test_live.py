@@ -529,12 +529,19 @@ async def test_the_hub_hands_a_change_first_to_the_sockets_watching_its_task():
     for inbox in (detail, approvers_detail):
         await hub.join(task_group(task_id), inbox)
     await hub.join(task_group(other_task_id), other_detail)
+    change = {"type": "task.changed", "task_id": str(task_id), "message_id": "m1"}
     try:
-        await layer.group_send(TASKS_GROUP, {"type": "task.changed", "task_id": str(task_id), "group": TASKS_GROUP})
+        # publish.py sends a change to each of its groups; here the tasks group's copy comes first.
+        await layer.group_send(TASKS_GROUP, {**change, "group": TASKS_GROUP})
+        await layer.group_send(task_group(task_id), {**change, "group": task_group(task_id)})
         for inbox in [*lists, detail, other_detail, approvers_detail]:
             assert (await asyncio.wait_for(inbox.get(), 5))["task_id"] == str(task_id)
         assert sorted(handed[:2]) == ["an approver's detail", "detail"]
         assert sorted(handed[2:]) == sorted(["another task's detail", *(inbox.name for inbox in lists)])
+        # The task group's copy hands the watchers nothing more: each had the change once.
+        await layer.group_send(task_group(other_task_id), {**change, "task_id": str(other_task_id), "message_id": "m2"})
+        assert (await asyncio.wait_for(other_detail.get(), 5))["message_id"] == "m2"
+        assert detail.empty() and approvers_detail.empty()
     finally:
         for task in (hub._reader, hub._refresher):
             task.cancel()

@@ -14,6 +14,7 @@ the pages reconnect, join again (a new hub) and re-read their state, as after an
 import asyncio
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 
 from taskhub.live.groups import task_group
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 # channels_redis forgets a membership after its group_expiry (a day by default): the hub's outlive sockets.
 REFRESH_SECONDS = 3600.0
 HUB_LOST = "hub.lost"  # put in the inboxes of a stopped hub: LiveConsumer.hub_lost closes the socket
+WATCHERS_HANDED_KEPT = 256  # a change's copies (one per group) come within milliseconds of each other
 
 Inbox = asyncio.Queue
 
@@ -47,6 +49,8 @@ class Hub:
         self._changes: dict[str, asyncio.Task] = {}  # per group: its latest group_add / group_discard
         self._reader: asyncio.Task | None = None
         self._refresher: asyncio.Task | None = None
+        # Per recent change (its message id): the inboxes watching its task that were handed it (_inboxes_for).
+        self._watchers_handed: OrderedDict[str, set[Inbox]] = OrderedDict()
 
     async def join(self, group: str, inbox: Inbox) -> None:
         """From now on (once this returns) the group's messages reach this inbox."""
@@ -107,16 +111,26 @@ class Hub:
             self._stop(error)
 
     def _inboxes_for(self, message: dict) -> list[Inbox]:
-        """The inboxes of the message's group; for a task's change, those of the sockets watching the task first,
-        whichever of the change's groups (publish.py) the message came through."""
+        """The inboxes of the message's group; for a task's change, first those watching the task (in its group) that
+        were not handed it by an earlier copy (publish.py sends a change to each of its groups)."""
         members = self.members.get(message.get("group"), set())
         task_id = message.get("task_id")
         watching = self.members.get(task_group(task_id), set()) if task_id else set()
+        if not watching:
+            return list(members)
         # The sockets handed a change first ask first for their rendering, which the live thread does in turn
         # (threads.py): the page that shows the task waited behind other pages' list signal and nav counts
-        # (bench/freshness.py: stored → the detail page's socket frame). A watching socket is granted the task's
-        # changes (consumer._watch) and drops the same change heard again (its message id).
-        return [*watching, *(members - watching)]
+        # (bench/freshness.py: stored → the detail page's socket frame). Being in the task's group, a watcher is
+        # granted its changes (consumer._watch; the gateway's waits): it is handed the change by its first copy,
+        # whichever group that came through, and not by the others.
+        message_id = message.get("message_id")
+        handed = self._watchers_handed.get(message_id, set()) if message_id is not None else set()
+        first = [inbox for inbox in watching if inbox not in handed]
+        if first and message_id is not None:
+            self._watchers_handed[message_id] = handed.union(first)
+            while len(self._watchers_handed) > WATCHERS_HANDED_KEPT:
+                self._watchers_handed.popitem(last=False)
+        return [*first, *(inbox for inbox in members if inbox not in watching)]
 
     async def _refresh(self, channel: str) -> None:
         while True:
