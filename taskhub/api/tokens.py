@@ -68,11 +68,13 @@ def active_token(secret: str) -> ApiToken | None:
     inactive). The token, not only its user, is what the services record as the agent of what it does."""
     if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
         return None
-    token = (
-        ApiToken.objects.select_related("user")
-        .filter(key_hash=_hash(secret), revoked_at__isnull=True, user__is_active=True)
-        .first()
-    )
+    try:
+        # get(), not first(): a unique key needs no ORDER BY (the model's ordering), and every agent's call asks this.
+        token = ApiToken.objects.select_related("user").get(
+            key_hash=_hash(secret), revoked_at__isnull=True, user__is_active=True
+        )
+    except ApiToken.DoesNotExist:
+        token = None
     now = timezone.now()
     if token is None or (token.expires_at is not None and token.expires_at <= now):
         return None

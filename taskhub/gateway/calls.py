@@ -262,10 +262,10 @@ def _task_of(endpoint: Endpoint, user, call: Call) -> Task:
     tasks = Task.objects.select_related("server").filter(pk=pk, launched_by=user)
     if not endpoint.aggregate:
         tasks = tasks.filter(server__name=endpoint.server_name)
-    task = tasks.first()
-    if task is None:
-        raise task_not_found()
-    return task
+    try:
+        return tasks.get()  # the primary key: no ORDER BY to compile and sort by, as first() would add
+    except Task.DoesNotExist:
+        raise task_not_found() from None
 
 
 def get_task(endpoint: Endpoint, user, call: Call) -> dict[str, Any]:
