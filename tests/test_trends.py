@@ -2,16 +2,19 @@
 person may see, and when there is nothing. In a browser: tests/browser/test_control_room.py."""
 
 import datetime
+import re
 
 import pytest
 from django.contrib.auth.models import Group
 from django.core.cache import cache
+from django.utils import timezone
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.approvals.services import create_policy
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, Task, TaskStatus
 from taskhub.tasks.trends import trends
+from taskhub.web.templatetags.taskhub_ui import svg_number
 from tests.account_fixtures import make_user
 
 pytestmark = pytest.mark.django_db
@@ -171,3 +174,22 @@ def test_nothing_yet_and_no_role(client, alpha):
     assert fragment.lstrip().startswith('<section id="trends"') and "<html" not in fragment
     client.force_login(make_user("nobody2"))
     assert 'id="trends"' not in client.get("/").content.decode()
+
+
+def test_the_charts_numbers_are_plain_decimals_in_every_language(client, alpha, settings):
+    """The SVG's coordinates (taskhub_ui.svg_number): two decimals and a dot, never grouped or localised."""
+    settings.USE_THOUSAND_SEPARATOR = True
+    assert [svg_number(value) for value in (0, 1.5, 12345.678, 2)] == ["0.00", "1.50", "12345.68", "2.00"]
+    olga = make_user("olga", OPERATORS)
+    now = timezone.now()
+    placed(alpha, started=now - 3 * HOUR, ended=now - 2 * HOUR)
+    client.force_login(olga)
+    for language in ("en", "zh-hans"):
+        fragment = client.get(
+            "/?fragment=trends", headers={"HX-Request": "true", "Accept-Language": language}
+        ).content.decode()
+        numbers = re.findall(
+            r'<rect class="bar-[a-z_]+" x="([^"]*)" y="([^"]*)" width="([^"]*)" height="([^"]*)"', fragment
+        )
+        assert numbers, language
+        assert all(re.fullmatch(r"\d+\.\d\d", number) for rect in numbers for number in rect), (language, numbers[:3])
