@@ -448,31 +448,22 @@ async def window(pid: int, seconds: float) -> dict:
     return await asyncio.to_thread(window_figures, pid, before)
 
 
-@contextlib.contextmanager
 def daphne_alone():
     """daphne serving bench/daphne_floor.py (the floor of one daphne)."""
-    from browser_fixtures import daphne_process
-    from helpers import free_port
-
-    port = free_port()
-    environment = {**os.environ, "PYTHONPATH": str(ROOT / "bench"), "PYTHONUNBUFFERED": "1"}
-    log_path = ROOT / "test-output" / f"daphne-floor-{port}.log"
-    with daphne_process(
-        port=port, env=environment, cwd=ROOT / "bench", log_path=log_path, application="daphne_floor:application"
-    ) as server:
-        yield server
+    return daphne_from(ROOT / "bench", {}, application="daphne_floor:application", label="floor")
 
 
 @contextlib.contextmanager
-def daphne_from(tree: Path, env: dict[str, str]):
-    """daphne serving the checkout at `tree` (this venv's packages), on the benchmark's database and Redis."""
+def daphne_from(tree: Path, env: dict[str, str], *, application: str = ASGI_APPLICATION, label: str = "baseline"):
+    """daphne serving `application` of the checkout at `tree` (this venv's packages), on the benchmark's database and
+    Redis."""
     from browser_fixtures import daphne_process
     from helpers import free_port
 
     port = free_port()
     environment = {**os.environ, **env, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
-    log_path = ROOT / "test-output" / f"daphne-baseline-{port}.log"
-    with daphne_process(port=port, env=environment, cwd=tree, log_path=log_path) as server:
+    log_path = ROOT / "test-output" / f"daphne-{label}-{port}.log"
+    with daphne_process(port=port, env=environment, cwd=tree, log_path=log_path, application=application) as server:
         yield server
 
 
