@@ -11,8 +11,9 @@ gateway's also carry the bearer token): requests per second over the whole batch
 p95, max) from send to the whole answer read, and the CPU the serving process (daphne; the demo server) spent per
 request. The two paths alternate `--rounds` times, so load drifts hit both. Then `--calls` `tools/call` of the
 demo's `quick` tool (an echo) one at a time on each path, alternating: what the gateway adds to a quick call.
-What differs: the gateway is Django (token lookup, one task read, the wire mapping) on daphne; the demo server is
-the SDK's Streamable HTTP app on uvicorn with an in-process task store. A third path in the same rounds, "daphne
+What differs: the gateway is taskhub on daphne (a plain `tasks/get` answered from one prepared statement joining the
+token, its user and the task, outside Django's handler: taskhub/gateway/direct.py; the wire mapping); the demo server
+is the SDK's Streamable HTTP app on uvicorn with an in-process task store. A third path in the same rounds, "daphne
 alone": a second daphne serving bench/daphne_floor.py, a bare ASGI application that answers every request with the
 same JSON of the gateway's answer's size, without Django or a database: the most one daphne serves, which bounds
 what the gateway can reach on one (issue 37 item 1 asks >= 0.8x the demo server on one daphne).

@@ -16,6 +16,7 @@ django_http_app = OneTripHandler()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from taskhub.gateway import direct  # noqa: E402
 from taskhub.live.origin import SameOriginValidator  # noqa: E402
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
 from taskhub.runtime import tune_garbage_collector  # noqa: E402
@@ -26,7 +27,7 @@ from taskhub.web.proxies import behind_trusted_proxies  # noqa: E402
 application = behind_trusted_proxies(
     ProtocolTypeRouter(
         {
-            "http": KeptRequestThreads(django_http_app),
+            "http": KeptRequestThreads(django_http_app, direct_answers={direct.METHOD: direct.answer_tasks_get}),
             "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )

@@ -17,7 +17,7 @@ SHOWN_CHARS = len(TOKEN_PREFIX) + 6
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
-def _hash(secret: str) -> str:
+def key_hash_of(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -30,7 +30,7 @@ def create_token(*, user, name: str, created_by=None, expires_at=None) -> tuple[
         user=user,
         name=name.strip()[:100],
         prefix=secret[:SHOWN_CHARS],
-        key_hash=_hash(secret),
+        key_hash=key_hash_of(secret),
         expires_at=expires_at,
     )
     data = {"token_id": token.pk, "prefix": token.prefix, "name": token.name, "for": user.get_username()}
@@ -71,7 +71,7 @@ def active_token(secret: str) -> ApiToken | None:
     try:
         # get(), not first(): a unique key needs no ORDER BY (the model's ordering), and every agent's call asks this.
         token = ApiToken.objects.select_related("user").get(
-            key_hash=_hash(secret), revoked_at__isnull=True, user__is_active=True
+            key_hash=key_hash_of(secret), revoked_at__isnull=True, user__is_active=True
         )
     except ApiToken.DoesNotExist:
         token = None

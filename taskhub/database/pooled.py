@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db import connection
 from django.db.backends.postgresql.psycopg_any import register_tzloader
-from psycopg import AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,9 +21,10 @@ async def fetch_one(pool: AsyncConnectionPool, sql: str, params: Sequence[Any]) 
             return await cursor.fetchone()
 
 
-def read_as_django_does(cursor: AsyncCursor) -> None:
+def read_as_django_does(cursor: AsyncCursor | AsyncConnection, *, timezone=None) -> None:
     """The loaders Django registers on its connections (django.db.backends.postgresql.psycopg_any): JSON and network
-    addresses as text (JSONField and the address fields parse them), timestamps in Django's zone."""
+    addresses as text (JSONField and the address fields parse them), timestamps in Django's zone (`timezone`, else
+    the zone of the current Django connection). On a cursor, or once on a connection for all its cursors."""
     for name in ("jsonb", "inet", "cidr"):
         cursor.adapters.register_loader(name, TextLoader)
-    register_tzloader(connection.timezone, cursor)
+    register_tzloader(connection.timezone if timezone is None else timezone, cursor)

@@ -181,6 +181,11 @@ def live_push(*, sent: bool) -> None:
 # --- process set-up (apps.py) -----------------------------------------------------------------------------------
 
 
+def database_statement(alias: str = "default") -> None:
+    """A statement sent on a connection's raw cursor, past Django's execute wrappers (taskhub.gateway.direct)."""
+    DB_QUERIES.labels(alias).inc()
+
+
 def _count_query(execute, sql, params, many, context):
     DB_QUERIES.labels(context["connection"].alias).inc()
     return execute(sql, params, many, context)

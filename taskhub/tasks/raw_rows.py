@@ -8,6 +8,7 @@ Written against Django 6.1: tests/test_forks.py fails on another minor version, 
 equal the ORM's and follow their relations without a query.
 """
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,20 +22,36 @@ def columns(alias: str, model: type) -> list[str]:
     return [f'{alias}."{field.column}"' for field in model._meta.concrete_fields]
 
 
-def instances(row: Sequence[Any], models: Sequence[type]) -> list:
+def instances(row: Sequence[Any], models: Sequence[type], *, using=None) -> list:
     """One instance per model from a row holding each model's concrete columns in turn (columns()), converted as the
-    ORM converts them (JSON, encrypted fields)."""
+    ORM converts them (JSON, encrypted fields). `using`: the DatabaseWrapper the converters are given (default: the
+    current connection; under asyncio, where Django's connections are per context, one the caller keeps)."""
+    using = connection if using is None else using
     built, start = [], 0
     for model in models:
-        fields = model._meta.concrete_fields
-        values = []
-        for field, value in zip(fields, row[start : start + len(fields)], strict=True):
-            for converter in field.get_db_converters(connection):
-                value = converter(value, None, connection)
-            values.append(value)
-        built.append(model.from_db(connection.alias, [field.attname for field in fields], values))
-        start += len(fields)
+        attnames, converters = _reading(model)
+        values = list(row[start : start + len(attnames)])
+        if len(values) != len(attnames):
+            raise ValueError(f"{model.__name__}: {len(attnames)} columns expected, {len(values)} given")
+        for index, field_converters in converters:
+            value = values[index]
+            for converter in field_converters:
+                value = converter(value, None, using)
+            values[index] = value
+        built.append(model.from_db(using.alias, attnames, values))
+        start += len(attnames)
     return built
+
+
+@functools.cache
+def _reading(model: type) -> tuple[list[str], tuple]:
+    """A model's concrete fields' attribute names, and the database converters of those that have any, by position
+    (a field's converters are its own: from_db_value, a foreign key's target's)."""
+    fields = model._meta.concrete_fields
+    converters = tuple(
+        (index, tuple(found)) for index, field in enumerate(fields) if (found := field.get_db_converters(connection))
+    )
+    return [field.attname for field in fields], converters
 
 
 def relate(instance, field_name: str, related) -> None:

@@ -20,6 +20,10 @@ its turn on an event loop that also serves every live socket (about 1 ms of ever
 bench/approval.py); now two (request_started with the chain and its view, and close). Async views (the gateway)
 keep Django's chain.
 
+A gateway request may be answered before Django sees it (`direct_answers`: taskhub.gateway.direct answers a plain
+`tasks/get` on the event loop, from a connection pool of its own); when that answer declines, the request goes on as
+below, its body given to Django again as it was read.
+
 An async view's request (the gateway: a waiting `tools/call` may stay open for a minute, idle) gets no kept thread,
 unless its `Mcp-Method` header names a method answered at once (`tasks/get` and the like: ANSWERED_AT_ONCE) or
 `subscriptions/listen` (below): its sync parts (the token check, a middleware) run on an IdleExitingExecutor, whose
@@ -67,9 +71,12 @@ KEPT_THREADS = 4
 
 
 class KeptRequestThreads:
-    def __init__(self, app, *, kept: int = KEPT_THREADS):
+    def __init__(self, app, *, kept: int = KEPT_THREADS, direct_answers: dict | None = None):
         self.app = app
         self.kept = kept
+        # Mcp-Method → a function answering such a request from its scope and body on the kept thread, or returning
+        # None for Django to answer it (taskhub.gateway.direct).
+        self.direct_answers = direct_answers or {}
         self.idle: list[ThreadPoolExecutor] = []
         self.idle_answering_at_once: list[ThreadPoolExecutor] = []
         self._turns_at_once: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -78,7 +85,7 @@ class KeptRequestThreads:
         if scope["type"] == "http" and _async_view(scope.get("path", "")):
             method = _mcp_method(scope.get("headers", ()))
             if method in ANSWERED_AT_ONCE:
-                await self._answer_at_once(scope, receive, send)
+                await self._answer_at_once(scope, receive, send, direct=self.direct_answers.get(method))
             elif method == LISTEN:
                 # Its request is as short as an answer at once: the stream is sent after it (StreamAfterRequest).
                 await self._then_stream(self._answer_at_once, scope, receive, send)
@@ -111,11 +118,19 @@ class KeptRequestThreads:
         finally:
             executor.shutdown(wait=False)
 
-    async def _answer_at_once(self, scope, receive, send) -> None:
-        """A gateway request answered from one read: at most KEPT_THREADS at once, on threads kept for them (an agent
-        polling many tasks gets answered by the same few connections); the others wait their turn without a
-        thread, not on a new thread with a new connection each (bench/gateway.py, 16 at a time: 131 tasks/get a
-        second before, 202 after, with the sync views)."""
+    async def _answer_at_once(self, scope, receive, send, direct=None) -> None:
+        """A gateway request answered from one read: answered `direct`ly when it can be (without a thread), else by
+        Django, at most KEPT_THREADS at once, on threads kept for them (an agent polling many tasks gets answered by
+        the same few connections); the others wait their turn without a thread, not on a new thread with a new
+        connection each (bench/gateway.py, 16 at a time: 131 tasks/get a second before, 202 after, with the sync
+        views)."""
+        if direct is not None:
+            body, receive = await _read_and_replay(receive, limit=DIRECT_BODY_LIMIT)
+            answer = None if body is None else await direct(scope, body)
+            if answer is not None:
+                await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+                await send({"type": "http.response.body", "body": answer.body})
+                return
         loop = asyncio.get_running_loop()
         turns = self._turns_at_once.get(loop)
         if turns is None:
@@ -164,6 +179,35 @@ class KeptRequestThreads:
 
 def _nothing() -> None:
     pass
+
+
+async def _read_and_replay(receive, *, limit: int):
+    """The request's body when it is whole within `limit` bytes (else None, and None if the client left first), and
+    a `receive` that gives what was read again, then what the client sends next (the rest of the body, its
+    disconnect), for Django to read when it is the one to answer."""
+    chunks, size, whole, left = [], 0, False, False
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            left = True
+            break
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body"):
+            whole = True
+            break
+    read = b"".join(chunks)
+    replayed = left  # a client that left: Django is told so at once, as it would have been
+
+    async def replay():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": read, "more_body": not whole}
+        return await receive()
+
+    return (read if whole and size <= limit else None), replay
 
 
 # How long an async view's request thread waits for more work before it closes its connection and exits.
@@ -392,6 +436,9 @@ ANSWERED_AT_ONCE = frozenset(
     {b"tasks/get", b"tasks/update", b"tasks/cancel", b"tools/list", b"server/discover", b"ping"}
 )
 
+# The most of a body read before a direct answer is tried (a `tasks/get` is a few hundred bytes); past it, Django reads
+# the rest and answers.
+DIRECT_BODY_LIMIT = 64 * 1024
 
 # Its request is as short as an answer at once: its stream is sent after it (StreamAfterRequest).
 LISTEN = b"subscriptions/listen"
