@@ -248,3 +248,68 @@ async def test_a_gateway_method_answered_at_once_goes_to_a_kept_thread_once_and_
         monkeypatch.undo()
         await asyncio.to_thread(app.close_connections)
         await sync_to_async(connections.close_all)()  # the one the test's own queries opened
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_tools_call_served_without_a_kept_thread_does_its_database_work_on_the_gateways_kept_pool(
+    monkeypatch, settings
+):
+    """A `tools/call` may wait a minute, so its request gets a thread of its own that exits when idle
+    (IdleExitingExecutor): a connection opened there would be new for every call. Its token check, launch and answer
+    run on the gateway's pool instead, whose threads keep their connections."""
+    from taskhub.accounts.groups import OPERATORS
+    from taskhub.api.tokens import create_token
+    from taskhub.gateway import calls
+    from taskhub.gateway.waiting import close_gateway_connections
+    from taskhub.servers.models import Server
+    from taskhub.servers.services import create_server
+    from taskhub.tasks.models import Task
+    from tests.account_fixtures import make_user
+
+    settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS = 0  # no worker here: answered with the task at once
+
+    def world() -> str:
+        alpha = create_server(name="alpha", transport="http", url="http://127.0.0.1:9/alpha", user=None)
+        Server.objects.filter(pk=alpha.pk).update(tools=[{"name": "deploy", "inputSchema": {"type": "object"}}])
+        _, secret = create_token(user=make_user("agent", OPERATORS), name="agent")
+        return secret
+
+    secret = await sync_to_async(world)()
+    threads = []
+    for name in ("call_tool", "call_answer"):
+        original = getattr(calls, name)
+
+        def on_thread(*args, original=original):
+            threads.append(threading.current_thread().name)
+            return original(*args)
+
+        monkeypatch.setattr(calls, name, on_thread)
+    app = KeptRequestThreads(OneTripHandler())
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {}, "_meta": GATEWAY_META},
+    }
+    headers = [
+        (b"host", b"testserver"),
+        (b"content-type", b"application/json"),
+        (b"mcp-method", b"tools/call"),
+        (b"mcp-name", b"deploy"),
+        (b"authorization", f"Bearer {secret}".encode()),
+    ]
+    try:
+        for _ in range(2):
+            communicator = HttpCommunicator(
+                app, "POST", "/mcp/servers/alpha", body=json.dumps(body).encode(), headers=headers
+            )
+            response = await communicator.get_response(timeout=10)
+            await communicator.wait(timeout=10)
+            assert response["status"] == 200, response["body"]
+            assert json.loads(response["body"])["result"]["resultType"] == "task"
+        assert await Task.objects.acount() == 2
+        assert len(threads) == 4 and all(name.startswith("taskhub-gateway") for name in threads), threads
+    finally:
+        await asyncio.to_thread(close_gateway_connections)
+        await asyncio.to_thread(app.close_connections)
+        await sync_to_async(connections.close_all)()

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 METHOD = b"tasks/get"
 # How long a poll waits for one of the pool's connections before Django's path answers it instead.
-POOL_WAIT_SECONDS = 5.0
+POOL_WAIT_SECONDS = 1.0
 # Statuses whose answer reads more than the task's row: the open requests, the tool's approval policy.
 NEEDS_MORE_THAN_THE_ROW = frozenset({TaskStatus.LAUNCHING, TaskStatus.INPUT_REQUIRED})
 

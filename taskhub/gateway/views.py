@@ -1,7 +1,8 @@
 """The gateway's endpoints: `/mcp/servers/<name>` and `/mcp`, JSON-RPC over Streamable HTTP (stateless, 2026-07-28).
 
-Async views: everything is one short piece of sync code (calls.py) on the request's thread, but for what waits; at
-most waiting.REQUEST_TURNS of them run at once in a process (`waiting.in_turn`), each holding a database connection. A
+Async views: everything is one short piece of sync code (calls.py), but for what waits, on the request's kept thread
+(a method answered at once, a listen's request) or else on the gateway's pool (a `tools/call`); at most
+waiting.REQUEST_TURNS of them run at once in a process (`waiting.in_turn`). A
 `tools/call` waiting for its launch outcome and an open `subscriptions/listen` stream are woken by the task's
 changes through the channel layer and read Postgres only then, on the gateway's pool (waiting.py): while idle they
 hold no thread and no database connection, and they are capped per token and in total. Without a valid API token

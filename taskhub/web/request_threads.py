@@ -26,9 +26,10 @@ below, its body given to Django again as it was read.
 
 An async view's request (the gateway: a waiting `tools/call` may stay open for a minute, idle) gets no kept thread,
 unless its `Mcp-Method` header names a method answered at once (`tasks/get` and the like: ANSWERED_AT_ONCE) or
-`subscriptions/listen` (below): its sync parts (the token check, a middleware) run on an IdleExitingExecutor, whose
-one thread closes its database connection and exits once nothing has been given to it for a moment, and starts again
-if the request has sync work later. So an idle wait holds neither a thread nor a connection.
+`subscriptions/listen` (below): its sync parts (the middleware) run on an IdleExitingExecutor, whose one thread
+closes its database connection and exits once nothing has been given to it for a moment, and starts again if the
+request has sync work later. So an idle wait holds neither a thread nor a connection. The view does its database work
+on the gateway's pool of kept threads (SERVED_WITHOUT_A_KEPT_THREAD), not on that new thread with a new connection.
 
 A response that stays open for minutes, idle (StreamAfterRequest: a gateway `subscriptions/listen` stream), has its
 body sent here after Django has finished its request, which ran in a context of its own (a copy): the request, its
@@ -111,6 +112,7 @@ class KeptRequestThreads:
             await handed_off.send(send, receive)
 
     async def _on_idle_exiting_thread(self, scope, receive, send) -> None:
+        SERVED_WITHOUT_A_KEPT_THREAD.set(True)  # in the request's own context (_then_stream)
         executor = IdleExitingExecutor()
         try:
             async with ThreadSensitiveContext(executor=executor):
@@ -268,6 +270,13 @@ class IdleExitingExecutor(Executor):
             except BaseException as error:
                 future.set_exception(error)
 
+
+# True in an async view's request served here without a kept thread (a gateway `tools/call`): its thread is new, and a
+# connection it opened would be too, so the view does its database work on a pool of kept threads instead
+# (taskhub.gateway.waiting.in_turn).
+SERVED_WITHOUT_A_KEPT_THREAD: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "taskhub_served_without_a_kept_thread", default=False
+)
 
 # The scope key under which OneTripHandler hands a StreamAfterRequest's body to KeptRequestThreads.
 STREAM_AFTER_REQUEST = "taskhub.stream_after_request"
