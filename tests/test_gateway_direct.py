@@ -57,6 +57,10 @@ def make_world() -> dict:
     )
     lost = launched(outcome=TaskCreated(task=snapshot("working", task_id="r-lost")))
     Task.objects.filter(pk=lost.pk).update(status=TaskStatus.LOST, status_message="")
+    ended = {}
+    for status in (TaskStatus.CANCELLED, TaskStatus.EXPIRED, TaskStatus.LAUNCH_UNKNOWN):
+        ended[status] = launched(outcome=TaskCreated(task=snapshot("working", task_id=f"r-{status}")))
+        Task.objects.filter(pk=ended[status].pk).update(status=status, status_message=f"<{status}>")
     asking = launched(outcome=TaskCreated(task=snapshot("working", task_id="r-asking")))
     question = {"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": {"type": "object"}}}
     services.apply_snapshot(
@@ -78,6 +82,9 @@ def make_world() -> dict:
         "completed": completed,
         "failed": failing,
         "lost": lost,
+        "cancelled": ended[TaskStatus.CANCELLED],
+        "expired": ended[TaskStatus.EXPIRED],
+        "launch_unknown": ended[TaskStatus.LAUNCH_UNKNOWN],
         "input_required": asking,
         "olgas": launched(user=olga, outcome=TaskCreated(task=snapshot("working", task_id="r-olga"))),
         "gones": theirs_before_they_left,
@@ -183,7 +190,10 @@ async def test_a_plain_tasks_get_is_answered_directly_and_exactly_as_djangos_pat
     django_alone = KeptRequestThreads(OneTripHandler())
     as_served = KeptRequestThreads(OneTripHandler(), direct_answers={direct.METHOD: answer_recorded})
     agent = secrets["agent"]
-    plain = {f"{name} task": request(agent, tasks[name]) for name in ("working", "completed", "failed", "lost")} | {
+    plain = {
+        f"{name} task": request(agent, tasks[name])
+        for name in ("working", "completed", "failed", "lost", "cancelled", "expired", "launch_unknown")
+    } | {
         "on the aggregate endpoint": request(agent, tasks["working"], path="/mcp"),
         "another server's task on the aggregate endpoint": request(agent, tasks["on_beta"], path="/mcp"),
         "a string id": request(

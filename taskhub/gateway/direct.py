@@ -85,7 +85,8 @@ class Headers:
 def _statement(aggregate: bool) -> str:
     server = "" if aggregate else ' AND s."name" = %s'
     return (
-        f'SELECT {", ".join(raw_rows.columns("t", Task))}, k."expires_at", k."last_used_at" '
+        f"SELECT {', '.join(raw_rows.columns('t', Task, wire_tasks.DETAILED_TASK_FIELDS))}, "
+        'k."expires_at", k."last_used_at" '
         'FROM "tasks_task" t '
         'JOIN "api_apitoken" k ON k."user_id" = t."launched_by_id" '
         'JOIN "auth_user" u ON u."id" = k."user_id" '
@@ -215,7 +216,7 @@ def _answer(asked: PlainGet, row) -> DirectAnswer | None:
         return None
     if last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION:
         return None  # Django's path stamps it
-    (task,) = raw_rows.instances(task_columns, (Task,), using=_django_side())
+    (task,) = raw_rows.instances(task_columns, (Task,), using=_django_side(), only=wire_tasks.DETAILED_TASK_FIELDS)
     if task.status in NEEDS_MORE_THAN_THE_ROW:
         return None
     message = result_message(asked.call_id, wire_tasks.detailed_task(task))

@@ -115,6 +115,21 @@ def status_of(task: Task) -> tuple[str, str, dict[str, Any]]:
     return status, message, {}
 
 
+# What detailed_task reads of a task whose status needs no more than its row (not launching, not input_required):
+# taskhub.gateway.direct reads only these (a task's arguments can be large, and a poll never shows them).
+DETAILED_TASK_FIELDS = (
+    "id",
+    "status",
+    "status_message",
+    "result",
+    "error",
+    "created_at",
+    "updated_at",
+    "ttl_ms",
+    "poll_interval_ms",
+)
+
+
 def detailed_task(task: Task) -> dict[str, Any]:
     """The `tasks/get` result."""
     status, message, fields = status_of(task)

@@ -17,19 +17,21 @@ from django.db import connection
 FORKED_FROM_DJANGO = (6, 1)
 
 
-def columns(alias: str, model: type) -> list[str]:
-    """`alias."column"` for each concrete field of `model`, in the order instances() reads them."""
-    return [f'{alias}."{field.column}"' for field in model._meta.concrete_fields]
+def columns(alias: str, model: type, only: tuple[str, ...] | None = None) -> list[str]:
+    """`alias."column"` for each concrete field of `model` (or of those named in `only`, with the primary key), in the
+    order instances() reads them."""
+    return [f'{alias}."{field.column}"' for field in _fields(model, only)]
 
 
-def instances(row: Sequence[Any], models: Sequence[type], *, using=None) -> list:
+def instances(row: Sequence[Any], models: Sequence[type], *, using=None, only: tuple[str, ...] | None = None) -> list:
     """One instance per model from a row holding each model's concrete columns in turn (columns()), converted as the
     ORM converts them (JSON, encrypted fields). `using`: the DatabaseWrapper the converters are given (default: the
-    current connection; under asyncio, where Django's connections are per context, one the caller keeps)."""
+    current connection; under asyncio, where Django's connections are per context, one the caller keeps). `only`: of
+    one model, the fields columns() was given (the others are deferred, as QuerySet.only() leaves them)."""
     using = connection if using is None else using
     built, start = [], 0
     for model in models:
-        attnames, converters = _reading(model)
+        attnames, converters = _reading(model, only)
         values = list(row[start : start + len(attnames)])
         if len(values) != len(attnames):
             raise ValueError(f"{model.__name__}: {len(attnames)} columns expected, {len(values)} given")
@@ -43,11 +45,18 @@ def instances(row: Sequence[Any], models: Sequence[type], *, using=None) -> list
     return built
 
 
-@functools.cache
-def _reading(model: type) -> tuple[list[str], tuple]:
-    """A model's concrete fields' attribute names, and the database converters of those that have any, by position
-    (a field's converters are its own: from_db_value, a foreign key's target's)."""
+def _fields(model: type, only: tuple[str, ...] | None) -> list:
     fields = model._meta.concrete_fields
+    if only is None:
+        return list(fields)
+    return [field for field in fields if field.primary_key or field.name in only]
+
+
+@functools.cache
+def _reading(model: type, only: tuple[str, ...] | None) -> tuple[list[str], tuple]:
+    """The fields' attribute names, and the database converters of those that have any, by position (a field's
+    converters are its own: from_db_value, a foreign key's target's)."""
+    fields = _fields(model, only)
     converters = tuple(
         (index, tuple(found)) for index, field in enumerate(fields) if (found := field.get_db_converters(connection))
     )
