@@ -357,3 +357,27 @@ async def test_over_https_behind_a_proxy_the_direct_answer_has_djangos_security_
         for app in (django_alone, as_served):
             await asyncio.to_thread(app.close_connections)
         await sync_to_async(connections.close_all)()
+
+
+async def test_a_poll_whose_client_leaves_before_its_body_is_whole_ends_without_an_answer():
+    """Django is told the client left (daphne says so only once, and the direct answer's read took it)."""
+    app = KeptRequestThreads(OneTripHandler(), direct_answers={direct.METHOD: direct.answer_tasks_get})
+    method, path, body, headers = request("thk_x", "00000000-0000-0000-0000-000000000000")
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    communicator = ApplicationCommunicator(app, scope)
+    await communicator.send_input({"type": "http.request", "body": body[:10], "more_body": True})
+    await communicator.send_input({"type": "http.disconnect"})
+    await communicator.wait(timeout=5)
+    assert await communicator.receive_nothing()

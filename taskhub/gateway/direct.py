@@ -272,6 +272,7 @@ async def _pool() -> AsyncConnectionPool:
         except BaseException as error:
             del _pools[loop]
             opened.set_exception(error)
+            opened.exception()  # retrieved: it is raised here, and to each poll that awaited the opening
             raise
         opened.set_result(pool)
     return await asyncio.shield(opened)

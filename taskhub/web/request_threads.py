@@ -75,8 +75,8 @@ class KeptRequestThreads:
     def __init__(self, app, *, kept: int = KEPT_THREADS, direct_answers: dict | None = None):
         self.app = app
         self.kept = kept
-        # Mcp-Method → a function answering such a request from its scope and body on the kept thread, or returning
-        # None for Django to answer it (taskhub.gateway.direct).
+        # Mcp-Method → a coroutine function answering such a request from its scope and body on the event loop, or
+        # returning None for Django to answer it (taskhub.gateway.direct).
         self.direct_answers = direct_answers or {}
         self.idle: list[ThreadPoolExecutor] = []
         self.idle_answering_at_once: list[ThreadPoolExecutor] = []
@@ -187,11 +187,11 @@ async def _read_and_replay(receive, *, limit: int):
     """The request's body when it is whole within `limit` bytes (else None, and None if the client left first), and
     a `receive` that gives what was read again, then what the client sends next (the rest of the body, its
     disconnect), for Django to read when it is the one to answer."""
-    chunks, size, whole, left = [], 0, False, False
+    chunks, size, whole, disconnect = [], 0, False, None
     while size <= limit:
         message = await receive()
         if message["type"] == "http.disconnect":
-            left = True
+            disconnect = message
             break
         chunk = message.get("body", b"")
         chunks.append(chunk)
@@ -200,13 +200,15 @@ async def _read_and_replay(receive, *, limit: int):
             whole = True
             break
     read = b"".join(chunks)
-    replayed = left  # a client that left: Django is told so at once, as it would have been
+    # What Django is given first: the body read so far, or the client's leaving (daphne tells it only once).
+    first = disconnect or {"type": "http.request", "body": read, "more_body": not whole}
+    replayed = False
 
     async def replay():
         nonlocal replayed
         if not replayed:
             replayed = True
-            return {"type": "http.request", "body": read, "more_body": not whole}
+            return first
         return await receive()
 
     return (read if whole and size <= limit else None), replay
