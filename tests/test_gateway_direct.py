@@ -128,9 +128,22 @@ def request(
     return method, path, raw, scope_headers
 
 
-async def send(app, method, path, body, headers, *, chunks: int = 1, scheme: str = "http") -> dict:
-    """The response to the request, its body sent in `chunks` ASGI messages, as daphne sends a large one."""
-    scope = {
+def both_ways() -> tuple[KeptRequestThreads, KeptRequestThreads, list[bool]]:
+    """taskhub's HTTP application with Django alone, and as daphne serves it, whose direct answers (True) and
+    declines (False) are recorded in the list."""
+    answered = []
+
+    async def answer_recorded(scope, body):
+        answer = await direct.answer_tasks_get(scope, body)
+        answered.append(answer is not None)
+        return answer
+
+    as_served = KeptRequestThreads(OneTripHandler(), direct_answers={direct.METHOD: answer_recorded})
+    return KeptRequestThreads(OneTripHandler()), as_served, answered
+
+
+def http_scope(method: str, path: str, headers, *, scheme: str = "http") -> dict:
+    return {
         "type": "http",
         "http_version": "1.1",
         "method": method,
@@ -143,7 +156,11 @@ async def send(app, method, path, body, headers, *, chunks: int = 1, scheme: str
         "client": ("127.0.0.1", 40000),
         "server": ("testserver", 80),
     }
-    communicator = ApplicationCommunicator(app, scope)
+
+
+async def send(app, method, path, body, headers, *, chunks: int = 1, scheme: str = "http") -> dict:
+    """The response to the request, its body sent in `chunks` ASGI messages, as daphne sends a large one."""
+    communicator = ApplicationCommunicator(app, http_scope(method, path, headers, scheme=scheme))
     size = -(-len(body) // chunks) if body else 0
     parts = [body[i * size : (i + 1) * size] for i in range(chunks)] if body else [b""]
     for index, part in enumerate(parts):
@@ -180,15 +197,7 @@ def comparable(response: dict) -> tuple:
 async def test_a_plain_tasks_get_is_answered_directly_and_exactly_as_djangos_path_answers_every_request():
     world = await sync_to_async(make_world)()
     tasks, secrets = world["tasks"], world["secrets"]
-    answered = []
-
-    async def answer_recorded(scope, body):
-        answer = await direct.answer_tasks_get(scope, body)
-        answered.append(answer is not None)
-        return answer
-
-    django_alone = KeptRequestThreads(OneTripHandler())
-    as_served = KeptRequestThreads(OneTripHandler(), direct_answers={direct.METHOD: answer_recorded})
+    django_alone, as_served, answered = both_ways()
     agent = secrets["agent"]
     plain = {
         f"{name} task": request(agent, tasks[name])
@@ -327,15 +336,7 @@ async def test_over_https_behind_a_proxy_the_direct_answer_has_djangos_security_
     settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     world = await sync_to_async(make_world)()
     await sync_to_async(stamp_tokens_used)()
-    answered = []
-
-    async def answer_recorded(scope, body):
-        answer = await direct.answer_tasks_get(scope, body)
-        answered.append(answer is not None)
-        return answer
-
-    django_alone = KeptRequestThreads(OneTripHandler())
-    as_served = KeptRequestThreads(OneTripHandler(), direct_answers={direct.METHOD: answer_recorded})
+    django_alone, as_served, answered = both_ways()
     agent, working = world["secrets"]["agent"], world["tasks"]["working"]
     try:
         for proto, scheme, direct_answer, status in [
@@ -363,19 +364,7 @@ async def test_a_poll_whose_client_leaves_before_its_body_is_whole_ends_without_
     """Django is told the client left (daphne says so only once, and the direct answer's read took it)."""
     app = KeptRequestThreads(OneTripHandler(), direct_answers={direct.METHOD: direct.answer_tasks_get})
     method, path, body, headers = request("thk_x", "00000000-0000-0000-0000-000000000000")
-    scope = {
-        "type": "http",
-        "http_version": "1.1",
-        "method": method,
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "scheme": "http",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 40000),
-        "server": ("testserver", 80),
-    }
+    scope = http_scope(method, path, headers)
     communicator = ApplicationCommunicator(app, scope)
     await communicator.send_input({"type": "http.request", "body": body[:10], "more_body": True})
     await communicator.send_input({"type": "http.disconnect"})
