@@ -67,21 +67,27 @@ def answers(draw, remote: str, index: int) -> Generated:
     message = draw(st.none() | texts)
     if message is not None:
         fields["statusMessage"] = message
-    noted = False
+    # What the answer's protocol error says, as far as telling one from the next goes: the server's requests are
+    # named by this answer's keys; a result out of place says only the task's status, so two such answers in a row
+    # with one status are one problem (recorded once).
+    noted_as = []
     if status == "input_required":
         keys = draw(st.lists(st.sampled_from("abc"), min_size=1, max_size=3, unique=True))
         params = draw(st.sampled_from(["good", "not an object", "bad schema"]))
-        noted = params != "good"
+        if params != "good":
+            noted_as.append(f"requests of answer {index}")
         value = {"good": FORM, "not an object": ["x"], "bad schema": {**FORM, "requestedSchema": 7}}[params]
         fields["inputRequests"] = {f"{index}{key}": {"method": "elicitation/create", "params": value} for key in keys}
     if status == "completed" or (draw(st.booleans()) and draw(st.booleans())):
         fields["result"] = {"content": [{"type": "text", "text": draw(texts)}]}
-        noted = noted or status != "completed"
+        if status != "completed":
+            noted_as.append(f"a {status} task carries a result")
+    noted = bool(noted_as)
     if status == "failed":
         fields["error"] = {"code": draw(st.integers(-33000, 0)), "message": draw(texts)}
     valid = working(remote, status=status, **fields)
     stored_message = cap_status_message(storable(message))
-    problem = f"noted in answer {index}" if noted else None
+    problem = "; ".join(noted_as) or None
     fine = Generated(Result(valid), True, noted=noted, status=status, status_message=stored_message, problem=problem)
 
     breakage = draw(st.sampled_from(["none"] * 6 + list(BREAKAGES)))
