@@ -294,7 +294,7 @@ async def test_a_plain_tasks_get_is_answered_directly_and_exactly_as_djangos_pat
             if name in plain:
                 assert expected["status"] == 200 and b'"result"' in served["body"], name
                 # The same in three pieces, as daphne hands a body over; and counted in /metrics as Django counts it.
-                label = direct._view_label(path)
+                label = direct.route(path).view_label
                 before = requests_served(label, 200)
                 answered.clear()
                 assert comparable(await send(as_served, method, path, body, headers, chunks=3)) == comparable(expected)

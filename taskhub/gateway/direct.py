@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.dispatch import receiver
-from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.csp import CSP, build_policy
@@ -65,23 +68,6 @@ class DirectAnswer:
     body: bytes
 
 
-class Headers:
-    """An ASGI scope's headers looked up as Django's request.headers are: case-insensitive, latin-1, a repeated header
-    joined with commas (cookies with "; "), as django.core.handlers.asgi.ASGIRequest joins them."""
-
-    def __init__(self, scope_headers) -> None:
-        values: dict[str, str] = {}
-        for raw_name, raw_value in scope_headers:
-            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-            if name in values:
-                value = values[name] + ("; " if name == "cookie" else ",") + value
-            values[name] = value
-        self._values = values
-
-    def get(self, name: str, default=None):
-        return self._values.get(name.lower(), default)
-
-
 def _statement(aggregate: bool) -> str:
     server = "" if aggregate else ' AND s."name" = %s'
     return (
@@ -98,36 +84,26 @@ def _statement(aggregate: bool) -> str:
 STATEMENTS = {True: _statement(aggregate=True), False: _statement(aggregate=False)}
 
 
+class Route(NamedTuple):
+    """Where a gateway path goes, as Django resolves it: the aggregate endpoint or one server's, and the view's name
+    (the label Django's request metrics give it)."""
+
+    aggregate: bool
+    server_name: str | None
+    view_label: str
+
+
 @functools.lru_cache(maxsize=1024)
-def _endpoint(path: str) -> tuple[bool, str | None] | None:
-    """(aggregate, server name) of a gateway path as Django would resolve it, or None."""
+def route(path: str) -> Route | None:
     try:
         match = resolve(path, urlconf=ANSWERED_AT_ONCE_URLCONF)
     except Resolver404:
         return None
     if match.func is views.aggregate_endpoint_at_once:
-        return True, None
+        return Route(True, None, match.view_name)
     if match.func is views.server_endpoint_at_once:
-        return False, match.kwargs["name"]
+        return Route(False, match.kwargs["name"], match.view_name)
     return None
-
-
-@functools.lru_cache(maxsize=8)
-def _view_label(path: str) -> str:
-    return resolve(path, urlconf=ANSWERED_AT_ONCE_URLCONF).view_name
-
-
-def _host_allowed(headers: Headers) -> bool:
-    if settings.USE_X_FORWARDED_HOST:
-        return False  # Django's path reads it; rare enough not to mirror here
-    host = headers.get("host")
-    if not host:
-        return False
-    domain, _ = split_domain_port(host)
-    allowed = settings.ALLOWED_HOSTS
-    if settings.DEBUG and not allowed:
-        allowed = [".localhost", "127.0.0.1", "[::1]"]
-    return bool(domain) and validate_host(domain, allowed)
 
 
 async def answer_tasks_get(scope, body: bytes) -> DirectAnswer | None:
@@ -148,38 +124,46 @@ async def answer_tasks_get(scope, body: bytes) -> DirectAnswer | None:
         logger.exception("gateway: the direct tasks/get failed; Django's path answers it")
         return None
     if answer is not None:
-        metrics.http_request("POST", _view_label(scope["path"]), answer.status, time.perf_counter() - started)
+        metrics.http_request("POST", asked.view_label, answer.status, time.perf_counter() - started)
     return answer
 
 
 @dataclass(frozen=True)
 class PlainGet:
-    """A plain `tasks/get`: its id, the statement's parameters, and whether it came over HTTPS."""
+    """A plain `tasks/get`: its id, the statement's parameters, whether it came over HTTPS, and its view's label."""
 
     call_id: str | int
     aggregate: bool
     params: tuple
     secure: bool
+    view_label: str
 
 
 def plain_tasks_get(scope, body: bytes) -> PlainGet | None:
-    if scope.get("method") != "POST" or scope.get("root_path"):
+    if scope.get("method") != "POST":
         return None
-    endpoint = _endpoint(scope["path"])
+    # Django's own request on the scope (its headers, host and scheme as every view reads them); no middleware.
+    try:
+        request = ASGIRequest(scope, io.BytesIO(body))
+    except UnicodeDecodeError:
+        return None  # Django's handler answers 400
+    endpoint = route(request.path_info)
     if endpoint is None:
         return None
-    aggregate, server_name = endpoint
+    aggregate, server_name, view_label = endpoint
     if server_name is not None and machine_input.unstorable(server_name):
         return None  # refused by Django's middleware (json_errors_for_machines)
     if settings.DISALLOWED_USER_AGENTS or settings.PREPEND_WWW:
         return None  # CommonMiddleware's, when a deployment sets them
-    headers = Headers(scope.get("headers", ()))
+    headers = request.headers
     # A person's language (their cookie's session, their browser's) would change the answer's headers.
-    if headers.get("cookie") is not None or headers.get("accept-language") is not None:
+    if "cookie" in headers or "accept-language" in headers:
         return None
-    if not _host_allowed(headers):
+    try:
+        request.get_host()
+    except DisallowedHost:
         return None
-    secure = _is_secure(scope, headers)
+    secure = request.is_secure()
     if settings.SECURE_SSL_REDIRECT and not secure:
         return None
     scheme, _, secret = headers.get("authorization", "").partition(" ")
@@ -204,7 +188,7 @@ def plain_tasks_get(scope, body: bytes) -> PlainGet | None:
     except ValueError:
         return None
     params = (pk, key_hash_of(secret)) if aggregate else (pk, key_hash_of(secret), server_name)
-    return PlainGet(call_id=call.id, aggregate=aggregate, params=params, secure=secure)
+    return PlainGet(call_id=call.id, aggregate=aggregate, params=params, secure=secure, view_label=view_label)
 
 
 def _answer(asked: PlainGet, row) -> DirectAnswer | None:
@@ -288,16 +272,6 @@ async def close_pools() -> None:
 async def _read_as_django_does(connection: psycopg.AsyncConnection) -> None:
     await connection.set_autocommit(True)
     pooled.read_as_django_does(connection, timezone=_django_side().timezone)
-
-
-def _is_secure(scope, headers: Headers) -> bool:
-    """request.is_secure(), as Django reads it (SECURE_PROXY_SSL_HEADER first, else the connection's scheme)."""
-    if settings.SECURE_PROXY_SSL_HEADER:
-        meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
-        value = headers.get(meta_name.removeprefix("HTTP_").replace("_", "-"))
-        if value is not None:
-            return value.split(",", 1)[0].strip() == secure_value
-    return scope.get("scheme") == "https"
 
 
 @functools.cache
