@@ -246,6 +246,9 @@ TEMPLATES = [
     },
 ]
 
+# Django's renderer with its select and input templates written in Python (taskhub/web/form_renderer.py).
+FORM_RENDERER = "taskhub.web.form_renderer.FormRenderer"
+
 ASGI_APPLICATION = "taskhub.asgi.application"
 
 DATABASES = {"default": database_from_env()}
