@@ -1,0 +1,49 @@
+"""The `i18n` template library (settings TEMPLATES OPTIONS "libraries"): Django's, but a `{% translate "text" %}` of a
+quoted string remembers what it gave in each language.
+
+Django's node makes a lazy translation of the string, renders it, escapes it (a template's own string is safe, so
+nothing changes) and undoes the doubled percent signs on every render: about 10 us (bench/pages.py, py-spy). An
+inbox page of 50 cards has some 900 of them, the largest share of its template time after variables. What a quoted
+string translates to depends only on the language, so each node keeps it per language. Anything else (a variable, a
+filter, `noop`, `context`, `as`) is Django's node unchanged; tests/test_template_i18n.py renders every form both ways.
+"""
+
+from django import template
+from django.template.base import Variable
+from django.templatetags import i18n as djangos_i18n
+from django.utils.translation import get_language
+
+register = template.Library()
+register.tags.update(djangos_i18n.register.tags)
+register.filters.update(djangos_i18n.register.filters)
+
+
+class TranslateNode(djangos_i18n.TranslateNode):
+    def __init__(self, filter_expression, noop, asvar=None, message_context=None):
+        super().__init__(filter_expression, noop, asvar=asvar, message_context=message_context)
+        var = self.filter_expression.var
+        self.quoted = (
+            not noop
+            and asvar is None
+            and message_context is None
+            and not self.filter_expression.filters
+            and isinstance(var, Variable)
+            and isinstance(var.literal, str)
+        )
+        self.by_language: dict[str | None, str] = {}
+
+    def render(self, context):
+        if not self.quoted:
+            return super().render(context)
+        language = get_language()
+        value = self.by_language.get(language)
+        if value is None:
+            value = self.by_language[language] = super().render(context)
+        return value
+
+
+@register.tag("translate")
+@register.tag("trans")
+def do_translate(parser, token):
+    node = djangos_i18n.do_translate(parser, token)
+    return TranslateNode(node.filter_expression, node.noop, asvar=node.asvar, message_context=node.message_context)

@@ -1,0 +1,57 @@
+"""taskhub's `i18n` template library keeps a quoted `{% translate %}` per language (taskhub/web/template_i18n.py): every
+form of the tag renders as Django's own library renders it, in each language, and a quoted one is translated once."""
+
+import pytest
+from django.conf import settings
+from django.template import Context, engines
+from django.template.engine import Engine
+from django.utils import translation
+
+from taskhub.web import template_i18n
+
+# Every form of {% translate %}: quoted, with percent signs, markup, a context, `as`, `noop`, a variable, a filter;
+# and the other tags of the library, which are Django's.
+SOURCE = (
+    "{% load i18n %}"
+    "{% translate 'Accept' %}|{% translate \"Sign out\" %}|{% trans 'Decline' %}|{% translate '100% done, 50%% left' %}"
+    "|{% translate '<b>bold</b> & more' %}|{% translate 'Main' context 'navigation' %}"
+    "|{% translate 'Cancel' as cancel %}[{{ cancel }}]|{% translate 'Accept' noop %}|{% translate word %}"
+    "|{% translate 'Accept'|upper %}|{% translate hostile %}"
+    "|{% blocktranslate with who=hostile %}answered by {{ who }}{% endblocktranslate %}"
+    "|{% get_current_language as LANGUAGE_CODE %}{{ LANGUAGE_CODE }}|{{ 'zh-hans'|language_name_local }}"
+)
+CONTEXT = {"word": "Notifications", "hostile": "<script>alert('x')</script>"}
+
+
+def djangos_engine() -> Engine:
+    return Engine(libraries={"i18n": "django.templatetags.i18n"})
+
+
+def test_the_django_engine_takes_taskhubs_library():
+    assert settings.TEMPLATES[0]["OPTIONS"]["libraries"] == {"i18n": "taskhub.web.template_i18n"}
+    template = engines["django"].from_string("{% load i18n %}{% translate 'Accept' %}")
+    assert isinstance(template.template.nodelist[-1], template_i18n.TranslateNode)
+
+
+@pytest.mark.parametrize(
+    ("language", "begins"), [("en", "Accept|Sign out|Decline|"), ("zh-hans", "接受|退出登录|拒绝|")]
+)
+def test_every_form_renders_as_djangos_library_renders_it(language, begins):
+    ours = engines["django"].from_string(SOURCE)
+    djangos = djangos_engine().from_string(SOURCE)
+    with translation.override(language):
+        expected = djangos.render(Context(dict(CONTEXT)))
+        assert ours.render(dict(CONTEXT)) == expected
+        assert ours.render(dict(CONTEXT)) == expected  # again, from what the nodes kept
+    assert expected.startswith(begins)
+
+
+def test_a_quoted_translation_follows_the_language_of_each_render():
+    template = engines["django"].from_string("{% load i18n %}{% translate 'Notifications' %}")
+    with translation.override("en"):
+        english = template.render({})
+    with translation.override("zh-hans"):
+        chinese = template.render({})
+    with translation.override("en"):
+        assert template.render({}) == english == "Notifications"
+    assert chinese == "通知"
