@@ -242,8 +242,6 @@ TEMPLATES = [
                 "taskhub.accounts.context_processors.roles",
                 "taskhub.live.context_processors.nav_counts",
             ],
-            # Django's i18n tags, a quoted {% translate %} kept per language (taskhub/web/template_i18n.py).
-            "libraries": {"i18n": "taskhub.web.template_i18n"},
         },
     },
 ]

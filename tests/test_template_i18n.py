@@ -1,5 +1,9 @@
-"""taskhub's `i18n` template library keeps a quoted `{% translate %}` per language (taskhub/web/template_i18n.py): every
-form of the tag renders as Django's own library renders it, in each language, and a quoted one is translated once."""
+"""taskhub's `taskhub_i18n` template library keeps a quoted `{% translate %}` per language
+(taskhub/web/templatetags/taskhub_i18n.py): every form of the tag renders as Django's own `i18n` renders it, in each
+language, and taskhub's templates load it."""
+
+import re
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -7,12 +11,12 @@ from django.template import Context, engines
 from django.template.engine import Engine
 from django.utils import translation
 
-from taskhub.web import template_i18n
+from taskhub.web.templatetags import taskhub_i18n
 
 # Every form of {% translate %}: quoted, with percent signs, markup, a context, `as`, `noop`, a variable, a filter;
 # and the other tags of the library, which are Django's.
 SOURCE = (
-    "{% load i18n %}"
+    "{% load taskhub_i18n %}"
     "{% translate 'Accept' %}|{% translate \"Sign out\" %}|{% trans 'Decline' %}|{% translate '100% done, 50%% left' %}"
     "|{% translate '<b>bold</b> & more' %}|{% translate 'Main' context 'navigation' %}"
     "|{% translate 'Cancel' as cancel %}[{{ cancel }}]|{% translate 'Accept' noop %}|{% translate word %}"
@@ -24,13 +28,16 @@ CONTEXT = {"word": "Notifications", "hostile": "<script>alert('x')</script>"}
 
 
 def djangos_engine() -> Engine:
-    return Engine(libraries={"i18n": "django.templatetags.i18n"})
+    return Engine(libraries={"taskhub_i18n": "django.templatetags.i18n"})
 
 
-def test_the_django_engine_takes_taskhubs_library():
-    assert settings.TEMPLATES[0]["OPTIONS"]["libraries"] == {"i18n": "taskhub.web.template_i18n"}
-    template = engines["django"].from_string("{% load i18n %}{% translate 'Accept' %}")
-    assert isinstance(template.template.nodelist[-1], template_i18n.TranslateNode)
+def test_taskhubs_templates_load_this_library_not_djangos():
+    template = engines["django"].from_string("{% load taskhub_i18n %}{% translate 'Accept' %}")
+    assert isinstance(template.template.nodelist[-1], taskhub_i18n.TranslateNode)
+    loads = re.compile(r"{%\s*load\s([^%]*)%}")
+    for path in Path(settings.BASE_DIR, "templates").rglob("*.*"):
+        for libraries in loads.findall(path.read_text()):
+            assert "i18n" not in libraries.split(), f"{path}: load taskhub_i18n"
 
 
 @pytest.mark.parametrize(
@@ -47,7 +54,7 @@ def test_every_form_renders_as_djangos_library_renders_it(language, begins):
 
 
 def test_a_quoted_translation_follows_the_language_of_each_render():
-    template = engines["django"].from_string("{% load i18n %}{% translate 'Notifications' %}")
+    template = engines["django"].from_string("{% load taskhub_i18n %}{% translate 'Notifications' %}")
     with translation.override("en"):
         english = template.render({})
     with translation.override("zh-hans"):

@@ -1,11 +1,13 @@
-"""The `i18n` template library (settings TEMPLATES OPTIONS "libraries"): Django's, but a `{% translate "text" %}` of a
-quoted string remembers what it gave in each language.
+"""Django's `i18n` template library, but a `{% translate "text" %}` of a quoted string remembers what it gave in each
+language. taskhub's templates load it (`{% load taskhub_i18n %}`) in place of Django's.
 
 Django's node makes a lazy translation of the string, renders it, escapes it (a template's own string is safe, so
 nothing changes) and undoes the doubled percent signs on every render: about 10 us (bench/pages.py, py-spy). An
 inbox page of 50 cards has some 900 of them, the largest share of its template time after variables. What a quoted
 string translates to depends only on the language, so each node keeps it per language. Anything else (a variable, a
 filter, `noop`, `context`, `as`) is Django's node unchanged; tests/test_template_i18n.py renders every form both ways.
+It is a library of its own rather than one registered as `i18n` over Django's: that is what Django's check
+templates.W003 warns of.
 """
 
 from django import template
