@@ -6,6 +6,7 @@ from django.contrib.auth.models import Group
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.http import QueryDict
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from taskhub.accounts import permissions
@@ -213,9 +214,7 @@ def test_only_the_people_a_policy_names_answer_and_a_tools_policy_replaces_the_s
     assert card_for(other, people["rosa"]).answerers == "finance"
 
 
-def test_who_may_answer_is_the_same_in_the_permission_check_and_in_the_mails(server, people):
-    # may_answer asks one plain statement (approvals.rules), the mails users_who_may_answer's ORM filter: for each
-    # shape of policy they choose the same people.
+def requests_under_every_shape_of_policy(server, people) -> dict[str, InputRequest]:
     finance = Group.objects.create(name="finance")
     people["rosa"].groups.add(finance)
     people["quinn"].groups.add(finance)
@@ -223,11 +222,17 @@ def test_who_may_answer_is_the_same_in_the_permission_check_and_in_the_mails(ser
     create_policy(server=server, groups=[finance], user=None)  # the server's, for "server"
     create_policy(server=server, tool="open", user=None)  # names nobody: every approver
     create_policy(server=server, tool="by-user", users=[people["olga"]], user=None)
-    create_policy(server=server, tool="by-group", groups=[finance], user=None)
+    create_policy(server=server, tool="by-group", groups=[finance], users=[], user=None, required_accepts=2)
     create_policy(server=server, tool="both", groups=[finance], users=[people["pete"]], user=None)
     other = create_server(name="other", transport="http", url="http://127.0.0.1:8766/mcp", user=None)
     requests["no policy"] = open_request(other)
+    return requests
 
+
+def test_who_may_answer_is_the_same_in_the_permission_check_and_in_the_mails(server, people):
+    # may_answer asks one plain statement (approvals.rules), the mails users_who_may_answer's ORM filter: for each
+    # shape of policy they choose the same people.
+    requests = requests_under_every_shape_of_policy(server, people)
     chosen = {}
     for tool, request in requests.items():
         mailed = set(
@@ -246,6 +251,33 @@ def test_who_may_answer_is_the_same_in_the_permission_check_and_in_the_mails(ser
         "server": {"quinn", "rosa"},
         "no policy": {"olga", "pete", "quinn", "rosa"},
     }
+
+
+def test_a_page_of_requests_reads_their_rules_at_once_and_each_answers_as_read_alone(server, people):
+    # The inbox reads the terms of every card's policy, and whether it names the approver, in one query
+    # (permissions.read_answer_rules); each card's questions are then answered from it as one by one.
+    requests = requests_under_every_shape_of_policy(server, people)
+    pairs = [(request.task.server_id, request.task.tool) for request in requests.values()]
+
+    def rules_of(user):
+        return {
+            tool: (
+                permissions.answer_terms(server_id=request.task.server_id, tool=request.task.tool),
+                permissions.policy_allows(user, server_id=request.task.server_id, tool=request.task.tool),
+            )
+            for tool, request in requests.items()
+        }
+
+    for name, user in people.items():
+        alone = rules_of(user)
+        with permissions.read_once():
+            with CaptureQueriesContext(connection) as read:
+                permissions.read_answer_rules(user, pairs)
+            with CaptureQueriesContext(connection) as after:
+                at_once = rules_of(user)
+        assert len(read.captured_queries) == 1 and after.captured_queries == [], name
+        assert at_once == alone, name
+    assert alone["by-group"][0].required_accepts == 2 and alone["no policy"][0].policy_id is None
 
 
 def test_for_me_keeps_the_requests_whose_policy_names_me(server, people, django_user_model):

@@ -25,7 +25,7 @@ finished): the services decide that.
 
 import datetime
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -175,6 +175,10 @@ class AnswerPolicies(Protocol):
     def servers_refusing_some(self, user) -> set[int]: ...  # servers where requests() leaves some out
     def for_me(self, user) -> Q: ...  # over InputRequest: those whose policy names the user (or a group of theirs)
     def terms(self, server_id: int, tool: str) -> AnswerTerms: ...
+    # terms_and_allows() of each (server id, tool), in one query; the keys' tools are "" for none
+    def terms_and_allows_of(
+        self, user, pairs: Iterable[tuple[int, str]]
+    ) -> dict[tuple[int, str], tuple[AnswerTerms, bool]]: ...
     def answerers(self, server_id: int, tool: str) -> Q: ...  # over the user model: those the policy names
     def terms_and_allows(self, user, server_id: int, tool: str) -> tuple[AnswerTerms, bool]: ...  # both, one query
     # The approval rules of one answer and one request (taskhub.approvals.answer_rules); the task services apply
@@ -256,6 +260,25 @@ def requests_for_me(user) -> Q:
 terms_this_request: ContextVar[dict[tuple[int, str], AnswerTerms] | None] = ContextVar(
     "terms_this_request", default=None
 )
+
+
+def read_answer_rules(user, pairs: Iterable[tuple[int, str]]) -> None:
+    """For a page of many requests (the inbox): the terms of each (server id, tool), and whether its policy names
+    `user`, read in one query for this request (read_once), where answer_terms and policy_allows would read them one
+    pair at a time. Outside read_once, nothing."""
+    policies = answer_policies()
+    terms_known, allowed_known = terms_this_request.get(), allowed_this_request.get()
+    if policies is None or terms_known is None or allowed_known is None:
+        return
+    missing = {
+        (server_id, tool or "")
+        for server_id, tool in pairs
+        if (server_id, tool or "") not in terms_known or (user.pk, server_id, tool or "", None) not in allowed_known
+    }
+    if missing:
+        for (server_id, tool), (terms, allowed) in policies.terms_and_allows_of(user, missing).items():
+            terms_known.setdefault((server_id, tool), terms)
+            allowed_known.setdefault((user.pk, server_id, tool, None), allowed)
 
 
 def answer_terms(*, server_id: int, tool: str) -> AnswerTerms:

@@ -18,13 +18,14 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_POST
 
-from taskhub.accounts.permissions import approver_required, may_answer, may_see_task
+from taskhub.accounts.permissions import approver_required, may_answer, may_see_task, read_answer_rules
 from taskhub.tasks import like_requests, services
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.card_context import with_context
 from taskhub.tasks.errors import AlreadyAnswered, AnswerRejected, InputNoLongerOpen
 from taskhub.tasks.inbox_listing import InboxListing, inbox_listing
 from taskhub.tasks.input_cards import (
+    Card,
     card_after_answer,
     card_for,
     number_siblings,
@@ -55,16 +56,17 @@ def inbox(request):
         shown = {ir.pk for ir in requests}
         extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
         requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
-        cards = with_context(
-            number_siblings(
-                [card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests]
-            )
-        )
+        cards = _cards(requests, request.user, listing)
         return render(request, f"{INBOX_TEMPLATE}#card-list", _page_context(listing, cards, request.user))
-    cards = with_context(
-        number_siblings([card_for(ir, request.user, may_answer=True, next_url=_back_to(listing)) for ir in requests])
-    )
+    cards = _cards(requests, request.user, listing)
     return render(request, INBOX_TEMPLATE, _page_context(listing, cards, request.user))
+
+
+def _cards(requests: list[InputRequest], user, listing: InboxListing) -> list[Card]:
+    # The approval terms of every card, and whether they name the user, in one query, not one per server and tool.
+    read_answer_rules(user, ((ir.task.server_id, ir.task.tool) for ir in requests))
+    next_url = _back_to(listing)
+    return with_context(number_siblings([card_for(ir, user, may_answer=True, next_url=next_url) for ir in requests]))
 
 
 def _back_to(listing: InboxListing) -> str:
