@@ -7,11 +7,21 @@ along). DELETE would fire their triggers: the counts kept by triggers would coun
 refuses DELETE. The foreign keys Django creates are deferrable, so the DELETEs run in any order inside the flush's
 transaction. Installed for the test process only (conftest.py); a flush with reset_sequences or allow_cascade is
 Django's own.
+
+A process that outlives its test (the browser tests' one daphne, a worker finishing a job) may read two of the
+truncated tables in one transaction while the TRUNCATE waits for the first of them: Postgres ends one of the two
+("deadlock detected"). When it ends the flush, the flush runs again (execute_sql_flush): that process's transaction
+went on, and the TRUNCATE now waits for its end. CI met it once in a browser test's teardown.
 """
 
+import psycopg
+from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations
 
+FLUSH_TRIES = 3
+
 _truncating_sql_flush = DatabaseOperations.sql_flush
+_executing_sql_flush = DatabaseOperations.execute_sql_flush
 _truncated_tables: dict[str, frozenset[str]] = {}
 
 # The tables with (non-internal) triggers, and, transitively, every table whose foreign key references one.
@@ -45,5 +55,15 @@ def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False
     return statements
 
 
+def execute_sql_flush(self, sql_list):
+    for attempt in range(1, FLUSH_TRIES + 1):
+        try:
+            return _executing_sql_flush(self, sql_list)
+        except OperationalError as error:
+            if attempt == FLUSH_TRIES or not isinstance(error.__cause__, psycopg.errors.DeadlockDetected):
+                raise
+
+
 def install() -> None:
     DatabaseOperations.sql_flush = sql_flush
+    DatabaseOperations.execute_sql_flush = execute_sql_flush
