@@ -270,11 +270,8 @@ def read_answer_rules(user, pairs: Iterable[tuple[int, str]]) -> None:
     terms_known, allowed_known = terms_this_request.get(), allowed_this_request.get()
     if policies is None or terms_known is None or allowed_known is None:
         return
-    missing = {
-        (server_id, tool or "")
-        for server_id, tool in pairs
-        if (server_id, tool or "") not in terms_known or (user.pk, server_id, tool or "", None) not in allowed_known
-    }
+    asked = {(server_id, tool or "") for server_id, tool in pairs}
+    missing = {pair for pair in asked if pair not in terms_known or (user.pk, *pair, None) not in allowed_known}
     if missing:
         for (server_id, tool), (terms, allowed) in policies.terms_and_allows_of(user, missing).items():
             terms_known.setdefault((server_id, tool), terms)
