@@ -242,6 +242,8 @@ TEMPLATES = [
                 "taskhub.accounts.context_processors.roles",
                 "taskhub.live.context_processors.nav_counts",
             ],
+            # Django's {% url %} and |truncatechars, the same output for less (taskhub/web/template_builtins.py).
+            "builtins": ["taskhub.web.template_builtins"],
         },
     },
 ]
