@@ -117,7 +117,8 @@ def settle_declined(tasks: list[Task]) -> list[Task]:
             del candidates[task.pk]
     if candidates:
         declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")
-        for task_id in declined.values_list("task_id", flat=True).distinct():
+        # order_by(): the model's ordering would put its columns into the DISTINCT.
+        for task_id in declined.order_by().values_list("task_id", flat=True).distinct():
             candidates[task_id].outcome = Outcome.DECLINED
     return tasks
 
