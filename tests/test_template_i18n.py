@@ -23,8 +23,25 @@ SOURCE = (
     "|{% translate 'Accept'|upper %}|{% translate hostile %}"
     "|{% blocktranslate with who=hostile %}answered by {{ who }}{% endblocktranslate %}"
     "|{% get_current_language as LANGUAGE_CODE %}{{ LANGUAGE_CODE }}|{{ 'zh-hans'|language_name_local }}"
+    # {% blocktranslate %}: with values (escaped, filtered, missing), trimmed, `as`, 100%, `count`, `context`, and
+    # inside a loop, so each node renders several values
+    "|{% for tool in tools %}{% blocktranslate with id=pk|stringformat:'s'|slice:':8' %}Tick {{ tool }} task {{ id }}"
+    "{% endblocktranslate %};{% endfor %}"
+    "|{% blocktranslate trimmed with token=hostile %}\n  via the API token\n  {{ token }}\n{% endblocktranslate %}"
+    "|{% blocktranslate asvar said with who=hostile %}answered by {{ who }}{% endblocktranslate %}[{{ said }}]"
+    "|{% blocktranslate %}100% of {{ word }} and {{ missing }}{% endblocktranslate %}"
+    "|{% blocktranslate count n=tools|length %}{{ n }} request waits for you{% plural %}{{ n }} requests wait for you"
+    "{% endblocktranslate %}"
+    "|{% blocktranslate context 'navigation' %}Main{% endblocktranslate %}"
+    "|{% autoescape off %}{% blocktranslate with who=hostile %}answered by {{ who }}{% endblocktranslate %}"
+    "{% endautoescape %}"
 )
-CONTEXT = {"word": "Notifications", "hostile": "<script>alert('x')</script>"}
+CONTEXT = {
+    "word": "Notifications",
+    "hostile": "<script>alert('x')</script>",
+    "tools": ["deploy", "<b>drop</b>", "copy_rows"],
+    "pk": "6f1c2d3e-4b5a-4c6d-8e7f-0123456789ab",
+}
 
 
 def djangos_engine() -> Engine:
@@ -54,11 +71,15 @@ def test_every_form_renders_as_djangos_library_renders_it(language, begins):
 
 
 def test_a_quoted_translation_follows_the_language_of_each_render():
-    template = engines["django"].from_string("{% load taskhub_i18n %}{% translate 'Notifications' %}")
+    template = engines["django"].from_string(
+        "{% load taskhub_i18n %}{% translate 'Notifications' %}|"
+        "{% blocktranslate with who=name %}answered by {{ who }}{% endblocktranslate %}"
+    )
     with translation.override("en"):
-        english = template.render({})
+        english = template.render({"name": "olga"})
     with translation.override("zh-hans"):
-        chinese = template.render({})
+        chinese = template.render({"name": "olga"})
     with translation.override("en"):
-        assert template.render({}) == english == "Notifications"
-    assert chinese == "通知"
+        assert template.render({"name": "dana"}) == "Notifications|answered by dana"
+    assert english == "Notifications|answered by olga"
+    assert chinese == "通知|由 olga 回答"
