@@ -651,13 +651,27 @@ ROW_FACT_SHAPES = [
 def test_the_row_facts_worked_out_in_python_are_the_list_querys(alpha, olga):
     # The live list signal works the row's facts out from the task it has (outcomes.with_row_facts_of); the list's
     # query annotates them in SQL (outcomes.with_row_facts): the same values for every shape of result and error.
+    # The outcome settle_outcomes gives a row is the one the list's ?outcome= filter (SQL) puts it under.
     task = durable(alpha, olga)
-    for status, result, error in ROW_FACT_SHAPES:
+    shapes = [
+        *ROW_FACT_SHAPES,
+        ("cancelled", None, {"kind": "not_approved"}),
+        ("working", None, {"kind": "not_approved"}),
+    ]
+    for status, result, error in shapes:
         Task.objects.filter(pk=task.pk).update(status=status, result=result, error=error)
         annotated = outcomes.with_row_facts(Task.objects.filter(pk=task.pk)).get()
         worked_out = outcomes.with_row_facts_of(Task.objects.get(pk=task.pk))
         for fact in outcomes.ROW_FACTS:
             assert getattr(worked_out, fact) == getattr(annotated, fact), (status, result, error, fact)
+            assert type(getattr(worked_out, fact)) is type(getattr(annotated, fact)), (status, result, error, fact)
+        [outcome] = {row.outcome for row in outcomes.settle_outcomes([annotated, worked_out])}
+        filtered_under = {
+            value
+            for value, _, _ in outcomes.OUTCOMES
+            if Task.objects.filter(outcomes.outcome_filter(value), pk=task.pk).exists()
+        }
+        assert filtered_under == ({outcome} if outcome else set()), (status, result, error, outcome)
 
 
 def test_the_detail_renderer_sends_every_section_out_of_band(alpha, olga, ben):

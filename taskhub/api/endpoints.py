@@ -42,7 +42,7 @@ from taskhub.tasks.errors import (
 from taskhub.tasks.inbox_listing import inbox_listing
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import InputRequest, Task
-from taskhub.tasks.outcomes import OUTCOME_WORDS, outcome_of, settle_declined, with_row_facts
+from taskhub.tasks.outcomes import OUTCOME_WORDS, outcome_of, settle_outcomes, with_row_facts
 from taskhub.tasks.queries import ENDED_CHOICES, NEEDS, TAB_STATUSES, TaskFilterForm, filtered_tasks
 
 logger = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ def list_tasks(request, filters: Query[TaskFilters]):
     rows = with_row_facts(tasks.select_related("server", "launched_by")).order_by("-created_at")[
         (page - 1) * page_size : page * page_size
     ]
-    rows = settle_declined(list(rows))
+    rows = settle_outcomes(list(rows))
     return {"count": count, "page": page, "pages": pages, "results": [_task_out(task) for task in rows]}
 
 

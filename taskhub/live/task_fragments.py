@@ -20,7 +20,7 @@ from taskhub.accounts import permissions
 from taskhub.live.access import access_in_force
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
 from taskhub.tasks.live_inbox import inbox_fragment
-from taskhub.tasks.outcomes import settle_declined, with_row_facts_of
+from taskhub.tasks.outcomes import settle_outcomes, with_row_facts_of
 from taskhub.tasks.presenters import detail_context
 
 LIST_TEMPLATE = "tasks/list.html"
@@ -30,7 +30,7 @@ DETAIL_TEMPLATE = "tasks/detail.html"
 def list_signal(task, user) -> str:
     # The row as the list shows it: with the outcome, error code and result preview the list's query adds, worked
     # out from the task as read for the change (with its server, launcher and who asked to cancel).
-    [row] = settle_declined([with_row_facts_of(task)])
+    [row] = settle_outcomes([with_row_facts_of(task)])
     return render_to_string(f"{LIST_TEMPLATE}#live-signal", {"task": row})
 
 

@@ -333,7 +333,7 @@ class InputRequest(models.Model):
                 condition=models.Q(state="open", escalated_to__isnull=False),
                 name="input_request_open_escalated",
             ),
-            # The tasks a person declined (outcomes._declined, settle_declined): a few among every answered request,
+            # The tasks a person declined (outcomes._declined, settle_outcomes): a few among every answered request,
             # found without reading them all (the outcome filter and each list page asked for them by a scan).
             models.Index(
                 fields=["task"],

@@ -11,7 +11,6 @@ import copy
 import json
 
 from django.db.models import (
-    Case,
     CharField,
     Count,
     Exists,
@@ -19,9 +18,8 @@ from django.db.models import (
     Q,
     QuerySet,
     Value,
-    When,
 )
-from django.db.models.fields.json import KT
+from django.db.models.fields.json import KT, KeyTransform
 from django.db.models.functions import Left
 from django.utils.translation import pgettext_lazy
 
@@ -76,45 +74,15 @@ def is_error_filter() -> Q:
     return Q(result__contains={"isError": True})
 
 
-def outcome_expression(*, declined: bool = True) -> Case:
-    """How a task ended, in SQL: "" while it runs (the module's docstring says when it is "declined"); a completed
-    result with isError is "completed_error". Home and /metrics count with outcome_counts, the list's ?outcome= with
-    outcome_filter: the same rule as plain conditions.
-
-    `declined=False` leaves the declined ones out (they show as completed, completed_error, failed or cancelled): an
-    EXISTS per row makes the planner cost a deep page of the list high enough for JIT; the list settles them for its
-    page of rows afterwards (settle_declined)."""
-    is_error = Q(status=TaskStatus.COMPLETED) & is_error_filter()
-    # Stopped at the gate: a column of the row says so, no EXISTS needed.
-    declined_when = [
-        When(
-            Q(status__in=DECLINABLE_STATUSES) & (_declined() if declined else _not_approved()),
-            then=Value(Outcome.DECLINED),
-        )
-    ]
-    return Case(
-        *declined_when,
-        When(is_error, then=Value(Outcome.COMPLETED_ERROR)),
-        When(status=TaskStatus.COMPLETED, then=Value(Outcome.COMPLETED)),
-        When(status=TaskStatus.CANCELLED, then=Value(Outcome.CANCELLED)),
-        When(status=TaskStatus.FAILED, then=Value(Outcome.FAILED)),
-        When(status=TaskStatus.LOST, then=Value(Outcome.LOST)),
-        When(status=TaskStatus.EXPIRED, then=Value(Outcome.EXPIRED)),
-        When(status=TaskStatus.LAUNCH_UNKNOWN, then=Value(Outcome.UNKNOWN)),
-        default=Value(""),
-    )
-
-
 DECLINABLE_OUTCOMES = frozenset({Outcome.COMPLETED, Outcome.COMPLETED_ERROR, Outcome.FAILED, Outcome.CANCELLED})
 
 
-def settle_declined(tasks: list[Task]) -> list[Task]:
-    """Marks "declined" the tasks of with_row_facts whose outcome a person's decline or the gate decided; one query."""
-    candidates = {task.pk: task for task in tasks if getattr(task, "outcome", "") in DECLINABLE_OUTCOMES}
-    for task in list(candidates.values()):
-        if getattr(task, "error_kind", None) == NOT_APPROVED:
-            task.outcome = Outcome.DECLINED
-            del candidates[task.pk]
+def settle_outcomes(tasks: list[Task]) -> list[Task]:
+    """Gives each task of with_row_facts (or with_row_facts_of) its outcome, "declined" by a person included: one
+    query for the page's tasks that ended as a decline may have ended them."""
+    for task in tasks:
+        task.outcome = _row_outcome(task)
+    candidates = {task.pk: task for task in tasks if task.outcome in DECLINABLE_OUTCOMES}
     if candidates:
         declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")
         # order_by(): the model's ordering would put its columns into the DISTINCT.
@@ -123,13 +91,23 @@ def settle_declined(tasks: list[Task]) -> list[Task]:
     return tasks
 
 
+def _row_outcome(task: Task) -> str:
+    """The outcome from the row's status and facts, but a person's decline (settle_outcomes asks for those): stopped
+    at the gate is "declined", a completed result with isError (JSON true) "completed_error", "" while it runs."""
+    if task.error_kind == NOT_APPROVED and task.status in DECLINABLE_STATUSES:
+        return Outcome.DECLINED
+    if task.status == TaskStatus.COMPLETED and task.result_is_error is True:
+        return Outcome.COMPLETED_ERROR
+    return next((outcome for outcome, status in _OUTCOME_OF_STATUS if task.status == status), "")
+
+
 def outcome_of(task: Task) -> str:
     """One task's outcome, by the same rule (the API's task)."""
-    return settle_declined([with_row_facts_of(task)])[0].outcome
+    return settle_outcomes([with_row_facts_of(task)])[0].outcome
 
 
 def outcome_filter(outcome: str) -> Q:
-    """The tasks whose outcome_expression() is `outcome`."""
+    """The tasks whose outcome (settle_outcomes, for a row) is `outcome`."""
     declined = _declined()
     if outcome == Outcome.COMPLETED:
         return Q(status=TaskStatus.COMPLETED) & ~is_error_filter() & ~declined
@@ -143,7 +121,7 @@ def outcome_filter(outcome: str) -> Q:
 
 
 def outcome_counts(ended: QuerySet[Task]) -> dict[str, int]:
-    """How many of `ended` had each outcome (outcome_expression), from two plain aggregates: per status with its
+    """How many of `ended` had each outcome (settle_outcomes' rule), from two plain aggregates: per status with its
     isError results, and the declined ones the same way. (Grouping by the CASE itself costs a subplan per row.)"""
     return outcome_counts_per(ended).get(None) or _outcomes_of({}, {})
 
@@ -189,18 +167,19 @@ PREVIEW_CHARS = 200
 
 
 def with_row_facts(tasks: QuerySet[Task]) -> QuerySet[Task]:
-    """What a row of the list shows beyond the columns: the outcome (but "declined": settle_declined), the error code,
-    the first text of the result (at most PREVIEW_CHARS, cut by Postgres so the big JSON never leaves the database).
-    """
+    """What a row of the list shows beyond the columns: the error code and kind, the first text of the result (at
+    most PREVIEW_CHARS, cut by Postgres so the big JSON never leaves the database), and whether the result says
+    isError; settle_outcomes works the outcome out from them after the read. (A CASE of the outcome in the query cost
+    more to build than the rest of the query: bench/pages.py.)"""
     return tasks.annotate(
-        outcome=outcome_expression(declined=False),
         error_code=Left(KT("error__code"), 40),
         error_kind=Left(KT("error__kind"), 40),  # "not_approved": the gate before the call said no (approvals)
         result_preview=Left(KT("result__content__0__text"), PREVIEW_CHARS),
+        result_is_error=KeyTransform("isError", "result"),  # JSON: true, not the string "true", is an error
     )
 
 
-ROW_FACTS = ("outcome", "error_code", "error_kind", "result_preview")
+ROW_FACTS = ("error_code", "error_kind", "result_preview", "result_is_error")
 
 
 def with_row_facts_of(task: Task) -> Task:
@@ -209,19 +188,12 @@ def with_row_facts_of(task: Task) -> Task:
     (bench/answer_path.py). test_tasks_pages holds the two to the same values."""
     row = copy.copy(task)
     result, error = task.result, task.error
-    completed = task.status == TaskStatus.COMPLETED
-    not_approved = isinstance(error, dict) and error.get("kind") == NOT_APPROVED
-    if not_approved and task.status in DECLINABLE_STATUSES:
-        row.outcome = Outcome.DECLINED
-    elif completed and isinstance(result, dict) and result.get("isError") is True:
-        row.outcome = Outcome.COMPLETED_ERROR
-    else:
-        row.outcome = next((outcome for outcome, status in _OUTCOME_OF_STATUS if task.status == status), "")
     row.error_code = _json_text(error, "code", limit=40)
     row.error_kind = _json_text(error, "kind", limit=40)
     content = result.get("content") if isinstance(result, dict) else None
     first = content[0] if isinstance(content, list) and content else None
     row.result_preview = _json_text(first, "text", limit=PREVIEW_CHARS)
+    row.result_is_error = result.get("isError") if isinstance(result, dict) else None
     return row
 
 

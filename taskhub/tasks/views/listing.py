@@ -20,7 +20,7 @@ from taskhub.live.nav import RUNNING_STATUSES, nav_counts
 from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.models import Task
-from taskhub.tasks.outcomes import settle_declined, with_row_facts
+from taskhub.tasks.outcomes import settle_outcomes, with_row_facts
 from taskhub.tasks.presenters import detail_context
 from taskhub.tasks.queries import (
     COUNT_CAP,
@@ -146,7 +146,7 @@ def task_list(request):
     else:
         extra_context = {}
     page = paginator.get_page(request.GET.get("page"))
-    page.object_list = settle_declined(list(page.object_list))
+    page.object_list = settle_outcomes(list(page.object_list))
     here = {**filters, "status": status}
     context = {
         "form": form,
