@@ -22,7 +22,7 @@ from taskhub.tasks.errors import AlreadyAnswered, PolicyRefused
 from taskhub.tasks.inbox_listing import inbox_listing
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState, Task
-from taskhub.tasks.outcomes import with_row_facts
+from taskhub.tasks.outcomes import settle_outcomes, with_row_facts
 from taskhub.web.templatetags.taskhub_ui import outcome_badge
 from tests.catalogue_fixtures import with_tools
 
@@ -378,7 +378,7 @@ def test_a_declined_launch_ends_not_approved_and_is_never_sent(server, people):
         "action": "decline",
         "comment": "not today",
     }
-    row = with_row_facts(Task.objects.filter(pk=task.pk)).get()
+    [row] = settle_outcomes([with_row_facts(Task.objects.filter(pk=task.pk)).get()])
     # The list's and home's word, as the filter's: declined (issue 34, item 3).
     assert 'data-outcome="declined">declined</span> <span class="outcome-detail">at the gate' in outcome_badge(row)
 
