@@ -179,6 +179,25 @@ def with_row_facts(tasks: QuerySet[Task]) -> QuerySet[Task]:
     )
 
 
+# What a row of the list shows (the task-row partial): the big JSON columns (arguments, result, error) stay behind.
+ROW_FIELDS = (
+    "status",
+    "status_message",
+    "progress",
+    "progress_total",
+    "tool",
+    "cancel_requested_at",
+    "launch_attempts",
+    "launch_last_error",
+    "launch_next_try_at",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "server__name",
+    "launched_by__username",
+    "launched_via_label",
+    "cancel_requested_by__username",
+)
 ROW_FACTS = ("error_code", "error_kind", "result_preview", "result_is_error")
 
 

@@ -20,7 +20,7 @@ from taskhub.live.nav import RUNNING_STATUSES, nav_counts
 from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.models import Task
-from taskhub.tasks.outcomes import settle_outcomes, with_row_facts
+from taskhub.tasks.outcomes import ROW_FIELDS, settle_outcomes, with_row_facts
 from taskhub.tasks.presenters import detail_context
 from taskhub.tasks.queries import (
     COUNT_CAP,
@@ -39,25 +39,6 @@ PAGE_SIZE = 50
 TAB_VALUES = frozenset(value for value, _, _ in TABS)
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
-# What a row of the list shows (the task-row partial): the big JSON columns (arguments, result, error) stay behind.
-ROW_FIELDS = (
-    "status",
-    "status_message",
-    "progress",
-    "progress_total",
-    "tool",
-    "cancel_requested_at",
-    "launch_attempts",
-    "launch_last_error",
-    "launch_next_try_at",
-    "created_at",
-    "updated_at",
-    "finished_at",
-    "server__name",
-    "launched_by__username",
-    "launched_via_label",
-    "cancel_requested_by__username",
-)
 # The filters a page of the list keeps in its links (tabs, pager, clear), besides the status.
 FILTER_NAMES = (
     "server",

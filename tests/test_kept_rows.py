@@ -1,0 +1,90 @@
+"""The task list's kept rows (taskhub/web/templatetags/taskhub_rows.py): after any change a row shows, the page has the
+row as it renders afresh, however the change was written (a service, or an UPDATE that leaves updated_at as it was),
+as time passes, and for each reader (language, whether rows can be ticked)."""
+
+import datetime
+import re
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+from django.utils import timezone
+
+from taskhub.servers.models import Server
+from taskhub.tasks.models import InputRequest, Task
+from taskhub.web.templatetags import taskhub_rows
+from tests.task_page_fixtures import durable, signed_in
+
+pytestmark = pytest.mark.django_db
+
+ROW = re.compile(r'<tr id="task-row-.*?</tr>', re.S)
+
+
+def rows(client) -> list[str]:
+    response = client.get(reverse("tasks:list"))
+    assert response.status_code == 200
+    return ROW.findall(response.content.decode())
+
+
+def test_a_kept_row_is_the_row_rendered_afresh_after_each_change_it_shows(client, alpha, olga, amy, monkeypatch):
+    working = durable(alpha, olga, statusMessage="copying")
+    done = durable(alpha, olga, status="completed", result={"content": [{"type": "text", "text": "42 rows"}]})
+    failed = durable(alpha, olga, status="failed", error={"code": -32603, "message": "boom"})
+    signed_in(client, olga)
+    now = timezone.now()
+
+    def shows(change) -> None:
+        before = rows(client)  # kept from the renders before
+        assert rows(client) == before
+        change()
+        kept = rows(client)
+        taskhub_rows.forget_kept_rows()
+        afresh = rows(client)
+        assert kept == afresh
+        assert kept != before, "the change was not one the rows show"
+
+    def update(task, **fields):
+        return lambda: Task.objects.filter(pk=task.pk).update(**fields)
+
+    shows(update(working, status_message="halfway"))
+    shows(update(working, progress=3, progress_total=10))
+    shows(update(done, result={"content": [{"type": "text", "text": "43 rows"}]}))
+    shows(update(done, result={"content": [{"type": "text", "text": "43 rows"}], "isError": True}))
+    # A person's decline: the row's columns stay as they were, its outcome does not.
+    shows(
+        lambda: InputRequest.objects.create(
+            task=done,
+            server=alpha,
+            key="go",
+            method="elicitation/create",
+            state="delivered",
+            answer={"action": "decline"},
+        )
+    )
+    shows(update(failed, error={"code": -1, "kind": "not_approved"}))  # declined at the gate
+    shows(update(working, launched_via_label="ci-bot"))
+    shows(update(working, cancel_requested_at=now))
+    shows(update(working, status="cancelled", cancel_requested_by=olga, finished_at=now))
+    shows(lambda: Server.objects.filter(pk=alpha.pk).update(name="alpha-two"))
+    shows(lambda: get_user_model().objects.filter(pk=olga.pk).update(username="olga-two"))
+    # Time passes: "just now" becomes "10 min ago".
+    later = now + datetime.timedelta(minutes=10)
+    shows(lambda: monkeypatch.setattr(timezone, "now", lambda: later))
+    # Retrying its launch, the row says when the next try is due; seconds later, within the same minute, it is under
+    # way: such a row is never kept.
+    long_ago = later - datetime.timedelta(hours=2)
+    shows(
+        update(
+            failed,
+            status="launching",
+            launch_attempts=2,
+            launch_next_try_at=later + datetime.timedelta(seconds=5),
+            created_at=long_ago,
+            updated_at=long_ago,
+            finished_at=None,
+        )
+    )
+    shows(lambda: monkeypatch.setattr(timezone, "now", lambda: later + datetime.timedelta(seconds=10)))
+    # Another reader: one who cannot tick rows, then the same in Chinese.
+    shows(lambda: signed_in(client, amy))
+    shows(lambda: client.cookies.load({"django_language": "zh-hans"}))
