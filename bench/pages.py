@@ -7,7 +7,9 @@ task, three audit rows per task), then times, in-process through Django's test C
 as daphne tunes it, signed in with force_login as an admin who is also operator and approver), N rounds after W
 warm-up rounds, each round one request to every page in turn and one run of the baseline, so all meet the same noise
 of the shared machine: the task list unfiltered, filtered by status, server, launched_by, agent (any, one token) and
-text (q), page 100, the inbox and a task detail. Reports p50/p95/max ms, this process's CPU ms per request, the
+text (q), page 100, the first page with none of its rows kept from the request before (every row rendered
+afresh, as after 50 changes; the other list pages' rows are kept between rounds, as they are between a person's
+fetches), the inbox and a task detail. Reports p50/p95/max ms, this process's CPU ms per request, the
 response size and the SQL queries per page (CaptureQueriesContext, on one extra request), and EXPLAIN (ANALYZE,
 BUFFERS) of each page's main and slowest queries (printed; appended to RESULTS.md with --record-plans or
 --explain-only). Baseline: the list page's main query (SELECT … ORDER BY created_at DESC LIMIT 50) run bare through a
@@ -36,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,6 +46,8 @@ from benchlib import cpu_busy, machine, percentile, set_database
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_pages"
+# The task list's first page, every row of it rendered anew (taskhub/web/templatetags/taskhub_rows.py kept none).
+ROWS_NOT_KEPT = "/tasks/?page=1"
 MINIMAL = "minimal view"
 GOAL_P95_MS = 150.0
 SERVERS = 5
@@ -195,6 +200,18 @@ def summary(sql: str) -> str:
     return text[:150] + ("…" if len(text) > 150 else "")
 
 
+@contextmanager
+def no_row_kept():
+    """The list's rows rendered afresh, as with nothing kept; what the other pages keep stays as it was."""
+    from taskhub.web.templatetags import taskhub_rows
+
+    kept, taskhub_rows._kept = taskhub_rows._kept, {}
+    try:
+        yield
+    finally:
+        taskhub_rows._kept = kept
+
+
 def time_pages(client, paths: list[str], bare_sql: str, database_url: str, requests: int, warmup: int, budget: float):
     """Rounds of one request to each page, then the bare query: every page meets the same noise of the shared
     machine (others' tests come and go), rather than each page its own minute. Per request: wall ms and this
@@ -208,9 +225,10 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
         for round_index in range(warmup + requests):
             timed = round_index >= warmup
             for path in paths:
-                t0, c0 = time.perf_counter(), time.process_time()
-                response = client.get(path)
-                wall_ms, cpu_ms = (time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000
+                with no_row_kept() if path == ROWS_NOT_KEPT else nullcontext():
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    response = client.get(path)
+                    wall_ms, cpu_ms = (time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000
                 assert response.status_code == 200, (path, response.status_code)
                 if timed:
                     measured[path]["times"].append(wall_ms)
@@ -321,6 +339,9 @@ def main() -> None:
             # Issue 37 item 6's baseline: a minimal view (a JSON answer after one SELECT 1) through the same chain.
             (MINIMAL, "/healthz", "SELECT"),
             ("list page 100", "/tasks/?page=100", list_main),
+            # The list's first page again, every row rendered afresh (none kept from the request before: as after
+            # 50 changes).
+            ("list, no row kept", ROWS_NOT_KEPT, list_main),
             ("inbox", "/inbox/", 'SELECT "tasks_inputrequest"."id"'),
             ("task detail", f"/tasks/{data['detail_task']}/", 'WHERE "tasks_task"."id" ='),
         ]
