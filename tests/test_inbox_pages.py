@@ -1,20 +1,24 @@
 """The approver inbox and answering (taskhub/tasks/views/inbox.py): who sees what, field types, refusals, live cards."""
 
 import re
+from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import translation
 from django.utils.html import escape
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.approvals.models import ApprovalPolicy
 from taskhub.audit.models import AuditEvent
+from taskhub.audit.services import record_event
 from taskhub.mcp.schema_fields import ELICITATION
 from taskhub.tasks import services
-from taskhub.tasks.input_cards import url_target
+from taskhub.tasks.card_context import BEFORE_SHOWN, with_context
+from taskhub.tasks.input_cards import card_for, url_target
 from taskhub.tasks.live_inbox import inbox_fragment
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
 from tests.account_fixtures import make_user
@@ -666,3 +670,27 @@ def test_only_https_or_loopback_http_urls_are_clickable(url, clickable, host):
     assert (target.clickable, target.host) == (clickable, host)
     if not clickable:
         assert target.problem
+
+
+def test_a_cards_context_shows_the_latest_events_before_its_question_in_the_readers_words(servers, ada):
+    alpha, _ = servers
+    quiet = task_asking(alpha, {"go": FORM})
+    busy = task_asking(alpha, {"go": FORM})
+    with transaction.atomic():
+        for _ in range(BEFORE_SHOWN + 3):
+            record_event(action="task.protocol_error", actor_label="worker", task=busy, data={})
+    asked = {task.pk: list(AuditEvent.objects.filter(task=task).order_by("time", "pk")) for task in (quiet, busy)}
+    requests = [request_of(task, "go") for task in (quiet, busy)]
+    with translation.override("zh-hans"):
+        cards = with_context([card_for(request, ada, may_answer=True) for request in requests])
+    for card, task in zip(cards, (quiet, busy), strict=True):
+        before = [
+            event for event in asked[task.pk] if event.time <= card.input_request.created_at + timedelta(seconds=2)
+        ]
+        with translation.override("zh-hans"):
+            expected = [(event.time, event.shown_actor, event.shown_description) for event in before[-BEFORE_SHOWN:]]
+        assert [(event.time, event.actor, event.words) for event in card.context.before] == expected
+        # Counted among the twice BEFORE_SHOWN latest that are read: the card says only that there are earlier ones.
+        assert card.context.earlier == max(0, min(len(before), 2 * BEFORE_SHOWN) - BEFORE_SHOWN)
+    assert cards[1].context.earlier > 0 and len(cards[1].context.before) == BEFORE_SHOWN
+    assert "工作进程" in {event.actor for event in cards[1].context.before}  # "worker" in the reader's language

@@ -101,10 +101,18 @@ class AuditEvent(models.Model):
 
     @property
     def shown_description(self) -> str:
-        """The description in the reader's language (the export and the API keep the registry's English)."""
-        return gettext(self.description)
+        return shown_description(self.action)
 
     @property
     def shown_actor(self) -> str:
-        """The actor as a page names it: a username as it is, taskhub's own actors in the reader's language."""
-        return gettext(self.actor_label) if self.actor_label in OWN_ACTORS else self.actor_label
+        return shown_actor(self.actor_label)
+
+
+def shown_description(action: str) -> str:
+    """An action's description in the reader's language (the export and the API keep the registry's English)."""
+    return gettext(AUDIT_EVENTS.get(action, action))
+
+
+def shown_actor(actor_label: str) -> str:
+    """An actor as a page names it: a username as it is, taskhub's own actors in the reader's language."""
+    return gettext(actor_label) if actor_label in OWN_ACTORS else actor_label
