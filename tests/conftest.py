@@ -65,6 +65,17 @@ def browser_tests_hash_passwords_as_in_production(request):
 
 
 @pytest.fixture(autouse=True)
+def each_test_starts_in_the_default_language():
+    """A page read through the test client activates its reader's language on the thread and leaves it active
+    (LocaleMiddleware, accounts.language): run after test_language or test_trends in one process, the webhook tests
+    found their messages in Chinese."""
+    yield
+    from django.utils import translation
+
+    translation.deactivate()
+
+
+@pytest.fixture(autouse=True)
 def live_publishes_end_before_the_database_is_flushed():
     """A publish from async code runs on a thread of its own and reads the task. Left running, that read can
     deadlock with the TRUNCATE of a transactional test's teardown (which runs after this fixture's end)."""
