@@ -82,3 +82,10 @@ def test_a_page_reads_the_approval_policies_once_however_often_it_asks_what_they
         # Home's "waiting for me" is the nav's count too: counted once (the open requests' kept counts read once).
         counts_reads = [q["sql"] for q in queries if "FROM observability_inputrequeststatedelta" in q["sql"]]
         assert len(counts_reads) == 1, (path, len(counts_reads))
+    for path in ("/", "/inbox/", "/tasks/"):
+        # The servers the reader approves for, and which are enabled: read once (permissions.approvable_servers) for
+        # the nav's access, its count, the inbox's listing, the list's counts and Home's trends.
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(path).status_code == 200
+        server_reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "servers_server"."id" AS "pk"')]
+        assert len(server_reads) == 1, (path, server_reads)

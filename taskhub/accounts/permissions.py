@@ -232,6 +232,14 @@ def servers_user_may_approve(user) -> QuerySet[Server]:
     return policies.servers(user) if policies is not None else Server.objects.none()
 
 
+def approvable_servers(user) -> dict[int, bool]:
+    """{id: enabled} of servers_user_may_approve, by name, read once for the HTTP request being answered (read_once):
+    the nav's access and its waiting count, the inbox, the list's counts and Home's trends each read them."""
+    return read_once_per_request(
+        "approvable servers", user, lambda: dict(servers_user_may_approve(user).values_list("pk", "enabled"))
+    )
+
+
 def requests_user_may_answer(user) -> Q:
     """Over InputRequest, within servers_user_may_approve: the requests whose policy lets this user answer."""
     if not is_approver(user):

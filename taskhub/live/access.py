@@ -52,7 +52,7 @@ def access_for(user) -> LiveAccess:
         return NO_ACCESS
     return LiveAccess(
         sees_all_tasks=permissions.sees_all_tasks(user),
-        approvable_server_ids=frozenset(permissions.servers_user_may_approve(user).values_list("pk", flat=True)),
+        approvable_server_ids=frozenset(permissions.approvable_servers(user)),
         roles=permissions.roles_of(user),
     )
 

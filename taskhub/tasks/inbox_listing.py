@@ -108,7 +108,7 @@ def inbox_listing(user, params, *, page_size: int = PAGE_SIZE) -> InboxListing:
     server, tool, show_disabled = data.get("server"), (data.get("tool") or "").strip(), bool(data.get("disabled"))
 
     # The few servers by id, not joined: 100,000 open requests are then read from their server index alone.
-    approvable = dict(permissions.servers_user_may_approve(user).values_list("pk", "enabled"))
+    approvable = permissions.approvable_servers(user)
     # "Waiting for me" (tasks/waiting.py), disabled servers' requests counted apart.
     waiting: QuerySet[InputRequest] = waiting_for(user, server_ids=list(approvable))
     hidden_disabled = 0

@@ -216,7 +216,7 @@ def _scope(user) -> str:
     """Which tasks `user` sees, as a cache key's part: every task, or those of these servers."""
     if permissions.sees_all_tasks(user):
         return "all"
-    ids = sorted(permissions.servers_user_may_approve(user).values_list("pk", flat=True))
+    ids = sorted(permissions.approvable_servers(user))
     return "servers-" + hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 

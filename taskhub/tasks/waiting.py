@@ -18,10 +18,10 @@ from taskhub.tasks.models import InputRequest, InputRequestState
 
 def waiting_for(user, *, server_ids=None, include_disabled: bool = False) -> QuerySet[InputRequest]:
     """The requests waiting for `user` (in `server_ids` if given, read as the servers they approve for)."""
-    servers = permissions.servers_user_may_approve(user)
-    if not include_disabled:
-        servers = servers.filter(enabled=True)
-    ids = list(servers.values_list("pk", flat=True)) if server_ids is None else list(server_ids)
+    if server_ids is None:
+        ids = [pk for pk, enabled in permissions.approvable_servers(user).items() if enabled or include_disabled]
+    else:
+        ids = list(server_ids)
     return InputRequest.objects.filter(
         permissions.requests_user_may_answer(user), state=InputRequestState.OPEN, server__in=ids
     )
@@ -30,9 +30,12 @@ def waiting_for(user, *, server_ids=None, include_disabled: bool = False) -> Que
 def waiting_count(user, *, approvable_server_ids=None) -> int:
     """How many requests wait for `user`; `approvable_server_ids`: permissions.servers_user_may_approve's ids, when
     the caller has them (the live access)."""
-    if approvable_server_ids is None:
-        approvable_server_ids = permissions.servers_user_may_approve(user).values_list("pk", flat=True)
-    enabled = set(Server.objects.filter(pk__in=list(approvable_server_ids), enabled=True).values_list("pk", flat=True))
+    approvable = permissions.approvable_servers(user)
+    ids = set(approvable if approvable_server_ids is None else approvable_server_ids)
+    if ids <= approvable.keys():
+        enabled = {pk for pk in ids if approvable[pk]}
+    else:  # a live audience's servers, read when its access was: whether each is enabled now
+        enabled = set(Server.objects.filter(pk__in=list(ids), enabled=True).values_list("pk", flat=True))
     if not enabled:
         return 0
     in_part = permissions.servers_answered_in_part(user) & enabled

@@ -171,7 +171,7 @@ def _status_counts(user, form, filters: dict, tasks) -> tuple[dict[str, int], bo
 
 
 def servers_user_may_approve_ids(user) -> list[int]:
-    return list(permissions.servers_user_may_approve(user).values_list("pk", flat=True))
+    return list(permissions.approvable_servers(user))
 
 
 # --- detail ------------------------------------------------------------------------------------------
