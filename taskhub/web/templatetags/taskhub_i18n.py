@@ -6,12 +6,12 @@ nothing changes) and undoes the doubled percent signs on every render: about 10 
 inbox page of 50 cards has some 900 of them, the largest share of its template time after variables. What a quoted
 string translates to depends only on the language, so each node keeps it per language. Anything else (a variable, a
 filter, `noop`, `context`, `as`) is Django's node unchanged; tests/test_template_i18n.py renders every form both ways.
+It is a library of its own rather than one registered as `i18n` over Django's: that is what Django's check
+templates.W003 warns of.
 
 A `{% blocktranslate %}` without `count` or `context` likewise keeps its message translated per language (Django's
 node writes the message out of its tokens and asks gettext on every render); the values it puts in are rendered
 each time, as Django's node renders them. A list page has one per row, Home some 45.
-It is a library of its own rather than one registered as `i18n` over Django's: that is what Django's check
-templates.W003 warns of.
 """
 
 from django import template
