@@ -163,15 +163,11 @@ def _status_counts(user, form, filters: dict, tasks) -> tuple[dict[str, int], bo
     under any other filter a capped count (queries.status_counts)."""
     if any(value for key, value in filters.items() if key != "server"):
         return status_counts(tasks)
-    visible = None if permissions.sees_all_tasks(user) else set(servers_user_may_approve_ids(user))
+    visible = None if permissions.sees_all_tasks(user) else set(permissions.approvable_servers(user))
     server = form.cleaned_data.get("server") if form.is_bound else None
     if server is not None:
         visible = {server.pk} & visible if visible is not None else {server.pk}
     return status_counts(tasks, kept=True, kept_server_ids=visible)
-
-
-def servers_user_may_approve_ids(user) -> list[int]:
-    return list(permissions.approvable_servers(user))
 
 
 # --- detail ------------------------------------------------------------------------------------------
