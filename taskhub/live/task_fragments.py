@@ -28,8 +28,9 @@ DETAIL_TEMPLATE = "tasks/detail.html"
 
 
 def list_signal(task, user) -> str:
-    # The row as the list shows it: with the outcome, error code and result preview the list's query adds, worked
-    # out from the task as read for the change (with its server, launcher and who asked to cancel).
+    # The row as the list shows it: with the error code and result preview the list's query adds and the outcome
+    # settle_outcomes gives it, worked out from the task as read for the change (with its server, launcher and who
+    # asked to cancel).
     [row] = settle_outcomes([with_row_facts_of(task)])
     return render_to_string(f"{LIST_TEMPLATE}#live-signal", {"task": row})
 
