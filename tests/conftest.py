@@ -76,6 +76,16 @@ def each_test_starts_in_the_default_language():
 
 
 @pytest.fixture(autouse=True)
+def each_test_counts_its_own_hours():
+    """Home's trends keep the settled hours' counts in the process (trends.hour_counts), under keys that name the
+    database and the hour, not the test that filled it."""
+    yield
+    from taskhub.tasks.trends import forget_kept_hours
+
+    forget_kept_hours()
+
+
+@pytest.fixture(autouse=True)
 def live_publishes_end_before_the_database_is_flushed():
     """A publish from async code runs on a thread of its own and reads the task. Left running, that read can
     deadlock with the TRUNCATE of a transactional test's teardown (which runs after this fixture's end)."""

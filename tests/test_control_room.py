@@ -377,3 +377,20 @@ def test_an_approver_is_not_offered_run_again(client, amy, alpha):
     task = task_asking(alpha, {"a": DECLINE_FORM})
     detail = client_for(client, amy).get(reverse("tasks:detail", args=[task.pk])).content.decode()
     assert "Run again" not in detail
+
+
+def test_homes_counts_in_one_statement_are_each_querysets_capped_count(olga, alpha, monkeypatch):
+    """queries.capped_counts: Home's counts, read together, are what capped_count reads of each, past the cap too."""
+    for _running in range(3):
+        durable(alpha, olga)
+    durable(alpha, olga, status="completed")
+    monkeypatch.setattr(queries, "COUNT_CAP", 2)
+    tasks = Task.objects.all()
+    querysets = [
+        tasks,
+        tasks.filter(status=TaskStatus.COMPLETED),
+        tasks.filter(status=TaskStatus.LOST),
+        tasks.filter(launched_by=olga).select_related("server").order_by("-created_at"),
+    ]
+    assert queries.capped_counts(querysets) == [queries.capped_count(each) for each in querysets] == [3, 1, 0, 3]
+    assert queries.capped_counts([]) == []

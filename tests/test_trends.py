@@ -14,6 +14,7 @@ from taskhub.approvals.services import create_policy
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, Task, TaskStatus
 from taskhub.tasks.trends import trends
+from taskhub.web.templatetags import taskhub_rows
 from taskhub.web.templatetags.taskhub_ui import svg_number
 from tests.account_fixtures import make_user
 
@@ -50,7 +51,7 @@ def placed(server, *, started, ended=None, status=TaskStatus.COMPLETED, tool="de
     return task
 
 
-def answered(task, *, asked, after, action="accept", user=None):
+def answer(task, *, asked, after, action="accept", user=None):
     request = InputRequest.objects.create(
         task=task,
         key=f"q-{asked.timestamp()}",
@@ -80,7 +81,7 @@ def test_started_and_ended_per_hour_and_per_day_by_outcome(alpha):
     placed(alpha, started=two_hours_ago, ended=two_hours_ago + datetime.timedelta(minutes=1), result={"isError": True})
     failed = placed(alpha, started=NOW - 3 * 24 * HOUR, ended=NOW - 3 * 24 * HOUR, status=TaskStatus.FAILED)
     declined = placed(alpha, started=NOW - datetime.timedelta(minutes=30), ended=NOW, status=TaskStatus.CANCELLED)
-    answered(
+    answer(
         declined,
         asked=NOW - datetime.timedelta(minutes=20),
         after=datetime.timedelta(seconds=90),
@@ -122,10 +123,10 @@ def test_durations_and_answer_times_at_p50_and_p95(alpha):
         task = placed(
             alpha, started=NOW - 2 * HOUR, ended=NOW - 2 * HOUR + minutes * datetime.timedelta(minutes=1), tool="render"
         )
-        answered(task, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=10 * minutes), user=amy)
+        answer(task, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=10 * minutes), user=amy)
     placed(alpha, started=NOW - HOUR, ended=NOW - HOUR + datetime.timedelta(seconds=5), tool="ping")
     by_default = placed(alpha, started=NOW - HOUR, ended=NOW)
-    answered(by_default, asked=NOW - HOUR, after=HOUR)  # applied at a deadline: nobody's answer
+    answer(by_default, asked=NOW - HOUR, after=HOUR)  # applied at a deadline: nobody's answer
 
     board = trends(olga, now=NOW)
     slowest = [(row.label, row.count, row.p50, row.p95) for row in board.slowest_tools]
@@ -145,9 +146,9 @@ def test_an_approver_sees_the_trends_of_their_servers_only(alpha, beta):
     amy = make_user("amy", APPROVERS)
     olga = make_user("olga", OPERATORS)
     mine = placed(alpha, started=NOW - 2 * HOUR, ended=NOW - HOUR, tool="mine")
-    answered(mine, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=30), user=olga)
+    answer(mine, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=30), user=olga)
     theirs = placed(beta, started=NOW - 2 * HOUR, ended=NOW - HOUR, status=TaskStatus.FAILED, tool="theirs")
-    answered(theirs, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=30), user=olga)
+    answer(theirs, asked=NOW - 2 * HOUR, after=datetime.timedelta(seconds=30), user=olga)
 
     for_amy = trends(amy, now=NOW)  # first: her settled hours go into the cache under her own servers
     for_olga = trends(olga, now=NOW)
@@ -193,3 +194,81 @@ def test_the_charts_numbers_are_plain_decimals_in_every_language(client, alpha, 
         )
         assert numbers, language
         assert all(re.fullmatch(r"\d+\.\d\d", number) for rect in numbers for number in rect), (language, numbers[:3])
+
+
+def test_the_kept_section_is_the_section_rendered_afresh_after_each_change_it_shows(client, alpha, monkeypatch):
+    """Home keeps the trends' HTML under all they show (trends.Trends.shown, {% kept %}): after each change, the
+    section is the one rendered with nothing kept, and not the one before."""
+    olga = make_user("olga", OPERATORS)
+    amy = make_user("amy", APPROVERS)
+    client.force_login(olga)
+    # Mid-day, 40 minutes into an hour: an hour later is the same day (the day's links read the same).
+    now = timezone.now().replace(hour=12, minute=40)
+    monkeypatch.setattr(timezone, "now", lambda: now)
+
+    def section(language="en") -> str:
+        headers = {"HX-Request": "true", "Accept-Language": language}
+        return client.get("/?fragment=trends", headers=headers).content.decode()
+
+    def afresh(language="en") -> str:
+        monkeypatch.setattr(taskhub_rows, "_kept", {})
+        return section(language)
+
+    def shows(change, language="en") -> None:
+        before = section(language)
+        assert section(language) == before  # kept
+        change()
+        after = section(language)
+        assert after != before, change.__name__
+        assert after == afresh(language), change.__name__
+
+    def started():
+        placed(alpha, started=timezone.now(), status=TaskStatus.WORKING)
+
+    def ended():
+        placed(alpha, started=now - datetime.timedelta(minutes=1), ended=now, status=TaskStatus.FAILED)
+
+    def slower():
+        placed(alpha, started=now - 5 * HOUR, ended=now, tool="slow")
+
+    def slower_still():  # started an hour earlier, in hours kept as they were counted: only its duration shows
+        Task.objects.filter(tool="slow").update(created_at=now - 6 * HOUR)
+
+    def answered():
+        asked = placed(alpha, started=now - HOUR, status=TaskStatus.WORKING)
+        answer(asked, asked=now - datetime.timedelta(minutes=30), after=datetime.timedelta(minutes=7), user=amy)
+
+    def answered_later():  # the same requests and tasks: only a time to answer is longer
+        InputRequest.objects.update(answered_at=now)
+
+    def an_hour_passes():  # the same counts, each an hour further back
+        monkeypatch.setattr(timezone, "now", lambda: now + HOUR)
+
+    for change in (started, ended, slower, slower_still, answered, answered_later, an_hour_passes):
+        shows(change)
+    assert section("zh-hans") != section()  # the same trends, kept for each language
+    shows(started, language="zh-hans")
+
+
+def test_a_process_reads_the_settled_hours_once(alpha):
+    """What a process has read or counted of the settled hours it keeps (trends.hour_counts): the next Home reads
+    neither the shared cache nor the hours again; what it shows is the same."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from taskhub.tasks.trends import forget_kept_hours
+
+    olga = make_user("olga", OPERATORS)
+    placed(alpha, started=NOW - 3 * HOUR, ended=NOW - 2 * HOUR)
+    placed(alpha, started=NOW - 2 * 24 * HOUR, ended=NOW - 2 * 24 * HOUR, status=TaskStatus.FAILED)
+    first = trends(olga, now=NOW)
+    with CaptureQueriesContext(connection) as captured:
+        again = trends(olga, now=NOW)
+    assert not [query for query in captured.captured_queries if "taskhub_cache" in query["sql"]]
+    assert again.shown == first.shown
+    forget_kept_hours()
+    with CaptureQueriesContext(connection) as captured:
+        from_the_cache = trends(olga, now=NOW)
+    assert [query for query in captured.captured_queries if "taskhub_cache" in query["sql"]]
+    assert from_the_cache.shown == first.shown
+    assert (first.per_day.started_total, first.per_day.ended_total) == (2, 2)

@@ -21,7 +21,7 @@ from taskhub.tasks.queries import (
     NEEDS,
     RUNNING,
     RUNNING_STATUSES,
-    capped_count,
+    capped_counts,
     needs_filter,
     tasks_visible_to,
 )
@@ -147,20 +147,18 @@ def dashboard(user, *, now: datetime.datetime | None = None) -> Dashboard:
         return board
 
     board.launches = permissions.is_operator(user)
+    mine = visible.filter(launched_by=user, status__in=RUNNING_STATUSES)
+    counted = [mine] if board.launches else []
+    counted += [visible.filter(needs_filter(kind, now)) for kind, _ in NEEDS]
+    counts = capped_counts(counted)
     if board.launches:
-        mine = visible.filter(launched_by=user, status__in=RUNNING_STATUSES)
-        board.my_running_count = capped_count(mine)
+        board.my_running_count = counts.pop(0)
         board.my_running = list(mine.select_related("server").order_by("-created_at")[:MY_RUNNING_SHOWN])
         board.my_running_href = tasks_href(mine="on", status=RUNNING)
 
     board.attention = [
-        Item(
-            label=label,
-            count=capped_count(visible.filter(needs_filter(kind, now))),
-            href=tasks_href(needs=kind),
-            kind=kind,
-        )
-        for kind, label in NEEDS
+        Item(label=label, count=count, href=tasks_href(needs=kind), kind=kind)
+        for (kind, label), count in zip(NEEDS, counts, strict=True)
     ]
 
     counts = outcome_counts(visible.filter(finished_at__gte=now - ENDED_WITHIN[OUTCOME_WINDOW]))

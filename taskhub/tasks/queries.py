@@ -404,6 +404,21 @@ def capped_count(tasks: QuerySet) -> int:
     return tasks.order_by()[: COUNT_CAP + 1].count()
 
 
+def capped_counts(querysets: list[QuerySet]) -> list[int]:
+    """capped_count of each of `querysets` (of one database), in one statement: Home's counts, one round trip
+    and no aggregate query built per count."""
+    if not querysets:
+        return []
+    selects, params = [], []
+    for tasks in querysets:
+        sql, each = tasks.order_by().values_list("pk")[: COUNT_CAP + 1].query.sql_with_params()
+        selects.append(f"(SELECT count(*) FROM ({sql}) AS capped)")
+        params.extend(each)
+    with connections[querysets[0].db].cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(selects), params)
+        return list(cursor.fetchone())
+
+
 def status_counts(tasks: QuerySet[Task], *, kept_server_ids=None, kept: bool = False) -> tuple[dict[str, int], bool]:
     """Tasks per status among `tasks`, and whether the counts stopped at the cap.
 

@@ -47,6 +47,9 @@ ENDED_OUTCOMES = tuple((value, words) for value, words, _ in OUTCOMES if value !
 SETTLED_AFTER = datetime.timedelta(minutes=2)
 CACHE_SECONDS = 8 * 24 * 3600
 EMPTY_HOUR = {"started": 0, "ended": {}}
+# Settled hours this process has read or counted, in front of the shared cache: {cache key: counts}.
+KEPT_HOURS = 20_000
+_kept_hours: dict[str, dict] = {}
 # The SVG's drawing box; the page scales it to the card's width.
 CHART_HEIGHT = 120
 BAR_ROW_HEIGHT = 22
@@ -135,6 +138,17 @@ class Chart:
     def ended_total(self) -> int:
         return sum(item.total for item in self.legend)
 
+    @property
+    def shown(self) -> tuple:
+        return (
+            self.key,
+            self.title,
+            self.started_total,
+            self.started_href,
+            tuple((bucket.label, bucket.started, tuple(bucket.ended.items()), bucket.href) for bucket in self.buckets),
+            tuple((item.outcome, item.total, item.href) for item in self.legend),
+        )
+
 
 @dataclass
 class DurationRow:
@@ -156,6 +170,10 @@ class DurationRow:
     def p95_text(self) -> str:
         return duration_text(self.p95)
 
+    @property
+    def shown(self) -> tuple:
+        return (self.label, self.server, self.count, self.p50, self.p95, self.href)
+
 
 @dataclass
 class Trends:
@@ -169,6 +187,17 @@ class Trends:
     @property
     def charts(self) -> list[Chart]:
         return [self.per_hour, self.per_day]
+
+    @property
+    def shown(self) -> tuple:
+        """What the trends' section shows, as one hashable value, Home keeps the section's HTML under ({% kept %},
+        taskhub_rows): the charts' and rows' counts, words and links. Where each bar and row stands and how long it
+        is comes from these (_lay_out, _lay_out_rows); the words that are the same for all are the language's."""
+        return (
+            tuple(chart.shown for chart in self.charts),
+            tuple(row.shown for row in self.answer_times),
+            tuple(row.shown for row in self.slowest_tools),
+        )
 
     @property
     def ended_outcomes(self) -> tuple:
@@ -223,18 +252,23 @@ def _scope(user) -> str:
 def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.datetime) -> dict:
     """{hour: {"started": n, "ended": {outcome: n}}} for every hour from `first` to now's. An hour over for
     SETTLED_AFTER no longer changes (a task's created_at is fixed, its finished_at written once, when it ends), so
-    its counts are kept in the cache per set of visible tasks; only the hours since are counted each time, a few
-    hundred tasks an hour where the full 7 days are ~90,000 (bench/pages.py's rate, whatever its total)."""
+    its counts are kept in the cache per set of visible tasks, and by this process as it reads or counts them; only
+    the hours since are counted each time, a few hundred tasks an hour where the full 7 days are ~90,000
+    (bench/pages.py's rate, whatever its total)."""
     current = _floor(now, "hour")
     hours = [first + HOUR * n for n in range(int((current - first) / HOUR) + 1)]
     settled = [hour for hour in hours if hour + HOUR + SETTLED_AFTER <= now]
     prefix = f"trends:{connection.settings_dict['NAME']}:{_scope(user)}:"
     keys = {hour: prefix + hour.strftime("%Y%m%d%H") for hour in settled}
-    try:
-        cached, reachable = cache.get_many(list(keys.values())), True
-    except Exception as error:  # the cache is Redis, and Redis is away: counted from the database (slower), no 500
-        logger.warning("trends: the cache could not be read (%s); the week is counted from the database", error)
-        cached, reachable = {}, False
+    # What this process kept needs no read of the shared cache (a query and 168 unpickled values a week).
+    kept = {key: _kept_hours[key] for key in keys.values() if key in _kept_hours}
+    cached, reachable = dict(kept), True
+    if len(kept) < len(keys):
+        try:
+            cached |= cache.get_many([key for key in keys.values() if key not in cached])
+        except Exception as error:  # the cache is Redis, and Redis is away: counted from the database (slower), no 500
+            logger.warning("trends: the cache could not be read (%s); the week is counted from the database", error)
+            reachable = False
     missing = [hour for hour in settled if keys[hour] not in cached]
     counted = {}
     if missing:
@@ -242,17 +276,34 @@ def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.dateti
         if reachable:
             with contextlib.suppress(Exception):  # kept next time, if the cache can take it
                 cache.set_many({keys[hour]: counted.get(hour, EMPTY_HOUR) for hour in missing}, timeout=CACHE_SECONDS)
+    if len(kept) < len(keys):
+        _keep_hours({keys[hour]: cached.get(keys[hour], counted.get(hour, EMPTY_HOUR)) for hour in settled})
     counted.update(_count_hours(visible, since=settled[-1] + HOUR if settled else first, until=None))
     return {hour: cached.get(keys.get(hour), counted.get(hour, EMPTY_HOUR)) for hour in hours}
+
+
+def _keep_hours(hours: dict[str, dict]) -> None:
+    if len(_kept_hours) + len(hours) > KEPT_HOURS:
+        _kept_hours.clear()
+    _kept_hours.update(hours)
+
+
+def forget_kept_hours() -> None:
+    """The settled hours this process kept (a test's database is emptied after it; the hours are not)."""
+    _kept_hours.clear()
 
 
 def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Chart:
     step = HOUR if unit == "hour" else DAY
     first = _floor(now, unit) - step * (count - 1)
+    per_bucket: dict[datetime.datetime, list] = {}
+    for hour, counts in hours.items():
+        if hour >= first:
+            per_bucket.setdefault(_floor(hour, unit), []).append(counts)
     buckets = []
     for n in range(count):
         start = first + step * n
-        inside = [counts for hour, counts in hours.items() if start <= hour < start + step]
+        inside = per_bucket.get(start, [])
         day = start.date().isoformat()
         buckets.append(
             Bucket(

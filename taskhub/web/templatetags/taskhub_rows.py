@@ -1,5 +1,6 @@
 """`{% kept_row task selectable %}…{% endkept_row %}`: a row of the task list, rendered once and kept while nothing
-it shows has changed.
+it shows has changed; and `{% kept value %}…{% endkept %}`, a block kept while `value` reads the same (Home's trends,
+keyed by all they show: trends.Trends.shown).
 
 A row is some 25 template nodes, about 0.15 ms: the 50 rows of a list page were a third of its CPU (bench/pages.py),
 and the page is fetched again on every live change of a task in it, when most of its rows read as before. A kept row
@@ -58,6 +59,31 @@ class KeptRowNode(template.Node):
         return row
 
 
+class KeptNode(template.Node):
+    """What `{% kept value %}` renders, kept while `value` (hashable: all the block shows) reads the same."""
+
+    def __init__(self, nodelist, value):
+        self.nodelist = nodelist
+        self.value = value
+
+    def render(self, context):
+        key = (
+            self,
+            self.value.resolve(context),
+            get_language(),
+            get_script_prefix(),
+            get_resolver(get_urlconf()),
+            context.autoescape,
+        )
+        kept = _kept.get(key)
+        if kept is None:
+            kept = self.nodelist.render(context)
+            if len(_kept) >= KEPT_ROWS:
+                _kept.clear()
+            _kept[key] = kept
+        return kept
+
+
 def _shown(task) -> tuple:
     """What a row shows of the task: its id, columns, facts and outcome."""
     values = [task.pk, getattr(task, "outcome", None)]
@@ -82,3 +108,13 @@ def kept_row(parser, token):
     nodelist = parser.parse(("endkept_row",))
     parser.delete_first_token()
     return KeptRowNode(nodelist, parser.compile_filter(bits[1]), [parser.compile_filter(bit) for bit in bits[2:]])
+
+
+@register.tag
+def kept(parser, token):
+    bits = token.split_contents()
+    if len(bits) != 2:
+        raise template.TemplateSyntaxError("kept needs one value, all the block shows: {% kept value %}")
+    nodelist = parser.parse(("endkept",))
+    parser.delete_first_token()
+    return KeptNode(nodelist, parser.compile_filter(bits[1]))
