@@ -119,7 +119,8 @@ def _troubled_servers(user) -> list[TroubledServer]:
     )
     admin = permissions.is_admin(user)
     troubled = []
-    for server in servers.order_by("name")[:SERVERS_SHOWN]:
+    shown = servers.only("name", "oauth", "unreachable_since", "last_error", "last_error_at")  # not the catalogue
+    for server in shown.order_by("name")[:SERVERS_SHOWN]:
         unreachable = server.unreachable_since is not None
         state = "unreachable" if unreachable else "failing"
         since = server.unreachable_since if unreachable else server.last_error_at
@@ -153,7 +154,8 @@ def dashboard(user, *, now: datetime.datetime | None = None) -> Dashboard:
     counts = capped_counts(counted)
     if board.launches:
         board.my_running_count = counts.pop(0)
-        board.my_running = list(mine.select_related("server").order_by("-created_at")[:MY_RUNNING_SHOWN])
+        shown = mine.select_related("server").only("tool", "status", "server__name")  # what the card shows
+        board.my_running = list(shown.order_by("-created_at")[:MY_RUNNING_SHOWN])
         board.my_running_href = tasks_href(mine="on", status=RUNNING)
 
     board.attention = [
