@@ -5,7 +5,6 @@ trouble and how the last day's tasks ended. Reads only; every item carries the l
 
 import datetime
 from dataclasses import dataclass, field
-from urllib.parse import urlencode
 
 from django.db.models import F, Q
 from django.urls import reverse
@@ -23,6 +22,7 @@ from taskhub.tasks.queries import (
     RUNNING_STATUSES,
     capped_counts,
     needs_filter,
+    tasks_href,
     tasks_visible_to,
 )
 from taskhub.tasks.waiting import waiting_count, waiting_for
@@ -30,11 +30,6 @@ from taskhub.tasks.waiting import waiting_count, waiting_for
 MY_RUNNING_SHOWN = 5
 SERVERS_SHOWN = 10
 OUTCOME_WINDOW = "24h"
-
-
-def tasks_href(**filters) -> str:
-    kept = {name: value for name, value in filters.items() if value not in ("", None)}
-    return reverse("tasks:list") + (f"?{urlencode(kept)}" if kept else "")
 
 
 def count_text(count: int) -> str:

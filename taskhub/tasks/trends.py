@@ -17,13 +17,11 @@ import datetime
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from urllib.parse import urlencode
 
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import Aggregate, Count, F, FloatField, Func
 from django.db.models.functions import Trunc
-from django.urls import reverse
 from django.utils import dateformat, timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
@@ -32,7 +30,7 @@ from taskhub.accounts import permissions
 from taskhub.tasks.durations import duration_text
 from taskhub.tasks.models import InputRequest, InputRequestState
 from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts_per
-from taskhub.tasks.queries import tasks_visible_to
+from taskhub.tasks.queries import tasks_href, tasks_visible_to
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +45,10 @@ ENDED_OUTCOMES = tuple((value, words) for value, words, _ in OUTCOMES if value !
 SETTLED_AFTER = datetime.timedelta(minutes=2)
 CACHE_SECONDS = 8 * 24 * 3600
 EMPTY_HOUR = {"started": 0, "ended": {}}
-# Settled hours this process has read or counted, in front of the shared cache: {cache key: counts}.
-KEPT_HOURS = 20_000
-_kept_hours: dict[str, dict] = {}
+# The settled hours of a week this process has read or counted, in front of the shared cache: {(the cache keys'
+# prefix, the week's first hour, how many are settled): {hour: counts}}.
+KEPT_WEEKS = 200
+_kept_weeks: dict[tuple, dict] = {}
 # The SVG's drawing box; the page scales it to the card's width.
 CHART_HEIGHT = 120
 BAR_ROW_HEIGHT = 22
@@ -74,11 +73,6 @@ class P95(Aggregate):
     function = "percentile_cont"
     template = "percentile_cont(0.95) WITHIN GROUP (ORDER BY %(expressions)s)"
     output_field = FloatField()
-
-
-def tasks_href(**filters) -> str:
-    kept = {name: value for name, value in filters.items() if value not in ("", None)}
-    return reverse("tasks:list") + (f"?{urlencode(kept)}" if kept else "")
 
 
 @dataclass
@@ -252,23 +246,32 @@ def _scope(user) -> str:
 def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.datetime) -> dict:
     """{hour: {"started": n, "ended": {outcome: n}}} for every hour from `first` to now's. An hour over for
     SETTLED_AFTER no longer changes (a task's created_at is fixed, its finished_at written once, when it ends), so
-    its counts are kept in the cache per set of visible tasks, and by this process as it reads or counts them; only
-    the hours since are counted each time, a few hundred tasks an hour where the full 7 days are ~90,000
-    (bench/pages.py's rate, whatever its total)."""
-    current = _floor(now, "hour")
-    hours = [first + HOUR * n for n in range(int((current - first) / HOUR) + 1)]
-    settled = [hour for hour in hours if hour + HOUR + SETTLED_AFTER <= now]
+    its counts are kept in the cache per set of visible tasks, and the week's settled hours by this process as it
+    first reads or counts them; only the hours since are counted each time, a few hundred tasks an hour where the
+    full 7 days are ~90,000 (bench/pages.py's rate, whatever its total)."""
+    hours = (_floor(now, "hour") - first) // HOUR + 1
+    settled_hours = max(0, min(hours, (now - SETTLED_AFTER - HOUR - first) // HOUR + 1))
     prefix = f"trends:{connection.settings_dict['NAME']}:{_scope(user)}:"
+    week = (prefix, first, settled_hours)
+    settled = _kept_weeks.get(week)
+    if settled is None:
+        settled = _settled_counts(visible, prefix, [first + HOUR * n for n in range(settled_hours)])
+        if len(_kept_weeks) >= KEPT_WEEKS:
+            _kept_weeks.clear()
+        _kept_weeks[week] = settled
+    counted = _count_hours(visible, since=first + HOUR * settled_hours, until=None)
+    since = (first + HOUR * n for n in range(settled_hours, hours))
+    return settled | {hour: counted.get(hour, EMPTY_HOUR) for hour in since}
+
+
+def _settled_counts(visible, prefix: str, settled: list[datetime.datetime]) -> dict:
+    """The counts of these settled hours: from the shared cache, or counted (and put there)."""
     keys = {hour: prefix + hour.strftime("%Y%m%d%H") for hour in settled}
-    # What this process kept needs no read of the shared cache (a query and 168 unpickled values a week).
-    kept = {key: _kept_hours[key] for key in keys.values() if key in _kept_hours}
-    cached, reachable = dict(kept), True
-    if len(kept) < len(keys):
-        try:
-            cached |= cache.get_many([key for key in keys.values() if key not in cached])
-        except Exception as error:  # the cache is Redis, and Redis is away: counted from the database (slower), no 500
-            logger.warning("trends: the cache could not be read (%s); the week is counted from the database", error)
-            reachable = False
+    try:
+        cached, reachable = cache.get_many(list(keys.values())), True
+    except Exception as error:  # the cache is Redis, and Redis is away: counted from the database (slower), no 500
+        logger.warning("trends: the cache could not be read (%s); the week is counted from the database", error)
+        cached, reachable = {}, False
     missing = [hour for hour in settled if keys[hour] not in cached]
     counted = {}
     if missing:
@@ -276,30 +279,21 @@ def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.dateti
         if reachable:
             with contextlib.suppress(Exception):  # kept next time, if the cache can take it
                 cache.set_many({keys[hour]: counted.get(hour, EMPTY_HOUR) for hour in missing}, timeout=CACHE_SECONDS)
-    if len(kept) < len(keys):
-        _keep_hours({keys[hour]: cached.get(keys[hour], counted.get(hour, EMPTY_HOUR)) for hour in settled})
-    counted.update(_count_hours(visible, since=settled[-1] + HOUR if settled else first, until=None))
-    return {hour: cached.get(keys.get(hour), counted.get(hour, EMPTY_HOUR)) for hour in hours}
-
-
-def _keep_hours(hours: dict[str, dict]) -> None:
-    if len(_kept_hours) + len(hours) > KEPT_HOURS:
-        _kept_hours.clear()
-    _kept_hours.update(hours)
+    return {hour: cached.get(keys[hour], counted.get(hour, EMPTY_HOUR)) for hour in settled}
 
 
 def forget_kept_hours() -> None:
     """The settled hours this process kept (a test's database is emptied after it; the hours are not)."""
-    _kept_hours.clear()
+    _kept_weeks.clear()
 
 
 def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Chart:
     step = HOUR if unit == "hour" else DAY
     first = _floor(now, unit) - step * (count - 1)
     per_bucket: dict[datetime.datetime, list] = {}
-    for hour, counts in hours.items():
+    for hour, counts in hours.items():  # whole hours in UTC
         if hour >= first:
-            per_bucket.setdefault(_floor(hour, unit), []).append(counts)
+            per_bucket.setdefault(hour if unit == "hour" else hour.replace(hour=0), []).append(counts)
     buckets = []
     for n in range(count):
         start = first + step * n
