@@ -272,3 +272,25 @@ def test_a_process_reads_the_settled_hours_once(alpha):
     assert [query for query in captured.captured_queries if "taskhub_cache" in query["sql"]]
     assert from_the_cache.shown == first.shown
     assert (first.per_day.started_total, first.per_day.ended_total) == (2, 2)
+
+
+def test_home_reads_what_ended_once_for_its_counts_and_its_chart(client, alpha):
+    """Home's "Ended in the last 24 hours" and its chart's current hour come from one read (trends.ended_per_hour):
+    with the week's settled hours kept, Home reads what ended since a moment three times in all, that read's two
+    statements and the slowest tools'."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    olga = make_user("olga", OPERATORS)
+    now = timezone.now()
+    placed(alpha, started=now - 2 * HOUR, ended=now - HOUR, status=TaskStatus.FAILED)
+    placed(alpha, started=now - 3 * HOUR, ended=now)
+    placed(alpha, started=now - 30 * HOUR, ended=now - 25 * HOUR)  # ended before the 24 hours
+    client.force_login(olga)
+    client.get("/")  # the settled hours, counted and kept
+    with CaptureQueriesContext(connection) as captured:
+        page = client.get("/").content.decode()
+    ended_since = [query["sql"] for query in captured.captured_queries if '"finished_at" >=' in query["sql"]]
+    assert len(ended_since) == 3, ended_since
+    outcomes = dict(re.findall(r'data-outcome="(\w+)">.*?<span class="dash-count[^"]*">(\d+)</span>', page))
+    assert (outcomes["failed"], outcomes["completed"], outcomes["cancelled"]) == ("1", "1", "0")

@@ -13,10 +13,9 @@ from django.utils import timezone
 from taskhub.accounts import permissions
 from taskhub.servers.models import Server
 from taskhub.tasks.models import Task
-from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts
+from taskhub.tasks.outcomes import OUTCOMES, Outcome
 from taskhub.tasks.queries import (
     COUNT_CAP,
-    ENDED_WITHIN,
     NEEDS,
     RUNNING,
     RUNNING_STATUSES,
@@ -25,11 +24,12 @@ from taskhub.tasks.queries import (
     tasks_href,
     tasks_visible_to,
 )
+from taskhub.tasks.trends import ENDED_WINDOW, ended_per_hour
 from taskhub.tasks.waiting import waiting_count, waiting_for
 
 MY_RUNNING_SHOWN = 5
 SERVERS_SHOWN = 10
-OUTCOME_WINDOW = "24h"
+OUTCOME_WINDOW = ENDED_WINDOW
 
 
 def count_text(count: int) -> str:
@@ -158,7 +158,9 @@ def dashboard(user, *, now: datetime.datetime | None = None) -> Dashboard:
         for (kind, label), count in zip(NEEDS, counts, strict=True)
     ]
 
-    counts = outcome_counts(visible.filter(finished_at__gte=now - ENDED_WITHIN[OUTCOME_WINDOW]))
+    # The chart of Home's trends takes its current hour from these too (the same `now`: web.views.home).
+    per_hour = ended_per_hour(user, now=now)
+    counts = {value: sum(hour.get(value, 0) for hour in per_hour.values()) for value, _, _ in OUTCOMES}
     board.outcomes = [
         Item(label=words, count=counts.get(value, 0), href=tasks_href(outcome=value, ended=OUTCOME_WINDOW), kind=value)
         for value, words, _ in OUTCOMES

@@ -30,12 +30,14 @@ from taskhub.accounts import permissions
 from taskhub.tasks.durations import duration_text
 from taskhub.tasks.models import InputRequest, InputRequestState
 from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts_per
-from taskhub.tasks.queries import tasks_href, tasks_visible_to
+from taskhub.tasks.queries import ENDED_WITHIN, tasks_href, tasks_visible_to
 
 logger = logging.getLogger(__name__)
 
 HOUR = datetime.timedelta(hours=1)
 DAY = datetime.timedelta(days=1)
+# What ended_per_hour counts: the task list's ?ended= of that name.
+ENDED_WINDOW = "24h"
 WEEK_DAYS = 7
 SLOWEST_SHOWN = 5
 SERVERS_SHOWN = 8
@@ -211,9 +213,10 @@ def _floor(moment: datetime.datetime, unit: str) -> datetime.datetime:
     return moment.replace(hour=0) if unit == "day" else moment
 
 
-def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime | None) -> dict:
+def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime | None, ended=None) -> dict:
     """{hour: {"started": n, "ended": {outcome: n}}} of the hours from `since` to `until` (None: on), the hours with
-    tasks: the started through task_created, the ended (by outcome_counts_per) through task_finished."""
+    tasks: the started through task_created, the ended (by outcome_counts_per) through task_finished. `ended`: the
+    ended per hour, counted already (ended_per_hour), over these hours at least."""
     window = {"gte": since} if until is None else {"gte": since, "lt": until}
     started = (
         visible.filter(**{f"created_at__{op}": value for op, value in window.items()})
@@ -223,16 +226,33 @@ def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime 
         .annotate(n=Count("*"))
         .values_list("per", "n")
     )
-    ended = outcome_counts_per(
-        visible.filter(**{f"finished_at__{op}": value for op, value in window.items()}),
-        per=Trunc("finished_at", "hour", tzinfo=datetime.UTC),
-    )
+    if ended is None:
+        ended = outcome_counts_per(
+            visible.filter(**{f"finished_at__{op}": value for op, value in window.items()}), per=_finished_hour()
+        )
     hours: dict = {}
     for hour, n in started:
         hours.setdefault(hour, {"started": 0, "ended": {}})["started"] = n
     for hour, outcomes in ended.items():
-        hours.setdefault(hour, {"started": 0, "ended": {}})["ended"] = outcomes
+        if hour >= since and (until is None or hour < until):
+            hours.setdefault(hour, {"started": 0, "ended": {}})["ended"] = outcomes
     return hours
+
+
+def _finished_hour() -> Trunc:
+    return Trunc("finished_at", "hour", tzinfo=datetime.UTC)
+
+
+def ended_per_hour(user, *, now: datetime.datetime) -> dict:
+    """{hour: {outcome: n}} of the tasks `user` sees that ended in the 24 hours to `now` (ENDED_WINDOW), read once
+    for the HTTP request: Home's "Ended in the last 24 hours" (their sum) and its chart's current hour (its last
+    hours) both take them, given the same `now`."""
+    since = now - ENDED_WITHIN[ENDED_WINDOW]
+    return permissions.read_once_per_request(
+        f"ended per hour since {since.isoformat()}",
+        user,
+        lambda: outcome_counts_per(tasks_visible_to(user).filter(finished_at__gte=since), per=_finished_hour()),
+    )
 
 
 def _scope(user) -> str:
@@ -259,9 +279,10 @@ def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.dateti
         if len(_kept_weeks) >= KEPT_WEEKS:
             _kept_weeks.clear()
         _kept_weeks[week] = settled
-    counted = _count_hours(visible, since=first + HOUR * settled_hours, until=None)
-    since = (first + HOUR * n for n in range(settled_hours, hours))
-    return settled | {hour: counted.get(hour, EMPTY_HOUR) for hour in since}
+    since = first + HOUR * settled_hours  # within the last 24 hours: ended_per_hour has them
+    counted = _count_hours(visible, since=since, until=None, ended=ended_per_hour(user, now=now))
+    unsettled = (since + HOUR * n for n in range(hours - settled_hours))
+    return settled | {hour: counted.get(hour, EMPTY_HOUR) for hour in unsettled}
 
 
 def _settled_counts(visible, prefix: str, settled: list[datetime.datetime]) -> dict:

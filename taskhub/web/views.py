@@ -1,6 +1,7 @@
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
+from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -18,19 +19,20 @@ def home(request):
     htmx refreshes a fragment: the dashboard (?fragment=dashboard, after a live change), the trends (?fragment=trends,
     taskhub/tasks/trends.py) or the system status."""
     signed_in = request.user.is_authenticated
+    now = timezone.now()  # one moment for the dashboard and the trends: they share what ended (trends.ended_per_hour)
     if signed_in and request.GET.get("fragment") == "dashboard":
-        return render(request, "web/dashboard.html#dashboard", {"board": dashboard(request.user)})
+        return render(request, "web/dashboard.html#dashboard", {"board": dashboard(request.user, now=now)})
     if signed_in and request.GET.get("fragment") == "trends":
-        return render(request, "web/dashboard.html#trends", {"trends": trends(request.user)})
+        return render(request, "web/dashboard.html#trends", {"trends": trends(request.user, now=now)})
     context = {"database": database_status(with_version=_admin(request))}
     if request.htmx:
         return render(request, "web/home.html#system-status", context)
     if signed_in:
-        board = dashboard(request.user)
+        board = dashboard(request.user, now=now)
         # The nav's Inbox count is the board's "waiting for me" (tasks/waiting.py), counted once for both.
         waiting = board.waiting.count if board.waiting is not None else None
         nav = SimpleLazyObject(lambda: nav_counts(request.user, waiting=waiting))
-        context |= {"board": board, "trends": trends(request.user), "nav_counts": nav}
+        context |= {"board": board, "trends": trends(request.user, now=now), "nav_counts": nav}
         return render(request, "web/dashboard.html", context)
     return render(request, "web/home.html", context)
 
