@@ -136,6 +136,23 @@ def _time_left(seconds: float) -> str:
     return ngettext("%(days)d day", "%(days)d days", days) % {"days": days}
 
 
+# What templates/tasks/input_request_card.html reads of the request (`ir`) and of its task (and the task's server's
+# name): a kept card is kept under these (taskhub_rows.card_shown). tests/test_kept_cards.py holds the template to them.
+INPUT_REQUEST_SHOWN = (
+    "pk",
+    "state",
+    "created_at",
+    "held_until",
+    "key",
+    "method",
+    "answer",
+    "answer_comment",
+    "answered_at",
+    "closed_reason",
+)
+TASK_SHOWN = ("id", "status", "tool")
+
+
 @dataclass
 class Card:
     input_request: InputRequest

@@ -10,11 +10,20 @@ URL prefix and URLconf, and the escaping. A row whose launch is retrying shows w
 countdown: it is never kept. The process keeps at most KEPT_ROWS rows, then starts again.
 """
 
+import datetime
+import secrets
+import uuid
+from dataclasses import fields, is_dataclass
+from decimal import Decimal
+
 from django import template
 from django.urls import get_resolver, get_script_prefix, get_urlconf
+from django.utils.functional import Promise
 from django.utils.translation import get_language
 
+from taskhub.tasks.input_cards import INPUT_REQUEST_SHOWN, TASK_SHOWN
 from taskhub.tasks.outcomes import ROW_FACTS, ROW_FIELDS
+from taskhub.tasks.schema_forms import SchemaForm
 from taskhub.web.templatetags.taskhub_ui import reltime
 
 register = template.Library()
@@ -59,17 +68,30 @@ class KeptRowNode(template.Node):
         return row
 
 
+# What a kept block holds where {% csrf_token %} put the reader's token: each render puts its own there. Random, so
+# that no text from a server can hold it.
+CSRF_STAND_IN = "csrf" + secrets.token_hex(16)
+_NO_TOKEN = (None, "", "NOTPROVIDED")  # {% csrf_token %} renders nothing
+
+
 class KeptNode(template.Node):
-    """What `{% kept value %}` renders, kept while `value` (hashable: all the block shows) reads the same."""
+    """What `{% kept value %}` renders, kept while `value` (hashable: all the block shows) reads the same; None: not
+    kept. A {% csrf_token %} in the block gives each render the reader's token."""
 
     def __init__(self, nodelist, value):
         self.nodelist = nodelist
         self.value = value
 
     def render(self, context):
+        value = self.value.resolve(context)
+        if value is None:
+            return self.nodelist.render(context)
+        token = context.get("csrf_token")
+        has_token = token not in _NO_TOKEN
         key = (
             self,
-            self.value.resolve(context),
+            value,
+            has_token,
             get_language(),
             get_script_prefix(),
             get_resolver(get_urlconf()),
@@ -77,11 +99,71 @@ class KeptNode(template.Node):
         )
         kept = _kept.get(key)
         if kept is None:
-            kept = self.nodelist.render(context)
+            if has_token:
+                with context.push(csrf_token=CSRF_STAND_IN):
+                    kept = self.nodelist.render(context)
+            else:
+                kept = self.nodelist.render(context)
             if len(_kept) >= KEPT_ROWS:
                 _kept.clear()
             _kept[key] = kept
-        return kept
+        return kept.replace(CSRF_STAND_IN, str(token)) if has_token else kept
+
+
+class _NotKept(Exception):
+    """A value shown_value cannot tell apart from another by what it holds."""
+
+
+_field_names: dict[type, tuple[str, ...]] = {}
+
+
+def shown_value(value):
+    """`value` as a hashable value that differs wherever what a template shows of it can: text, numbers, times (with
+    their words as they read now: reltime), lists and dicts, dataclasses field by field, a SchemaForm's fields. Raises
+    _NotKept for anything else (a model, an object of unknown make): such a block is not kept."""
+    kind = type(value)
+    if value is None or kind in (str, int, bool, float):
+        return value
+    if kind is datetime.datetime:
+        return value, reltime(value)
+    if isinstance(value, Promise):
+        return str(value)
+    if isinstance(value, str):  # safe text renders otherwise than plain text
+        return kind.__name__, str(value)
+    if isinstance(value, list | tuple):
+        return tuple(shown_value(each) for each in value)
+    if isinstance(value, dict):
+        return tuple((shown_value(name), shown_value(each)) for name, each in value.items())
+    if is_dataclass(value):
+        names = _field_names.get(kind)
+        if names is None:
+            names = _field_names[kind] = tuple(each.name for each in fields(value))
+        return kind.__name__, *(shown_value(getattr(value, name)) for name in names)
+    if isinstance(value, SchemaForm):
+        return "SchemaForm", *(shown_value(each) for each in vars(value).values())
+    if isinstance(value, uuid.UUID | datetime.date | Decimal):
+        return value
+    raise _NotKept(kind)
+
+
+def card_shown(card):
+    """All an input request's card (templates/tasks/input_request_card.html) shows, as one hashable value: the card's
+    fields, the request's and the task's that the template reads (input_cards.INPUT_REQUEST_SHOWN, TASK_SHOWN) and
+    the task's server's name. None when something in it cannot be told apart by value (the card is not kept)."""
+    request = card.input_request
+    task = request.task
+    names = _field_names.get(type(card))
+    if names is None:
+        names = _field_names[type(card)] = tuple(each.name for each in fields(card) if each.name != "input_request")
+    try:
+        return (
+            tuple(shown_value(getattr(request, name)) for name in INPUT_REQUEST_SHOWN),
+            tuple(shown_value(getattr(task, name)) for name in TASK_SHOWN),
+            task.server.name,
+            tuple(shown_value(getattr(card, name)) for name in names),
+        )
+    except _NotKept:
+        return None
 
 
 def _shown(task) -> tuple:
@@ -118,3 +200,6 @@ def kept(parser, token):
     nodelist = parser.parse(("endkept",))
     parser.delete_first_token()
     return KeptNode(nodelist, parser.compile_filter(bits[1]))
+
+
+register.filter("card_shown", card_shown)
