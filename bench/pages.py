@@ -9,10 +9,10 @@ warm-up rounds, each round one request to every page in turn and one run of the 
 of the shared machine: the task list unfiltered, filtered by status, server, launched_by, agent (any, one token) and
 text (q), page 100, the first page with none of its rows kept from the request before (every row rendered
 afresh, as after 50 changes; the other list pages' rows are kept between rounds, as they are between a person's
-fetches), Home, Home with its trends' section rendered afresh (as after a change they show; kept between rounds
-otherwise), the inbox and a task detail. Reports p50/p95/max ms, this process's CPU ms per request, the
-response size and the SQL queries per page (CaptureQueriesContext, on one extra request), and EXPLAIN (ANALYZE,
-BUFFERS) of each page's main and slowest queries (printed; appended to RESULTS.md with --record-plans or
+fetches), Home and the inbox, each also with its trends' section or its cards rendered afresh (as after a change
+they show; kept between rounds otherwise), and a task detail. Reports p50/p95/max ms, this process's CPU ms per
+request, the response size and the SQL queries per page (CaptureQueriesContext, on one extra request), and EXPLAIN
+(ANALYZE, BUFFERS) of each page's main and slowest queries (printed; appended to RESULTS.md with --record-plans or
 --explain-only). Baseline: the list page's main query (SELECT … ORDER BY created_at DESC LIMIT 50) run bare through a
 psycopg cursor, to show the framework's overhead as a ratio; and a minimal view (`/healthz`, one SELECT 1) timed in
 the same rounds, for issue 37 item 6: each page's CPU p50 ≤ 10x the minimal view's, and its p95 ≤ its SQL ms + that
@@ -47,12 +47,13 @@ from benchlib import cpu_busy, machine, percentile, set_database
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_pages"
-# The task list's first page, every row of it rendered anew (taskhub/web/templatetags/taskhub_rows.py kept none), and
-# Home with its trends' section rendered anew ({% kept %}): as after a change they show. (Another path than the kept
-# page's, so that each has its own row; the views ignore what they do not read.)
+# The task list's first page with every row rendered anew (taskhub/web/templatetags/taskhub_rows.py kept none), Home
+# with its trends' section and the inbox with every card rendered anew ({% kept %}): as after a change they show.
+# (Other paths than the kept pages', so that each has its own row; the views ignore what they do not read.)
 ROWS_NOT_KEPT = "/tasks/?page=1"
 HOME_NOT_KEPT = "/?kept=none"
-NOTHING_KEPT = (ROWS_NOT_KEPT, HOME_NOT_KEPT)
+INBOX_NOT_KEPT = "/inbox/?kept=none"
+NOTHING_KEPT = (ROWS_NOT_KEPT, HOME_NOT_KEPT, INBOX_NOT_KEPT)
 MINIMAL = "minimal view"
 GOAL_P95_MS = 150.0
 SERVERS = 5
@@ -349,6 +350,7 @@ def main() -> None:
             # 50 changes).
             ("list, no row kept", ROWS_NOT_KEPT, list_main),
             ("inbox", "/inbox/", 'SELECT "tasks_inputrequest"."id"'),
+            ("inbox, nothing kept", INBOX_NOT_KEPT, 'SELECT "tasks_inputrequest"."id"'),
             ("task detail", f"/tasks/{data['detail_task']}/", 'WHERE "tasks_task"."id" ='),
         ]
         pages = [page for page in pages if not (args.explain_only and page[0] in args.skip)]
