@@ -155,3 +155,28 @@ def test_what_cannot_be_told_apart_by_value_is_not_kept():
         taskhub_rows.shown_value(object())
     with pytest.raises(taskhub_rows._NotKept):
         taskhub_rows.shown_value(Server(name="x"))
+
+
+def test_a_refused_answer_shows_the_card_again_with_what_was_posted_not_the_kept_card(servers, ada, monkeypatch):
+    """The form's input and errors are in the card's key (SchemaForm.shown): the card shown again after a refusal is
+    the one rendered afresh, with the person's input, not the empty one kept from the inbox."""
+    schema = {
+        "type": "object",
+        "properties": {"count": {"type": "integer", "minimum": 1}, "size": {"type": "string", "enum": ["S", "L"]}},
+        "required": ["count"],
+    }
+    asked = request_of(task_asking(servers[0], {"form": {**FORM, "params": {"requestedSchema": schema}}}), "form")
+    client = client_for(ada)
+    empty = card(client, asked.pk)
+    posted = {"action": "accept", "f:count": "zero", "f:size": "L"}
+    refused = client.post(reverse("tasks:answer", args=[asked.pk]), posted, headers={"HX-Request": "true"})
+    again = refused.content.decode()
+    assert 'value="zero"' in again and '<option value="L" selected>' not in empty
+    monkeypatch.setattr(taskhub_rows, "_kept", {})
+    afresh = client.post(reverse("tasks:answer", args=[asked.pk]), posted, headers={"HX-Request": "true"})
+    assert without_token(again) == without_token(afresh.content.decode())
+    # the same refusal, other input: only what is in the fields differs
+    other = client.post(
+        reverse("tasks:answer", args=[asked.pk]), {**posted, "f:count": "none"}, headers={"HX-Request": "true"}
+    ).content.decode()
+    assert 'value="none"' in other and 'value="zero"' not in other

@@ -7,6 +7,7 @@ Nothing here marks text safe: labels, help and choices are plain strings the tem
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.utils.translation import gettext_lazy as _
@@ -45,6 +46,17 @@ class SchemaForm:
     @property
     def has_required(self) -> bool:
         return self._fields.has_required
+
+    @property
+    def shown(self) -> tuple:
+        """What a page shows of the form, as one hashable value: its schema, as JSON (the fields, their labels,
+        choices and defaults are built from it, build_fields), and what was put in its fields since: the values
+        shown (show), the input posted (read) and the errors. A kept card is kept under it (taskhub_rows)."""
+        put_in = tuple(
+            (field.value, field.checked, field.error, tuple(choice.selected for choice in field.choices))
+            for field in self.fields
+        )
+        return json.dumps(self.schema), put_in
 
     @property
     def has_errors(self) -> bool:

@@ -140,7 +140,10 @@ def shown_value(value):
             names = _field_names[kind] = tuple(each.name for each in fields(value))
         return kind.__name__, *(shown_value(getattr(value, name)) for name in names)
     if isinstance(value, SchemaForm):
-        return "SchemaForm", *(shown_value(each) for each in vars(value).values())
+        try:
+            return "SchemaForm", shown_value(value.use), value.shown
+        except (TypeError, ValueError, RecursionError) as error:  # a schema that is no JSON
+            raise _NotKept(error) from None
     if isinstance(value, uuid.UUID | datetime.date | Decimal):
         return value
     raise _NotKept(kind)
