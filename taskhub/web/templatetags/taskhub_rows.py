@@ -18,13 +18,14 @@ from decimal import Decimal
 
 from django import template
 from django.urls import get_resolver, get_script_prefix, get_urlconf
+from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import get_language
 
 from taskhub.tasks.input_cards import INPUT_REQUEST_SHOWN, TASK_SHOWN
 from taskhub.tasks.outcomes import ROW_FACTS, ROW_FIELDS
 from taskhub.tasks.schema_forms import SchemaForm
-from taskhub.web.templatetags.taskhub_ui import reltime
+from taskhub.web.templatetags.taskhub_ui import relative_span
 
 register = template.Library()
 
@@ -52,8 +53,8 @@ class KeptRowNode(template.Node):
             self,
             _shown(task),
             tuple(value.resolve(context) for value in self.vary_on),
-            reltime(task.created_at),
-            reltime(task.updated_at),
+            _as_it_reads(task.created_at),
+            _as_it_reads(task.updated_at),
             get_language(),
             get_script_prefix(),
             get_resolver(get_urlconf()),
@@ -110,6 +111,11 @@ class KeptNode(template.Node):
         return kept.replace(CSRF_STAND_IN, str(token)) if has_token else kept
 
 
+def _as_it_reads(moment: datetime.datetime | None) -> tuple | None:
+    """A time, and what reltime says of it now ("3 min ago"), but for the language (a kept block's key has it)."""
+    return None if moment is None else (moment, relative_span(moment, timezone.now()))
+
+
 class _NotKept(Exception):
     """A value shown_value cannot tell apart from another by what it holds."""
 
@@ -119,13 +125,13 @@ _field_names: dict[type, tuple[str, ...]] = {}
 
 def shown_value(value):
     """`value` as a hashable value that differs wherever what a template shows of it can: text, numbers, times (with
-    their words as they read now: reltime), lists and dicts, dataclasses field by field, a SchemaForm's fields. Raises
+    what reltime says of them now), lists and dicts, dataclasses field by field, a SchemaForm's fields. Raises
     _NotKept for anything else (a model, an object of unknown make): such a block is not kept."""
     kind = type(value)
     if value is None or kind in (str, int, bool, float):
         return value
     if kind is datetime.datetime:
-        return value, reltime(value)
+        return _as_it_reads(value)
     if isinstance(value, Promise):
         return str(value)
     if isinstance(value, str):  # safe text renders otherwise than plain text

@@ -98,24 +98,38 @@ def reltime(value: datetime.datetime | None) -> SafeString:
         return format_html('<span class="muted">{}</span>', "—")
     now = timezone.now()
     exact = value.astimezone(datetime.UTC)
-    # Under a minute is "just now" both ways: timesince counts whole minutes, and would say "0 minutes".
-    if abs((now - value).total_seconds()) < 60:
-        words = _relative_words(get_language(), 0, ago=True)
-    elif value <= now:
-        words = _relative_words(get_language(), _whole_minutes(now - value), ago=True) or calendar_relative_words(
-            value, now
-        )
+    span = relative_span(value, now)
+    if span[0] == MONTHS:
+        words = calendar_relative_words(value, now)
     else:
-        # Counted down as a countdown is, to the next whole minute: "in 7 days" made a second ago is not "in 6 days"
-        # (timesince floors every unit).
-        ahead = value + datetime.timedelta(seconds=59)
-        words = _relative_words(get_language(), _whole_minutes(ahead - now), ago=False) or calendar_relative_words(
-            value, now
-        )
+        words = _relative_words(get_language(), span[0], ago=span[1])
     # isoformat(" ", "seconds") is strftime's "%Y-%m-%d %H:%M:%S" and "+00:00", at a third of its cost (100 a list).
     return mark_safe(
         f'<time datetime="{exact.isoformat()}" title="{exact.isoformat(" ", "seconds")[:19]} UTC">{words}</time>'
     )
+
+
+MONTHS = "months"
+AHEAD_ROUNDING = datetime.timedelta(seconds=59)
+
+
+def relative_span(value: datetime.datetime, now: datetime.datetime) -> tuple:
+    """All reltime's words say of `value` at `now` in a language: (whole minutes, ago) under four weeks, (MONTHS,
+    whole calendar months, ago) from then on. Cheaper than the words: a kept row or card is keyed by it."""
+    seconds = (now - value).total_seconds()
+    # Under a minute is "just now" both ways: timesince counts whole minutes, and would say "0 minutes".
+    if -60 < seconds < 60:
+        return 0, True
+    if seconds >= 0:
+        start, end, ago = value, now, True
+    else:
+        # Counted down as a countdown is, to the next whole minute: "in 7 days" made a second ago is not "in 6 days"
+        # (timesince floors every unit).
+        start, end, ago = now, value + AHEAD_ROUNDING, False
+    minutes = _whole_minutes(end - start)
+    if minutes < FOUR_WEEKS_MINUTES:
+        return minutes, ago
+    return MONTHS, _whole_months(start, end), ago
 
 
 # Under four weeks, timesince's words (depth 1) depend only on the whole minutes between the two times: months and
