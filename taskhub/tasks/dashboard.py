@@ -149,8 +149,9 @@ def dashboard(user, *, now: datetime.datetime | None = None) -> Dashboard:
     counts = capped_counts(counted)
     if board.launches:
         board.my_running_count = counts.pop(0)
-        shown = mine.select_related("server").only("tool", "status", "server__name")  # what the card shows
-        board.my_running = list(shown.order_by("-created_at")[:MY_RUNNING_SHOWN])
+        if board.my_running_count:
+            shown = mine.select_related("server").only("tool", "status", "server__name")  # what the card shows
+            board.my_running = list(shown.order_by("-created_at")[:MY_RUNNING_SHOWN])
         board.my_running_href = tasks_href(mine="on", status=RUNNING)
 
     board.attention = [
