@@ -1,13 +1,15 @@
 """`{% kept_row task selectable %}…{% endkept_row %}`: a row of the task list, rendered once and kept while nothing
-it shows has changed; and `{% kept value %}…{% endkept %}`, a block kept while `value` reads the same (Home's trends,
-keyed by all they show: trends.Trends.shown).
+it shows has changed; and `{% kept value %}…{% endkept %}`, a block kept while `value` reads the same: Home's trends,
+keyed by all they show (trends.Trends.shown), and an input request's card (card_shown), whose CSRF token each render
+puts in for its reader.
 
 A row is some 25 template nodes, about 0.15 ms: the 50 rows of a list page were a third of its CPU (bench/pages.py),
 and the page is fetched again on every live change of a task in it, when most of its rows read as before. A kept row
 is keyed by all it shows: the task's row columns and facts (outcomes.ROW_FIELDS, ROW_FACTS and the outcome), its
 times as they read now ("3 min ago"), the values named after the task (whether rows can be ticked), the language, the
 URL prefix and URLconf, and the escaping. A row whose launch is retrying shows when the next try is due, a
-countdown: it is never kept. The process keeps at most KEPT_ROWS rows, then starts again.
+countdown: it is never kept. The process keeps at most KEPT_ROWS rows, sections and cards together (a few MB), then
+starts again.
 """
 
 import datetime
