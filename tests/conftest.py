@@ -77,10 +77,10 @@ def each_test_starts_in_the_default_language():
 
 @pytest.fixture(autouse=True)
 def each_test_counts_its_own_hours():
-    """Home's trends keep the settled hours' counts in the process (trends.hour_counts), under keys that name the
+    """Home's trends keep the settled hours' counts in the process (trend_hours.hour_counts), under keys that name the
     database and the hour, not the test that filled it."""
     yield
-    from taskhub.tasks.trends import forget_kept_hours
+    from taskhub.tasks.trend_hours import forget_kept_hours
 
     forget_kept_hours()
 

@@ -394,3 +394,20 @@ def test_homes_counts_in_one_statement_are_each_querysets_capped_count(olga, alp
     ]
     assert queries.capped_counts(querysets) == [queries.capped_count(each) for each in querysets] == [3, 1, 0, 3]
     assert queries.capped_counts([]) == []
+
+
+def test_the_lists_links_follow_the_script_prefix_and_leave_out_empty_filters():
+    """list_links.tasks_href reverses the list's path once per URLconf, script prefix and language."""
+    from django.urls import get_script_prefix, set_script_prefix
+
+    from taskhub.tasks.list_links import tasks_href
+
+    before = get_script_prefix()
+    try:
+        assert tasks_href(outcome="failed", ended="24h", server="", tool=None) == "/tasks/?outcome=failed&ended=24h"
+        set_script_prefix("/taskhub/")
+        assert tasks_href() == "/taskhub/tasks/"
+        assert tasks_href(needs="expiring") == "/taskhub/tasks/?needs=expiring"
+    finally:
+        set_script_prefix(before)
+    assert tasks_href() == "/tasks/"

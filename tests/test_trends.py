@@ -251,12 +251,12 @@ def test_the_kept_section_is_the_section_rendered_afresh_after_each_change_it_sh
 
 
 def test_a_process_reads_the_settled_hours_once(alpha):
-    """What a process has read or counted of the settled hours it keeps (trends.hour_counts): the next Home reads
+    """What a process has read or counted of the settled hours it keeps (trend_hours.hour_counts): the next Home reads
     neither the shared cache nor the hours again; what it shows is the same."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from taskhub.tasks.trends import forget_kept_hours
+    from taskhub.tasks.trend_hours import forget_kept_hours
 
     olga = make_user("olga", OPERATORS)
     placed(alpha, started=NOW - 3 * HOUR, ended=NOW - 2 * HOUR)
@@ -275,7 +275,7 @@ def test_a_process_reads_the_settled_hours_once(alpha):
 
 
 def test_home_reads_what_ended_once_for_its_counts_and_its_chart(client, alpha):
-    """Home's "Ended in the last 24 hours" and its chart's current hour come from one read (trends.ended_per_hour):
+    """Home's "Ended in the last 24 hours" and its chart's current hour come from one read (trend_hours.ended_per_hour):
     with the week's settled hours kept, Home reads what ended since a moment three times in all, that read's two
     statements and the slowest tools'."""
     from django.db import connection

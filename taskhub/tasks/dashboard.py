@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.servers.models import Server
+from taskhub.tasks.list_links import tasks_href
 from taskhub.tasks.models import Task
 from taskhub.tasks.outcomes import OUTCOMES, Outcome
 from taskhub.tasks.queries import (
@@ -21,10 +22,9 @@ from taskhub.tasks.queries import (
     RUNNING_STATUSES,
     capped_counts,
     needs_filter,
-    tasks_href,
     tasks_visible_to,
 )
-from taskhub.tasks.trends import ENDED_WINDOW, ended_per_hour
+from taskhub.tasks.trend_hours import ENDED_WINDOW, ended_per_hour
 from taskhub.tasks.waiting import waiting_count, waiting_for
 
 MY_RUNNING_SHOWN = 5

@@ -7,7 +7,6 @@ Every filter lives in the URL. A value that does not fit is reported (filter_err
 import datetime
 import re
 import uuid
-from urllib.parse import urlencode
 
 from django import forms
 from django.db import connections
@@ -17,10 +16,9 @@ from django.db.models import (
     QuerySet,
 )
 from django.db.models.expressions import RawSQL
-from django.urls import get_resolver, get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 from django.utils.text import format_lazy
-from django.utils.translation import get_language, gettext_lazy, pgettext_lazy
+from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import AuditEvent, agent_label
@@ -393,22 +391,6 @@ def filtered_tasks(form: TaskFilterForm, user, *, through_token: bool = False):
     if data.get("outcome"):
         tasks = tasks.filter(outcome_filter(data["outcome"]))
     return tasks, data.get("status") or ""
-
-
-# --- links to the list -----------------------------------------------------------------------------------------
-
-_list_paths: dict[tuple, str] = {}
-
-
-def tasks_href(**filters) -> str:
-    """The task list's link with these filters (those given a value), as Home's counts and charts link to it. The
-    list's path is reversed once per URLconf, script prefix and language: Home has some thirty of these links."""
-    key = (get_resolver(get_urlconf()), get_script_prefix(), get_language())
-    path = _list_paths.get(key)
-    if path is None:
-        path = _list_paths[key] = reverse("tasks:list")
-    kept = {name: value for name, value in filters.items() if value not in ("", None)}
-    return path + (f"?{urlencode(kept)}" if kept else "")
 
 
 # --- counting at scale ---------------------------------------------------------------------------------------

@@ -7,50 +7,32 @@
 
 GROUP BY queries over a window read through an index: task_created (created_at) for the started, task_finished
 (partial, finished_at) for the ended and the durations, input_request_state_created (state, created_at) for the
-answers. The charts' hours that are over come from the cache (hour_counts): a full week of a busy table costs 250 ms
-to count, the current hour a few. Percentiles do not add up across hours, so those two are counted whole, over a
-day (~12,000 tasks at bench/pages.py's rate). Every chart carries the links to the task lists that show it.
+answers. The charts' hours are trend_hours.hour_counts': those that are over kept, the current ones counted.
+Percentiles do not add up across hours, so those two are counted whole, over a day (~12,000 tasks at
+bench/pages.py's rate). Every chart carries the links to the task lists that show it.
 """
 
-import contextlib
 import datetime
-import hashlib
-import logging
 from dataclasses import dataclass, field
 
-from django.core.cache import cache
-from django.db import connection
 from django.db.models import Aggregate, Count, F, FloatField, Func
-from django.db.models.functions import Trunc
 from django.utils import dateformat, timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
 from taskhub.accounts import permissions
 from taskhub.tasks.durations import duration_text
+from taskhub.tasks.list_links import tasks_href
 from taskhub.tasks.models import InputRequest, InputRequestState
-from taskhub.tasks.outcomes import OUTCOMES, Outcome, outcome_counts_per
-from taskhub.tasks.queries import ENDED_WITHIN, tasks_href, tasks_visible_to
+from taskhub.tasks.outcomes import OUTCOMES, Outcome
+from taskhub.tasks.queries import tasks_visible_to
+from taskhub.tasks.trend_hours import DAY, HOUR, floor_to, hour_counts
 
-logger = logging.getLogger(__name__)
-
-HOUR = datetime.timedelta(hours=1)
-DAY = datetime.timedelta(days=1)
-# What ended_per_hour counts: the task list's ?ended= of that name.
-ENDED_WINDOW = "24h"
 WEEK_DAYS = 7
 SLOWEST_SHOWN = 5
 SERVERS_SHOWN = 8
 # The outcomes a chart stacks: every one a task that ended can have (launch_unknown never ends).
 ENDED_OUTCOMES = tuple((value, words) for value, words, _ in OUTCOMES if value != Outcome.UNKNOWN)
-# An hour over for this long has its counts kept (hour_counts); a week and a day, past the chart's window.
-SETTLED_AFTER = datetime.timedelta(minutes=2)
-CACHE_SECONDS = 8 * 24 * 3600
-EMPTY_HOUR = {"started": 0, "ended": {}}
-# The settled hours of a week this process has read or counted, in front of the shared cache: {(the cache keys'
-# prefix, the week's first hour, how many are settled): {hour: counts}}.
-KEPT_WEEKS = 200
-_kept_weeks: dict[tuple, dict] = {}
 # The SVG's drawing box; the page scales it to the card's width.
 CHART_HEIGHT = 120
 BAR_ROW_HEIGHT = 22
@@ -208,109 +190,9 @@ class Trends:
         return max(1, len(self.slowest_tools)) * BAR_ROW_HEIGHT
 
 
-def _floor(moment: datetime.datetime, unit: str) -> datetime.datetime:
-    moment = moment.astimezone(datetime.UTC).replace(minute=0, second=0, microsecond=0)
-    return moment.replace(hour=0) if unit == "day" else moment
-
-
-def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime | None, ended=None) -> dict:
-    """{hour: {"started": n, "ended": {outcome: n}}} of the hours from `since` to `until` (None: on), the hours with
-    tasks: the started through task_created, the ended (by outcome_counts_per) through task_finished. `ended`: the
-    ended per hour, counted already (ended_per_hour), over these hours at least."""
-    window = {"gte": since} if until is None else {"gte": since, "lt": until}
-    started = (
-        visible.filter(**{f"created_at__{op}": value for op, value in window.items()})
-        .order_by()
-        .annotate(per=Trunc("created_at", "hour", tzinfo=datetime.UTC))
-        .values_list("per")
-        .annotate(n=Count("*"))
-        .values_list("per", "n")
-    )
-    if ended is None:
-        ended = outcome_counts_per(
-            visible.filter(**{f"finished_at__{op}": value for op, value in window.items()}), per=_finished_hour()
-        )
-    hours: dict = {}
-    for hour, n in started:
-        hours.setdefault(hour, {"started": 0, "ended": {}})["started"] = n
-    for hour, outcomes in ended.items():
-        if hour >= since and (until is None or hour < until):
-            hours.setdefault(hour, {"started": 0, "ended": {}})["ended"] = outcomes
-    return hours
-
-
-def _finished_hour() -> Trunc:
-    return Trunc("finished_at", "hour", tzinfo=datetime.UTC)
-
-
-def ended_per_hour(user, *, now: datetime.datetime) -> dict:
-    """{hour: {outcome: n}} of the tasks `user` sees that ended in the 24 hours to `now` (ENDED_WINDOW), read once
-    for the HTTP request: Home's "Ended in the last 24 hours" (their sum) and its chart's current hour (its last
-    hours) both take them, given the same `now`."""
-    since = now - ENDED_WITHIN[ENDED_WINDOW]
-    return permissions.read_once_per_request(
-        f"ended per hour since {since.isoformat()}",
-        user,
-        lambda: outcome_counts_per(tasks_visible_to(user).filter(finished_at__gte=since), per=_finished_hour()),
-    )
-
-
-def _scope(user) -> str:
-    """Which tasks `user` sees, as a cache key's part: every task, or those of these servers."""
-    if permissions.sees_all_tasks(user):
-        return "all"
-    ids = sorted(permissions.approvable_servers(user))
-    return "servers-" + hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
-
-
-def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.datetime) -> dict:
-    """{hour: {"started": n, "ended": {outcome: n}}} for every hour from `first` to now's. An hour over for
-    SETTLED_AFTER no longer changes (a task's created_at is fixed, its finished_at written once, when it ends), so
-    its counts are kept in the cache per set of visible tasks, and the week's settled hours by this process as it
-    first reads or counts them; only the hours since are counted each time, a few hundred tasks an hour where the
-    full 7 days are ~90,000 (bench/pages.py's rate, whatever its total)."""
-    hours = (_floor(now, "hour") - first) // HOUR + 1
-    settled_hours = max(0, min(hours, (now - SETTLED_AFTER - HOUR - first) // HOUR + 1))
-    prefix = f"trends:{connection.settings_dict['NAME']}:{_scope(user)}:"
-    week = (prefix, first, settled_hours)
-    settled = _kept_weeks.get(week)
-    if settled is None:
-        settled = _settled_counts(visible, prefix, [first + HOUR * n for n in range(settled_hours)])
-        if len(_kept_weeks) >= KEPT_WEEKS:
-            _kept_weeks.clear()
-        _kept_weeks[week] = settled
-    since = first + HOUR * settled_hours  # within the last 24 hours: ended_per_hour has them
-    counted = _count_hours(visible, since=since, until=None, ended=ended_per_hour(user, now=now))
-    unsettled = (since + HOUR * n for n in range(hours - settled_hours))
-    return settled | {hour: counted.get(hour, EMPTY_HOUR) for hour in unsettled}
-
-
-def _settled_counts(visible, prefix: str, settled: list[datetime.datetime]) -> dict:
-    """The counts of these settled hours: from the shared cache, or counted (and put there)."""
-    keys = {hour: prefix + hour.strftime("%Y%m%d%H") for hour in settled}
-    try:
-        cached, reachable = cache.get_many(list(keys.values())), True
-    except Exception as error:  # the cache is Redis, and Redis is away: counted from the database (slower), no 500
-        logger.warning("trends: the cache could not be read (%s); the week is counted from the database", error)
-        cached, reachable = {}, False
-    missing = [hour for hour in settled if keys[hour] not in cached]
-    counted = {}
-    if missing:
-        counted = _count_hours(visible, since=missing[0], until=missing[-1] + HOUR)
-        if reachable:
-            with contextlib.suppress(Exception):  # kept next time, if the cache can take it
-                cache.set_many({keys[hour]: counted.get(hour, EMPTY_HOUR) for hour in missing}, timeout=CACHE_SECONDS)
-    return {hour: cached.get(keys[hour], counted.get(hour, EMPTY_HOUR)) for hour in settled}
-
-
-def forget_kept_hours() -> None:
-    """The settled hours this process kept (a test's database is emptied after it; the hours are not)."""
-    _kept_weeks.clear()
-
-
 def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Chart:
     step = HOUR if unit == "hour" else DAY
-    first = _floor(now, unit) - step * (count - 1)
+    first = floor_to(now, unit) - step * (count - 1)
     per_bucket: dict[datetime.datetime, list] = {}
     for hour, counts in hours.items():  # whole hours in UTC
         if hour >= first:
@@ -441,7 +323,7 @@ def trends(user, *, now: datetime.datetime | None = None) -> Trends | None:
         return None
     now = now or timezone.now()
     visible = tasks_visible_to(user)
-    week = _floor(now, "day") - DAY * (WEEK_DAYS - 1)
+    week = floor_to(now, "day") - DAY * (WEEK_DAYS - 1)
     hours = hour_counts(user, visible, first=week, now=now)
     return Trends(
         per_hour=_chart(hours, unit="hour", count=24, now=now),

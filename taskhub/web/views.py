@@ -19,7 +19,8 @@ def home(request):
     htmx refreshes a fragment: the dashboard (?fragment=dashboard, after a live change), the trends (?fragment=trends,
     taskhub/tasks/trends.py) or the system status."""
     signed_in = request.user.is_authenticated
-    now = timezone.now()  # one moment for the dashboard and the trends: they share what ended (trends.ended_per_hour)
+    # One moment for the dashboard and the trends: they share what ended (trend_hours.ended_per_hour).
+    now = timezone.now()
     if signed_in and request.GET.get("fragment") == "dashboard":
         return render(request, "web/dashboard.html#dashboard", {"board": dashboard(request.user, now=now)})
     if signed_in and request.GET.get("fragment") == "trends":
