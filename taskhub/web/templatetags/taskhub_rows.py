@@ -51,24 +51,13 @@ class KeptRowNode(template.Node):
         task = self.task.resolve(context)
         if task is None or task.launch_retrying:
             return self.nodelist.render(context)
-        key = (
-            self,
+        shown = (
             _shown(task),
             tuple(value.resolve(context) for value in self.vary_on),
             _as_it_reads(task.created_at),
             _as_it_reads(task.updated_at),
-            get_language(),
-            get_script_prefix(),
-            get_resolver(get_urlconf()),
-            context.autoescape,
         )
-        row = _kept.get(key)
-        if row is None:
-            row = self.nodelist.render(context)
-            if len(_kept) >= KEPT_ROWS:
-                _kept.clear()
-            _kept[key] = row
-        return row
+        return _render_kept(self, shown, context)
 
 
 # What a kept block holds where {% csrf_token %} put the reader's token: each render puts its own there. Random, so
@@ -89,28 +78,34 @@ class KeptNode(template.Node):
         value = self.value.resolve(context)
         if value is None:
             return self.nodelist.render(context)
-        token = context.get("csrf_token")
-        has_token = token not in _NO_TOKEN
-        key = (
-            self,
-            value,
-            has_token,
-            get_language(),
-            get_script_prefix(),
-            get_resolver(get_urlconf()),
-            context.autoescape,
-        )
-        kept = _kept.get(key)
-        if kept is None:
-            if has_token:
-                with context.push(csrf_token=CSRF_STAND_IN):
-                    kept = self.nodelist.render(context)
-            else:
-                kept = self.nodelist.render(context)
-            if len(_kept) >= KEPT_ROWS:
-                _kept.clear()
-            _kept[key] = kept
-        return kept.replace(CSRF_STAND_IN, str(token)) if has_token else kept
+        return _render_kept(self, value, context)
+
+
+def _render_kept(node, shown, context) -> str:
+    """What `node` rendered under `shown` (all its block shows) for this language, URL prefix, URLconf and escaping;
+    rendered and kept if nothing is. The reader's CSRF token goes where the kept block holds CSRF_STAND_IN."""
+    token = context.get("csrf_token")
+    has_token = token not in _NO_TOKEN
+    key = (
+        node,
+        shown,
+        has_token,
+        get_language(),
+        get_script_prefix(),
+        get_resolver(get_urlconf()),
+        context.autoescape,
+    )
+    kept = _kept.get(key)
+    if kept is None:
+        if has_token:
+            with context.push(csrf_token=CSRF_STAND_IN):
+                kept = node.nodelist.render(context)
+        else:
+            kept = node.nodelist.render(context)
+        if len(_kept) >= KEPT_ROWS:
+            _kept.clear()
+        _kept[key] = kept
+    return kept.replace(CSRF_STAND_IN, str(token)) if has_token else kept
 
 
 def _as_it_reads(moment: datetime.datetime | None) -> tuple | None:
