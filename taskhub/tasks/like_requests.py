@@ -65,18 +65,19 @@ class LikeGroup:
 
 def like_groups(cards: Iterable[Card], user, *, next_url: str = "") -> list[LikeGroup]:
     """Groups of at least two answerable requests among `cards` that ask the same thing, oldest first."""
-    groups: dict[str, LikeGroup] = {}
+    alike: dict[str, list[InputRequest]] = {}
     for card in cards:
         if not card.answerable:
             continue
         key = likeness(card.input_request)
-        if key is None:
-            continue
-        if key not in groups:
-            lead = card_for(card.input_request, user, may_answer=True, next_url=next_url)
-            groups[key] = LikeGroup(likeness=key, card=lead)
-        groups[key].requests.append(card.input_request)
-    return [group for group in groups.values() if group.count >= MIN_GROUP]
+        if key is not None:
+            alike.setdefault(key, []).append(card.input_request)
+    # A lead's card only for the groups shown: the inbox's fifty cards may all ask differently.
+    return [
+        LikeGroup(likeness=key, card=card_for(requests[0], user, may_answer=True, next_url=next_url), requests=requests)
+        for key, requests in alike.items()
+        if len(requests) >= MIN_GROUP
+    ]
 
 
 @dataclass(frozen=True)
