@@ -401,7 +401,7 @@ COUNT_CAP = 10_000
 
 def capped_count(tasks: QuerySet) -> int:
     """How many rows `tasks` has, but at most COUNT_CAP + 1 (more than COUNT_CAP: the count stops there)."""
-    return tasks.order_by()[: COUNT_CAP + 1].count()
+    return capped_counts([tasks])[0]
 
 
 def capped_counts(querysets: list[QuerySet]) -> list[int]:

@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import get_language
 
-from taskhub.tasks.input_cards import INPUT_REQUEST_SHOWN, TASK_SHOWN
+from taskhub.tasks.input_cards import INPUT_REQUEST_SHOWN, TASK_SHOWN, Card
 from taskhub.tasks.outcomes import ROW_FACTS, ROW_FIELDS
 from taskhub.tasks.schema_forms import SchemaForm
 from taskhub.web.templatetags.taskhub_ui import relative_span
@@ -152,21 +152,22 @@ def shown_value(value):
     raise _NotKept(kind)
 
 
+# A card's own fields; its request is keyed by INPUT_REQUEST_SHOWN instead (a model: shown_value would not keep it).
+_CARD_FIELDS = tuple(each.name for each in fields(Card) if each.name != "input_request")
+
+
 def card_shown(card):
     """All an input request's card (templates/tasks/input_request_card.html) shows, as one hashable value: the card's
     fields, the request's and the task's that the template reads (input_cards.INPUT_REQUEST_SHOWN, TASK_SHOWN) and
     the task's server's name. None when something in it cannot be told apart by value (the card is not kept)."""
     request = card.input_request
     task = request.task
-    names = _field_names.get(type(card))
-    if names is None:
-        names = _field_names[type(card)] = tuple(each.name for each in fields(card) if each.name != "input_request")
     try:
         return (
             tuple(shown_value(getattr(request, name)) for name in INPUT_REQUEST_SHOWN),
             tuple(shown_value(getattr(task, name)) for name in TASK_SHOWN),
             task.server.name,
-            tuple(shown_value(getattr(card, name)) for name in names),
+            tuple(shown_value(getattr(card, name)) for name in _CARD_FIELDS),
         )
     except _NotKept:
         return None

@@ -158,7 +158,7 @@ def calendar_relative_words(value: datetime.datetime, now: datetime.datetime) ->
     """Four weeks or more: the calendar's months and years, as timesince counts them; the words made once per
     language and number of months (an inbox of old requests asked timesince for every time on it)."""
     ago = value <= now
-    start, end = (value, now) if ago else (now, value + datetime.timedelta(seconds=59))
+    start, end = (value, now) if ago else (now, value + AHEAD_ROUNDING)
     key = (get_language(), _whole_months(start, end), ago)
     words = _calendar_words.get(key)
     if words is None:
