@@ -641,6 +641,57 @@ def test_the_inbox_shows_the_oldest_cards_and_says_how_many_more_wait(servers, a
     assert "1 more waiting after these" in html
 
 
+def test_a_page_of_cards_of_every_kind_reads_as_many_statements_as_a_page_of_one(servers, ada, dana, monkeypatch):
+    """The inbox reads of its cards' tasks and servers only what the cards read (input_cards.CARD_TASK_READS): a card
+    that came to read another column would load it with one statement per card, which this counts."""
+    from taskhub.approvals.services import create_policy
+    from taskhub.tasks.models import GATE_METHOD
+    from taskhub.web.templatetags import taskhub_rows
+    from tests.catalogue_fixtures import with_tools
+
+    alpha = servers[0]
+    task_asking(alpha, {"form": FORM})
+    client = client_for(ada)
+
+    def statements(**params) -> tuple[int, str]:
+        monkeypatch.setattr(taskhub_rows, "_kept", {})  # every card rendered afresh: a kept one reads nothing
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(reverse("tasks:inbox"), params)
+        assert response.status_code == 200
+        return len(queries.captured_queries), response.content.decode()
+
+    one, _ = statements()
+    sampling = {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 9}}
+    other = {"method": "something/new", "params": {"x": 1}}
+    task_asking(alpha, {"url": URL, "sampling": sampling, "other": other}, tool="many")
+    services.apply_snapshot(  # a status message beside its question
+        task=(said := task_asking(alpha, {"said": FORM}, tool="said")),
+        snapshot=snapshot(
+            "input_required", task_id=remote_id(said), statusMessage="halfway", inputRequests={"said": FORM}
+        ),
+    )
+    create_policy(server=alpha, tool="deploy", gate_before_call=True, user=None)  # ada launched it: barred
+    services.launch(server=with_tools(alpha, "deploy"), tool="deploy", arguments={"target": "prod"}, user=ada)
+    create_policy(server=alpha, tool="twice", required_accepts=2, answer_within=timedelta(hours=1), user=None)
+    twice = request_of(task_asking(alpha, {"twice": FORM}, tool="twice"), "twice")
+    accepted = {"action": "accept", "content": {"name": "Luca", "count": 2}}
+    services.answer_input(input_request=twice, response=accepted, user=dana)
+    assert InputRequest.objects.filter(method=GATE_METHOD, state="open").count() == 1
+
+    many, page = statements()
+    assert many == one
+    assert "halfway" in page and "&quot;target&quot;: &quot;prod&quot;" in page and "1 of 2 accepted" in page
+
+    # The live re-fetch, with cards asked for by id that are no longer open (read by another query).
+    done = [request_of(task_asking(alpha, {f"done{n}": URL}, tool=f"done{n}"), f"done{n}") for n in range(2)]
+    services.answer_input(input_request=done[0], response={"action": "decline"}, user=dana)
+    alone, page = statements(fragment="cards", include=str(done[0].pk))
+    assert "answered by dana" in page
+    services.answer_input(input_request=done[1], response={"action": "accept"}, user=dana)
+    both, page = statements(fragment="cards", include=f"{done[0].pk},{done[1].pk}")
+    assert both == alone and page.count("answered by dana") == 2
+
+
 # --- URL-mode requests: which links may be opened ---------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from django.utils.translation import gettext_lazy
 from taskhub.accounts import permissions
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
+from taskhub.tasks.input_cards import for_cards
 from taskhub.tasks.models import InputRequest
 from taskhub.tasks.queries import filter_errors
 from taskhub.tasks.waiting import waiting_for
@@ -145,11 +146,7 @@ def inbox_listing(user, params, *, page_size: int = PAGE_SIZE) -> InboxListing:
         errors["page"] = f"There is no page {page}: {_pages(pages)} of requests match."
         page = pages
     start = (page - 1) * page_size
-    requests = list(
-        waiting.select_related("task__server", "answered_by", "escalated_to").order_by("created_at", "pk")[
-            start : start + page_size
-        ]
-    )
+    requests = list(for_cards(waiting).order_by("created_at", "pk")[start : start + page_size])
     listing = InboxListing(
         requests=requests,
         count=count,

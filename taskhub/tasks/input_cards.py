@@ -151,6 +151,23 @@ INPUT_REQUEST_SHOWN = (
     "closed_reason",
 )
 TASK_SHOWN = ("id", "status", "tool")
+# What a card reads of its task and server (the template's, card_for's, the inbox's context and like groups', the
+# answer rules'), so that a page of cards reads only these columns of theirs: not a task's result and error, nor a
+# server's catalogue, capabilities and encrypted credentials, each decoded once per card. The request's own columns,
+# and its answerer's and group's, are read whole. tests/test_inbox_pages.py holds the inbox to reading nothing more.
+CARD_TASK_READS = (
+    "task__id",
+    "task__server",
+    "task__tool",
+    "task__arguments",
+    "task__launched_by",
+    "task__remote_task_id",
+    "task__status",
+    "task__status_message",
+    "task__status_message_is_taskhubs",
+    "task__server__name",
+    "task__server__removed_at",
+)
 
 
 @dataclass
@@ -389,6 +406,12 @@ def _pretty(value: Any) -> str:
 
 
 # --- which requests -----------------------------------------------------------------------------------
+
+
+def for_cards(requests: QuerySet[InputRequest]) -> QuerySet[InputRequest]:
+    """`requests` with what their cards read of them, their tasks and servers, their answerers and groups."""
+    own = tuple(field.name for field in InputRequest._meta.concrete_fields)
+    return requests.select_related("task__server", "answered_by", "escalated_to").only(*own, *CARD_TASK_READS)
 
 
 def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:

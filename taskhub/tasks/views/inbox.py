@@ -28,6 +28,7 @@ from taskhub.tasks.input_cards import (
     Card,
     card_after_answer,
     card_for,
+    for_cards,
     number_siblings,
     requests_user_may_see,
     response_from_post,
@@ -54,7 +55,7 @@ def inbox(request):
         # The live re-fetch also asks for cards already on the page, to bring their state up to date.
         included = _ids(request.GET.get("include", ""))
         shown = {ir.pk for ir in requests}
-        extra = [ir for ir in requests_user_may_see(request.user, included) if ir.pk not in shown]
+        extra = [ir for ir in for_cards(requests_user_may_see(request.user, included)) if ir.pk not in shown]
         requests = sorted(requests + extra, key=lambda ir: (ir.created_at, ir.pk))
         cards = _cards(requests, request.user, listing)
         return render(request, f"{INBOX_TEMPLATE}#card-list", _page_context(listing, cards, request.user))
