@@ -318,15 +318,20 @@ class ServerForm(forms.Form):
 
 
 class ServersInOneRead(forms.models.ModelChoiceIterator):
-    """The choices read with one SELECT. Django's iterator reads them through queryset.iterator(), which on Postgres
-    is a server-side cursor: DECLARE … WITH HOLD, FETCH and CLOSE, three round trips for a few dozen servers, about
-    2 ms of the task list's filter bar (bench/pages.py)."""
+    """The choices read with one SELECT, of the columns a choice shows. Django's iterator reads them through
+    queryset.iterator(), which on Postgres is a server-side cursor: DECLARE … WITH HOLD, FETCH and CLOSE, three round
+    trips for a few dozen servers, about 2 ms of the task list's filter bar (bench/pages.py); and every column, a
+    server's catalogue and its three encrypted ones decrypted, for each server offered."""
 
     def __iter__(self):
         if self.field.empty_label is not None:
             yield ("", self.field.empty_label)
-        for obj in self.queryset:
+        for obj in self.queryset.only(*CHOICE_SHOWS):
             yield self.choice(obj)
+
+
+# What a choice of server shows (ServerChoiceField.label_from_instance, InUseServerSelect).
+CHOICE_SHOWS = ("pk", "name", "removed_at")
 
 
 class ServerChoiceField(forms.ModelChoiceField):
