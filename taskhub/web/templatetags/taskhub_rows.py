@@ -13,6 +13,7 @@ starts again.
 """
 
 import datetime
+import operator
 import secrets
 import uuid
 from dataclasses import fields, is_dataclass
@@ -117,7 +118,10 @@ class _NotKept(Exception):
     """A value shown_value cannot tell apart from another by what it holds."""
 
 
-_field_names: dict[type, tuple[str, ...]] = {}
+# {a dataclass: what reads its fields, in order, as a tuple}
+_field_getters: dict[type, operator.attrgetter] = {}
+# Shown as they are; tested first, by type, before a call for each (a card's key is some 75 values).
+_PLAIN = frozenset({str, int, bool, float, type(None)})
 
 
 def shown_value(value):
@@ -125,7 +129,7 @@ def shown_value(value):
     what reltime says of them now), lists and dicts, dataclasses field by field, a SchemaForm's fields. Raises
     _NotKept for anything else (a model, an object of unknown make): such a block is not kept."""
     kind = type(value)
-    if value is None or kind in (str, int, bool, float):
+    if kind in _PLAIN:
         return value
     if kind is datetime.datetime:
         return _as_it_reads(value)
@@ -134,14 +138,14 @@ def shown_value(value):
     if isinstance(value, str):  # safe text renders otherwise than plain text
         return kind.__name__, str(value)
     if isinstance(value, list | tuple):
-        return tuple(shown_value(each) for each in value)
+        return _shown_values(value)
     if isinstance(value, dict):
         return tuple((shown_value(name), shown_value(each)) for name, each in value.items())
     if is_dataclass(value):
-        names = _field_names.get(kind)
-        if names is None:
-            names = _field_names[kind] = tuple(each.name for each in fields(value))
-        return kind.__name__, *(shown_value(getattr(value, name)) for name in names)
+        getter = _field_getters.get(kind)
+        if getter is None:
+            getter = _field_getters[kind] = _getter(tuple(each.name for each in fields(value)))
+        return kind.__name__, *_shown_values(getter(value))
     if isinstance(value, SchemaForm):
         try:
             return "SchemaForm", shown_value(value.use), value.shown
@@ -152,8 +156,21 @@ def shown_value(value):
     raise _NotKept(kind)
 
 
+def _shown_values(values) -> tuple:
+    return tuple(each if type(each) in _PLAIN else shown_value(each) for each in values)
+
+
+def _getter(names: tuple[str, ...]):
+    """What reads `names` of an object as a tuple (attrgetter of one name gives the value alone)."""
+    getter = operator.attrgetter(*names)
+    return getter if len(names) > 1 else lambda value: (getter(value),)
+
+
 # A card's own fields; its request is keyed by INPUT_REQUEST_SHOWN instead (a model: shown_value would not keep it).
 _CARD_FIELDS = tuple(each.name for each in fields(Card) if each.name != "input_request")
+_card_fields = _getter(_CARD_FIELDS)
+_request_shown = _getter(INPUT_REQUEST_SHOWN)
+_task_shown = _getter(TASK_SHOWN)
 
 
 def card_shown(card):
@@ -164,10 +181,10 @@ def card_shown(card):
     task = request.task
     try:
         return (
-            tuple(shown_value(getattr(request, name)) for name in INPUT_REQUEST_SHOWN),
-            tuple(shown_value(getattr(task, name)) for name in TASK_SHOWN),
+            _shown_values(_request_shown(request)),
+            _shown_values(_task_shown(task)),
             task.server.name,
-            tuple(shown_value(getattr(card, name)) for name in _CARD_FIELDS),
+            _shown_values(_card_fields(card)),
         )
     except _NotKept:
         return None
