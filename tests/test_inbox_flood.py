@@ -17,6 +17,7 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.inbox_listing import FLOOD_THRESHOLD
 from taskhub.tasks.models import InputRequest, InputRequestState
+from taskhub.tasks.waiting import waiting_count
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.catalogue_fixtures import with_tools
@@ -93,6 +94,9 @@ def test_a_flood_from_one_server_leaves_the_others_requests_on_the_first_page(se
     assert card_ids(html) == few
     assert f"{FLOOD_SIZE} open requests from <strong>flooder</strong>" in html
     assert f'href="/inbox/?server={flooder.pk}">show them</a>' in html
+    # The nav's badge: every request waiting, the flood's too, as the listing counted them (not counted again).
+    assert f'aria-label="open requests" data-approver="yes">{FLOOD_SIZE + 3}</span>' in html
+    assert waiting_count(approver) == FLOOD_SIZE + 3
 
     body = api(approver).get("/api/inbox").json()
     assert [row["id"] for row in body["results"]] == few
@@ -176,6 +180,9 @@ def test_requests_of_disabled_servers_are_hidden_unless_asked_for(servers, appro
     html = client.get("/inbox/").content.decode()
     assert card_ids(html) == kept
     assert "2 open requests from disabled servers are hidden" in html
+    assert 'aria-label="open requests" data-approver="yes">1</span>' in html  # a disabled server's are not waiting
+    filtered = client.get("/inbox/?disabled=1").content.decode()  # counted by the nav itself
+    assert 'aria-label="open requests" data-approver="yes">1</span>' in filtered
     assert sorted(card_ids(client.get("/inbox/?disabled=1").content.decode())) == sorted(kept + hidden)
 
     assert [row["id"] for row in api(approver).get("/api/inbox").json()["results"]] == kept

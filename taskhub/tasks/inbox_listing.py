@@ -80,6 +80,12 @@ class InboxListing:
         return bool(self.server or self.tool or self.show_disabled or self.mine)
 
     @property
+    def waiting(self) -> int | None:
+        """All the requests waiting for the user (tasks/waiting.py) when this listing counted them, unfiltered: the
+        listed and the floods'. The nav's Inbox badge is this count, not counted again."""
+        return None if self.filtered else self.count + sum(flood.count for flood in self.floods)
+
+    @property
     def more(self) -> int:
         """Requests on the pages after this one."""
         return max(0, self.count - (self.page - 1) * self.page_size - len(self.requests))

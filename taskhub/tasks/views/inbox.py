@@ -13,12 +13,14 @@ from django.db import transaction
 from django.http import Http404, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.functional import SimpleLazyObject
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts.permissions import approver_required, may_answer, may_see_task, read_answer_rules
+from taskhub.live.nav import nav_counts
 from taskhub.tasks import like_requests, services
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.card_context import with_context
@@ -95,6 +97,7 @@ def _page_context(listing: InboxListing, cards, user, *, refused_group=None) -> 
         "next_href": listing.query(page=listing.page + 1) if listing.page < listing.pages else "",
         "show_disabled_href": listing.query(disabled="1", page=None),
         "clear_href": "",
+        "nav_counts": SimpleLazyObject(lambda: nav_counts(user, waiting=listing.waiting)),
     }
 
 
