@@ -426,6 +426,28 @@ def test_the_timeline_shows_the_latest_events_when_there_are_very_many(alpha, ol
 # --- cancel ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"target": "prod", "count": 2, "nested": {"list": [1, 2.5, None, True], "名": "ü"}},
+        [1, "1", 1.0],
+        {"1": "x"},
+        {1: "x"},  # the same JSON as the value before: indented the same
+        {"when": datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)},  # not JSON: as str
+        "x" * (presenters.PRETTY_KEPT_CHARS + 10),  # too long to keep: indented each time
+        {"big": "y" * 100},
+    ],
+)
+def test_pretty_json_is_json_indented_whether_kept_or_not(value):
+    expected = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    for _ in range(2):  # written, then kept
+        shown = presenters.pretty_json(value, limit=50)
+        assert (shown.text, shown.truncated, shown.total) == (expected[:50], len(expected) > 50, len(expected))
+    circular = []
+    circular.append(circular)
+    assert presenters.pretty_json(circular).text == repr(circular)
+
+
 def test_an_operator_cancels_and_the_page_says_cancel_requested(client, alpha, olga):
     task = durable(alpha, olga)
     client = signed_in(client, olga)

@@ -62,10 +62,30 @@ def cap(text: Any, limit: int = TEXT_CAP) -> Capped:
 
 def pretty_json(value: Any, limit: int = JSON_CAP) -> Capped:
     try:
-        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+        compact = json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
-        text = repr(value)
+        return cap(repr(value), limit)
+    if len(compact) > PRETTY_KEPT_CHARS:
+        return cap(_indented(value), limit)
+    text = _pretty_kept.get(compact)
+    if text is None:
+        if len(_pretty_kept) >= PRETTY_KEPT:
+            _pretty_kept.clear()
+        text = _pretty_kept[compact] = _indented(value)
     return cap(text, limit)
+
+
+def _indented(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+# Indented JSON is written by json's pure-Python encoder (the C one writes only compact JSON): some 20 µs for a task's
+# few arguments, a millisecond of the inbox's 50 cards. What one compact text holds indents the same, so the indented
+# text is kept by the compact one, which the C encoder writes at a fraction of the cost; only short ones (the process
+# keeps at most PRETTY_KEPT of PRETTY_KEPT_CHARS, a few MB).
+PRETTY_KEPT = 1000
+PRETTY_KEPT_CHARS = 4000
+_pretty_kept: dict[str, str] = {}
 
 
 def compact_json(value: Any, limit: int = EVENT_DATA_CAP) -> str:
