@@ -16,8 +16,9 @@ request, the response size and the SQL queries per page (CaptureQueriesContext, 
 --explain-only). Baseline: the list page's main query (SELECT … ORDER BY created_at DESC LIMIT 50) run bare through a
 psycopg cursor, to show the framework's overhead as a ratio; and a minimal view (`/healthz`, one SELECT 1) timed in
 the same rounds, for issue 37 item 6: each page's CPU p50 ≤ 10x the minimal view's, and its p95 ≤ its SQL ms + that
-allowance. Goal of issue 6: p95 ≤ 150 ms per page. Rounds stop after --page-budget seconds per page (the table says
-how many were timed).
+allowance, each request against its own SQL ms (the time in its statements, timed on every request, as is the time in
+the garbage collector). Goal of issue 6: p95 ≤ 150 ms per page. Rounds stop after --page-budget seconds per page (the
+table says how many were timed).
 
     uv run python bench/pages.py                                   # 100,000 tasks, 20,000 open requests, 50 requests
     uv run python bench/pages.py --tasks 10000 --open-requests 2000 --requests 10 --no-record    # a quick look
@@ -222,16 +223,43 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
     """Rounds of one request to each page, then the bare query: every page meets the same noise of the shared
     machine (others' tests come and go), rather than each page its own minute. Per request: wall ms and this
     process's CPU ms (Django, the test client and psycopg; Postgres is another process)."""
-    import psycopg
+    import gc
 
-    measured = {path: {"times": [], "cpu": [], "size": 0} for path in paths}
+    import psycopg
+    from django.db import connection as django_connection
+
+    measured = {path: {"times": [], "cpu": [], "sql": [], "gc": [], "size": 0} for path in paths}
     bare = []
-    with psycopg.connect(database_url, autocommit=True) as connection, connection.cursor() as cursor:
+    # Per request: the time in its statements (cursor.execute: the round trip, Postgres's work and libpq reading the
+    # rows; not Django making models of them) and in the cyclic garbage collector.
+    spent = {"sql": 0.0, "gc": 0.0}
+    gc_started = []
+
+    def statement_timer(execute, sql, params, many, context):
+        t0 = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent["sql"] += time.perf_counter() - t0
+
+    def gc_timer(phase, info):
+        if phase == "start":
+            gc_started.append(time.perf_counter())
+        elif gc_started:
+            spent["gc"] += time.perf_counter() - gc_started.pop()
+
+    gc.callbacks.append(gc_timer)
+    with (
+        psycopg.connect(database_url, autocommit=True) as connection,
+        connection.cursor() as cursor,
+        django_connection.execute_wrapper(statement_timer),
+    ):
         started = time.monotonic()
         for round_index in range(warmup + requests):
             timed = round_index >= warmup
             for path in paths:
                 with nothing_kept() if path in NOTHING_KEPT else nullcontext():
+                    spent.update(sql=0.0, gc=0.0)
                     t0, c0 = time.perf_counter(), time.process_time()
                     response = client.get(path)
                     wall_ms, cpu_ms = (time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000
@@ -239,6 +267,8 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
                 if timed:
                     measured[path]["times"].append(wall_ms)
                     measured[path]["cpu"].append(cpu_ms)
+                    measured[path]["sql"].append(spent["sql"] * 1000)
+                    measured[path]["gc"].append(spent["gc"] * 1000)
                     measured[path]["size"] = len(response.content)
             t0 = time.perf_counter()
             cursor.execute(bare_sql)
@@ -247,6 +277,7 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
                 bare.append((time.perf_counter() - t0) * 1000)
             if time.monotonic() - started > budget * len(paths):
                 break
+    gc.callbacks.remove(gc_timer)
     return measured, bare
 
 
@@ -360,7 +391,11 @@ def main() -> None:
         cpu0 = time.process_time()
         wall0 = time.monotonic()
         if args.explain_only:
-            timings = {path: {"times": [float("nan")], "cpu": [float("nan")], "size": 0} for _, path, _ in pages}
+            nothing = [float("nan")]
+            timings = {
+                path: {"times": nothing, "cpu": nothing, "sql": nothing, "gc": nothing, "size": 0}
+                for _, path, _ in pages
+            }
             bare = [float("nan")]
         else:
             timings, bare = time_pages(
@@ -395,6 +430,11 @@ def main() -> None:
                     "p95": percentile(times, 0.95),
                     "max": max(times),
                     "cpu": statistics.median(measured["cpu"]),
+                    "sql_p95": percentile(measured["sql"], 0.95),
+                    "gc_p95": percentile(measured["gc"], 0.95),
+                    "gc_max": max(measured["gc"]),
+                    # Each request's time beside its own statements: the framework's, the template's, the collector's
+                    "beside_sql_p95": percentile([w - q for w, q in zip(times, measured["sql"], strict=True)], 0.95),
                     "queries": len(queries),
                     "query_ms": sum(float(query["time"]) for query in queries) * 1000,
                     "size": measured["size"],
@@ -456,18 +496,23 @@ def main() -> None:
         lines += [
             "",
             f"Issue 37 item 6, against the minimal view in the same run (`/healthz`, CPU p50 {minimal['cpu']:.1f} ms): "
-            f"each page's CPU p50 <= 10x it, and its p95 <= its SQL ms + 10x it ({allowance:.1f} ms):",
+            f"each page's CPU p50 <= 10x it, and its p95 <= its SQL ms + 10x it ({allowance:.1f} ms). Each request's "
+            "SQL ms is its own (the time in its statements' execute, timed on every timed request): the p95 is "
+            "within when 95 % of requests took at most their own SQL ms + the allowance, i.e. the p95 of wall - SQL "
+            "<= the allowance. Beside it, the p95 of the SQL ms alone and of the time in the garbage collector:",
             "",
-            "| page | CPU p50 ms | x minimal | <= 10x | p95 ms | SQL ms + allowance | p95 within |",
-            "|---|---:|---:|---|---:|---:|---|",
+            "| page | CPU p50 ms | x minimal | <= 10x | p95 ms | SQL ms p95 | wall - SQL p95 | allowance "
+            "| p95 within | GC ms p95 (max) |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---|---:|",
         ]
         for row in rows:
             if row is minimal:
                 continue
-            ratio, bound = row["cpu"] / minimal["cpu"], row["query_ms"] + allowance
+            ratio, within = row["cpu"] / minimal["cpu"], row["beside_sql_p95"] <= allowance
             lines.append(
                 f"| {row['label']} | {row['cpu']:.1f} | {ratio:.1f}x | {'yes' if ratio <= 10 else '**no**'} | "
-                f"{row['p95']:.1f} | {bound:.1f} | {'yes' if row['p95'] <= bound else '**no**'} |"
+                f"{row['p95']:.1f} | {row['sql_p95']:.1f} | {row['beside_sql_p95']:.1f} | {allowance:.1f} | "
+                f"{'yes' if within else '**no**'} | {row['gc_p95']:.1f} ({row['gc_max']:.1f}) |"
             )
     lines += [
         "",

@@ -231,7 +231,8 @@ SECURE_CSP = {
 
 TEMPLATES = [
     {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "BACKEND": "taskhub.web.template_backend.DjangoTemplates",  # Django's, less a cycle per render
+        "NAME": "django",
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {

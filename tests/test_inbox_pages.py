@@ -18,9 +18,10 @@ from taskhub.audit.services import record_event
 from taskhub.mcp.schema_fields import ELICITATION
 from taskhub.tasks import services
 from taskhub.tasks.card_context import BEFORE_SHOWN, with_context
-from taskhub.tasks.input_cards import card_for, url_target
+from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.live_inbox import inbox_fragment
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
+from taskhub.tasks.url_targets import url_target
 from tests.account_fixtures import make_user
 from tests.helpers import snapshot
 from tests.inbox_fixtures import client_for, remote_id, request_of, task_asking

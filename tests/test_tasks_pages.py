@@ -24,7 +24,7 @@ from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
 from taskhub.mcp.client import ToolCompleted
 from taskhub.observability.models import TaskStatusDelta
-from taskhub.tasks import outcomes, presenters, queries, services
+from taskhub.tasks import capped_text, outcomes, presenters, queries, services
 from taskhub.tasks.models import Task
 from taskhub.tasks.views import listing
 from taskhub.tasks.views.listing import PAGE_SIZE
@@ -434,18 +434,18 @@ def test_the_timeline_shows_the_latest_events_when_there_are_very_many(alpha, ol
         {"1": "x"},
         {1: "x"},  # the same JSON as the value before: indented the same
         {"when": datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)},  # not JSON: as str
-        "x" * (presenters.PRETTY_KEPT_CHARS + 10),  # too long to keep: indented each time
+        "x" * (capped_text.PRETTY_KEPT_CHARS + 10),  # too long to keep: indented each time
         {"big": "y" * 100},
     ],
 )
 def test_pretty_json_is_json_indented_whether_kept_or_not(value):
     expected = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     for _ in range(2):  # written, then kept
-        shown = presenters.pretty_json(value, limit=50)
+        shown = capped_text.pretty_json(value, limit=50)
         assert (shown.text, shown.truncated, shown.total) == (expected[:50], len(expected) > 50, len(expected))
     circular = []
     circular.append(circular)
-    assert presenters.pretty_json(circular).text == repr(circular)
+    assert capped_text.pretty_json(circular).text == repr(circular)
 
 
 def test_an_operator_cancels_and_the_page_says_cancel_requested(client, alpha, olga):

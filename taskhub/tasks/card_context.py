@@ -14,8 +14,8 @@ from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
 from taskhub.audit.models import AuditEvent, shown_actor, shown_description
+from taskhub.tasks.capped_text import cap, pretty_json
 from taskhub.tasks.input_cards import Card
-from taskhub.tasks.presenters import cap, pretty_json
 
 BEFORE_SHOWN = 6
 # Events a little after the question's row was written still belong to its asking (one transaction, two clocks).

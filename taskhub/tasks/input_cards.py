@@ -6,12 +6,10 @@ check permissions.may_answer before acting.
 """
 
 import datetime
-import ipaddress
 import json
 import math
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -25,6 +23,7 @@ from taskhub.tasks.models import GATE_METHOD, InputRequest, InputRequestState
 from taskhub.tasks.sampling_cards import REPLY_MAX_CHARS, SamplingView, sampling_reply, sampling_view
 from taskhub.tasks.schema_forms import CANNOT_RENDER, SchemaForm, answer_form
 from taskhub.tasks.services import answerer_name
+from taskhub.tasks.url_targets import UrlTarget, url_target
 
 MESSAGE_MAX_CHARS = 4000
 HEADLINE_MAX_CHARS = 160  # the message's first line, as the card's title
@@ -33,7 +32,6 @@ TITLES_SHOWN = 6
 TITLE_MAX_CHARS = 60
 KEY_SEPARATORS = ":/#._-|"
 PARAMS_MAX_CHARS = 6000
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 ACTION_WORDS = {
     "accept": pgettext_lazy("an answer's action", "accepted"),
     "decline": pgettext_lazy("an answer's action", "declined"),
@@ -44,63 +42,6 @@ OTHER_METHODS = {
     SAMPLING: _("asks the client's language model to write a message (sampling)"),
     "roots/list": _("asks for the client's file-system roots"),
 }
-
-
-@dataclass(frozen=True)
-class UrlTarget:
-    url: str
-    host: str
-    clickable: bool
-    problem: str = ""
-
-
-def url_target(value: Any) -> UrlTarget:
-    """Whether a URL-mode request may be opened: https anywhere, http only on a loopback host (development)."""
-    url = value if isinstance(value, str) else ""
-    if not url.strip():
-        return UrlTarget(url=url, host="", clickable=False, problem=gettext("The server sent no URL."))
-    try:
-        parts = urlsplit(url.strip())
-        host = parts.hostname or ""
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError:
-        return UrlTarget(url=url, host="", clickable=False, problem=gettext("This is not a well-formed URL."))
-    if any(ch.isspace() or ord(ch) < 32 for ch in url.strip()):
-        problem = gettext("The URL contains spaces or control characters.")
-        return UrlTarget(url=url, host=host, clickable=False, problem=problem)
-    scheme = parts.scheme.lower()
-    if scheme not in ("https", "http"):
-        return UrlTarget(
-            url=url,
-            host=host,
-            clickable=False,
-            problem=gettext("taskhub opens only https: links, not %(scheme)s: ones; decline or cancel this request.")
-            % {"scheme": scheme or "scheme-less"},
-        )
-    if not host:
-        return UrlTarget(url=url, host="", clickable=False, problem=gettext("The URL names no host."))
-    if scheme == "https":
-        return UrlTarget(url=url, host=host, clickable=True)
-    if scheme == "http" and _is_loopback(host):
-        return UrlTarget(url=url, host=host, clickable=True)
-    return UrlTarget(
-        url=url,
-        host=host,
-        clickable=False,
-        problem=gettext(
-            "taskhub opens only https: links (http: only on this machine, for development); "
-            "decline or cancel this request."
-        ),
-    )
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
