@@ -42,12 +42,12 @@ def _indented(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
-# Indented JSON is written by json's pure-Python encoder (the C one writes only compact JSON): some 20 µs for a task's
-# few arguments, a millisecond of the inbox's 50 cards. What one compact text holds indents the same, so the indented
-# text is kept by the compact one, which the C encoder writes at a fraction of the cost; only short ones (the process
-# keeps at most PRETTY_KEPT of PRETTY_KEPT_CHARS, a few MB).
+# Indented JSON is written by json's pure-Python encoder (the C one writes only compact JSON): 8.4 µs for a task's few
+# arguments, 3.5 kept, on each of the inbox's 50 cards. What one compact text holds indents the same, so the indented
+# text is kept by the compact one, which the C encoder writes at a third of the cost; only short ones (the process
+# keeps at most PRETTY_KEPT of at most PRETTY_KEPT_CHARS, some 6 MB at worst).
 PRETTY_KEPT = 1000
-PRETTY_KEPT_CHARS = 4000
+PRETTY_KEPT_CHARS = 2000
 _pretty_kept: dict[str, str] = {}
 
 
