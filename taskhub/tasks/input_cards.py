@@ -92,6 +92,8 @@ INPUT_REQUEST_SHOWN = (
     "closed_reason",
 )
 TASK_SHOWN = ("id", "status", "tool")
+# The rows a card reads beside its request's: its task and server, its answerer, the group it was escalated to.
+CARD_RELATED = ("task__server", "answered_by", "escalated_to")
 # What a card reads of its task and server (the template's, card_for's, the inbox's context and like groups', the
 # answer rules'), so that a page of cards reads only these columns of theirs: not a task's result and error, nor a
 # server's catalogue, capabilities and encrypted credentials, each decoded once per card. The request's own columns,
@@ -352,7 +354,7 @@ def _pretty(value: Any) -> str:
 def for_cards(requests: QuerySet[InputRequest]) -> QuerySet[InputRequest]:
     """`requests` with what their cards read of them, their tasks and servers, their answerers and groups."""
     own = tuple(field.name for field in InputRequest._meta.concrete_fields)
-    return requests.select_related("task__server", "answered_by", "escalated_to").only(*own, *CARD_TASK_READS)
+    return requests.select_related(*CARD_RELATED).only(*own, *CARD_TASK_READS)
 
 
 def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:
@@ -362,7 +364,7 @@ def requests_user_may_see(user, ids) -> QuerySet[InputRequest]:
             pk__in=ids,
             server__in=permissions.servers_user_may_approve(user),
         )
-        .select_related("task__server", "answered_by", "escalated_to")
+        .select_related(*CARD_RELATED)
         .order_by("created_at", "pk")
     )
 

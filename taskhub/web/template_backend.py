@@ -16,13 +16,10 @@ from django.template.context import make_context
 
 class DjangoTemplates(django_backend.DjangoTemplates):
     def from_string(self, template_code):
-        return Template(self.engine.from_string(template_code), self)
+        return Template(super().from_string(template_code).template, self)
 
     def get_template(self, template_name):
-        try:
-            return Template(self.engine.get_template(template_name), self)
-        except TemplateDoesNotExist as exc:
-            django_backend.reraise(exc, self)
+        return Template(super().get_template(template_name).template, self)
 
 
 class Template(django_backend.Template):
