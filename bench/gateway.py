@@ -10,7 +10,10 @@ at a time, on one aiohttp session with hand-built JSON (the same body and routin
 gateway's also carry the bearer token): requests per second over the whole batch, per-request latency (p50,
 p95, max) from send to the whole answer read, and the CPU the serving process (daphne; the demo server) spent per
 request. The two paths alternate `--rounds` times, so load drifts hit both. Then `--calls` `tools/call` of the
-demo's `quick` tool (an echo) one at a time on each path, alternating: what the gateway adds to a quick call.
+demo's `quick` tool (an echo) one at a time on each path, alternating: what the gateway adds to a quick call, as it
+sends the call itself (taskhub/gateway/sending.py; the tasks launched before connected its client) and, on a second
+daphne with TASKHUB_GATEWAY_SENDS_CALLS=0, as the worker sends it; with where the time goes (the launch's audit rows)
+and which process sent each call.
 What differs: the gateway is taskhub on daphne (a plain `tasks/get` answered from one prepared statement joining the
 token, its user and the task, outside Django's handler: taskhub/gateway/direct.py; the wire mapping); the demo server
 is the SDK's Streamable HTTP app on uvicorn with an in-process task store. A third path in the same rounds, "daphne
@@ -60,6 +63,7 @@ from pathlib import Path
 
 import aiohttp
 from livestack import (
+    PROCESS_SETTINGS,
     ROOT,
     append_results,
     drop,
@@ -141,6 +145,7 @@ async def poll_batch(
 async def measure(
     args,
     gateway_url: str,
+    by_worker_url: str,
     demo_url: str,
     floor_url: str,
     token: str,
@@ -174,38 +179,47 @@ async def measure(
                     f"round {round_number} {path}: {rate:,.0f} tasks/get per second, p50 {median:.1f} ms, "
                     f"{results[path]['cpu_ms'][-1]:.2f} ms of its server's CPU per request"
                 )
-        results["calls"] = await quick_calls(session, gateway_url, demo_url, token, args.calls)
+        results["calls"] = await quick_calls(session, gateway_url, by_worker_url, demo_url, token, args.calls)
     return results
 
 
+# The quick calls' paths: the gateway sending the call itself (taskhub/gateway/sending.py), the same gateway on a
+# daphne with TASKHUB_GATEWAY_SENDS_CALLS=0 (the worker sends it, as before), and the demo server called directly.
+CALL_PATHS = ("gateway", "gateway_by_worker", "demo")
+
+
 async def quick_calls(
-    session: aiohttp.ClientSession, gateway_url: str, demo_url: str, token: str, count: int
+    session: aiohttp.ClientSession, gateway_url: str, by_worker_url: str, demo_url: str, token: str, count: int
 ) -> dict[str, list[float]]:
-    """`count` `tools/call` of the demo's `quick` tool (an echo, never a task) one at a time, through the gateway
-    (recorded, launched by the worker, its answer woken through the channel layer) and straight to the demo server,
-    alternating: each one's ms from send to the whole answer read."""
-    latencies: dict[str, list[float]] = {"gateway": [], "demo": [], "sent_at": [], "answered_at": []}
+    """`count` `tools/call` of the demo's `quick` tool (an echo, never a task) one at a time on each path, the paths
+    alternating: each one's ms from send to the whole answer read, and for the gateway's paths when it was sent and
+    answered (wall clock, for the steps read off the audit rows). The arguments name the path: `<path> <n>`."""
+    latencies: dict[str, list[float]] = {path: [] for path in CALL_PATHS}
+    moments: dict[str, list[tuple[float, float]]] = {path: [] for path in CALL_PATHS}
+    agent = {"Authorization": f"Bearer {token}"}
     for n in range(count):
         for path, url, headers in (
-            ("gateway", gateway_url, {"Authorization": f"Bearer {token}"}),
+            ("gateway", gateway_url, agent),
+            ("gateway_by_worker", by_worker_url, agent),
             ("demo", demo_url, {}),
         ):
-            call = {"name": "quick", "arguments": {"text": f"call {n}"}}
+            text = f"{path} {n}"
+            call = {"name": "quick", "arguments": {"text": text}}
             sent_at, started = time.time(), time.perf_counter()
             async with session.post(
                 url, data=body("tools/call", call, n), headers={**routing("tools/call", "quick"), **headers}
             ) as response:
                 answer = await response.read()
             latencies[path].append(ms(time.perf_counter() - started))
-            if path == "gateway":
-                latencies["sent_at"].append(sent_at)
-                latencies["answered_at"].append(time.time())
-            if response.status != 200 or f"echo: call {n}".encode() not in answer:
+            moments[path].append((sent_at, time.time()))
+            if response.status != 200 or f"echo: {text}".encode() not in answer:
                 raise SystemExit(f"tools/call quick through {path} failed ({response.status}): {answer[:300]!r}")
     if count:
-        gateway, demo = spread(latencies["gateway"]), spread(latencies["demo"])
-        say(f"tools/call quick: gateway p50 {gateway['p50']:.1f} ms, demo server p50 {demo['p50']:.1f} ms")
-    return latencies
+        say(
+            "tools/call quick, p50: "
+            + ", ".join(f"{path} {spread(latencies[path])['p50']:.1f} ms" for path in CALL_PATHS)
+        )
+    return {**latencies, "moments": moments}
 
 
 def main() -> None:
@@ -236,6 +250,7 @@ def main() -> None:
     load_start = load()
     env = prepare(args.database_url, args.redis_url, f"benchgateway{os.getpid()}")
     from account_fixtures import make_user
+    from browser_fixtures import running_daphne
     from demo_process import DemoServer
     from stack_fixtures import register_and_discover
 
@@ -247,6 +262,7 @@ def main() -> None:
         with (
             DemoServer("--poll-interval-ms", str(args.upstream_poll_ms)) as demo,
             web_and_worker(env, f"bench-gateway-{os.getpid()}") as (web, worker),
+            running_daphne(**{key: env[key] for key in PROCESS_SETTINGS}, TASKHUB_GATEWAY_SENDS_CALLS="0") as by_worker,
             daphne_alone() as floor,
         ):
             agent = make_user(f"agent-{uuid.uuid4().hex[:6]}", ADMINS)
@@ -261,8 +277,10 @@ def main() -> None:
             with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
                 pids = {"gateway": web.process.pid, "demo": demo.process.pid, "floor": floor.process.pid}
                 floor_url = f"{floor.url}/mcp/servers/{server.name}"
-                results = asyncio.run(measure(args, gateway_url, demo.url, floor_url, token, remote_of, pids))
-            results["call_steps"] = call_steps(results["calls"], agent)
+                by_worker_url = f"{by_worker.url}/mcp/servers/{server.name}"
+                urls = (gateway_url, by_worker_url, demo.url, floor_url)
+                results = asyncio.run(measure(args, *urls, token, remote_of, pids))
+            results["call_steps"] = {path: call_steps(results["calls"], path) for path in CALL_PATHS[:2]}
     finally:
         drop(args.database_url)
     report(args, results, load_start)
@@ -287,39 +305,47 @@ def launched_through_the_gateway(url: str, token: str, count: int, *tool_and_arg
 
 
 CALL_STEPS = (
-    ("sent → recorded by the gateway (task.launched)", None, "task.launched"),
-    ("→ the worker sends it (task.launch_sent)", "task.launched", "task.launch_sent"),
+    ("sent → the launch recorded (task.launched)", None, "task.launched"),
+    ("→ marked sent (task.launch_sent)", "task.launched", "task.launch_sent"),
     ("→ the server's answer recorded (task.launch_answered)", "task.launch_sent", "task.launch_answered"),
     ("→ the answer read by the agent", "task.launch_answered", None),
 )
 
 
-def call_steps(calls: dict[str, list[float]], agent) -> list[tuple[str, float]]:
-    """Where a quick call's time goes through the gateway: p50 ms of each step between the agent's send, the
-    audit rows of its launch (their commit-time clocks are the database's, on this machine) and the answer read."""
+def call_steps(calls: dict, path: str) -> tuple[list[tuple[str, float]], dict[str, int]]:
+    """Where a quick call's time goes on one of the gateway's paths: p50 ms of each step between the agent's send,
+    the audit rows of its launch (their clocks are the database's, on this machine) and the answer read; and how many
+    of the calls each process sent (the `task.launch_sent` row's actor: gateway or worker)."""
     from taskhub.audit.models import AuditEvent
     from taskhub.tasks.models import Task
 
-    count = len(calls["sent_at"])
-    if not count:
-        return []
-    tasks = list(
-        Task.objects.filter(launched_by=agent, tool="quick").order_by("created_at").values_list("pk", flat=True)
-    )
-    tasks = tasks[-count:]
+    sent_and_answered = calls["moments"][path]
+    if not sent_and_answered:
+        return [], {}
+    task_of = {
+        arguments["text"]: task_id
+        for task_id, arguments in Task.objects.filter(tool="quick", arguments__text__startswith=f"{path} ").values_list(
+            "pk", "arguments"
+        )
+    }
+    tasks = [task_of.get(f"{path} {n}") for n in range(len(sent_and_answered))]
     times: dict = {}
-    for task_id, action, at in AuditEvent.objects.filter(
-        task_id__in=tasks, action__in=["task.launched", "task.launch_sent", "task.launch_answered"]
-    ).values_list("task_id", "action", "time"):
+    senders: dict[str, int] = {}
+    for task_id, action, at, actor in AuditEvent.objects.filter(
+        task_id__in=[task for task in tasks if task is not None],
+        action__in=["task.launched", "task.launch_sent", "task.launch_answered"],
+    ).values_list("task_id", "action", "time", "actor_label"):
         times.setdefault(task_id, {})[action] = at.timestamp()
+        if action == "task.launch_sent":
+            senders[actor] = senders.get(actor, 0) + 1
     steps: dict[str, list[float]] = {label: [] for label, _, _ in CALL_STEPS}
-    for task_id, sent_at, answered_at in zip(tasks, calls["sent_at"], calls["answered_at"], strict=True):
+    for task_id, (sent_at, answered_at) in zip(tasks, sent_and_answered, strict=True):
         moments = {None: sent_at, **times.get(task_id, {})}
         for label, start, end in CALL_STEPS:
             end_at = answered_at if end is None else moments.get(end)
             if moments.get(start) is not None and end_at is not None:
                 steps[label].append(ms(end_at - moments[start]))
-    return [(label, spread(values)["p50"]) for label, values in steps.items() if values]
+    return [(label, spread(values)["p50"]) for label, values in steps.items() if values], senders
 
 
 def report(args, results: dict, load_start: str) -> None:
@@ -352,21 +378,34 @@ def report(args, results: dict, load_start: str) -> None:
         f"gateway / daphne alone: {gateway_rate / floor_rate:.2f}x"
     )
     if args.calls:
-        gateway, demo = spread(results["calls"]["gateway"]), spread(results["calls"]["demo"])
+        figures = {path: spread(results["calls"][path]) for path in CALL_PATHS}
+        names = {
+            "gateway": "gateway, sending the call itself (taskhub/gateway/sending.py)",
+            "gateway_by_worker": "gateway with TASKHUB_GATEWAY_SENDS_CALLS=0 (the worker sends it, answer woken)",
+            "demo": "demo server directly",
+        }
         lines += [
             "",
             f"`tools/call` of the demo's `quick` tool (an echo), {args.calls} per path, one at a time, alternating:",
             "",
-            "| path | p50 ms | p95 ms | max ms |",
-            "|---|---|---|---|",
-            f"| gateway (recorded, sent by the worker, answer woken) | {gateway['p50']:.1f} | {gateway['p95']:.1f} | "
-            f"{gateway['max']:.1f} |",
-            f"| demo server directly | {demo['p50']:.1f} | {demo['p95']:.1f} | {demo['max']:.1f} |",
+            "| path | p50 ms | p95 ms | max ms | adds p50 ms |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {names[path]} | {figure['p50']:.1f} | {figure['p95']:.1f} | {figure['max']:.1f} | "
+                f"{figure['p50'] - figures['demo']['p50']:.1f} |"
+                for path, figure in figures.items()
+            ),
             "",
-            f"- the gateway adds {gateway['p50'] - demo['p50']:.1f} ms p50 (issue 37 item 1's goal: <= 10 ms); "
-            "where it goes, p50 of each step: "
-            + "; ".join(f"{label} {value:.1f} ms" for label, value in results.get("call_steps", [])),
+            f"- the gateway adds {figures['gateway']['p50'] - figures['demo']['p50']:.1f} ms p50 (issue 37 item 1's "
+            "goal: <= 10 ms)",
         ]
+        for path, (steps, senders) in results.get("call_steps", {}).items():
+            lines.append(
+                f"- {names[path]}: sent by "
+                + ", ".join(f"{actor} {count}" for actor, count in sorted(senders.items()))
+                + "; p50 of each step: "
+                + "; ".join(f"{label} {value:.1f} ms" for label, value in steps)
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_record:

@@ -371,6 +371,9 @@ TASKHUB_QUESTION_WAIT_SECONDS = float(os.environ.get("TASKHUB_QUESTION_WAIT_SECO
 TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS", "5"))
 TASKHUB_GATEWAY_SYNC_WAIT_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_SYNC_WAIT_SECONDS", "60"))
 TASKHUB_GATEWAY_POLL_INTERVAL_MS = int(os.environ.get("TASKHUB_GATEWAY_POLL_INTERVAL_MS", "1000"))
+# Whether the gateway sends an agent's first tools/call to an HTTP server itself, on a client it keeps, where nothing
+# of the worker's is needed (taskhub/gateway/sending.py); off: the worker sends every call.
+TASKHUB_GATEWAY_SENDS_CALLS = env_bool("TASKHUB_GATEWAY_SENDS_CALLS", True)
 # The longest a gateway subscriptions/listen stream stays open (the agent listens again after it ends).
 TASKHUB_GATEWAY_LISTEN_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_LISTEN_SECONDS", "600"))
 # Open subscriptions/listen streams and waiting tools/call requests a daphne process holds, per API token and in

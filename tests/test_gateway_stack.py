@@ -152,6 +152,60 @@ def test_a_thousand_agent_polls_cause_no_upstream_request(gateway):
     assert upstream_polls <= elapsed / (POLL_INTERVAL_MS / 1000) + 2, (upstream_polls, elapsed)
 
 
+def test_once_its_client_is_connected_the_gateway_sends_calls_itself_as_the_worker_would(gateway):
+    """The first call to a server goes through the worker while the gateway connects a client of its own; later ones
+    the gateway sends itself (taskhub/gateway/sending.py): the same answers, tasks and audit trail, marked as its own.
+    A task the server makes that way is followed by the worker's tracker, and cancelled through it."""
+    headers = {"Authorization": f"Bearer {gateway['token']}"}
+
+    async def call(name: str, arguments: dict, request_id: int) -> dict:
+        async with aiohttp.ClientSession(headers=headers) as session:
+            params = {"name": name, "arguments": arguments}
+            return await rpc(session, gateway["url"], "tools/call", params, request_id=request_id)
+
+    def sent_by(arguments: dict) -> str:
+        task = Task.objects.get(launched_by=gateway["agent"], arguments=arguments)
+        return AuditEvent.objects.get(task=task, action="task.launch_sent").actor_label
+
+    first = asyncio.run(call("quick", {"text": "call 0"}, 0))
+    assert first["result"]["content"][0]["text"] == "echo: call 0"
+    assert sent_by({"text": "call 0"}) == "worker"
+
+    numbers = iter(range(1, 1000))
+
+    def a_call_the_gateway_sent() -> int | None:
+        n = next(numbers)
+        answer = asyncio.run(call("quick", {"text": f"call {n}"}, n))
+        assert answer["result"]["content"][0]["text"] == f"echo: call {n}", answer
+        return n if sent_by({"text": f"call {n}"}) == "gateway" else None
+
+    n = wait_until(a_call_the_gateway_sent, what="a call the gateway sent itself", interval=0.1)
+    task = Task.objects.get(launched_by=gateway["agent"], arguments={"text": f"call {n}"})
+    assert task.status == "completed" and task.result["content"][0]["text"] == f"echo: call {n}"
+    trail = AuditEvent.objects.filter(task=task).order_by("id").values_list("action", "actor_label")
+    assert [(action, label or "") for action, label in trail] == [
+        ("task.launched", "agent"),
+        ("task.launch_sent", "gateway"),
+        ("task.launch_answered", "gateway"),
+    ]
+
+    created = asyncio.run(call("slow_compute", {"seconds": 600}, 1000))
+    task_id = created["result"]["taskId"]
+    assert sent_by({"seconds": 600}) == "gateway"
+    wait_until(
+        lambda: Task.objects.filter(pk=task_id, status="working", poll__isnull=False).exists(),
+        what="the task followed by the tracker",
+    )
+    answer = asyncio.run(call_method(headers, gateway["url"], "tasks/cancel", {"taskId": task_id}))
+    assert "result" in answer, answer
+    wait_until(lambda: Task.objects.filter(pk=task_id, status="cancelled").exists(), what="the cancel delivered")
+
+
+async def call_method(headers: dict, url: str, method: str, params: dict) -> dict:
+    async with aiohttp.ClientSession(headers=headers) as session:
+        return await rpc(session, url, method, params)
+
+
 def test_the_cli_calls_through_the_aggregate_endpoint_and_answers_a_passed_through_question(gateway):
     """No approval policy applies: the server's question is the agent's, answered with --answer; the task, the
     answer and its delivery are taskhub's, under the agent's name."""

@@ -9,6 +9,8 @@ from taskhub.audit.models import AuditEvent
 
 SYSTEM = "system"
 WORKER = "worker"
+# A tools/call the gateway sent itself (taskhub/gateway/sending.py): its marker and outcome are recorded as its.
+GATEWAY = "gateway"
 
 
 def storable(value: Any) -> Any:

@@ -1,10 +1,14 @@
 """What each method of the gateway does, in sync code on the request's thread (the view awaits it). Writes go
 through taskhub.tasks.services only: a call is a launch, an answer is answer_input, a cancel is request_cancel.
-Nothing here sends a request to an upstream server; the worker does, from the jobs the services defer."""
+Nothing here sends a request to an upstream server: the worker does, from the jobs the services defer, or, for a
+first call where nothing of the worker's is needed, the gateway's sender (taskhub/gateway/sending.py) once the
+launch is committed."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import json
 import uuid
@@ -14,11 +18,12 @@ from typing import Any
 import mcp_types
 from django.conf import settings
 from django.core import signing
+from django.db import transaction
 from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.api.models import ApiToken
-from taskhub.gateway import wire_tasks
+from taskhub.gateway import sending, wire_tasks
 from taskhub.gateway.catalogue import Endpoint
 from taskhub.gateway.protocol import (
     FORBIDDEN,
@@ -71,6 +76,8 @@ class Launched:
     task_id: uuid.UUID
     declared: bool
     after_round: int
+    # The call the gateway sends itself (sending.py): done once its outcome is committed, or nothing more comes.
+    told: concurrent.futures.Future | None = None
 
 
 def call_tool(endpoint: Endpoint, user, call: Call) -> Launched:
@@ -94,18 +101,44 @@ def call_tool(endpoint: Endpoint, user, call: Call) -> Launched:
     terms = permissions.answer_terms(server_id=server.pk, tool=tool)
     if terms.gate_before_call and not declared:
         raise missing_tasks_extension()  # people approve first: that takes a task to wait on
+    launching = {"server": server, "tool": tool, "arguments": arguments, "user": user, "token": agent_token(user)}
+    # The gateway sends a call once its launch has committed: not from inside a caller's transaction (a test's).
+    in_a_transaction = transaction.get_connection().in_atomic_block
+    send = None if terms.gate_before_call or in_a_transaction else sending.SENDER.take(server, declares_tasks=declared)
+    if send is None:
+        try:
+            task = services.launch(**launching, declares_tasks=declared)
+        except TaskError as refused:
+            raise invalid_params(str(refused)) from None
+        return Launched(task_id=task.id, declared=declared, after_round=0)
+
+    return _launch_and_send(send, launching, declared=declared)
+
+
+def _launch_and_send(send: sending.GatewaySend, launching: dict[str, Any], *, declared: bool) -> Launched:
+    """The launch marked sent by the gateway, and its call sent on the kept client `send` as the launch commits,
+    while the commit's other hooks (the live pages' publish) run."""
+    told: list[concurrent.futures.Future] = []
+
+    def start_sending(launched: tuple[Task, bool]) -> None:
+        task, sends = launched
+        if sends:
+            told.append(sending.SENDER.send(send, task=task, tools=launching["server"].tools))
+
+    launch = functools.partial(
+        services.launch_sent_by_gateway, **launching, declares_tasks=declared, answer_within=send.kept.timeout
+    )
     try:
-        task = services.launch(
-            server=server,
-            tool=tool,
-            arguments=arguments,
-            user=user,
-            declares_tasks=declared,
-            token=agent_token(user),
-        )
-    except TaskError as refused:
-        raise invalid_params(str(refused)) from None
-    return Launched(task_id=task.id, declared=declared, after_round=0)
+        task, sends = sending.committed_first(start_sending, launch)
+    except BaseException as error:
+        sending.SENDER.give_back(send)
+        if isinstance(error, TaskError):
+            raise invalid_params(str(error)) from None
+        raise
+    if not sends:  # the gate held it for people after all (its policy changed meanwhile)
+        sending.SENDER.give_back(send)
+        return Launched(task_id=task.id, declared=declared, after_round=0)
+    return Launched(task_id=task.id, declared=declared, after_round=0, told=told[0])
 
 
 def stream_refusal(token_id: int) -> RpcError | None:
@@ -211,10 +244,9 @@ def call_answer(launched: Launched, user) -> dict[str, Any]:
     """What tools/call answers once the launch settled (or the wait ran out): upstream's complete result or error,
     its MRTR input requests when the agent answers them, else the task."""
     task = Task.objects.select_related("server").get(pk=launched.task_id)
+    if (completed := completed_answer(task)) is not None:
+        return completed
     if task.remote_task_id is None:
-        if task.status == TaskStatus.COMPLETED:
-            result = task.result if isinstance(task.result, dict) else {"content": [], "isError": False}
-            return {"resultType": "complete", **result}
         if task.status == TaskStatus.FAILED and _upstream_error(task):
             error = wire_tasks.error_of(task)
             raise RpcError(error["code"], bounded(error["message"]), error.get("data"))
@@ -239,6 +271,14 @@ def call_answer(launched: Launched, user) -> dict[str, Any]:
         f"No result within {settings.TASKHUB_GATEWAY_SYNC_WAIT_SECONDS} s; the call goes on as taskhub task {task.id}"
         " (declare the Tasks extension to follow it).",
     )
+
+
+def completed_answer(task: Task) -> dict[str, Any] | None:
+    """What tools/call answers when the call was answered with its result (no task), read off the task alone."""
+    if task.remote_task_id is not None or task.status != TaskStatus.COMPLETED:
+        return None
+    result = task.result if isinstance(task.result, dict) else {"content": [], "isError": False}
+    return {"resultType": "complete", **result}
 
 
 def _upstream_error(task: Task) -> bool:

@@ -11,6 +11,7 @@ nothing is read or written but the token lookup: HTTP 401 with a JSON-RPC error.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -37,6 +38,7 @@ from taskhub.gateway.protocol import (
 )
 from taskhub.live.hub import HUB_LOST
 from taskhub.live.publish import ACCESS_CHANGED, TASK_CHANGED
+from taskhub.tasks.models import Task
 from taskhub.web.request_threads import StreamAfterRequest
 
 logger = logging.getLogger(__name__)
@@ -178,12 +180,34 @@ async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
     if call.method == "tools/call":
         with waiting.take_slot(user.api_token.pk):  # before the launch: past the cap nothing is recorded
             launched = await waiting.in_turn(calls.call_tool, endpoint, user, call)
-            await _wait_for_launch(launched)
+            if launched.told is not None:
+                recorded = await _wait_for_own_send(launched)
+                if recorded is not None and (completed := calls.completed_answer(recorded)) is not None:
+                    return completed  # the result, as recorded: nothing to read again
+            else:
+                await _wait_for_launch(launched)
         return await waiting.in_turn(calls.call_answer, launched, user)
     handler = SYNC_METHODS.get(call.method)
     if handler is None:
         raise method_not_found(call.method)  # tasks/result and tasks/list among them: removed by the extension
     return await waiting.in_turn(handler, endpoint, user, call)
+
+
+async def _wait_for_own_send(launched: calls.Launched) -> Task | None:
+    """Until the call the gateway sends itself is answered and recorded (the task as recorded, when its service
+    returned it), or the wait runs out (None: the agent gets the task, and the call goes on being sent and recorded;
+    the agent leaving does not cut it short either)."""
+    assert launched.told is not None
+    told = asyncio.wrap_future(launched.told)
+    wait = (
+        settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS
+        if launched.declared
+        else settings.TASKHUB_GATEWAY_SYNC_WAIT_SECONDS
+    )
+    try:
+        return await asyncio.wait_for(asyncio.shield(told), wait)
+    except TimeoutError:
+        return None
 
 
 async def _wait_for_launch(launched: calls.Launched) -> None:

@@ -671,6 +671,16 @@ class TasksClient:
 
     # -- protocol methods -----------------------------------------------------------------------
 
+    async def answers(self) -> None:
+        """Whether the server answers, on this client's connection (made if there is none): one `server/discover`,
+        as the 2026-07-28 revision has no `ping` (on an `initialize` session, its cached result: no request)."""
+
+        async def send(client: Client) -> None:
+            if client.session.discover_result is not None:
+                await client.session.send_discover(client.protocol_version)
+
+        await self._request("server/discover", send)
+
     async def discover(self) -> Discovery:
         """Capabilities (extensions included) and the tool list, from `server/discover` or `initialize`."""
 

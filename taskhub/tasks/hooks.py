@@ -39,26 +39,40 @@ DELIVERY_PRIORITY = 10
 BULK_CANCEL_PRIORITY = LAUNCH_PRIORITY
 
 
-def _defer(job_name: str, *, lock: str, priority: int, queue: str, **task_kwargs) -> int:
+def _defer(
+    job_name: str, *, lock: str, priority: int, queue: str, schedule_in: dict[str, float] | None = None, **task_kwargs
+) -> int:
     deferrer = tasks.configure_task(
-        name=job_name, job_manager=jobs_in_django_transaction(), lock=lock, priority=priority, queue=queue
+        name=job_name,
+        job_manager=jobs_in_django_transaction(),
+        lock=lock,
+        priority=priority,
+        queue=queue,
+        schedule_in=schedule_in,
     )
     return deferrer.defer(**task_kwargs)
 
 
 def enqueue_launch(
-    task_id: uuid.UUID, *, carries_answers: bool = False, queue: str = DEFAULT_QUEUE, declares_tasks: bool = True
+    task_id: uuid.UUID,
+    *,
+    carries_answers: bool = False,
+    queue: str = DEFAULT_QUEUE,
+    declares_tasks: bool = True,
+    not_before_seconds: float | None = None,
 ) -> None:
     """The launch job sends tools/call for a task in status `launching` and records its outcome.
 
     An MRTR retry `carries_answers`: its tools/call is the delivery of a round's answers, so it goes as one.
-    `declares_tasks=False`: the call does not declare the Tasks extension (a gateway caller that did not)."""
+    `declares_tasks=False`: the call does not declare the Tasks extension (a gateway caller that did not).
+    `not_before_seconds`: the job runs no sooner (the fallback of a call the gateway sends itself)."""
     priority = DELIVERY_PRIORITY if carries_answers else LAUNCH_PRIORITY
     _defer(
         LAUNCH_JOB,
         lock=f"launch:{task_id}",
         priority=priority,
         queue=queue,
+        schedule_in=None if not_before_seconds is None else {"seconds": not_before_seconds},
         task_id=str(task_id),
         **({} if declares_tasks else {"declares_tasks": False}),
         **tracing.job_args(),

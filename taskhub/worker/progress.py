@@ -56,10 +56,12 @@ class _Batched:
 
 
 class CallProgress(_Batched):
-    """`on_progress` for `TasksClient.call_tool`; `await aclose()` once the call has returned."""
+    """`on_progress` for `TasksClient.call_tool`; `await aclose()` once the call has returned. `store`: how the writes
+    run (the worker's `db`; the gateway's pool of threads for a call it sends itself)."""
 
-    def __init__(self, task_id: uuid.UUID) -> None:
+    def __init__(self, task_id: uuid.UUID, *, store=db) -> None:
         super().__init__(task_id, "progress")
+        self._store = store
         self._latest: tuple[float, float | None, str | None] | None = None
         self._written: tuple[float, float | None, str | None] | None = None
 
@@ -73,7 +75,7 @@ class CallProgress(_Batched):
             return
         progress, total, message = latest
         try:
-            await db(record_progress, task_id=self.task_id, progress=progress, total=total, message=message)
+            await self._store(record_progress, task_id=self.task_id, progress=progress, total=total, message=message)
         except Exception:  # a lost progress tick is no reason to fail the call
             logger.warning("task %s: storing its progress failed", self.task_id, exc_info=True)
         self._written = latest

@@ -63,13 +63,14 @@ from taskhub.tasks.services.following import (
     sent_before,
     snapshot_values,
 )
-from taskhub.tasks.services.launching import check_launch, launch, record_launch_outcome
+from taskhub.tasks.services.launching import check_launch, launch, launch_sent_by_gateway, record_launch_outcome
 from taskhub.tasks.services.retention import purge_finished_tasks
 from taskhub.tasks.services.sending import (
     LAUNCH_ATTEMPT_FIELDS,
     LaunchCall,
     cancel_before_remote_task,
     give_up_launch,
+    hand_launch_to_worker,
     launch_was_sent,
     mark_launch_sent,
     mark_launch_unknown,
@@ -105,7 +106,9 @@ __all__ = [
     "first_claim",
     "first_claimed",
     "give_up_launch",
+    "hand_launch_to_worker",
     "launch",
+    "launch_sent_by_gateway",
     "launch_was_sent",
     "locked_for_answer",
     "mark_cancel_delivered",

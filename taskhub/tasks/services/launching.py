@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import agent_label
-from taskhub.audit.services import WORKER, agent_facts, record_event, storable
+from taskhub.audit.services import GATEWAY, WORKER, agent_facts, record_event, storable
 from taskhub.mcp import schema_fields
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.catalogue import find_tool
@@ -69,6 +69,56 @@ def launch(
     API token (an agent) `user` launched it with, kept on the task and in its audit rows. `declares_tasks=False`:
     tools/call goes without the Tasks extension (the gateway, for an agent without it).
     """
+    task, terms, server = _write_launch(server=server, tool=tool, arguments=arguments, user=user, token=token)
+    if terms.gate_before_call:
+        _gate(task, terms=terms)
+    else:
+        hooks.enqueue_launch(task.id, queue=job_queue(server), declares_tasks=declares_tasks)
+    _publish_after_commit(task.id, server_id=server.pk, asks=terms.gate_before_call)  # the gate asks people
+    return task
+
+
+# How long after the gateway's call could have been answered (its timeout) the fallback job looks at it.
+GATEWAY_FALLBACK_MARGIN_SECONDS = 60.0
+
+
+@transaction.atomic
+def launch_sent_by_gateway(
+    *,
+    server: Server,
+    tool: str,
+    arguments: dict[str, Any],
+    user,
+    token=None,
+    declares_tasks: bool = True,
+    answer_within: float,
+) -> tuple[Task, bool]:
+    """A launch whose first tools/call the gateway sends itself once this commits (taskhub/gateway/sending.py): (the
+    task, whether the gateway is to send it). False: the gate holds the call for people first, as `launch` does.
+
+    The round is marked sent here (its `task.launch_sent` row), and the launch job is deferred to run only once
+    `answer_within` (the call's timeout) and a margin have passed: should the gateway stop before it records what came
+    back, the job finds the marker and makes the outcome unknown, as after a worker that stopped. The gateway's record
+    of the outcome drops that job (`sent_by_gateway=True`)."""
+    task, terms, server = _write_launch(server=server, tool=tool, arguments=arguments, user=user, token=token)
+    if terms.gate_before_call:
+        _gate(task, terms=terms)
+        _publish_after_commit(task.id, server_id=server.pk, asks=True)
+        return task, False
+    record_event(action="task.launch_sent", actor_label=GATEWAY, task=task, data={"mrtr_round": 0})
+    hooks.enqueue_launch(
+        task.id,
+        queue=job_queue(server),
+        declares_tasks=declares_tasks,
+        not_before_seconds=answer_within + GATEWAY_FALLBACK_MARGIN_SECONDS,
+    )
+    _publish_after_commit(task.id, server_id=server.pk, asks=False)
+    return task, True
+
+
+def _write_launch(
+    *, server: Server, tool: str, arguments: dict[str, Any], user, token
+) -> tuple[Task, permissions.AnswerTerms, Server]:
     server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
     if server.removed_at is not None:
         raise InvalidTransition(f"The server {server.name!r} was removed; its tools cannot be launched any more.")
@@ -91,24 +141,24 @@ def launch(
         data={"tool": tool, "arguments": arguments, "server": server.name},
         token=token,
     )
-    terms = permissions.answer_terms(server_id=server.pk, tool=tool)
-    if terms.gate_before_call:
-        _gate(task, terms=terms)
-    else:
-        hooks.enqueue_launch(task.id, queue=job_queue(server), declares_tasks=declares_tasks)
-    _publish_after_commit(task.id)
-    return task
+    return task, permissions.answer_terms(server_id=server.pk, tool=tool), server
 
 
 @transaction.atomic
 def record_launch_outcome(
-    *, task: Task, outcome: CallOutcome, answered_request_ids: Iterable[int] = (), follower: str = ""
+    *,
+    task: Task,
+    outcome: CallOutcome,
+    answered_request_ids: Iterable[int] = (),
+    follower: str = "",
+    sent_by_gateway: bool = False,
 ) -> Task:
     """What tools/call answered: a result, MRTR input requests, or a durable task to follow.
 
     `answered_request_ids`: the answers an MRTR retry carried; the server's answer to it is their delivery.
     `follower`: the worker that follows a 2025-11-25 task on its session (`outcome.on_session`); the tracker
-    follows the others."""
+    follows the others. `sent_by_gateway`: the gateway sent the call (launch_sent_by_gateway), and its fallback job
+    is dropped."""
     task = _locked(task)
     if task.status != TaskStatus.LAUNCHING:
         raise InvalidTransition(f"Task {task.id} is {task.get_status_display()}, not launching; its outcome is known.")
@@ -141,9 +191,13 @@ def record_launch_outcome(
         raise TypeError(f"not a tools/call outcome: {outcome!r}")
     _reset_launch_attempts(task)
     task.save()
-    record_event(action="task.launch_answered", actor_label=WORKER, task=task, data=data)
+    actor = GATEWAY if sent_by_gateway else WORKER
+    record_event(action="task.launch_answered", actor_label=actor, task=task, data=data)
+    if sent_by_gateway:
+        hooks.drop_pending_launch(task.id)
 
-    _supersede_open_requests(task, reason="the tool call moved on")
+    if not sent_by_gateway:  # the gateway sends only a first round, never gated: no request of the task is open
+        _supersede_open_requests(task, reason="the tool call moved on")
     if isinstance(outcome, ToolInputRequired):
         rounds_so_far = task.input_requests.aggregate(last=Max("mrtr_round"))["last"] or 0
         _open_requests(task, outcome.input_requests, mrtr_round=rounds_so_far + 1, problems=problems)
@@ -159,5 +213,13 @@ def record_launch_outcome(
         _mark_delivered(input_request=input_request)
     if task.is_terminal:
         _finished(task)
-    _publish_after_commit(task.id)
+    if sent_by_gateway:
+        # Whether the task has asked anything (the inbox's sockets hear of it then) is known without a lookup: the
+        # gateway sends only a first round, never gated, so only this answer can have asked.
+        asks = isinstance(outcome, ToolInputRequired) or (
+            isinstance(outcome, TaskCreated) and bool(outcome.task.input_requests)
+        )
+        _publish_after_commit(task.id, server_id=task.server_id, asks=asks)
+    else:
+        _publish_after_commit(task.id)
     return task

@@ -9,7 +9,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
-from taskhub.audit.services import WORKER, record_event, storable
+from taskhub.audit.services import GATEWAY, WORKER, record_event, storable
 from taskhub.mcp.secret_urls import mask_urls_in
 from taskhub.servers import services as server_services
 from taskhub.servers.hooks import job_queue
@@ -38,8 +38,9 @@ from taskhub.tasks.services.following import _supersede_open_requests
 
 
 @transaction.atomic
-def mark_launch_unknown(*, task: Task, reason: str) -> bool:
-    """tools/call may or may not have reached the server; shown as such and never resent by itself."""
+def mark_launch_unknown(*, task: Task, reason: str, sent_by_gateway: bool = False) -> bool:
+    """tools/call may or may not have reached the server; shown as such and never resent by itself.
+    `sent_by_gateway`: as record_launch_outcome's."""
     task = _locked(task)
     if task.status == TaskStatus.LAUNCH_UNKNOWN:
         return False
@@ -48,7 +49,10 @@ def mark_launch_unknown(*, task: Task, reason: str) -> bool:
     task.status = TaskStatus.LAUNCH_UNKNOWN
     task.status_message, task.status_message_is_taskhubs = cap_status_message(storable(reason)), True
     task.save(update_fields=["status", "status_message", "status_message_is_taskhubs", "updated_at"])
-    record_event(action="task.launch_unknown", actor_label=WORKER, task=task, data={"reason": task.status_message})
+    actor = GATEWAY if sent_by_gateway else WORKER
+    record_event(action="task.launch_unknown", actor_label=actor, task=task, data={"reason": task.status_message})
+    if sent_by_gateway:
+        hooks.drop_pending_launch(task.id)
     _publish_after_commit(task.id)
     return True
 
@@ -109,9 +113,8 @@ def mark_launch_sent(*, task: Task, lease_owner: str | None = None) -> LaunchCal
         return None
     mrtr_round = _launch_round(task)
     if _launch_round_sent(task, mrtr_round):
-        mark_launch_unknown(
-            task=task, reason="tools/call was sent, but its answer was never recorded (the worker stopped)."
-        )
+        reason = "tools/call was sent, but its answer was never recorded (the process that sent it stopped)."
+        mark_launch_unknown(task=task, reason=reason)
         return None
     answered = list(task.input_requests.filter(mrtr_round=mrtr_round)) if mrtr_round else []
     record_event(action="task.launch_sent", actor_label=WORKER, task=task, data={"mrtr_round": mrtr_round})
@@ -152,10 +155,25 @@ def withdraw_launch_sent(*, task: Task, reason: str) -> bool:
 
 
 @transaction.atomic
-def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool, unreachable: str | None = None) -> bool:
+def hand_launch_to_worker(*, task: Task, reason: str, declares_tasks: bool) -> bool:
+    """The gateway could not send a call it had marked sent (launch_sent_by_gateway): its connection to the server was
+    refused, so nothing went out. The marker is withdrawn, and the launch job, deferred at once in place of the
+    fallback, sends it as any launch (its retries included). False: the task is no longer launching."""
+    if not withdraw_launch_sent(task=task, reason=reason):
+        return False
+    hooks.drop_pending_launch(task.id)
+    hooks.enqueue_launch(task.id, queue=job_queue(task.server), declares_tasks=declares_tasks)
+    return True
+
+
+@transaction.atomic
+def record_launch_failure(
+    *, task: Task, error: dict[str, Any], sent: bool, unreachable: str | None = None, sent_by_gateway: bool = False
+) -> bool:
     """tools/call ended without any outcome: the server refused it with an error, or it was never sent.
 
-    `unreachable`: why the server could not be reached at all (its last attempt); that counts against its health."""
+    `unreachable`: why the server could not be reached at all (its last attempt); that counts against its health.
+    `sent_by_gateway`: as record_launch_outcome's."""
     task = _locked(task)
     if task.status != TaskStatus.LAUNCHING:
         return False
@@ -179,7 +197,10 @@ def record_launch_failure(*, task: Task, error: dict[str, Any], sent: bool, unre
             "updated_at",
         ]
     )
-    record_event(action="task.launch_failed", actor_label=WORKER, task=task, data={"error": error, "sent": sent})
+    actor = GATEWAY if sent_by_gateway else WORKER
+    record_event(action="task.launch_failed", actor_label=actor, task=task, data={"error": error, "sent": sent})
+    if sent_by_gateway:
+        hooks.drop_pending_launch(task.id)
     if unreachable is not None:
         _count_against_server(task, unreachable)
     _finished(task)
