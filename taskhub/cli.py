@@ -456,10 +456,12 @@ def web_is_healthy() -> tuple[bool, str]:
 # --- taskhub test -----------------------------------------------------------------------------------------------
 
 
-# Most of the suite's time is spent waiting on other processes (MCP servers, workers, daphne, Chromium), so two
-# pytest workers finish in about half the time even on 2 cores. A module stays on one worker (--dist loadfile), so
-# the processes a module shares start once. `-n 0` (or any -n) given to `taskhub test` replaces this.
-PARALLEL_PYTEST_ARGS = ["-n", "2", "--dist", "loadfile"]
+# Most of the suite's time is spent waiting on other processes (MCP servers, workers, daphne, Chromium): its slowest
+# modules keep 2 cores less than half busy (tests/test_engine_workers.py and test_held_questions.py on two workers:
+# 90 % of one core over 165 s), so three pytest workers finish sooner than two even on 2 cores (CI on a 2-core Xeon,
+# 2026-12-06: 1,609 s with two). A module stays on one worker (--dist loadfile), so the processes a module shares
+# start once. `-n 0` (or any -n) given to `taskhub test` replaces this.
+PARALLEL_PYTEST_ARGS = ["-n", "3", "--dist", "loadfile"]
 
 
 def run_tests(pytest_args: list[str]) -> int:
