@@ -38,7 +38,28 @@ def pytest_report_header(config):
     return f"taskhub database: {where}{scope}"
 
 
+# The modules whose tests took longest in CI (2026-12-06, three workers: each 60-210 s), run first. pytest-xdist hands
+# a worker a whole module whenever it is free (--dist loadfile), in the order collected: a long module handed out
+# last keeps one worker busy after the others have finished.
+LONGEST_MODULES = (
+    "tests/test_engine_workers.py",
+    "tests/test_conformance.py",
+    "tests/browser/test_accessibility.py",
+    "tests/test_gateway_stack.py",
+    "tests/browser/test_chinese.py",
+    "tests/browser/test_small_screens.py",
+    "tests/test_load.py",
+    "tests/browser/test_held_questions.py",
+    "tests/test_bulk_cancel_delivery.py",
+    "tests/test_cli.py",
+    "tests/browser/test_inbox_like.py",
+    "tests/browser/test_oauth_connect.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    first = {module: position for position, module in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: first.get(item.nodeid.partition("::")[0], len(first)))  # stable: the rest as collected
     if not os.environ.get(EMBEDDED_PASS_ENV):
         return
     kept = [item for item in items if item.get_closest_marker("embedded") is not None]
