@@ -6,8 +6,9 @@ request: +48 to +104 ms over calling the server directly (bench/gateway.py), whe
 launch and its `task.launch_sent` marker are one transaction (services.launch_sent_by_gateway), the call goes on a
 client already connected, and its outcome is recorded by the same services as the worker's; the request answers as
 soon as it is. Durability is the worker's: the task is written, marked sent, before anything is sent; a launch job
-deferred past the call's timeout makes the outcome unknown should this process stop before recording it; a refused
-connection, which sent nothing, hands the launch to the worker (services.hand_launch_to_worker).
+deferred past the call's timeout makes the outcome unknown should this process stop before recording it; a server
+found gone before the call was sent (a client idle for ASK_AFTER_IDLE_SECONDS asks it first) has the launch handed
+to the worker (services.hand_launch_to_worker); once the call may have gone out, a failure leaves it unknown.
 
 Only where nothing of the worker's is needed: an HTTP server (a stdio server's process is one worker's), not
 connected through OAuth (its tokens are refreshed under the worker's lock), reachable, enabled, that negotiated the
