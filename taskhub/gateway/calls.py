@@ -104,39 +104,39 @@ def call_tool(endpoint: Endpoint, user, call: Call) -> Launched:
     launching = {"server": server, "tool": tool, "arguments": arguments, "user": user, "token": agent_token(user)}
     # The gateway sends a call once its launch has committed: not from inside a caller's transaction (a test's).
     in_a_transaction = transaction.get_connection().in_atomic_block
-    send = None if terms.gate_before_call or in_a_transaction else sending.SENDER.take(server, declares_tasks=declared)
-    if send is None:
+    kept = None if terms.gate_before_call or in_a_transaction else sending.SENDER.take(server, declares_tasks=declared)
+    if kept is None:
         try:
             task = services.launch(**launching, declares_tasks=declared)
         except TaskError as refused:
             raise invalid_params(str(refused)) from None
         return Launched(task_id=task.id, declared=declared, after_round=0)
 
-    return _launch_and_send(send, launching, declared=declared)
+    return _launch_and_send(kept, launching, declared=declared)
 
 
-def _launch_and_send(send: sending.GatewaySend, launching: dict[str, Any], *, declared: bool) -> Launched:
-    """The launch marked sent by the gateway, and its call sent on the kept client `send` as the launch commits,
+def _launch_and_send(kept: sending.KeptClient, launching: dict[str, Any], *, declared: bool) -> Launched:
+    """The launch marked sent by the gateway, and its call sent on the `kept` client as the launch commits,
     while the commit's other hooks (the live pages' publish) run."""
     told: list[concurrent.futures.Future] = []
 
     def start_sending(launched: tuple[Task, bool]) -> None:
         task, sends = launched
         if sends:
-            told.append(sending.SENDER.send(send, task=task, tools=launching["server"].tools))
+            told.append(sending.SENDER.send(kept, task=task, tools=launching["server"].tools))
 
     launch = functools.partial(
-        services.launch_sent_by_gateway, **launching, declares_tasks=declared, answer_within=send.kept.timeout
+        services.launch_sent_by_gateway, **launching, declares_tasks=declared, answer_within=kept.timeout
     )
     try:
         task, sends = sending.committed_first(start_sending, launch)
     except BaseException as error:
-        sending.SENDER.give_back(send)
+        sending.SENDER.give_back(kept)
         if isinstance(error, TaskError):
             raise invalid_params(str(error)) from None
         raise
     if not sends:  # the gate held it for people after all (its policy changed meanwhile)
-        sending.SENDER.give_back(send)
+        sending.SENDER.give_back(kept)
         return Launched(task_id=task.id, declared=declared, after_round=0)
     return Launched(task_id=task.id, declared=declared, after_round=0, told=told[0])
 

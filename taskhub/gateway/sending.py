@@ -75,14 +75,6 @@ class KeptClient:
     connecting: bool = False
 
 
-@dataclass(frozen=True)
-class GatewaySend:
-    """A kept client taken for one call (`Sender.take`, before the launch): given back once the call is recorded, or
-    at once when it is not sent after all."""
-
-    kept: KeptClient
-
-
 class Sender:
     """The process's kept clients and their loop (started on first use)."""
 
@@ -94,9 +86,10 @@ class Sender:
 
     # -- on any thread ----------------------------------------------------------------------------------------
 
-    def take(self, server: Server, *, declares_tasks: bool) -> GatewaySend | None:
-        """A kept client ready to send this server's call (counted as in flight until `give_back`), or None: the
-        worker sends it (and a client is connected meanwhile, for the next call)."""
+    def take(self, server: Server, *, declares_tasks: bool) -> KeptClient | None:
+        """A kept client ready to send this server's call, counted as in flight until the call is recorded (`send`) or
+        given back (not sent after all); or None: the worker sends it (and a client is connected meanwhile, for the
+        next call)."""
         if not settings.TASKHUB_GATEWAY_SENDS_CALLS or not _sendable(server):
             return None
         target = server.to_target()
@@ -118,19 +111,19 @@ class Sender:
             if limit is not None and self._in_flight(server.pk) >= limit:
                 return None
             kept.in_flight += 1
-        return GatewaySend(kept=kept)
+        return kept
 
-    def give_back(self, send: GatewaySend) -> None:
+    def give_back(self, kept: KeptClient) -> None:
         """A taken client not used after all (the gate held the call, or the launch was refused)."""
-        self._on_loop(self._release(send.kept))
+        self._on_loop(self._release(kept))
 
-    def send(self, send: GatewaySend, *, task: Task, tools: Any) -> concurrent.futures.Future:
+    def send(self, kept: KeptClient, *, task: Task, tools: Any) -> concurrent.futures.Future:
         """Send the launched task's call on the kept client and record what came back (`tools`: the server's stored
         catalogue, for the tool's `x-mcp-header` arguments). The future returned is done once the outcome is
         committed (the agent may be answered; its result is the task as recorded, or None) or nothing more will be
         recorded here."""
         told: concurrent.futures.Future = concurrent.futures.Future()
-        sending = self._on_loop(self._send(send, task=task, tools=tools, told=told))
+        sending = self._on_loop(self._send(kept, task=task, tools=tools, told=told))
         self._sending.add(sending)
         sending.add_done_callback(self._sending.discard)
         return told
@@ -203,8 +196,7 @@ class Sender:
             assert kept.client is not None
             await kept.client.aclose()
 
-    async def _send(self, send: GatewaySend, *, task: Task, tools: Any, told: concurrent.futures.Future) -> None:
-        kept = send.kept
+    async def _send(self, kept: KeptClient, *, task: Task, tools: Any, told: concurrent.futures.Future) -> None:
         try:
             await _call_and_record(kept, task=task, tools=tools, told=told, give_up=self._give_up)
         except Exception:

@@ -193,19 +193,22 @@ async def _dispatch(endpoint: Endpoint, user, call: Call) -> dict:
     return await waiting.in_turn(handler, endpoint, user, call)
 
 
+def _launch_wait(launched: calls.Launched) -> float:
+    """How long a tools/call waits for its launch's outcome: for the task (an agent with the Tasks extension), or for
+    the result (one without)."""
+    if launched.declared:
+        return settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS
+    return settings.TASKHUB_GATEWAY_SYNC_WAIT_SECONDS
+
+
 async def _wait_for_own_send(launched: calls.Launched) -> Task | None:
     """Until the call the gateway sends itself is answered and recorded (the task as recorded, when its service
     returned it), or the wait runs out (None: the agent gets the task, and the call goes on being sent and recorded;
     the agent leaving does not cut it short either)."""
     assert launched.told is not None
     told = asyncio.wrap_future(launched.told)
-    wait = (
-        settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS
-        if launched.declared
-        else settings.TASKHUB_GATEWAY_SYNC_WAIT_SECONDS
-    )
     try:
-        return await asyncio.wait_for(asyncio.shield(told), wait)
+        return await asyncio.wait_for(asyncio.shield(told), _launch_wait(launched))
     except TimeoutError:
         return None
 
@@ -213,11 +216,7 @@ async def _wait_for_own_send(launched: calls.Launched) -> Task | None:
 async def _wait_for_launch(launched: calls.Launched) -> None:
     """Until the worker recorded the launch's outcome, or the wait runs out (then the agent gets the task). Woken
     by the task's changes; past a moment it holds neither the request's thread nor a database connection."""
-    wait = (
-        settings.TASKHUB_GATEWAY_LAUNCH_WAIT_SECONDS
-        if launched.declared
-        else settings.TASKHUB_GATEWAY_SYNC_WAIT_SECONDS
-    )
+    wait = _launch_wait(launched)
     deadline = time.monotonic() + wait
     async with waiting.Wakeups([launched.task_id]) as wakeups:
         # Joined first: a change committed between the first look and the wait still wakes it.
