@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import agent_label
-from taskhub.audit.services import GATEWAY, WORKER, agent_facts, record_event, storable
+from taskhub.audit.services import GATEWAY, agent_facts, record_event, storable
 from taskhub.mcp import schema_fields
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.catalogue import find_tool
@@ -34,7 +34,7 @@ from taskhub.tasks.services.common import _finished, _locked, _publish_after_com
 from taskhub.tasks.services.delivering import _mark_delivered
 from taskhub.tasks.services.following import _open_requests, _record_problems, _supersede_open_requests, snapshot_values
 from taskhub.tasks.services.gate import _gate
-from taskhub.tasks.services.sending import _reset_launch_attempts
+from taskhub.tasks.services.sending import _reset_launch_attempts, record_launch_end
 
 
 def check_launch(*, server: Server, tool: str, arguments: Any) -> None:
@@ -191,10 +191,7 @@ def record_launch_outcome(
         raise TypeError(f"not a tools/call outcome: {outcome!r}")
     _reset_launch_attempts(task)
     task.save()
-    actor = GATEWAY if sent_by_gateway else WORKER
-    record_event(action="task.launch_answered", actor_label=actor, task=task, data=data)
-    if sent_by_gateway:
-        hooks.drop_pending_launch(task.id)
+    record_launch_end(task, action="task.launch_answered", data=data, by_gateway=sent_by_gateway)
 
     if not sent_by_gateway:  # the gateway sends only a first round, never gated: no request of the task is open
         _supersede_open_requests(task, reason="the tool call moved on")

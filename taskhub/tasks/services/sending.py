@@ -49,12 +49,19 @@ def mark_launch_unknown(*, task: Task, reason: str, sent_by_gateway: bool = Fals
     task.status = TaskStatus.LAUNCH_UNKNOWN
     task.status_message, task.status_message_is_taskhubs = cap_status_message(storable(reason)), True
     task.save(update_fields=["status", "status_message", "status_message_is_taskhubs", "updated_at"])
-    actor = GATEWAY if sent_by_gateway else WORKER
-    record_event(action="task.launch_unknown", actor_label=actor, task=task, data={"reason": task.status_message})
-    if sent_by_gateway:
-        hooks.drop_pending_launch(task.id)
+    record_launch_end(
+        task, action="task.launch_unknown", data={"reason": task.status_message}, by_gateway=sent_by_gateway
+    )
     _publish_after_commit(task.id)
     return True
+
+
+def record_launch_end(task: Task, *, action: str, data: dict[str, Any], by_gateway: bool) -> None:
+    """The audit row of a launch's outcome, as the worker's or, for a call the gateway sent (launch_sent_by_gateway),
+    as the gateway's, whose fallback job is dropped with it."""
+    record_event(action=action, actor_label=GATEWAY if by_gateway else WORKER, task=task, data=data)
+    if by_gateway:
+        hooks.drop_pending_launch(task.id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,9 +163,9 @@ def withdraw_launch_sent(*, task: Task, reason: str) -> bool:
 
 @transaction.atomic
 def hand_launch_to_worker(*, task: Task, reason: str, declares_tasks: bool) -> bool:
-    """The gateway could not send a call it had marked sent (launch_sent_by_gateway): its connection to the server was
-    refused, so nothing went out. The marker is withdrawn, and the launch job, deferred at once in place of the
-    fallback, sends it as any launch (its retries included). False: the task is no longer launching."""
+    """The gateway did not send a call it had marked sent (launch_sent_by_gateway): its server did not answer the
+    question asked before it, so nothing went out. The marker is withdrawn, and the launch job, deferred at once in
+    place of the fallback, sends it as any launch (its retries included). False: the task is no longer launching."""
     if not withdraw_launch_sent(task=task, reason=reason):
         return False
     hooks.drop_pending_launch(task.id)
@@ -197,10 +204,9 @@ def record_launch_failure(
             "updated_at",
         ]
     )
-    actor = GATEWAY if sent_by_gateway else WORKER
-    record_event(action="task.launch_failed", actor_label=actor, task=task, data={"error": error, "sent": sent})
-    if sent_by_gateway:
-        hooks.drop_pending_launch(task.id)
+    record_launch_end(
+        task, action="task.launch_failed", data={"error": error, "sent": sent}, by_gateway=sent_by_gateway
+    )
     if unreachable is not None:
         _count_against_server(task, unreachable)
     _finished(task)
