@@ -32,6 +32,7 @@ from tests.stack_fixtures import Workers, in_own_thread, worker_environment
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TASK_URL = re.compile(r".*/tasks/([0-9a-f-]{36})/$")
+ANSWERED = re.compile("answered by you|delivered")
 ROOTS = [{"uri": "file:///srv/repo", "name": "Repository"}]
 
 
@@ -135,7 +136,13 @@ def test_a_person_answers_every_question_of_the_reference_server_over_stdio_and_
         from_server = approver.locator(".ir-server", has_text=re.compile(rf"^{re.escape(server.name)}$"))
         found = approver.locator("article.ir-card").filter(has_text=asking).filter(has=from_server)
         expect(found).to_be_visible(timeout=30_000)  # pushed: the inbox is never reloaded
-        return found
+        # By its id: once answered, the card no longer shows its form (nor, for sampling, the words found by).
+        return approver.locator(f"#{found.get_attribute('id')}")
+
+    def answered(found) -> None:
+        # Before the next card is touched: the answered card, swapped smaller, moves the cards below it, and a click
+        # on one of them as it moves lands elsewhere (a CI run lost the next card's Accept that way).
+        expect(found).to_contain_text(ANSWERED)
 
     def answer(server: Server, kind: str) -> None:
         if kind == "form":
@@ -147,16 +154,18 @@ def test_a_person_answers_every_question_of_the_reference_server_over_stdio_and_
             if server is over_stdio:
                 screenshot(approver, "held-question-inbox")
             form.get_by_role("button", name="Accept").click()
-            expect(form).to_contain_text(re.compile("answered by you|delivered"))
+            answered(form)
         elif kind == "url":
             link = card(server, "Please open the link to complete this action.")
             expect(link.locator(".ir-host").first).to_have_text("example.com")
             expect(link.locator(".ir-url-text")).to_have_text("https://example.com/authorize?flow=7")
             link.get_by_role("button", name="Accept").click()
+            answered(link)
         elif kind == "asks":
             research = card(server, "could have multiple interpretations")
             research.get_by_label(re.compile("^Clarification")).select_option(label="Monty Python comedy group")
             research.get_by_role("button", name="Accept").click()
+            answered(research)
         elif kind == "sampling":
             sampling = card(server, "asks for a language model's message")
             expect(sampling).to_contain_text("You are a helpful test server.")
@@ -164,6 +173,7 @@ def test_a_person_answers_every_question_of_the_reference_server_over_stdio_and_
             if server is over_stdio:
                 screenshot(approver, "sampling-inbox")
             sampling.get_by_role("button", name="Send reply").click()
+            answered(sampling)
 
     def ended_as_meant(server: Server, kind: str) -> None:
         checked.add((server.name, kind))
