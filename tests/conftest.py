@@ -47,7 +47,6 @@ LONGEST_MODULES = (
     "tests/browser/test_accessibility.py",
     "tests/test_gateway_stack.py",
     "tests/browser/test_chinese.py",
-    "tests/browser/test_small_screens.py",
     "tests/test_load.py",
     "tests/browser/test_held_questions.py",
     "tests/test_bulk_cancel_delivery.py",

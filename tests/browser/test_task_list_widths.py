@@ -1,6 +1,6 @@
 """The task list on desktop widths (issue 34, item 1): at 1024, 1280 and 1440 px, with long tool and server names and
 rows of every kind, no cell's text runs out of its cell (into the next one, or clipped by it) and the server that ran
-each task can be read whole. The 390 px check (test_small_screens) does not see this: the table clips inside its own
+each task can be read whole. The 390 px check (test_accessibility) does not see this: the table clips inside its own
 box, so the page's width stays right."""
 
 import datetime
