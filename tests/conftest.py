@@ -115,3 +115,17 @@ def live_publishes_end_before_the_database_is_flushed():
     for thread in threading.enumerate():
         if thread.name == PUBLISH_THREAD_NAME:
             thread.join(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def the_sync_to_async_thread_keeps_no_connection():
+    """sync_to_async called outside any async_to_sync (a test's asyncio.run: the worker's heartbeats, jobs) runs on
+    asgiref's one process-wide thread, whose Django connection outlived the test: at the end of the run the test
+    database could not be dropped ("is being accessed by other users"). Closed after each test that used it."""
+    yield
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    executor = SyncToAsync.single_thread_executor
+    if executor._threads:  # started: only then has it a connection to close
+        executor.submit(connections.close_all).result(timeout=30)
