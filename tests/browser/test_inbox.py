@@ -326,12 +326,15 @@ def test_a_flooding_server_is_grouped_and_the_inbox_filters_by_server_and_pages(
     # The live re-fetch (here on a resync) keeps the filter and the page: the newest request of billing joins page 2,
     # nothing of ops or of page 1 does.
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    older = page.locator("#inbox-pager").get_by_role("link", name="← Older")
+    older.focus()  # a keyboard user on the pager as the list is re-fetched: the pager is replaced, the focus stays
     newest = task_asking(server, {"late": APPROVE}, tool="bulk_refund")
     task_asking(ops, {"other": APPROVE}, tool="restart")
     page.evaluate("document.body.dispatchEvent(new CustomEvent('taskhub:live-resync'))")
     expect(card(page, request_of(newest, "late"))).to_be_visible()
     expect(page.locator(".ir-card")).to_have_count(11)
     expect(page.locator("#inbox-pager")).to_contain_text("Page 2 of 2 · 61 requests")
+    expect(older).to_be_focused()
 
     # The filter bar: another server, and a tool.
     page.get_by_label("Server", exact=True).select_option(label="ops")
