@@ -97,37 +97,27 @@
     var more = holder.content.getElementById("inbox-more");
     var shownMore = document.getElementById("inbox-more");
     if (more && shownMore) {
-      replaceKeepingLinkFocus(shownMore, more, function () { target.appendChild(more); });
+      replaceKeepingControl(shownMore, more, function () { target.appendChild(more); });
     }
     // The flood groups, the hidden-requests line and the pager hold no input: they are replaced as counted now.
     ["inbox-groups", "inbox-pager"].forEach(function (id) {
       var now = holder.content.getElementById(id);
       var shown = document.getElementById(id);
-      if (now && shown) replaceKeepingLinkFocus(shown, now);
+      if (now && shown) replaceKeepingControl(shown, now);
     });
     mergeLikeGroups(holder.content.getElementById("inbox-like"));
     pruneLikeGroups();
     if (added) announce(added === 1 ? taskhubWord("inbox_new_one", "A new request arrived.") : taskhubWord("inbox_new_many", "%s new requests arrived.", added));
   }
 
-  // Replaced while the focus is on one of its links ("Newer →", "show them"), an element would drop the focus to the
-  // page's body: the same link in the new one takes it back (by where it leads), or the new element itself.
-  function replaceKeepingLinkFocus(shown, fresh, place) {
-    var active = document.activeElement;
-    var had = active && active !== document.body && shown.contains(active);
-    var href = had ? active.getAttribute("href") : null;
-    var text = had ? active.textContent : "";
-    shown.replaceWith(fresh);
-    if (place) place();
-    if (!had) return;
-    var again = Array.prototype.filter.call(fresh.querySelectorAll("a[href], button"), function (control) {
-      return control.getAttribute("href") === href && control.textContent === text;
-    })[0];
-    if (!again) {
-      if (!fresh.hasAttribute("tabindex")) fresh.setAttribute("tabindex", "-1");
-      again = fresh;
+  // A keyboard user's focus on one of their links ("Newer →", "show them") stays on the same link (static/taskhub/
+  // live.js), not dropped to the page's body.
+  function replaceKeepingControl(shown, fresh, place) {
+    if (window.taskhubReplaceKeepingControl) window.taskhubReplaceKeepingControl(shown, fresh, place);
+    else {
+      shown.replaceWith(fresh);
+      if (place) place();
     }
-    again.focus({ preventScroll: true });
   }
 
   // The groups of like requests (templates/tasks/like_group.html) follow the list: a new group is added, a group

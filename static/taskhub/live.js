@@ -99,28 +99,22 @@
       element.getAttribute("name") === key.name && element.getAttribute("value") === key.value;
   }
 
-  document.addEventListener("htmx:oobBeforeSwap", function (event) {
-    var target = event.detail && event.detail.target;
+  // What names the focused control inside `container` (null: the focus is not there), to find it again in its
+  // replacement (focusAgain).
+  function focusKey(container) {
     var active = document.activeElement;
-    focusBeforeSwap = null;
-    if (!target || !target.id || !active || active === document.body || !target.contains(active)) return;
-    focusBeforeSwap = {
-      container: target.id,
+    if (!active || active === document.body || !container.contains(active)) return null;
+    return {
       id: active.id,
       tag: active.tagName,
       href: active.getAttribute("href"),
       name: active.getAttribute("name"),
       value: active.getAttribute("value"),
-      index: focusables(target).indexOf(active),
+      index: focusables(container).indexOf(active),
     };
-  });
+  }
 
-  document.addEventListener("htmx:oobAfterSwap", function () {
-    var key = focusBeforeSwap;
-    focusBeforeSwap = null;
-    if (!key || (document.activeElement && document.activeElement !== document.body)) return;
-    var fresh = document.getElementById(key.container);
-    if (!fresh) return;
+  function focusAgain(fresh, key) {
     var again = key.id ? document.getElementById(key.id) : null;
     if (!again || !fresh.contains(again)) {
       var all = focusables(fresh);
@@ -132,7 +126,34 @@
       again = fresh;
     }
     again.focus({ preventScroll: true });
+  }
+
+  document.addEventListener("htmx:oobBeforeSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    focusBeforeSwap = null;
+    var key = target && target.id ? focusKey(target) : null;
+    if (key) {
+      key.container = target.id;
+      focusBeforeSwap = key;
+    }
   });
+
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    var key = focusBeforeSwap;
+    focusBeforeSwap = null;
+    if (!key || (document.activeElement && document.activeElement !== document.body)) return;
+    var fresh = document.getElementById(key.container);
+    if (fresh) focusAgain(fresh, key);
+  });
+
+  // The same for an element a page's own script replaces (the inbox's pager and groups, re-fetched): `place`, if
+  // given, puts the new one where it goes once it has replaced the old.
+  window.taskhubReplaceKeepingControl = function (shown, fresh, place) {
+    var key = focusKey(shown);
+    shown.replaceWith(fresh);
+    if (place) place();
+    if (key) focusAgain(fresh, key);
+  };
 
   // "request 2 of 3" numbers the cards of one task that the page shows together; a card rendered alone to replace
   // one of them (closed live, or answered through htmx) cannot know its siblings, so it keeps the number shown.
