@@ -129,3 +129,49 @@ def the_sync_to_async_thread_keeps_no_connection():
     executor = SyncToAsync.single_thread_executor
     if executor._threads:  # started: only then has it a connection to close
         executor.submit(connections.close_all).result(timeout=30)
+
+
+# Polled at the end of a run, for up to OTHER_SESSIONS_WAIT_SECONDS, until the test database has no other session
+# (processes just stopped leave theirs for a moment), then named in a warning if one is still there: Django's DROP
+# DATABASE fails with only "being accessed by other users", which does not say by whom.
+OTHER_SESSIONS = """
+    SELECT pid, state, backend_start, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
+    FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+OTHER_SESSIONS_WAIT_SECONDS = 10
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_else_holds_the_test_database_at_the_end(django_db_setup, django_db_blocker):
+    yield
+    import gc
+    import time
+
+    from django.db import connection
+
+    gc.collect()  # a connection of a thread that has ended closes when its thread's locals are collected
+    deadline = time.monotonic() + OTHER_SESSIONS_WAIT_SECONDS
+    with django_db_blocker.unblock():
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(OTHER_SESSIONS)
+                others = cursor.fetchall()
+            if not others or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    if others:
+        import warnings
+
+        threads = ", ".join(
+            sorted(thread.name for thread in threading.enumerate() if thread is not threading.main_thread())
+        )
+        held = "; ".join(
+            f"pid {pid}, {state}, connected {started:%H:%M:%S}: {query}" for pid, state, started, query in others
+        )
+        warnings.warn(
+            pytest.PytestWarning(
+                f"the test database is still used by {len(others)} other session(s)"
+                f" ({held}); this process's other threads: {threads or 'none'}"
+            ),
+            stacklevel=1,
+        )
