@@ -35,6 +35,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 VIEWPORT = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}  # the small screen the pages must fit (no sideways scrolling)
 # Playwright's default (30 s) hides a hang for too long; pages here answer in milliseconds.
 TIMEOUT_MS = 10_000
 

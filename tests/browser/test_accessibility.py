@@ -14,11 +14,10 @@ import pytest
 from axe_playwright_python.base import AXE_SCRIPT
 
 from tests.browser.page_walk import build_phone_world, page_routes, walk_pages
-from tests.browser_fixtures import VIEWPORT, screenshot
+from tests.browser_fixtures import PHONE, VIEWPORT, screenshot
 
 pytestmark = pytest.mark.slow
 
-PHONE = {"width": 390, "height": 844}
 # (what the failure calls it, viewport, colour scheme): both widths, and the dark theme's colours at the desktop's.
 VIEWS = [("1280 px", VIEWPORT, "light"), ("390 px", PHONE, "light"), ("1280 px, dark theme", VIEWPORT, "dark")]
 # The elements that stick out on the right, innermost first (to say what to fix, not only that something is off).

@@ -14,7 +14,7 @@ from taskhub.servers.services import create_server, record_server_failure
 from taskhub.tasks import services
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser.test_tasks import durable, live_site, snapshot, wait_until_live  # noqa: F401 (live_site)
-from tests.browser_fixtures import screenshot, sign_in
+from tests.browser_fixtures import PHONE, screenshot, sign_in
 from tests.catalogue_fixtures import with_tools
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def test_the_home_counts_live_and_every_item_opens_its_list(live_site, new_page)
     expect(page.locator("tbody tr .outcome")).to_have_text("completed with error")
 
     narrow = page
-    narrow.set_viewport_size({"width": 390, "height": 844})
+    narrow.set_viewport_size(PHONE)
     narrow.goto(f"{live_site.url}/")
     expect(narrow.locator("#dash-outcomes")).to_be_visible()
     # the cards themselves fit (the nav is the responsive branch's)
@@ -138,7 +138,7 @@ def test_the_list_shows_outcomes_searches_reports_bad_filters_and_switches_times
     expect(page.get_by_role("button", name="Relative times")).to_have_attribute("aria-pressed", "true")
 
     narrow = page
-    narrow.set_viewport_size({"width": 390, "height": 844})
+    narrow.set_viewport_size(PHONE)
     narrow.goto(f"{live_site.url}/tasks/")
     assert narrow.evaluate("document.querySelector('.task-table').scrollWidth <= window.innerWidth")
     screenshot(narrow, "tasks-list-390")

@@ -11,11 +11,9 @@ from playwright.sync_api import expect
 
 from tests.account_fixtures import TEST_PASSWORD
 from tests.browser.page_walk import build_phone_world
-from tests.browser_fixtures import screenshot, sign_in
+from tests.browser_fixtures import PHONE, screenshot, sign_in
 
 pytestmark = pytest.mark.slow
-
-PHONE = {"width": 390, "height": 844}
 
 
 def test_the_nav_folds_into_a_menu_on_a_phone(daphne_server, page):

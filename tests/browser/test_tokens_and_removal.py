@@ -16,11 +16,10 @@ from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import set_approver_groups
-from tests.browser_fixtures import screenshot, sign_in
+from tests.browser_fixtures import PHONE, screenshot, sign_in
 from tests.catalogue_fixtures import with_tools
 from tests.helpers import snapshot
 
-PHONE = {"width": 390, "height": 844}
 REMOTE_ID = "3f2b9c1e-5d4a-4e8b-9a7c-1b2c3d4e5f60"
 HASHES = ("5d41402abc4b2a76b9719d911017c592", "7d793037a0760186574b0282f2f435e7", "9e107d9d372bb6826bd81d3542a419d6")
 STEPS = ("Approve the database migration", "Approve the deploy to staging", "Approve the deploy to production")
