@@ -24,6 +24,7 @@ table says how many were timed).
     uv run python bench/pages.py --tasks 10000 --open-requests 2000 --requests 10 --no-record    # a quick look
     uv run python bench/pages.py --tasks 1000000 --open-requests 100000 --keep --no-record        # fill once (minutes)
     uv run python bench/pages.py --tasks 1000000 --open-requests 100000 --reuse --explain-only    # then look again
+    uv run python bench/pages.py --reuse --profile /inbox/ --requests 30  # where one page's CPU goes (cProfile)
 
 Postgres: --database-url (default $BENCH_PAGES_DATABASE_URL or postgres://postgres@127.0.0.1:5432/taskhub_bench_pages);
 that database is dropped and created by the benchmark (--keep leaves it for a look afterwards; --reuse takes the one
@@ -281,6 +282,31 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
     return measured, bare
 
 
+def profile_page(client, path: str, *, requests: int, warmup: int) -> None:
+    """Where a page's CPU goes: cProfile over `requests` requests (in this process: Django, the template, psycopg),
+    the functions that took most of it, by their own time and with what they called."""
+    import cProfile
+    import pstats
+
+    def get() -> None:
+        with nothing_kept() if path in NOTHING_KEPT else nullcontext():
+            assert client.get(path).status_code == 200, path
+
+    for _ in range(warmup):
+        get()
+    profiler = cProfile.Profile()
+    cpu0 = time.process_time()
+    profiler.enable()
+    for _ in range(requests):
+        get()
+    profiler.disable()
+    cpu_ms = (time.process_time() - cpu0) * 1000 / requests
+    print(f"{path}: {requests} requests, {cpu_ms:.1f} ms of CPU each under the profiler", flush=True)
+    stats = pstats.Stats(profiler).strip_dirs()
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(60)
+
+
 def count_queries(client, path: str) -> list[dict]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -317,6 +343,11 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="take the database a --keep run left (implies --keep)")
     parser.add_argument("--explain-only", action="store_true", help="no timing: the queries and plans of each page")
     parser.add_argument("--skip", action="append", default=[], help="with --explain-only: a page label to leave out")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="no timing: cProfile --requests requests of this page (after the warm-ups) and print where its CPU goes",
+    )
     args = parser.parse_args()
 
     command = "uv run python bench/pages.py " + " ".join(sys.argv[1:])
@@ -385,6 +416,9 @@ def main() -> None:
             ("task detail", f"/tasks/{data['detail_task']}/", 'WHERE "tasks_task"."id" ='),
         ]
         pages = [page for page in pages if not (args.explain_only and page[0] in args.skip)]
+        if args.profile:
+            profile_page(client, args.profile, requests=args.requests, warmup=args.warmup)
+            return
         main_list = [q for q in count_queries(client, "/tasks/") if "LIMIT 50" in q["sql"]]
         baseline_sql = main_list[0]["sql"]
         busy0, total0 = cpu_busy()
