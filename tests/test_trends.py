@@ -276,8 +276,8 @@ def test_a_process_reads_the_settled_hours_once(alpha):
 
 def test_home_reads_what_ended_once_for_its_counts_and_its_chart(client, alpha):
     """Home's "Ended in the last 24 hours" and its chart's current hour come from one read (trend_hours.ended_per_hour):
-    with the week's settled hours kept, Home reads what ended since a moment three times in all, that read's two
-    statements and the slowest tools'."""
+    with the week's settled hours kept, Home reads what ended since a moment twice in all, that read's one statement
+    (outcomes.outcome_counts_per: per status and declined or not) and the slowest tools'."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -291,6 +291,6 @@ def test_home_reads_what_ended_once_for_its_counts_and_its_chart(client, alpha):
     with CaptureQueriesContext(connection) as captured:
         page = client.get("/").content.decode()
     ended_since = [query["sql"] for query in captured.captured_queries if '"finished_at" >=' in query["sql"]]
-    assert len(ended_since) == 3, ended_since
+    assert len(ended_since) == 2, ended_since
     outcomes = dict(re.findall(r'data-outcome="(\w+)">.*?<span class="dash-count[^"]*">(\d+)</span>', page))
     assert (outcomes["failed"], outcomes["completed"], outcomes["cancelled"]) == ("1", "1", "0")
