@@ -9,6 +9,7 @@ from django.db.models import F
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from taskhub.acyclic_forms import AcyclicForm
 from taskhub.audit.events import AUDIT_EVENTS
 from taskhub.audit.models import agent_label
 from taskhub.servers.forms import ServerChoiceField
@@ -101,7 +102,7 @@ MADE_BY = (
 )
 
 
-class AuditFilterForm(forms.Form):
+class AuditFilterForm(AcyclicForm):
     # People's actions unless asked otherwise: what a person decided is what the page is read for; the worker's
     # own records (status changes, deliveries, retries) are one click away.
     made_by = forms.ChoiceField(required=False, label=_("Made by"), choices=MADE_BY)

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from taskhub.acyclic_forms import AcyclicModelChoiceField
 from taskhub.mcp.secret_urls import has_secrets, mask_url
 from taskhub.servers.models import Server, Transport, validate_roots
 
@@ -334,7 +335,7 @@ class ServersInOneRead(forms.models.ModelChoiceIterator):
 CHOICE_SHOWS = ("pk", "name", "removed_at")
 
 
-class ServerChoiceField(forms.ModelChoiceField):
+class ServerChoiceField(AcyclicModelChoiceField):
     """A choice of server that names a removed one as such (its name may have been taken by a new server)."""
 
     iterator = ServersInOneRead

@@ -15,6 +15,7 @@ from django.db.models import Count, QuerySet
 from django.utils.translation import gettext_lazy
 
 from taskhub.accounts import permissions
+from taskhub.acyclic_forms import AcyclicForm
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
 from taskhub.tasks.input_cards import for_cards
@@ -27,7 +28,7 @@ FLOOD_THRESHOLD = 20
 FILTER_NAMES = ("server", "tool", "mine", "disabled")
 
 
-class InboxFilterForm(forms.Form):
+class InboxFilterForm(AcyclicForm):
     server = ServerFilterField(
         required=False,
         queryset=Server.objects.none(),

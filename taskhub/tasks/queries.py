@@ -21,6 +21,7 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from taskhub.accounts import permissions
+from taskhub.acyclic_forms import AcyclicForm
 from taskhub.audit.models import AuditEvent, agent_label
 from taskhub.observability import counts as kept_counts
 from taskhub.servers.forms import ServerFilterField
@@ -212,7 +213,7 @@ OLDER_CHOICES = [
 ]
 
 
-class TaskFilterForm(forms.Form):
+class TaskFilterForm(AcyclicForm):
     """The filter bar; every field optional. A value that does not fit is reported and left out of the filter."""
 
     status = forms.ChoiceField(
