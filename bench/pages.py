@@ -204,7 +204,7 @@ def summary(sql: str) -> str:
     """SELECT … FROM x … WHERE y, shortened: enough to tell the queries of a page apart."""
     head = sql.split(" FROM ", 1)
     text = ("SELECT … FROM " + head[1]) if len(head) == 2 and sql.startswith("SELECT") else sql
-    text = text.replace('"', "").replace("|", "/")
+    text = " ".join(text.replace('"', "").replace("|", "/").split())  # one line: a table's cell
     return text[:150] + ("…" if len(text) > 150 else "")
 
 
