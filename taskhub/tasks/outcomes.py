@@ -123,8 +123,8 @@ def outcome_filter(outcome: str) -> Q:
 
 
 def outcome_counts(ended: QuerySet[Task]) -> dict[str, int]:
-    """How many of `ended` had each outcome (settle_outcomes' rule), from two plain aggregates: per status with its
-    isError results, and the declined ones the same way. (Grouping by the CASE itself costs a subplan per row.)"""
+    """How many of `ended` had each outcome (settle_outcomes' rule), from one plain aggregate (outcome_counts_per): per
+    status and declined or not, with its isError results. (Grouping by the outcome's CASE costs a subplan per row.)"""
     return outcome_counts_per(ended).get(None) or _outcomes_of({}, {})
 
 
