@@ -148,7 +148,10 @@ def nothing_else_holds_the_test_database_at_the_end(django_db_setup, django_db_b
     import time
 
     from django.db import connection
+    from django.db.backends.base.creation import TEST_DATABASE_PREFIX
 
+    if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
+        return  # no test of the run used the database, so none was made: nothing to drop
     gc.collect()  # a connection of a thread that has ended closes when its thread's locals are collected
     deadline = time.monotonic() + OTHER_SESSIONS_WAIT_SECONDS
     with django_db_blocker.unblock():

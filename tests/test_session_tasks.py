@@ -88,7 +88,11 @@ def test_over_stdio_a_research_task_asks_a_person_and_ends_with_their_answer_in_
             "data__status_message", flat=True
         )
     ) | set(task.progress_messages.values_list("text", flat=True))
-    assert {"Analyzing content...", 'Continuing with interpretation: "snake"...'} <= messages, messages
+    # Followed as it went: a stage before the question and one after the answer. Each lasts a second, and a follower
+    # takes the newest of what the server said since it last looked (mcp/session_tasks.py): under CI's load one stage's
+    # words went by unseen ('Continuing with interpretation: "snake"...', once in many runs).
+    assert messages & {"Gathering sources...", "Analyzing content...", "Synthesizing findings..."}, messages
+    assert messages & {'Continuing with interpretation: "snake"...', "Generating report..."}, messages
     sources = set(
         AuditEvent.objects.filter(task_id=task.pk, action__in=("task.status_changed", "task.updated")).values_list(
             "data__source", flat=True
