@@ -105,6 +105,18 @@ def each_test_counts_its_own_hours():
     forget_kept_hours()
 
 
+@pytest.fixture
+def no_cyclic_collection():
+    """The cyclic garbage collector off for the test (after a collection): what a test frees must go by reference
+    counting (tests/test_template_backend.py, tests/test_acyclic_forms.py)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
+
+
 @pytest.fixture(autouse=True)
 def live_publishes_end_before_the_database_is_flushed():
     """A publish from async code runs on a thread of its own and reads the task. Left running, that read can

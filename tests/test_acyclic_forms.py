@@ -3,7 +3,6 @@ reference counting when the page drops it, not left to the cyclic collector with
 choices (about 200 objects for the task list's filter bar; bench/pages.py's GC column). Django's own form is not:
 the same test fails with it."""
 
-import gc
 import weakref
 
 import pytest
@@ -22,14 +21,6 @@ pytestmark = pytest.mark.django_db
 
 
 ASK = {"method": "elicitation/create", "params": {"message": "Go?", "requestedSchema": {"type": "object"}}}
-
-
-@pytest.fixture
-def no_cyclic_collection():
-    gc.collect()
-    gc.disable()
-    yield
-    gc.enable()
 
 
 class DjangosForm(forms.Form):

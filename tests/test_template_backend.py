@@ -1,7 +1,6 @@
 """taskhub.web.template_backend: a page rendered leaves no reference cycle behind. Its context (a page's cards, tasks
 and forms) is freed by reference counting when the page is done, not left to the cyclic collector (bench/pages.py)."""
 
-import gc
 import weakref
 
 import pytest
@@ -17,14 +16,6 @@ pytestmark = pytest.mark.django_db
 class Shown:
     def __str__(self) -> str:
         return "shown"
-
-
-@pytest.fixture
-def no_cyclic_collection():
-    gc.collect()
-    gc.disable()
-    yield
-    gc.enable()
 
 
 def test_a_page_rendered_with_its_request_frees_its_context_without_the_cyclic_collector(no_cyclic_collection):
