@@ -220,6 +220,11 @@ def nothing_kept():
         taskhub_rows._kept = kept
 
 
+def as_timed(path: str):
+    """The context a page is requested in: with nothing kept for the paths in NOTHING_KEPT."""
+    return nothing_kept() if path in NOTHING_KEPT else nullcontext()
+
+
 def time_pages(client, paths: list[str], bare_sql: str, database_url: str, requests: int, warmup: int, budget: float):
     """Rounds of one request to each page, then the bare query: every page meets the same noise of the shared
     machine (others' tests come and go), rather than each page its own minute. Per request: wall ms and this
@@ -259,7 +264,7 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
         for round_index in range(warmup + requests):
             timed = round_index >= warmup
             for path in paths:
-                with nothing_kept() if path in NOTHING_KEPT else nullcontext():
+                with as_timed(path):
                     spent.update(sql=0.0, gc=0.0)
                     t0, c0 = time.perf_counter(), time.process_time()
                     response = client.get(path)
@@ -289,7 +294,7 @@ def profile_page(client, path: str, *, requests: int, warmup: int) -> None:
     import pstats
 
     def get() -> None:
-        with nothing_kept() if path in NOTHING_KEPT else nullcontext():
+        with as_timed(path):
             assert client.get(path).status_code == 200, path
 
     for _ in range(warmup):
