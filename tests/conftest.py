@@ -153,6 +153,22 @@ OTHER_SESSIONS = """
 OTHER_SESSIONS_WAIT_SECONDS = 10
 
 
+def close_the_pools_connections() -> None:
+    """Close the connections of the process's thread pools that outlive tests: the gateway's and the live layer's
+    (started by any test that goes through them; each thread keeps its connection between calls, as in daphne). Many
+    tests close them as they end; one that did not left an idle session that kept the test database from being
+    dropped (named by the check below in CI: the pools' threads alive, the session's last statement a COMMIT)."""
+    from taskhub.gateway import waiting
+    from taskhub.live import threads
+
+    for executor, close in (
+        (waiting._executor, waiting.close_gateway_connections),
+        (threads._executor, threads.close_live_connections),
+    ):
+        if executor._threads:  # started: only then have its threads connections
+            close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def nothing_else_holds_the_test_database_at_the_end(django_db_setup, django_db_blocker):
     yield
@@ -164,6 +180,7 @@ def nothing_else_holds_the_test_database_at_the_end(django_db_setup, django_db_b
 
     if not connection.settings_dict["NAME"].startswith(TEST_DATABASE_PREFIX):
         return  # no test of the run used the database, so none was made: nothing to drop
+    close_the_pools_connections()
     gc.collect()  # a connection of a thread that has ended closes when its thread's locals are collected
     deadline = time.monotonic() + OTHER_SESSIONS_WAIT_SECONDS
     with django_db_blocker.unblock():
