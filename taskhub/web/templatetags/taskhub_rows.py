@@ -16,6 +16,7 @@ import datetime
 import operator
 import secrets
 import uuid
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from decimal import Decimal
 
@@ -118,10 +119,10 @@ class _NotKept(Exception):
     """A value shown_value cannot tell apart from another by what it holds."""
 
 
-# {a dataclass: what reads its fields, in order, as a tuple}
-_field_getters: dict[type, operator.attrgetter] = {}
 # Shown as they are; tested first, by type, before a call for each (a card's key is some 75 values).
 _PLAIN = frozenset({str, int, bool, float, type(None)})
+# {a type: what shows its values (_how_shown)}
+_shown_by_type: dict[type, Callable] = {}
 
 
 def shown_value(value):
@@ -131,29 +132,48 @@ def shown_value(value):
     kind = type(value)
     if kind in _PLAIN:
         return value
+    shown = _shown_by_type.get(kind)
+    if shown is None:
+        shown = _shown_by_type[kind] = _how_shown(kind)
+    return shown(value)
+
+
+def _how_shown(kind: type):
+    """What shows a value of `kind` (a card's key is some 75 values, many of a few kinds: the tests in turn for
+    each value were a third of the key's time)."""
     if kind is datetime.datetime:
-        return _as_it_reads(value)
-    if isinstance(value, Promise):
-        return str(value)
-    if isinstance(value, str):  # safe text renders otherwise than plain text
-        return kind.__name__, str(value)
-    if isinstance(value, list | tuple):
-        return _shown_values(value)
-    if isinstance(value, dict):
-        return tuple((shown_value(name), shown_value(each)) for name, each in value.items())
-    if is_dataclass(value):
-        getter = _field_getters.get(kind)
-        if getter is None:
-            getter = _field_getters[kind] = _getter(tuple(each.name for each in fields(value)))
-        return kind.__name__, *_shown_values(getter(value))
-    if isinstance(value, SchemaForm):
-        try:
-            return "SchemaForm", shown_value(value.use), value.shown
-        except (TypeError, ValueError, RecursionError) as error:  # a schema that is no JSON
-            raise _NotKept(error) from None
-    if isinstance(value, uuid.UUID | datetime.date | Decimal):
-        return value
-    raise _NotKept(kind)
+        return _as_it_reads
+    if issubclass(kind, Promise):
+        return str
+    if issubclass(kind, str):  # safe text renders otherwise than plain text
+        return lambda value: (kind.__name__, str(value))
+    if issubclass(kind, list | tuple):
+        return _shown_values
+    if issubclass(kind, dict):
+        return lambda value: tuple((shown_value(name), shown_value(each)) for name, each in value.items())
+    if is_dataclass(kind):
+        getter = _getter(tuple(each.name for each in fields(kind)))
+        return lambda value: (kind.__name__, *_shown_values(getter(value)))
+    if issubclass(kind, SchemaForm):
+        return _shown_form
+    if issubclass(kind, uuid.UUID | datetime.date | Decimal):
+        return _as_is
+    return _not_kept
+
+
+def _shown_form(form: SchemaForm) -> tuple:
+    try:
+        return "SchemaForm", shown_value(form.use), form.shown
+    except (TypeError, ValueError, RecursionError) as error:  # a schema that is no JSON
+        raise _NotKept(error) from None
+
+
+def _as_is(value):
+    return value
+
+
+def _not_kept(value):
+    raise _NotKept(type(value))
 
 
 def _shown_values(values) -> tuple:
