@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from django.utils import translation
+from django.utils import timezone, translation
 from django.utils.html import escape
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
@@ -17,7 +17,7 @@ from taskhub.audit.models import AuditEvent
 from taskhub.audit.services import record_event
 from taskhub.mcp.schema_fields import ELICITATION
 from taskhub.tasks import services
-from taskhub.tasks.card_context import BEFORE_SHOWN, with_context
+from taskhub.tasks.card_context import BEFORE_SHOWN, SETTLED_AFTER, with_context
 from taskhub.tasks.input_cards import card_for
 from taskhub.tasks.live_inbox import inbox_fragment
 from taskhub.tasks.models import InputRequest, InputRequestState, Task
@@ -747,7 +747,32 @@ def test_a_cards_context_shows_the_latest_events_before_its_question_in_the_read
         with translation.override("zh-hans"):
             expected = [(event.time, event.shown_actor, event.shown_description) for event in before[-BEFORE_SHOWN:]]
         assert [(event.time, event.actor, event.words) for event in card.context.before] == expected
-        # Counted among the twice BEFORE_SHOWN latest that are read: the card says only that there are earlier ones.
-        assert card.context.earlier == max(0, min(len(before), 2 * BEFORE_SHOWN) - BEFORE_SHOWN)
-    assert cards[1].context.earlier > 0 and len(cards[1].context.before) == BEFORE_SHOWN
+        assert card.context.earlier == (len(before) > BEFORE_SHOWN)  # the card says only that there are earlier ones
+    assert cards[1].context.earlier and len(cards[1].context.before) == BEFORE_SHOWN
     assert "工作进程" in {event.actor for event in cards[1].context.before}  # "worker" in the reader's language
+
+
+def test_what_happened_before_a_question_asked_a_minute_ago_is_read_once(
+    servers, ada, django_assert_num_queries, monkeypatch
+):
+    """The events before a settled question (card_context.SETTLED_AFTER) are kept, per language: the inbox's re-fetch
+    on each change reads them no more. A question just asked may still have its events being written: read each time."""
+    card = card_for(request_of(task_asking(servers[0], {"go": FORM}), "go"), ada, may_answer=True)
+
+    def shown(language="en"):
+        with translation.override(language):
+            return [(event.actor, event.words) for event in with_context([card])[0].context.before]
+
+    first = shown()
+    assert first, "the task's launch is before its question"
+    with django_assert_num_queries(1):
+        assert shown() == first
+    later = timezone.now() + SETTLED_AFTER * 2
+    monkeypatch.setattr(timezone, "now", lambda: later)
+    shown()
+    with django_assert_num_queries(0):
+        assert shown() == first
+    with django_assert_num_queries(1):
+        assert shown("zh-hans") != first  # in the reader's words, read once for them
+    with django_assert_num_queries(0):
+        shown("zh-hans")

@@ -92,7 +92,7 @@ def test_a_kept_card_is_the_card_rendered_afresh_after_each_change_it_shows(serv
         later = timezone.now() + datetime.timedelta(minutes=10)
         monkeypatch.setattr(timezone, "now", lambda: later)
 
-    def a_cancel_asked():  # an event before the question, and the task's status message
+    def a_cancel_asked():  # an event before the question (asked within its seconds), and the task's status message
         request_cancel(task=task, user=ada)
 
     def a_deadline():
@@ -108,7 +108,7 @@ def test_a_kept_card_is_the_card_rendered_afresh_after_each_change_it_shows(serv
     def the_task_works_on():
         Task.objects.filter(pk=task.pk).update(status="working")
 
-    for change in (server_renamed, ten_minutes_pass, a_cancel_asked, a_deadline, two_must_accept, dana_accepts):
+    for change in (server_renamed, a_cancel_asked, ten_minutes_pass, a_deadline, two_must_accept, dana_accepts):
         shows(change)
     assert without_token(card(client, asked.pk, "zh-hans")) != without_token(card(client, asked.pk))
     shows(the_task_works_on, language="zh-hans")

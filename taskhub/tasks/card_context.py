@@ -1,7 +1,11 @@
 """What an inbox card shows beside its question (issue 34, item 10): what the task was launched with, and what happened
 to it before the question, so that the person answering need not leave the inbox to find out. Read for a whole page
-of cards at once: one query for the audit events of all their tasks (the latest few of each, by the (task, time)
-index), whatever the number of cards.
+of cards at once: one statement for the audit events of all their questions (the latest few before each, by the
+(task, time) index), whatever the number of cards.
+
+What happened before a question asked a minute ago or more is kept in the process (the audit trail only grows, and no
+event is written a minute after its time): the inbox is fetched again on every change of a card on it, and its
+questions are mostly older. Kept per language, at most KEPT_BEFORE questions.
 
 The arguments are the launcher's (or an agent's), the events taskhub's own words (audit.events); a status message from
 the server is shown as the server's. Everything is autoescaped by the template and capped here.
@@ -11,8 +15,9 @@ import datetime
 import functools
 from dataclasses import dataclass, field
 
-from django.db.models import F, Window
-from django.db.models.functions import RowNumber
+from django.db import connection
+from django.utils import timezone
+from django.utils.translation import get_language
 
 from taskhub.audit.models import AuditEvent, shown_actor, shown_description
 from taskhub.tasks.capped_text import cap, pretty_json
@@ -23,6 +28,9 @@ BEFORE_SHOWN = 6
 ASKED_SLACK = datetime.timedelta(seconds=2)
 ARGUMENTS_CAP = 3000
 STATUS_CAP = 300
+KEPT_BEFORE = 5000
+# A question asked this long ago has all its events before it written: they are kept.
+SETTLED_AFTER = datetime.timedelta(minutes=1)
 
 
 @dataclass
@@ -39,7 +47,15 @@ class CardContext:
     status_message: str  # the server's latest (or taskhub's own, say `status_is_taskhubs`)
     status_is_taskhubs: bool
     before: list[Earlier] = field(default_factory=list)
-    earlier: int = 0  # events before those shown, not shown
+    earlier: bool = False  # there were events before those shown
+
+
+# {(task id, when asked with its slack, language): (the events shown before the question, whether there were more)}
+_kept_before: dict[tuple, tuple[list[Earlier], bool]] = {}
+
+
+def forget_kept_context() -> None:
+    _kept_before.clear()
 
 
 def with_context(cards: list[Card]) -> list[Card]:
@@ -47,31 +63,62 @@ def with_context(cards: list[Card]) -> list[Card]:
     open_cards = [card for card in cards if card.state == "open"]
     if not open_cards:
         return cards
-    task_ids = {card.input_request.task_id for card in open_cards}
-    until = max(card.input_request.created_at for card in open_cards) + ASKED_SLACK
-    # Rows, not models: building 50 tasks' events as models was a tenth of the inbox's CPU (bench/pages.py).
-    ranked = (
-        AuditEvent.objects.filter(task_id__in=task_ids, time__lte=until)
-        .annotate(rank=Window(RowNumber(), partition_by=[F("task_id")], order_by=[F("time").desc(), F("pk").desc()]))
-        .filter(rank__lte=BEFORE_SHOWN * 2)
-        .values_list("task_id", "time", "actor_label", "action")
-    )
-    events: dict = {}
-    # The few actions and actors translated once each, not once per event: a translation is a lookup of the active
-    # language in a context-local: 3.2 -> 2.4 ms of this function for 50 cards and their 150 events.
-    words, actors = functools.cache(shown_description), functools.cache(shown_actor)
-    for task_id, time, actor_label, action in ranked:
-        events.setdefault(task_id, []).append(Earlier(time, actors(actor_label), words(action)))
+    language, settled = get_language(), timezone.now() - SETTLED_AFTER
+    asked = {card.pk: card.input_request.created_at + ASKED_SLACK for card in open_cards}
+    before = {card.pk: _kept_before.get((card.input_request.task_id, asked[card.pk], language)) for card in open_cards}
+    unread = [card for card in open_cards if before[card.pk] is None]
+    if unread:
+        read = _read_before(unread, asked)
+        if len(_kept_before) + len(unread) > KEPT_BEFORE:
+            _kept_before.clear()
+        for card in unread:
+            before[card.pk] = read[card.pk]
+            if asked[card.pk] < settled:
+                _kept_before[card.input_request.task_id, asked[card.pk], language] = read[card.pk]
     for card in open_cards:
-        task, asked = card.input_request.task, card.input_request.created_at + ASKED_SLACK
-        before = sorted((event for event in events.get(task.pk, []) if event.time <= asked), key=lambda e: e.time)
+        task = card.input_request.task
         arguments = pretty_json(task.arguments, ARGUMENTS_CAP) if task.arguments else None
+        shown, earlier = before[card.pk]
         card.context = CardContext(
             arguments=arguments.text if arguments else "",
             arguments_cut=bool(arguments and arguments.truncated),
             status_message=cap(task.status_message, STATUS_CAP).text,
             status_is_taskhubs=task.status_message_is_taskhubs,
-            before=before[-BEFORE_SHOWN:],
-            earlier=max(0, len(before) - BEFORE_SHOWN),
+            before=shown,
+            earlier=earlier,
         )
     return cards
+
+
+def _read_before(cards: list[Card], asked: dict) -> dict[int, tuple[list[Earlier], bool]]:
+    """{a card's request id: the latest BEFORE_SHOWN events of its task up to when it was asked, oldest first, and
+    whether there were more}, in one statement: each question's own few through the (task, time) index, as rows
+    (building a page's events as models was a tenth of the inbox's CPU, bench/pages.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _before_sql(),
+            [[card.pk for card in cards], [card.input_request.task_id for card in cards], [asked[c.pk] for c in cards]],
+        )
+        rows = cursor.fetchall()
+    # The few actions and actors translated once each, not once per event: a translation is a lookup of the active
+    # language in a context-local: 3.2 -> 2.4 ms of this function for 50 cards and their 150 events.
+    words, actors = functools.cache(shown_description), functools.cache(shown_actor)
+    events: dict[int, list[Earlier]] = {card.pk: [] for card in cards}
+    for request_id, time, actor_label, action in rows:
+        events[request_id].append(Earlier(time, actors(actor_label), words(action)))
+    return {pk: (shown[-BEFORE_SHOWN:], len(shown) > BEFORE_SHOWN) for pk, shown in events.items()}
+
+
+@functools.cache
+def _before_sql() -> str:
+    table = AuditEvent._meta.db_table
+    return f"""
+        SELECT asked.request_id, event.time, event.actor_label, event.action
+        FROM unnest(%s::bigint[], %s::uuid[], %s::timestamptz[]) AS asked(request_id, task_id, until)
+        CROSS JOIN LATERAL (
+            SELECT time, id, actor_label, action FROM "{table}"
+            WHERE task_id = asked.task_id AND time <= asked.until
+            ORDER BY time DESC, id DESC LIMIT {BEFORE_SHOWN + 1}
+        ) AS event
+        ORDER BY asked.request_id, event.time, event.id
+    """
