@@ -77,8 +77,7 @@
       }
       if (current) {
         if (window.taskhubKeepOrdinal) window.taskhubKeepOrdinal(current, card);
-        if (window.taskhubReplaceKeepingFocus) window.taskhubReplaceKeepingFocus(current, card);
-        else current.replaceWith(card);
+        replaceKeepingControl(current, card);
       } else if (previous && previous.parentNode === target) {
         previous.after(card);
         added += 1;

@@ -63,26 +63,10 @@
       if (!shown) return;
       var fresh = document.importNode(element, true);
       keepOrdinal(shown, fresh);
-      replaceKeepingFocus(shown, fresh);
+      replaceKeepingControl(shown, fresh);
       if (window.htmx) window.htmx.process(fresh);
     });
   });
-
-  // An element replaced live while the focus is in it (a card answered a moment ago, now "delivered ✓") would drop the
-  // focus to the page's body, and a keyboard or screen reader user back to the top: the same element in the new one
-  // (by id), or the new one itself, takes it back, without scrolling (issue 35 item 3).
-  function replaceKeepingFocus(shown, fresh) {
-    var active = document.activeElement;
-    var had = active && active !== document.body && shown.contains(active);
-    var activeId = had ? active.id : "";
-    shown.replaceWith(fresh);
-    if (!had) return;
-    var again = null;
-    if (activeId) again = fresh.id === activeId ? fresh : fresh.querySelector("#" + CSS.escape(activeId));
-    if (!again && fresh.hasAttribute("tabindex")) again = fresh;
-    if (again) again.focus({ preventScroll: true });
-  }
-  window.taskhubReplaceKeepingFocus = replaceKeepingFocus;
 
   // An element swapped out of band while the focus is in it (a section of the task page at every change, a nav count)
   // would drop the focus to the page's body: the same element in the new one takes it back, or, gone with the change
@@ -146,14 +130,16 @@
     if (fresh) focusAgain(fresh, key);
   });
 
-  // The same for an element a page's own script replaces (the inbox's pager and groups, re-fetched): `place`, if
-  // given, puts the new one where it goes once it has replaced the old.
-  window.taskhubReplaceKeepingControl = function (shown, fresh, place) {
+  // The same for an element replaced whole: a card pushed live (closed, or "delivered ✓" a moment after its answer),
+  // and what the inbox's script re-fetches (its cards, pager and groups). `place`, if given, puts the new one where it
+  // goes once it has replaced the old.
+  function replaceKeepingControl(shown, fresh, place) {
     var key = focusKey(shown);
     shown.replaceWith(fresh);
     if (place) place();
     if (key) focusAgain(fresh, key);
-  };
+  }
+  window.taskhubReplaceKeepingControl = replaceKeepingControl;
 
   // "request 2 of 3" numbers the cards of one task that the page shows together; a card rendered alone to replace
   // one of them (closed live, or answered through htmx) cannot know its siblings, so it keeps the number shown.

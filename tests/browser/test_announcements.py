@@ -12,11 +12,12 @@ from playwright.sync_api import expect
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from tests import helpers
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.browser.test_tasks import durable, live_site, snapshot, wait_until_live  # noqa: F401 (live_site)
 from tests.browser_fixtures import sign_in
-from tests.inbox_fixtures import request_of, task_asking
+from tests.inbox_fixtures import remote_id, request_of, task_asking
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +81,25 @@ def test_a_tasks_end_is_announced_on_its_page_without_taking_the_focus(live_site
     expect(page.locator(f"#task-{task.pk}-header .pill").first).to_have_text("failed")
     expect(region).to_have_text("The task ended: failed.")
     expect(copy).to_be_focused()
+
+
+def test_a_card_replaced_live_keeps_the_keyboard_on_the_link_it_was_on(live_site, new_page):  # noqa: F811
+    """A card the socket replaces (its task ended while the person was on it) gives the focus back to the same control
+    in the new card (static/taskhub/live.js: the same id, else the same link or button), not to the card as a whole: a
+    keyboard user on the card's "open the task" link is still on it."""
+    server = create_server(name="billing", transport="http", url="http://billing.example/mcp", user=None)
+    add_approver_groups(server, Group.objects.create(name="finance"))
+    make_user("ada", APPROVERS, "finance", password=TEST_PASSWORD)
+    task = task_asking(server, {"approve": ASK}, tool="deploy_1")
+    asked = request_of(task, "approve")
+    page = new_page()
+    sign_in(page, live_site.url, "ada", TEST_PASSWORD)
+    page.goto(f"{live_site.url}/inbox/")
+    wait_until_live(page)
+    card = page.locator(f"#ir-{asked.pk}")
+    open_task = card.locator(f'a[href="/tasks/{task.pk}/"]')
+    open_task.focus()
+
+    services.apply_snapshot(task=task, snapshot=helpers.snapshot("failed", task_id=remote_id(task)))
+    expect(card).to_have_attribute("data-state", "ended")
+    expect(open_task).to_be_focused()
