@@ -188,7 +188,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: /healthz answers a probe that addresses the process by IP, before anything refuses its Host.
+    # Outermost, so that the response it holds the request's live publishes for is the one Django sends and closes.
+    "taskhub.web.middleware.publishes_after_response",
+    # Then: /healthz answers a probe that addresses the process by IP, before anything refuses its Host.
     "taskhub.web.middleware.healthz_for_any_host",
     "taskhub.observability.http.RequestMetrics",  # next: it times the whole of every other request
     "django.middleware.security.SecurityMiddleware",

@@ -6,11 +6,13 @@ service that committed; it logs and drops.
 """
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
@@ -90,11 +92,39 @@ def session_fingerprint(session_key: str) -> str:
     return hashlib.sha256(session_key.encode()).hexdigest()
 
 
+# The publishes of a web request held until its response has gone out (hold_publishes), or None: sent at once.
+_held: contextvars.ContextVar[list[tuple[Callable, tuple]] | None] = contextvars.ContextVar(
+    "taskhub_held_publishes", default=None
+)
+
+
+def hold_publishes() -> tuple[list[tuple[Callable, tuple]], contextvars.Token]:
+    """From now on, in this context, publishes are kept in the list returned, for send_held to send (a web request's:
+    taskhub.web.middleware.publishes_after_response). The token ends the holding (stop_holding)."""
+    held: list[tuple[Callable, tuple]] = []
+    return held, _held.set(held)
+
+
+def stop_holding(token: contextvars.Token) -> None:
+    _held.reset(token)
+
+
+def send_held(held: list[tuple[Callable, tuple]]) -> None:
+    """Send what was held, in the order it was asked for. Never raises (each publish logs and drops its failures)."""
+    while held:
+        publish, args = held.pop(0)
+        publish(*args)
+
+
 def _off_the_loop(publish, *args) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        publish(*args)
+        held = _held.get()
+        if held is not None:
+            held.append((publish, args))
+        else:
+            publish(*args)
     else:
         # Called from async code: the database lookup and the sync send cannot run on this loop.
         threading.Thread(
