@@ -54,10 +54,6 @@ class CardContext:
 _kept_before: dict[tuple, tuple[list[Earlier], bool]] = {}
 
 
-def forget_kept_context() -> None:
-    _kept_before.clear()
-
-
 def with_context(cards: list[Card]) -> list[Card]:
     """Sets `card.context` on each open card (an answered one needs none); returns the cards."""
     open_cards = [card for card in cards if card.state == "open"]

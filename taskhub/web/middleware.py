@@ -43,9 +43,9 @@ def publishes_after_response(get_response):
     closes it: after the last byte under daphne, before the test client returns it), not as each commits.
 
     The sockets' renderings run in this process (daphne's live threads) and took the interpreter from the request's
-    own thread: an approver's Accept came back 30 ms after the click, 20 without them (bench/approval.py), and the
-    worker sending the answer to the server shared the two cores with them. A streaming response's publishes are sent
-    as the view returns it (its close comes when the stream ends)."""
+    own thread: an approver's Accept came back 30 ms after the click, 21-24 with them sent after it, 20 with none
+    (bench/approval.py); the worker sending the answer to the server shares the two cores with them all the same. A
+    streaming response's publishes are sent as the view returns it (its close comes when the stream ends)."""
 
     def middleware(request):
         held, token = publish.hold_publishes()
