@@ -92,17 +92,21 @@ def session_fingerprint(session_key: str) -> str:
     return hashlib.sha256(session_key.encode()).hexdigest()
 
 
-# The publishes of a web request held until its response has gone out (hold_publishes), or None: sent at once.
-_held: contextvars.ContextVar[list[tuple[Callable, tuple]] | None] = contextvars.ContextVar(
+# The publishes of a web request held until its response has gone out (hold_publishes): the thread of the request
+# that holds them and the list they wait in; None: sent at once. Only that thread's are held (the commits of its
+# view): work the request hands to another thread or loop (the gateway's sender, asgiref's threads) inherits this
+# context, and its publishes go at once, however long the response takes.
+_held: contextvars.ContextVar[tuple[int, list[tuple[Callable, tuple]]] | None] = contextvars.ContextVar(
     "taskhub_held_publishes", default=None
 )
 
 
 def hold_publishes() -> tuple[list[tuple[Callable, tuple]], contextvars.Token]:
-    """From now on, in this context, publishes are kept in the list returned, for send_held to send (a web request's:
-    taskhub.web.middleware.publishes_after_response). The token ends the holding (stop_holding)."""
+    """From now on, on this thread and in this context, publishes are kept in the list returned, for send_held to
+    send (a web request's: taskhub.web.middleware.publishes_after_response). The token ends the holding
+    (stop_holding)."""
     held: list[tuple[Callable, tuple]] = []
-    return held, _held.set(held)
+    return held, _held.set((threading.get_ident(), held))
 
 
 def stop_holding(token: contextvars.Token) -> None:
@@ -110,21 +114,27 @@ def stop_holding(token: contextvars.Token) -> None:
 
 
 def send_held(held: list[tuple[Callable, tuple]]) -> None:
-    """Send what was held, in the order it was asked for. Never raises (each publish logs and drops its failures)."""
+    """Send what was held, in the order it was asked for, from wherever this is called (the request's thread as its
+    response closes, or an event loop's when a response never closed is freed). Never raises (each publish logs and
+    drops its failures)."""
     while held:
         publish, args = held.pop(0)
-        publish(*args)
+        _now_off_the_loop(publish, *args)
 
 
 def _off_the_loop(publish, *args) -> None:
+    holding = _held.get()
+    if holding is not None and holding[0] == threading.get_ident():
+        holding[1].append((publish, args))
+    else:
+        _now_off_the_loop(publish, *args)
+
+
+def _now_off_the_loop(publish, *args) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        held = _held.get()
-        if held is not None:
-            held.append((publish, args))
-        else:
-            publish(*args)
+        publish(*args)
     else:
         # Called from async code: the database lookup and the sync send cannot run on this loop.
         threading.Thread(

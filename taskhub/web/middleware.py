@@ -10,6 +10,7 @@ and /healthz with an allowed Host (where an admin's session shows the database v
 """
 
 import functools
+import weakref
 
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import DisallowedHost
@@ -61,6 +62,8 @@ def publishes_after_response(get_response):
                 publish.send_held(held)
             else:
                 response._resource_closers.append(functools.partial(publish.send_held, held))
+                # A response never closed (its client left while the view ran): they go as it is freed.
+                weakref.finalize(response, publish.send_held, held)
         return response
 
     return middleware
