@@ -20,6 +20,7 @@ from taskhub.gateway import direct  # noqa: E402
 from taskhub.live.origin import SameOriginValidator  # noqa: E402
 from taskhub.live.routing import websocket_urlpatterns  # noqa: E402
 from taskhub.runtime import tune_garbage_collector  # noqa: E402
+from taskhub.web.daphne_requests import no_form_parsing_in_daphne  # noqa: E402
 from taskhub.web.proxies import behind_trusted_proxies  # noqa: E402
 
 # The client's address is decided once, for every route and protocol: from forwarding headers only when the peer is
@@ -34,3 +35,4 @@ application = behind_trusted_proxies(
 )
 
 tune_garbage_collector()
+no_form_parsing_in_daphne()
