@@ -2,11 +2,12 @@
 
 Twisted parses every POST's Content-Type (through the standard library's email headers) and reads an url-encoded or
 multipart body into `request.args`, for Twisted's own web resources; daphne hands the body to the ASGI application
-as it came, and Django parses it itself, within its limits (DATA_UPLOAD_MAX_*). The parse was 5-7 % of daphne's CPU
-under the gateway's `tasks/get` (bench/gateway.py, py-spy), and a large multipart body was read twice into memory
-before Django saw it. Twisted lets a request opt out (`parsePOSTFormSubmission`, Twisted 24.11): daphne's requests
-are made with it off, where daphne is the server (imported before the application, as its command line and `taskhub
-demo` do).
+as it came, and Django parses it itself, within its limits (DATA_UPLOAD_MAX_*). Under the gateway's `tasks/get` the
+Content-Type's parse was 5-7 % of daphne's samples (py-spy), and with it off daphne's CPU per request fell from 0.89
+to 0.76-0.82 ms (bench/gateway.py); a large multipart body was also read twice into memory before Django saw it.
+Twisted lets a request opt out (its `parsePOSTFormSubmission` argument; a Twisted without it parses as before):
+daphne's requests are made with it off, where daphne is the server (imported before the application, as its command
+line and `taskhub demo` do).
 """
 
 import functools
