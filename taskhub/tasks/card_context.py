@@ -61,7 +61,8 @@ def with_context(cards: list[Card]) -> list[Card]:
         return cards
     language, settled = get_language(), timezone.now() - SETTLED_AFTER
     asked = {card.pk: card.input_request.created_at + ASKED_SLACK for card in open_cards}
-    before = {card.pk: _kept_before.get((card.input_request.task_id, asked[card.pk], language)) for card in open_cards}
+    kept_as = {card.pk: (card.input_request.task_id, asked[card.pk], language) for card in open_cards}
+    before = {pk: _kept_before.get(key) for pk, key in kept_as.items()}
     unread = [card for card in open_cards if before[card.pk] is None]
     if unread:
         read = _read_before(unread, asked)
@@ -70,7 +71,7 @@ def with_context(cards: list[Card]) -> list[Card]:
         for card in unread:
             before[card.pk] = read[card.pk]
             if asked[card.pk] < settled:
-                _kept_before[card.input_request.task_id, asked[card.pk], language] = read[card.pk]
+                _kept_before[kept_as[card.pk]] = read[card.pk]
     for card in open_cards:
         task = card.input_request.task
         arguments = pretty_json(task.arguments, ARGUMENTS_CAP) if task.arguments else None
