@@ -219,14 +219,14 @@ def seed(server, user, tool: str, wires: list[dict]) -> dict[str, uuid.UUID]:
 def web_and_worker(env: dict[str, str], name: str) -> Iterator[tuple[object, object]]:
     """daphne and one worker on the benchmark's database and channel prefix; (daphne, worker process)."""
     from browser_fixtures import running_daphne
-    from stack_fixtures import Workers, worker_environment
+    from stack_fixtures import Workers, worker_environment, worker_log
 
     redis = {key: env[key] for key in PROCESS_SETTINGS}
     workers = Workers(worker_environment(**redis))
     worker = workers.start(name)
     try:
         with running_daphne(**redis) as web:
-            log = ROOT / "test-output" / f"worker-{name}.log"
+            log = worker_log(name)
             deadline = time.monotonic() + 60
             while "running" not in log.read_text():
                 if worker.poll() is not None or time.monotonic() > deadline:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.cookiejar import CookieJar
+from pathlib import Path
 from urllib.parse import urlencode
 
 import aiohttp
@@ -76,6 +77,14 @@ async def run_worker_until_idle(timeout: float = 30, concurrency: int = 4) -> No
                         return
 
 
+def worker_log(name: str) -> Path:
+    """Where the worker `name` started by Workers writes its output: per pytest-xdist process, as test modules running
+    at once on other processes start workers of the same names (a test read "east"'s log while another module's
+    "east" had just started it afresh)."""
+    runner = os.environ.get("PYTEST_XDIST_WORKER")
+    return PROJECT_ROOT / "test-output" / (f"worker-{name}-{runner}.log" if runner else f"worker-{name}.log")
+
+
 class Workers:
     """`manage.py worker` processes, stopped at the end of the test whatever happens."""
 
@@ -85,8 +94,9 @@ class Workers:
 
     def start(self, name: str, *options: str) -> subprocess.Popen:
         command = [sys.executable, "manage.py", "worker", "--name", name, "--lease-seconds", "4", *options]
-        (PROJECT_ROOT / "test-output").mkdir(exist_ok=True)
-        log = open(PROJECT_ROOT / "test-output" / f"worker-{name}.log", "w")  # noqa: SIM115 - closed with the process
+        path = worker_log(name)
+        path.parent.mkdir(exist_ok=True)
+        log = open(path, "w")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.processes[name] = process
         return process

@@ -27,9 +27,9 @@ from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
 from taskhub.worker.models import WorkerHeartbeat
 from tests.catalogue_fixtures import with_tools
-from tests.demo_process import PROJECT_ROOT, DemoServer
+from tests.demo_process import DemoServer
 from tests.helpers import wait_until
-from tests.stack_fixtures import demo_stats, statuses
+from tests.stack_fixtures import demo_stats, statuses, worker_log
 from tests.update_holding_proxy import UpdateHoldingProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -163,7 +163,7 @@ PRODUCTION_STALLED_WORKER_SECONDS = 10
 def silence_noticed(survivor: str, dead: str) -> float:
     """How long `dead` had been silent when `survivor` took its work over (its log says so): at least the production
     stalled time, which shows the workers ran with it (tests/settings.py makes it 6 s elsewhere)."""
-    log = (PROJECT_ROOT / "test-output" / f"worker-{survivor}.log").read_text()
+    log = worker_log(survivor).read_text()
     found = re.search(rf"worker {re.escape(dead)} has not beaten for ([0-9.]+) s", log)
     assert found, f"{survivor} never took {dead}'s work over:\n{log[-3000:]}"
     return float(found.group(1))

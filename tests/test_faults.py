@@ -42,6 +42,7 @@ from tests.stack_fixtures import (
     statuses,
     went_up_and_down,
     worker_environment,
+    worker_log,
 )
 
 pytestmark = pytest.mark.slow
@@ -127,7 +128,7 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
             # A worker started while the database is gone waits for it instead of exiting.
             workers.start("pg-late")
             for name in ("pg-alpha", "pg-beta"):
-                log = PROJECT_ROOT / "test-output" / f"worker-{name}.log"
+                log = worker_log(name)
                 wait_until(
                     lambda log=log: "heartbeat failed" in log.read_text(),
                     timeout=60,
@@ -215,7 +216,7 @@ def answer_in_flight(demo: DemoServer, workers: Workers, *worker_options: str, n
 def delivering_worker(workers: Workers) -> str:
     """The name of the worker that sent the answer (it says so in its log)."""
     for name in workers.processes:
-        if "sending the answer" in (PROJECT_ROOT / "test-output" / f"worker-{name}.log").read_text():
+        if "sending the answer" in worker_log(name).read_text():
             return name
     raise AssertionError("no worker says it is sending the answer")
 

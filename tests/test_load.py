@@ -45,10 +45,9 @@ from taskhub.tasks.models import InputRequest, InputRequestState, Task
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.catalogue_fixtures import with_tools
-from tests.demo_process import PROJECT_ROOT
 from tests.helpers import let_time_pass_async, wait_until
 from tests.hostile_server import HostileServer, Silence
-from tests.stack_fixtures import running_stack, session_cookie_for
+from tests.stack_fixtures import running_stack, session_cookie_for, worker_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -401,7 +400,7 @@ def test_live_tasks_watched_by_many_sockets_while_approvers_answer_through_the_p
         truth = server_statuses(stack.demo.url, [t.remote_task_id for t in tasks if t.remote_task_id])
         logs = [
             stack.web.log_path,
-            *(PROJECT_ROOT / "test-output" / f"worker-{name}.log" for name in stack.workers.processes),
+            *(worker_log(name) for name in stack.workers.processes),
         ]
         over_capacity = sum(path.read_text().count("over capacity") for path in logs)
         jobs = job_timings()
