@@ -28,7 +28,7 @@ from taskhub.worker.models import WorkerHeartbeat
 from tests.account_fixtures import TEST_PASSWORD, make_user
 from tests.browser_fixtures import running_daphne
 from tests.catalogue_fixtures import with_tools
-from tests.demo_process import PROJECT_ROOT, DemoServer
+from tests.demo_process import DemoServer
 from tests.helpers import wait_until
 from tests.own_services import DATABASE_NAME, OwnPostgres, own_postgres, own_redis
 from tests.stack_fixtures import (
@@ -135,7 +135,7 @@ def test_workers_reconnect_after_postgres_restarts_and_lose_nothing(fault_postgr
                     what=f"{name}'s work to fail against a database that is gone",
                 )
             wait_until(
-                lambda: "waiting for the database" in (PROJECT_ROOT / "test-output" / "worker-pg-late.log").read_text(),
+                lambda: "waiting for the database" in worker_log("pg-late").read_text(),
                 timeout=60,
                 what="pg-late to wait for the database",
             )
@@ -323,8 +323,7 @@ def test_with_redis_stopped_pages_work_nothing_is_lost_and_live_updates_resume_a
                     assert actions.count(expected) == 1, actions
                 assert_still_running(workers)
                 assert web.process.poll() is None
-                worker_log = (PROJECT_ROOT / "test-output" / "worker-unflustered.log").read_text()
-                assert f"live update for task {task.pk} dropped" in worker_log
+                assert f"live update for task {task.pk} dropped" in worker_log("unflustered").read_text()
 
                 redis.start()
 

@@ -26,6 +26,7 @@ from tests.account_fixtures import make_user
 from tests.catalogue_fixtures import with_tools
 from tests.helpers import wait_until
 from tests.hostile_server import HostileServer, Silence
+from tests.stack_fixtures import worker_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -75,7 +76,7 @@ def test_a_worker_exits_within_its_shutdown_timeout_whatever_its_stdio_process_a
         returncode = worker.wait(timeout=SHUTDOWN_TIMEOUT * 4)
         took = time.monotonic() - told
 
-    log = (Path(__file__).parent.parent / "test-output" / "worker-stubborn.log").read_text()
+    log = worker_log("stubborn").read_text()
     assert took <= SHUTDOWN_TIMEOUT + EXIT_SLACK_SECONDS, f"exited {took:.1f} s after SIGTERM\n{log[-4000:]}"
     assert returncode == 0, log[-4000:]  # not the watchdog's 70: the worker's own wind-down ended in time
     wait_until(lambda: gone(process.pid), timeout=5, what="the stdio process to be gone")
