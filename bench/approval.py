@@ -9,14 +9,17 @@ follows them until each asks its form question (`input_required`, one open reque
 one at a time, on the inbox page: tick "Approve?" and click Accept (htmx posts the form). Start: the form's
 `submit` event, stamped in the page (performance.timeOrigin + now()); end: the server's time.time() when the
 HTTP request carrying `tasks/update` for that task reached it. Same machine, same clock. The path between: the
-answer view (`services.answer_input`, which defers the `deliver_answer` job), procrastinate's LISTEN/NOTIFY wake-up
-in the worker, the job (its claim, one statement that also reads the answer, sent from the event loop on the worker's
-own pool: `services.first_claim`; `tasks/update` on the worker's kept `TasksClient` for the server,
-taskhub/worker/clients.py).
+answer view, which claims the answer with it and sends `tasks/update` itself as it commits, on the client daphne keeps
+for the server (taskhub/gateway/sending.py: answer_and_send; the delivery job waits as its fallback). The first answer
+goes the delivery job's way while that client connects, as every answer does with TASKHUB_WEB_SENDS_ANSWERS=0: the
+view (`services.answer_input`) defers the `deliver_answer` job, procrastinate's LISTEN/NOTIFY wakes the worker, the
+job claims (one statement that also reads the answer, sent from the event loop on the worker's own pool:
+`services.first_claim`) and sends on the worker's kept `TasksClient` for the server (taskhub/worker/clients.py).
 The breakdown names issue 18's sub-goals: submit → answer stored (the request's answered_at, stamped in the view's
-transaction after its checks) ≤ 15 ms, and answer stored → claim sent (delivery_attempted_at, stamped by the job as
-it sends its claim) ≤ 10 ms; the claim's own round trip counts in the next stage. It also shows submit → the htmx
-response in the page (the whole POST: the rest of the transaction, its commit and the card sent back).
+transaction after its checks) ≤ 15 ms, and for the job's answers, answer stored → claim sent (delivery_attempted_at,
+stamped by the job as it sends its claim) ≤ 10 ms; the claim's own round trip counts in the next stage. It also shows
+submit → the htmx response in the page (the whole POST: the rest of the transaction, its commit and the card sent
+back), and how many answers each way sent.
 Baselines in the same run, on the same server, on tasks of the same tool: the floor, one long-lived SDK
 `TasksClient` sending `tasks/update` (time.time() before the call → arrival); and a new `TasksClient` per answer,
 as the delivery job opened one before the worker kept them. Goal of issue 6: p50 ≤ 50 ms, p95 ≤ 150 ms.
@@ -176,6 +179,18 @@ STAGES = (
     ("  of which submit → request sent (the page: htmx; the browser's network stack)", "submitted", "requested"),
     ("  of which request sent → answer stored (daphne, the middleware, the view's checks)", "requested", "answered"),
     ("submit → the answered card back in the page (the whole POST: commit, card)", "submitted", "responded"),
+)
+# An answer the web process sent itself (taskhub/gateway/sending.py: claimed with the answer, sent as it commits).
+WEB_STAGES = (
+    (
+        "answer stored → tasks/update arrives, sent by the web process (commit, its kept client's send)",
+        "answered",
+        "arrived",
+    ),
+)
+# An answer the delivery job sent (the first one, while the web process's client connects; or with
+# TASKHUB_WEB_SENDS_ANSWERS=0).
+JOB_STAGES = (
     ("answer stored → job started (commit, NOTIFY, the worker's fetch)", "answered", "started"),
     ("job started → claim sent (the job stamps its claim, which also reads the answer)", "started", "attempted"),
     (
@@ -189,39 +204,47 @@ STAGES = (
 
 def stages(submitted: dict[str, float], responded: dict[str, float], arrived: dict[str, float]) -> dict[str, list]:
     """Where the time went, per approval, from the rows the path leaves: the request's answered_at (stamped in the
-    view's transaction, after its checks) and delivery_attempted_at (stamped by the job as it sends its claim,
-    services.first_claim), procrastinate's `started` event; and in the page, the submit, and the POST's
-    requestStart and responseEnd from its resource timing."""
+    view's transaction, after its checks), who attempted its delivery (the web process, or a worker), and for the
+    delivery job's: delivery_attempted_at (stamped by the job as it sends its claim, services.first_claim) and
+    procrastinate's `started` event; and in the page, the submit, and the POST's requestStart and responseEnd from its
+    resource timing. Also "sent by …": how many answers each path sent."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             """
             SELECT task.remote_task_id, EXTRACT(EPOCH FROM request.answered_at),
-                   EXTRACT(EPOCH FROM request.delivery_attempted_at), EXTRACT(EPOCH FROM event.at)
+                   EXTRACT(EPOCH FROM request.delivery_attempted_at), request.delivery_attempted_by,
+                   EXTRACT(EPOCH FROM event.at)
             FROM tasks_inputrequest AS request
             JOIN tasks_task AS task ON task.id = request.task_id
-            JOIN procrastinate_jobs AS job ON job.task_name = 'taskhub.deliver_answer'
+            LEFT JOIN procrastinate_jobs AS job ON job.task_name = 'taskhub.deliver_answer'
                  AND (job.args ->> 'input_request_id')::int = request.id
-            JOIN procrastinate_events AS event ON event.job_id = job.id AND event.type = 'started'
+            LEFT JOIN procrastinate_events AS event ON event.job_id = job.id AND event.type = 'started'
+            WHERE request.answered_at IS NOT NULL
             """
         )
         rows = cursor.fetchall()
-    spans: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
-    for remote, answered, attempted, started in rows:
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in (*STAGES, *WEB_STAGES, *JOB_STAGES)}
+    spans["sent by the web process"], spans["sent by the delivery job"] = [], []
+    for remote, answered, attempted, attempted_by, started in rows:
         if remote not in submitted or remote not in responded or remote not in arrived or attempted is None:
+            continue
+        by_web = attempted_by == "web"
+        if not by_web and started is None:
             continue
         times = {
             "submitted": submitted[remote] / 1000,
             "requested": responded[remote][0] / 1000,
             "responded": responded[remote][1] / 1000,
             "answered": float(answered),
-            "started": float(started),
+            "started": float(started or 0),
             "attempted": float(attempted),
             "arrived": arrived[remote],
         }
-        for name, start, end in STAGES:
+        for name, start, end in (*STAGES, *(WEB_STAGES if by_web else JOB_STAGES)):
             spans[name].append(ms(times[end] - times[start]))
+        spans["sent by the web process" if by_web else "sent by the delivery job"].append(1)
     return spans
 
 
@@ -311,8 +334,13 @@ def main() -> None:
         "",
     ]
     lines += ["| stage | p50 ms | p95 ms | sub-goal (p50) met |", "|---|---:|---:|---|"]
-    stage_goals = {STAGES[0][0]: GOAL_VIEW_MS, STAGES[6][0]: GOAL_PICKUP_AND_CLAIM_MS}
+    stage_goals = {STAGES[0][0]: GOAL_VIEW_MS, JOB_STAGES[2][0]: GOAL_PICKUP_AND_CLAIM_MS}
     for name, values in spans.items():
+        if name.startswith("sent by"):
+            lines.append(f"| {name} | {len(values)} answers | | |")
+            continue
+        if not values:
+            continue
         figures = spread(values)
         met = "" if name not in stage_goals else ("yes" if figures["p50"] <= stage_goals[name] else "**no**")
         lines.append(f"| {name} | {figures['p50']:.1f} | {figures['p95']:.1f} | {met} |")

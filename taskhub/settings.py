@@ -376,6 +376,9 @@ TASKHUB_GATEWAY_POLL_INTERVAL_MS = int(os.environ.get("TASKHUB_GATEWAY_POLL_INTE
 # Whether the gateway sends an agent's first tools/call to an HTTP server itself, on a client it keeps, where nothing
 # of the worker's is needed (taskhub/gateway/sending.py); off: the worker sends every call.
 TASKHUB_GATEWAY_SENDS_CALLS = env_bool("TASKHUB_GATEWAY_SENDS_CALLS", True)
+# Whether the web process sends an approver's answer (tasks/update) itself as it is stored, on the same kept clients,
+# where nothing of the worker's is needed (taskhub/gateway/sending.py); off: the delivery job sends every answer.
+TASKHUB_WEB_SENDS_ANSWERS = env_bool("TASKHUB_WEB_SENDS_ANSWERS", True)
 # The longest a gateway subscriptions/listen stream stays open (the agent listens again after it ends).
 TASKHUB_GATEWAY_LISTEN_SECONDS = float(os.environ.get("TASKHUB_GATEWAY_LISTEN_SECONDS", "600"))
 # Open subscriptions/listen streams and waiting tools/call requests a daphne process holds, per API token and in

@@ -17,7 +17,7 @@ def agent_label(facts: dict | None) -> str:
 
 
 # taskhub's own actors (not people), translated where pages show them.
-OWN_ACTORS = frozenset({gettext_noop("system"), gettext_noop("worker")})
+OWN_ACTORS = frozenset({gettext_noop("system"), gettext_noop("worker"), gettext_noop("gateway"), gettext_noop("web")})
 
 
 class AuditEvent(models.Model):

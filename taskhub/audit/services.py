@@ -11,6 +11,8 @@ SYSTEM = "system"
 WORKER = "worker"
 # A tools/call the gateway sent itself (taskhub/gateway/sending.py): its marker and outcome are recorded as its.
 GATEWAY = "gateway"
+# An answer the web process sent itself (taskhub/gateway/sending.py): its claim and delivery are recorded as its.
+WEB = "web"
 
 
 def storable(value: Any) -> Any:

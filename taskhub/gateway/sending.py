@@ -16,6 +16,12 @@ Tasks extension's revision (a 2025 server may ask its questions inside the call,
 both are held by a worker), a first call (an MRTR retry carries answers the worker delivers), and not past the
 server's `max_concurrent_jobs` in this process. Anything else goes through the worker, as before.
 
+The same kept clients send an approver's answer from the inbox (answer_and_send, send_answer): claimed for `web`
+in the answer's transaction (services.answer_input's `sent_within`), sent as it commits, recorded by the delivery
+services, with the delivery job deferred as its fallback; a server found gone or a claim grown old hands it to that job
+unsent, a failure once it may have gone out hands it over with its claim (the job asks the server first).
+bench/approval.py: the click to `tasks/update` at the server 27.7 → 18.8 ms p50.
+
 The clients live on a loop of their own, on a thread of their own: a request's loop (daphne's, or one per request
 under Django's test client) only waits for the outcome, and its going away (the agent hung up) leaves the call to
 finish and be recorded. A server's first call is sent by the worker while its client connects in the background.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import logging
 import threading
@@ -41,10 +48,12 @@ from taskhub.gateway.waiting import on_gateway_thread
 from taskhub.mcp import wire
 from taskhub.mcp.client import HttpTarget, TasksClient
 from taskhub.mcp.errors import ProtocolError
+from taskhub.observability import metrics
 from taskhub.servers.models import Server, Transport
 from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
-from taskhub.tasks.models import Task
+from taskhub.tasks.models import InputRequest, Task
+from taskhub.worker.heartbeats import CLAIM_HOLDS_SECONDS, claim_clock
 from taskhub.worker.progress import CallProgress
 from taskhub.worker.slots import launch_timeout
 
@@ -86,11 +95,12 @@ class Sender:
 
     # -- on any thread ----------------------------------------------------------------------------------------
 
-    def take(self, server: Server, *, declares_tasks: bool) -> KeptClient | None:
-        """A kept client ready to send this server's call, counted as in flight until the call is recorded (`send`) or
-        given back (not sent after all); or None: the worker sends it (and a client is connected meanwhile, for the
-        next call)."""
-        if not settings.TASKHUB_GATEWAY_SENDS_CALLS or not _sendable(server):
+    def take(self, server: Server, *, declares_tasks: bool, answer: bool = False) -> KeptClient | None:
+        """A kept client ready to send this server's call (or with `answer`, an answer: tasks/update), counted as in
+        flight until it is recorded (`send`, `send_answer`) or given back (not sent after all); or None: the worker
+        sends it (and a client is connected meanwhile, for the next one)."""
+        enabled = settings.TASKHUB_WEB_SENDS_ANSWERS if answer else settings.TASKHUB_GATEWAY_SENDS_CALLS
+        if not enabled or not _sendable(server):
             return None
         target = server.to_target()
         assert isinstance(target, HttpTarget)
@@ -112,6 +122,29 @@ class Sender:
                 return None
             kept.in_flight += 1
         return kept
+
+    def may_send_answer(self, server: Server) -> bool:
+        """Whether an answer to this server's task could be sent now on a kept client (nothing is taken; a client is
+        connected if none is, for the next answer)."""
+        kept = self.take(server, declares_tasks=True, answer=True)
+        if kept is None:
+            return False
+        self.give_back(kept)
+        return True
+
+    def send_answer(self, input_request: InputRequest, *, claimed_at: float) -> concurrent.futures.Future:
+        """Send an answer claimed for the web process (services.answer_input's `sent_within`; claimed at
+        `claimed_at`, by heartbeats.claim_clock) on its server's kept client, and record what came back; with no client
+        free now, hand it to the delivery job. The future returned is done once the outcome is recorded."""
+        kept = self.take(input_request.task.server, declares_tasks=True, answer=True)
+        if kept is None:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(services.hand_answer_to_worker(input_request=input_request, sent=False))
+            return done
+        sending = self._on_loop(self._send_answer(kept, input_request=input_request, claimed_at=claimed_at))
+        self._sending.add(sending)
+        sending.add_done_callback(self._sending.discard)
+        return sending
 
     def give_back(self, kept: KeptClient) -> None:
         """A taken client not used after all (the gate held the call, or the launch was refused)."""
@@ -206,6 +239,39 @@ class Sender:
             _tell(told)
             await self._release(kept)
 
+    async def _send_answer(self, kept: KeptClient, *, input_request: InputRequest, claimed_at: float) -> None:
+        try:
+            await _deliver_and_record(kept, input_request=input_request, claimed_at=claimed_at, give_up=self._give_up)
+        except Exception:
+            # The claim stands: the fallback job asks the server whether the answer arrived, as after a process that
+            # stopped.
+            logger.exception("the answer to input request %s was not recorded as sent", input_request.pk)
+        finally:
+            await self._release(kept)
+
+
+def answer_and_send(*, input_request: InputRequest, **answering) -> InputRequest:
+    """services.answer_input in the caller's transaction (`locked`: the request read with
+    services.locked_for_answer), and the answer sent on this process's kept client of its server as that transaction
+    commits, where it may be (answer_input's `sent_within`): an approver's answer need not wait for the delivery job
+    to be picked up and claim it. Only from a transaction of the caller's own (a view's): under an outer one (a
+    test's), or where no client is ready, the delivery job sends it."""
+    server = input_request.task.server
+    if len(transaction.get_connection().atomic_blocks) != 1 or not SENDER.may_send_answer(server):
+        return services.answer_input(input_request=input_request, locked=True, **answering)
+    claimed_at = claim_clock()  # before the claim: its age is never underestimated
+    answered = services.answer_input(
+        input_request=input_request,
+        locked=True,
+        sent_within=CLAIM_HOLDS_SECONDS + settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS,
+        **answering,
+    )
+    if answered.sent_by_caller:
+        sent = copy.copy(answered)  # the caller goes on with its own (the card it shows)
+        # Robust: the answer is committed by then; should even handing it over fail, the fallback job sends it.
+        transaction.on_commit(lambda: SENDER.send_answer(sent, claimed_at=claimed_at), robust=True)
+    return answered
+
 
 def _sendable(server: Server) -> bool:
     return (
@@ -252,6 +318,48 @@ async def _call_and_record(
         await progress.aclose()  # its last report stored before the outcome ends the task
     kept.heard_at = time.monotonic()
     await _record(services.record_launch_outcome, told, task=task, outcome=outcome)
+
+
+async def _deliver_and_record(
+    kept: KeptClient, *, input_request: InputRequest, claimed_at: float, give_up: Callable[[KeptClient], None]
+) -> None:
+    """tasks/update with the answer's key alone, sent only while the web process's claim holds, and what came back
+    recorded, as the delivery job sends and records it (jobs._deliver, jobs._send_answer); `give_up(kept)` when no
+    answer came."""
+    client = kept.client
+    assert client is not None
+    hand_over = on_gateway_thread(services.hand_answer_to_worker)
+    if time.monotonic() - kept.heard_at > ASK_AFTER_IDLE_SECONDS:
+        try:
+            await client.answers()
+        except Exception:  # nothing was sent: the delivery job sends it, with its retries
+            give_up(kept)
+            await hand_over(input_request=input_request, sent=False)
+            return
+    # A claim holds for CLAIM_HOLDS_SECONDS (see jobs._send_answer): a process paused past it sends nothing.
+    if claim_clock() - claimed_at > CLAIM_HOLDS_SECONDS:
+        await hand_over(input_request=input_request, sent=False)
+        return
+    task = input_request.task
+    try:
+        # As long as the delivery job's wait: an attempt cut off by it has ended before the answer may be sent again
+        # (TASKHUB_DELIVERY_SETTLE_SECONDS after the claim), whatever the kept client's own timeout (a call's).
+        async with asyncio.timeout(settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS):
+            await client.update_task(task.remote_task_id, {input_request.key: input_request.answer})
+    except ProtocolError as error:  # refused (the task is gone, the answer rejected): retrying cannot help
+        kept.heard_at = time.monotonic()
+        await on_gateway_thread(services.record_delivery_failure)(
+            input_request=input_request, error=error.to_error_object(), sent_by_web=True
+        )
+        return
+    except Exception as error:  # it may have gone out: the job asks the server before it sends again
+        give_up(kept)
+        logger.warning("tasks/update for input request %s: no usable answer (%s)", input_request.pk, error)
+        await hand_over(input_request=input_request, sent=True)
+        return
+    kept.heard_at = time.monotonic()
+    await on_gateway_thread(services.mark_delivered)(input_request=input_request, sent_by_web=True)
+    metrics.answer_delivered(input_request.answered_at)
 
 
 async def _record(service, told: concurrent.futures.Future, **kwargs) -> None:

@@ -86,18 +86,31 @@ def drop_pending_launch(task_id: uuid.UUID) -> int:
         return procrastinate_sql.cancel_waiting(cursor, lock=f"launch:{task_id}", task_name=LAUNCH_JOB)
 
 
-def enqueue_answer_delivery(input_request_id: int, *, server_id: int, queue: str = DEFAULT_QUEUE) -> None:
+def enqueue_answer_delivery(
+    input_request_id: int, *, server_id: int, queue: str = DEFAULT_QUEUE, not_before_seconds: float | None = None
+) -> None:
     """The delivery job sends the answer (tasks/update, or an MRTR retry) and marks it delivered. It carries its
-    server's id: the job takes its server's slot first, then claims and reads the answer in one statement."""
+    server's id: the job takes its server's slot first, then claims and reads the answer in one statement.
+    `not_before_seconds`: the job runs no sooner (the fallback of an answer the web process sends itself)."""
     _defer(
         ANSWER_DELIVERY_JOB,
         lock=f"answer:{input_request_id}",
         priority=DELIVERY_PRIORITY,
         queue=queue,
+        schedule_in=None if not_before_seconds is None else {"seconds": not_before_seconds},
         input_request_id=input_request_id,
         server_id=server_id,
         **tracing.job_args(),
     )
+
+
+def drop_pending_delivery(input_request_id: int) -> int:
+    """The waiting delivery job of an answer is cancelled with the caller's transaction (the fallback of an answer
+    the web process sent, or one it hands to the worker at once). How many were waiting."""
+    with connection.cursor() as cursor:
+        return procrastinate_sql.cancel_waiting(
+            cursor, lock=f"answer:{input_request_id}", task_name=ANSWER_DELIVERY_JOB
+        )
 
 
 # NOTIFY channel of the answers to held questions (services/held_questions.py): the payload is the request's id.

@@ -109,6 +109,14 @@ FRESH_BEAT = timedelta(
 # once the claimant is silent for TASKHUB_STALLED_WORKER_SECONDS, i.e. no sooner than (stalled - FRESH_BEAT) after
 # the claim, plus the dead-worker grace: half of that leaves room for clocks and the database's own delays.
 CLAIM_HOLDS_SECONDS = (settings.TASKHUB_STALLED_WORKER_SECONDS - FRESH_BEAT.total_seconds()) / 2
+
+
+def claim_clock() -> float:
+    """Seconds, for how old a claim is: CLOCK_BOOTTIME where there is one (Linux), which, unlike the monotonic clock,
+    also counts the time the machine was suspended; never set back."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
+
 # A worker silent for TASKHUB_STALLED_WORKER_SECONDS is taken over by the next beat of a steady worker: within a beat.
 TAKE_OVER_DUE = timedelta(seconds=settings.TASKHUB_WORKER_HEARTBEAT_SECONDS)
 

@@ -34,7 +34,6 @@ import logging
 import os
 import random
 import smtplib
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from taskhub.tasks.models import LAUNCH_ATTEMPTS, TASK_PHASE, InputRequest, Inpu
 from taskhub.tasks.services import session_tasks
 from taskhub.worker import heartbeats, stdio
 from taskhub.worker.clients import JobClient, job_client
+from taskhub.worker.heartbeats import claim_clock
 from taskhub.worker.held_questions import asker_for
 from taskhub.worker.orm import db
 from taskhub.worker.progress import CallLog, CallProgress
@@ -657,12 +657,6 @@ async def _deliver(
     await db(services.mark_delivered, input_request=input_request)
     metrics.answer_delivered(input_request.answered_at)
     return "delivered"
-
-
-def claim_clock() -> float:
-    """Seconds, for how old a claim is: CLOCK_BOOTTIME where there is one (Linux), which, unlike the monotonic clock,
-    also counts the time the machine was suspended; never set back."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
 
 
 def _attempt_settles_at(*, input_request: InputRequest) -> datetime.datetime | None:

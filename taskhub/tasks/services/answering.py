@@ -7,8 +7,9 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from taskhub.accounts import permissions
-from taskhub.audit.services import record_event
+from taskhub.audit.services import WEB, record_event
 from taskhub.observability import tracing
+from taskhub.servers.hooks import job_queue
 from taskhub.tasks import hooks, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import (
@@ -19,6 +20,7 @@ from taskhub.tasks.errors import (
 )
 from taskhub.tasks.models import (
     GATE_METHOD,
+    TASK_PHASE,
     InputRequest,
     InputRequestState,
     Task,
@@ -54,6 +56,7 @@ def answer_input(
     token=None,
     as_agent: bool = False,
     locked: bool = False,
+    sent_within: float | None = None,
 ) -> InputRequest:
     """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first. `token`: the API
     token (an agent) it came through, named in the audit rows.
@@ -67,8 +70,16 @@ def answer_input(
     request stays open) and only the N-th makes the answer sent; a decline or a cancel by any of them ends it.
     `as_agent`: the gateway passes a request through to the agent that made the call (no policy applies, or its
     policy says `input_from` agent): `user` is that agent, whose one answer is the answer; the rules about people
-    do not apply."""
-    answering = dict(response=response, user=user, comment=comment, token=token, as_agent=as_agent)
+    do not apply.
+
+    `sent_within`: the caller sends the answer itself as this commits, on a client it keeps, within this many seconds
+    (taskhub/gateway/sending.py). Where it can (a first task-phase answer, not a held question's), the answer is
+    claimed here for the web process (`sent_by_caller` on the request returned) and the delivery job waits that long
+    and a margin first: should the caller stop before recording what came back, the job finds the attempt and asks
+    the server whether the answer arrived, as after a worker that stopped. Otherwise the delivery job sends it."""
+    answering = dict(
+        response=response, user=user, comment=comment, token=token, as_agent=as_agent, sent_within=sent_within
+    )
     if locked:
         if not connection.in_atomic_block:  # the caller's transaction ended, and its lock with it
             raise transaction.TransactionManagementError("locked=True: read with locked_for_answer in this transaction")
@@ -78,9 +89,17 @@ def answer_input(
 
 
 def _answer(
-    *, input_request: InputRequest, response: dict[str, Any], user, comment: str, token, as_agent: bool
+    *,
+    input_request: InputRequest,
+    response: dict[str, Any],
+    user,
+    comment: str,
+    token,
+    as_agent: bool,
+    sent_within: float | None,
 ) -> InputRequest:
     task = input_request.task
+    input_request.sent_by_caller = False
     if input_request.state in (InputRequestState.ANSWERED, InputRequestState.DELIVERED):
         raise AlreadyAnswered(
             key=input_request.key,
@@ -150,6 +169,10 @@ def _answer(
     input_request.answered_by = user
     input_request.answered_at = now
     input_request.answer_comment = comment
+    input_request.sent_by_caller = sent_within is not None and _sendable_at_once(input_request)
+    if input_request.sent_by_caller:
+        input_request.delivery_attempted_at = now
+        input_request.delivery_attempted_by = WEB
     input_request.save(
         update_fields=[
             "state",
@@ -159,6 +182,7 @@ def _answer(
             "answer_comment",
             "acceptances",
             "discounted_acceptances",
+            *(["delivery_attempted_at", "delivery_attempted_by"] if input_request.sent_by_caller else []),
         ]
     )
     accepted_by = [entry.get("name") for entry in input_request.acceptances]
@@ -175,12 +199,36 @@ def _answer(
     )
     if input_request.method == GATE_METHOD:
         _pass_gate(task, input_request, user=user, comment=comment, token=token)
+    elif input_request.sent_by_caller:
+        hooks.enqueue_answer_delivery(
+            input_request.pk,
+            server_id=task.server_id,
+            queue=job_queue(task.server),
+            not_before_seconds=sent_within + WEB_FALLBACK_MARGIN_SECONDS,
+        )
     else:
         hooks.hand_over_answer(input_request, server=task.server)
     _publish_after_commit(task.id, server_id=task.server_id, asks=True)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     input_request.answer_terms = terms
     return input_request
+
+
+# How long after the web process's send could have been answered (its timeout) the fallback delivery job looks at it.
+WEB_FALLBACK_MARGIN_SECONDS = 60.0
+
+
+def _sendable_at_once(input_request: InputRequest) -> bool:
+    """Whether an answer may be sent by the web process as it commits: a first attempt at a task-phase answer
+    (tasks/update) to a task the server runs, not a gate's (a launch) nor a held question's (the worker holding the
+    call sends it on that call's session)."""
+    return (
+        input_request.method != GATE_METHOD
+        and not input_request.held_by
+        and input_request.mrtr_round == TASK_PHASE
+        and input_request.delivery_attempted_at is None
+        and input_request.task.remote_task_id is not None
+    )
 
 
 def _record_discounted(task: Task, input_request: InputRequest, discounted: list[dict], *, answered, user, token):

@@ -8,9 +8,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from taskhub.audit.services import WORKER, record_event
+from taskhub.audit.services import WEB, WORKER, record_event
+from taskhub.servers.hooks import job_queue
 from taskhub.servers.models import Server, ServerProcess
-from taskhub.tasks import raw_rows
+from taskhub.tasks import hooks, raw_rows
 from taskhub.tasks.errors import (
     InvalidTransition,
 )
@@ -119,18 +120,43 @@ def _first_claim_columns() -> str:
 
 
 @transaction.atomic
-def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
+def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None, sent_by_web: bool = False) -> bool:
     """The server acknowledged the answer (the delivery job). Idempotent: a repeated delivery changes nothing.
 
     `confirmed_by`: no acknowledgement came, but this shows the answer was received (the key is no longer
     outstanding); it goes on the timeline. The tracker polls the task at once to see what the answer changed.
+    `sent_by_web`: the web process sent it (answer_input's `sent_within`), and the fallback delivery job is dropped.
     """
-    delivered = _mark_delivered(input_request=input_request, confirmed_by=confirmed_by)
+    delivered = _mark_delivered(input_request=input_request, confirmed_by=confirmed_by, sent_by_web=sent_by_web)
+    if sent_by_web:
+        hooks.drop_pending_delivery(input_request.pk)
     _poll_soon(task_id=input_request.task_id)
     return delivered
 
 
-def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None) -> bool:
+@transaction.atomic
+def hand_answer_to_worker(*, input_request: InputRequest, sent: bool) -> bool:
+    """The web process did not get an answer it had claimed (answer_input's `sent_within`) through: the delivery job,
+    deferred at once in place of the fallback, takes it up, with its retries. Not `sent` (nothing went out: the
+    server did not answer the question asked before, or the claim grew too old to send on): the claim is withdrawn,
+    and the job sends it as any answer. `sent` (it may have gone out): the claim stands, and the job asks the server
+    whether it arrived before sending it again once the attempt has settled. False: the answer is not the web's to
+    hand over (delivered meanwhile, or claimed since by another attempt)."""
+    claimed = InputRequest.objects.filter(
+        pk=input_request.pk,
+        state=InputRequestState.ANSWERED,
+        delivery_attempted_at=input_request.delivery_attempted_at,
+        delivery_attempted_by=WEB,
+    )
+    if not (claimed.update(delivery_attempted_at=None, delivery_attempted_by="") if not sent else claimed.exists()):
+        return False
+    server = Server.objects.get(pk=input_request.task.server_id)
+    hooks.drop_pending_delivery(input_request.pk)
+    hooks.enqueue_answer_delivery(input_request.pk, server_id=server.pk, queue=job_queue(server))
+    return True
+
+
+def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = None, sent_by_web: bool = False) -> bool:
     task = Task.objects.select_for_update(no_key=True).get(pk=input_request.task_id)
     input_request = InputRequest.objects.select_for_update(no_key=True).get(pk=input_request.pk)
     if input_request.state == InputRequestState.DELIVERED:
@@ -144,7 +170,7 @@ def _mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = N
     input_request.save(update_fields=["state", "delivered_at"])
     record_event(
         action="input.delivered",
-        actor_label=WORKER,
+        actor_label=WEB if sent_by_web else WORKER,
         task=task,
         data={
             "key": input_request.key,
@@ -174,13 +200,16 @@ def mark_cancel_delivered(*, task: Task) -> bool:
 
 
 @transaction.atomic
-def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any]) -> None:
+def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any], sent_by_web: bool = False) -> None:
     """The server refused the answer (e.g. the task is gone), or could not be reached in time; the answer stays
-    recorded, not delivered. The tracker polls the task at once to see where it stands."""
+    recorded, not delivered. The tracker polls the task at once to see where it stands. `sent_by_web`: as
+    mark_delivered's."""
     task = Task.objects.select_for_update(no_key=True).get(pk=input_request.task_id)
+    if sent_by_web:
+        hooks.drop_pending_delivery(input_request.pk)
     record_event(
         action="input.delivery_failed",
-        actor_label=WORKER,
+        actor_label=WEB if sent_by_web else WORKER,
         task=task,
         data={"key": input_request.key, "mrtr_round": input_request.mrtr_round, "error": error},
     )

@@ -20,6 +20,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_POST
 
 from taskhub.accounts.permissions import approver_required, may_answer, may_see_task, read_answer_rules
+from taskhub.gateway.sending import answer_and_send
 from taskhub.live.nav import nav_counts
 from taskhub.tasks import like_requests, services
 from taskhub.tasks.answers import validate_response
@@ -126,12 +127,11 @@ def answer(request, request_id):
                 )
             card = card_for(input_request, request.user, may_answer=True, next_url=next_url)
             response = response_from_post(card, request.POST)
-            answered = services.answer_input(
+            answered = answer_and_send(
                 input_request=input_request,
                 response=response,
                 user=request.user,
                 comment=request.POST.get("comment", ""),
-                locked=True,
             )
     except AnswerRejected as refused:
         problem = (
