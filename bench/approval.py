@@ -261,6 +261,8 @@ def main() -> None:
     cores = browser_cores(args.browser_cores)
 
     command = "uv run python bench/approval.py " + " ".join(sys.argv[1:])
+    if "TASKHUB_WEB_SENDS_ANSWERS" in os.environ:  # which way the answers go: the record says so
+        command = f"TASKHUB_WEB_SENDS_ANSWERS={os.environ['TASKHUB_WEB_SENDS_ANSWERS']} {command}"
     load_start = load()
     say(f"approval latency: {args.samples} approvals; machine shared (load {load_start})")
     prefix = f"benchapproval{os.getpid()}"
