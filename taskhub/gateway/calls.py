@@ -206,9 +206,14 @@ def _answer(request, response: Any, *, user) -> None:
         raise invalid_params(f"inputResponses[{request.key!r}] must be an object")
     response = _only_fields_asked(request, response)
     try:
-        services.answer_input(
-            input_request=request, response=response, user=user, as_agent=True, token=agent_token(user)
-        )
+        with transaction.atomic():  # the request read locked, answered and, where it can, sent as this commits
+            sending.answer_and_send(
+                input_request=services.locked_for_answer(input_request_id=request.pk),
+                response=response,
+                user=user,
+                as_agent=True,
+                token=agent_token(user),
+            )
     except (AlreadyAnswered, InputNoLongerOpen):
         pass  # answered meanwhile (in the inbox) or no longer asked: the spec has such answers ignored
     except TaskError as refused:
@@ -314,7 +319,8 @@ def get_task(endpoint: Endpoint, user, call: Call) -> dict[str, Any]:
 
 def update_task(endpoint: Endpoint, user, call: Call) -> dict[str, Any]:
     """The agent's answers: each to an open request it was shown goes through answer_input (audited as the agent's
-    answer, delivered by the worker); keys not outstanding are ignored, as the spec asks."""
+    answer, sent on the gateway's kept client where it can, else by the delivery job: sending.answer_and_send);
+    keys not outstanding are ignored, as the spec asks."""
     task = _task_of(endpoint, user, call)
     responses = call.params.get("inputResponses")
     if not isinstance(responses, dict) or len(responses) > MAX_INPUT_RESPONSES:

@@ -13,22 +13,25 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from taskhub.accounts.groups import APPROVERS
+from taskhub.accounts.groups import APPROVERS, OPERATORS
+from taskhub.api.tokens import create_token
 from taskhub.audit.models import AuditEvent
 from taskhub.gateway import sending
 from taskhub.gateway.sending import Sender, answer_and_send
 from taskhub.gateway.waiting import close_gateway_connections
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
-from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll
+from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
 from taskhub.tasks.services.answering import WEB_FALLBACK_MARGIN_SECONDS
 from taskhub.worker import heartbeats, jobs
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
+from tests.catalogue_fixtures import with_tools
 from tests.demo_process import DemoServer
 from tests.helpers import wait_until
+from tests.test_gateway import rpc
 from tests.wire_recorder import WireRecorder
-from tests.worker_jobs.job_helpers import APPROVE_ANSWER, approval_waiting, demo_stats, jobs_of, run
+from tests.worker_jobs.job_helpers import APPROVE_ANSWER, approval_waiting, demo_stats, follow, jobs_of, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("empty_job_queue")]
 
@@ -136,6 +139,26 @@ def test_the_inbox_pages_answer_is_sent_by_the_web_process(server, operator, dem
     assert answered.status_code == 200 and "answered by you" in answered.text
     wait_until(lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED, what="delivered")
     assert delivery_actors(request) == [("input.answered", "ana"), ("input.delivered", "web")]
+    assert deliveries(demo, request) == 1
+
+
+def test_an_agents_tasks_update_through_the_gateway_is_sent_by_the_web_process(server, demo, sender):
+    agent = make_user("agent", OPERATORS)
+    token, secret = create_token(user=agent, name="agent")
+    task = services.launch(
+        server=with_tools(server, "approval"), tool="approval", arguments={"action": "ship"}, user=agent, token=token
+    )
+    run(jobs.launch)(task.id)
+    task = follow(task, lambda t: t.status == TaskStatus.INPUT_REQUIRED)
+    request = InputRequest.objects.get(task=task, key="approve")
+    connected(sender, server)
+
+    update = {"taskId": str(task.id), "inputResponses": {"approve": APPROVE_ANSWER}}
+    status, body = rpc(secret, "tasks/update", update, path=f"/mcp/servers/{server.name}")
+
+    assert (status, body["result"]) == (200, {"resultType": "complete"})
+    wait_until(lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED, what="delivered")
+    assert delivery_actors(request) == [("input.answered", "agent"), ("input.delivered", "web")]
     assert deliveries(demo, request) == 1
 
 
