@@ -99,6 +99,14 @@ class Sender:
         """A kept client ready to send this server's call (or with `answer`, an answer: tasks/update), counted as in
         flight until it is recorded (`send`, `send_answer`) or given back (not sent after all); or None: the worker
         sends it (and a client is connected meanwhile, for the next one)."""
+        return self._ready(server, declares_tasks=declares_tasks, answer=answer, take=True)
+
+    def may_send_answer(self, server: Server) -> bool:
+        """Whether an answer to this server's task could be sent now on a kept client (nothing is taken; a client is
+        connected if none is, for the next answer)."""
+        return self._ready(server, declares_tasks=True, answer=True, take=False) is not None
+
+    def _ready(self, server: Server, *, declares_tasks: bool, answer: bool, take: bool) -> KeptClient | None:
         enabled = settings.TASKHUB_WEB_SENDS_ANSWERS if answer else settings.TASKHUB_GATEWAY_SENDS_CALLS
         if not enabled or not _sendable(server):
             return None
@@ -120,17 +128,9 @@ class Sender:
             limit = server.max_concurrent_jobs
             if limit is not None and self._in_flight(server.pk) >= limit:
                 return None
-            kept.in_flight += 1
+            if take:
+                kept.in_flight += 1
         return kept
-
-    def may_send_answer(self, server: Server) -> bool:
-        """Whether an answer to this server's task could be sent now on a kept client (nothing is taken; a client is
-        connected if none is, for the next answer)."""
-        kept = self.take(server, declares_tasks=True, answer=True)
-        if kept is None:
-            return False
-        self.give_back(kept)
-        return True
 
     def send_answer(self, input_request: InputRequest, *, claimed_at: float) -> concurrent.futures.Future:
         """Send an answer claimed for the web process (services.answer_input's `sent_within`; claimed at

@@ -19,6 +19,7 @@ from taskhub.audit.models import AuditEvent
 from taskhub.gateway import sending
 from taskhub.gateway.sending import Sender, answer_and_send
 from taskhub.gateway.waiting import close_gateway_connections
+from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
@@ -248,12 +249,20 @@ def test_an_answer_cut_off_by_the_delivery_timeout_keeps_its_claim_and_the_job_c
         assert deliveries(slow, request) == 1
 
 
-@pytest.mark.parametrize("why", ["under a caller's transaction", "setting off", "no client yet"])
+@pytest.mark.parametrize(
+    "why", ["under a caller's transaction", "setting off", "no client yet", "past max_concurrent_jobs"]
+)
 def test_where_the_web_cannot_send_the_delivery_job_sends_the_answer_at_once(
     server, operator, approver, settings, sender, why
 ):
     request = approval_request(server, operator)
-    if why == "under a caller's transaction":
+    if why == "past max_concurrent_jobs":
+        Server.objects.filter(pk=server.pk).update(max_concurrent_jobs=1)
+        server.refresh_from_db()
+        connected(sender, server)
+        assert sender.take(server, declares_tasks=True) is not None  # a call in flight: the server's one
+        answered_as_the_inbox_does(request, approver)
+    elif why == "under a caller's transaction":
         connected(sender, server)
         with transaction.atomic():
             answered_as_the_inbox_does(request, approver)
