@@ -290,13 +290,15 @@ async def _read_task_seen(task_id: str) -> tuple[dict, tuple[str, int]] | None:
 
 async def _stream_events(endpoint: Endpoint, user_id: int, token_id: int, call_id, subscription: calls.Subscription):
     meta = {SUBSCRIPTION_ID: call_id}
-    acknowledged = {"notifications": subscription.acknowledged()}
-    yield _notification("notifications/subscriptions/acknowledged", acknowledged, meta)
     tools_of_user = user_id if subscription.tools else None
     wakeups = waiting.Wakeups(subscription.task_ids, tools_of_user=tools_of_user, access_of_user=user_id)
     async with wakeups:
         tools_seen, tasks = await _read_state(endpoint, token_id, subscription)
         tasks_seen = {task_id: _seen(task) for task_id, task in tasks.items()}
+        # Acknowledged once the stream listens and has read what it compares changes with: every change an agent
+        # makes or sees after the acknowledgement is notified (one made before the read was taken as the start).
+        acknowledged = {"notifications": subscription.acknowledged()}
+        yield _notification("notifications/subscriptions/acknowledged", acknowledged, meta)
         for task in tasks.values():
             yield _notification("notifications/tasks", _as_notified(task), meta)
         del tasks
