@@ -141,10 +141,7 @@ class Sender:
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(services.hand_answer_to_worker(input_request=input_request, sent=False))
             return done
-        sending = self._on_loop(self._send_answer(kept, input_request=input_request, claimed_at=claimed_at))
-        self._sending.add(sending)
-        sending.add_done_callback(self._sending.discard)
-        return sending
+        return self._sent_on_loop(self._send_answer(kept, input_request=input_request, claimed_at=claimed_at))
 
     def give_back(self, kept: KeptClient) -> None:
         """A taken client not used after all (the gate held the call, or the launch was refused)."""
@@ -156,9 +153,7 @@ class Sender:
         committed (the agent may be answered; its result is the task as recorded, or None) or nothing more will be
         recorded here."""
         told: concurrent.futures.Future = concurrent.futures.Future()
-        sending = self._on_loop(self._send(kept, task=task, tools=tools, told=told))
-        self._sending.add(sending)
-        sending.add_done_callback(self._sending.discard)
+        self._sent_on_loop(self._send(kept, task=task, tools=tools, told=told))
         return told
 
     def close(self, timeout: float = 10) -> None:
@@ -179,6 +174,13 @@ class Sender:
 
         asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=timeout)
         loop.call_soon_threadsafe(loop.stop)
+
+    def _sent_on_loop(self, sending) -> concurrent.futures.Future:
+        """A send on the loop, which close() waits for."""
+        future = self._on_loop(sending)
+        self._sending.add(future)
+        future.add_done_callback(self._sending.discard)
+        return future
 
     def _in_flight(self, server_id: int) -> int:
         return sum(kept.in_flight for (pk, _), kept in self._kept.items() if pk == server_id)
@@ -290,16 +292,12 @@ async def _call_and_record(
     `give_up(kept)` when no answer came."""
     client = kept.client
     assert client is not None
-    if time.monotonic() - kept.heard_at > ASK_AFTER_IDLE_SECONDS:
-        try:
-            await client.answers()
-        except Exception as error:  # nothing was sent: the worker sends it, as any launch, with its retries
-            give_up(kept)
-            reason = f"The gateway could not reach the server ({error}); the worker sends the call."
-            await on_gateway_thread(services.hand_launch_to_worker)(
-                task=task, reason=reason[:500], declares_tasks=kept.key[1]
-            )
-            return
+    if (error := await _found_gone(kept, give_up)) is not None:  # nothing was sent: the worker sends it, with retries
+        reason = f"The gateway could not reach the server ({error}); the worker sends the call."
+        await on_gateway_thread(services.hand_launch_to_worker)(
+            task=task, reason=reason[:500], declares_tasks=kept.key[1]
+        )
+        return
     client.learn_tools(tools)
     progress = CallProgress(task.pk, store=_on_gateway_thread)
     try:
@@ -320,6 +318,20 @@ async def _call_and_record(
     await _record(services.record_launch_outcome, told, task=task, outcome=outcome)
 
 
+async def _found_gone(kept: KeptClient, give_up: Callable[[KeptClient], None]) -> Exception | None:
+    """Why the kept client's server no longer answers, asked only once the client has been idle for
+    ASK_AFTER_IDLE_SECONDS (None: it answers, or was heard from lately); the client is given up then."""
+    if time.monotonic() - kept.heard_at <= ASK_AFTER_IDLE_SECONDS:
+        return None
+    assert kept.client is not None
+    try:
+        await kept.client.answers()
+    except Exception as error:
+        give_up(kept)
+        return error
+    return None
+
+
 async def _deliver_and_record(
     kept: KeptClient, *, input_request: InputRequest, claimed_at: float, give_up: Callable[[KeptClient], None]
 ) -> None:
@@ -329,13 +341,9 @@ async def _deliver_and_record(
     client = kept.client
     assert client is not None
     hand_over = on_gateway_thread(services.hand_answer_to_worker)
-    if time.monotonic() - kept.heard_at > ASK_AFTER_IDLE_SECONDS:
-        try:
-            await client.answers()
-        except Exception:  # nothing was sent: the delivery job sends it, with its retries
-            give_up(kept)
-            await hand_over(input_request=input_request, sent=False)
-            return
+    if await _found_gone(kept, give_up) is not None:  # nothing was sent: the delivery job sends it, with its retries
+        await hand_over(input_request=input_request, sent=False)
+        return
     # A claim holds for CLAIM_HOLDS_SECONDS (see jobs._send_answer): a process paused past it sends nothing.
     if claim_clock() - claimed_at > CLAIM_HOLDS_SECONDS:
         await hand_over(input_request=input_request, sent=False)

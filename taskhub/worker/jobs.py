@@ -543,11 +543,7 @@ def _answer_to_deliver(
     if input_request is None or input_request.state != InputRequestState.ANSWERED:
         return None, False, None  # delivered already (the job ran twice), or nothing to deliver
     slot = SLOTS.slot(input_request.task.server)
-    first_send = (
-        input_request.mrtr_round == TASK_PHASE
-        and input_request.task.remote_task_id is not None
-        and input_request.delivery_attempted_at is None
-    )
+    first_send = services.is_first_send(input_request)
     try:
         lease_owner = stdio.lease_owner(input_request.task.server, supervisor=supervisor)
         claimed = first_send and slot.try_take() and _claim(input_request, owner=owner, lease_owner=lease_owner)

@@ -20,12 +20,12 @@ from taskhub.tasks.errors import (
 )
 from taskhub.tasks.models import (
     GATE_METHOD,
-    TASK_PHASE,
     InputRequest,
     InputRequestState,
     Task,
 )
 from taskhub.tasks.services.common import _name, _publish_after_commit
+from taskhub.tasks.services.delivering import is_first_send
 from taskhub.tasks.services.gate import _pass_gate
 
 
@@ -222,13 +222,7 @@ def _sendable_at_once(input_request: InputRequest) -> bool:
     """Whether an answer may be sent by the web process as it commits: a first attempt at a task-phase answer
     (tasks/update) to a task the server runs, not a gate's (a launch) nor a held question's (the worker holding the
     call sends it on that call's session)."""
-    return (
-        input_request.method != GATE_METHOD
-        and not input_request.held_by
-        and input_request.mrtr_round == TASK_PHASE
-        and input_request.delivery_attempted_at is None
-        and input_request.task.remote_task_id is not None
-    )
+    return input_request.method != GATE_METHOD and not input_request.held_by and is_first_send(input_request)
 
 
 def _record_discounted(task: Task, input_request: InputRequest, discounted: list[dict], *, answered, user, token):

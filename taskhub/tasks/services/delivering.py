@@ -64,6 +64,16 @@ def claim_delivery(
     return claimed
 
 
+def is_first_send(input_request: InputRequest) -> bool:
+    """Whether sending this answer would be a first attempt at a task-phase answer (tasks/update) to a task the server
+    runs: what first_claim's statement checks in SQL, for an answer read already (its task with it)."""
+    return (
+        input_request.mrtr_round == TASK_PHASE
+        and input_request.task.remote_task_id is not None
+        and input_request.delivery_attempted_at is None
+    )
+
+
 def first_claim(
     *,
     input_request_id: int,
