@@ -1,14 +1,17 @@
 """The JSON API: each endpoint, its permissions, and bad input (a clear 4xx, nothing changed)."""
 
+import datetime
 import json
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, User
 from django.test import Client
+from django.utils import timezone
 
+from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.api.models import ApiToken
-from taskhub.api.tokens import create_token, revoke_token
+from taskhub.api.tokens import active_token, create_token, revoke_token
 from taskhub.audit.models import AuditEvent
 from taskhub.mcp.client import TaskCreated
 from taskhub.mcp.wire import TaskSnapshot
@@ -95,6 +98,30 @@ def test_no_token_wrong_token_and_revoked_token_get_401(people):
     assert client.get("/api/tasks").status_code == 200
     revoke_token(token=token)
     assert client.get("/api/tasks").status_code == 401
+
+
+def test_a_token_is_read_with_its_user_and_roles_in_one_statement_and_refused_once_unusable(
+    people, django_assert_num_queries
+):
+    """active_token: one statement reads the token, its user and the user's roles (its role questions then ask
+    nothing more); a revoked or expired token, or one of a deactivated user, is none."""
+    token, secret = create_token(user=people["operator"], name="ci")
+    active_token(secret)  # stamps its first use
+    with django_assert_num_queries(1):
+        read = active_token(secret)
+        assert read == token and read.user == people["operator"]
+        assert permissions.roles_of(read.user) == permissions.Roles(operator=True)
+    _, approver_secret = create_token(user=people["approver"], name="approver")
+    assert permissions.roles_of(active_token(approver_secret).user) == permissions.Roles(approver=True)
+
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert active_token(secret) is None
+    User.objects.filter(pk=people["approver"].pk).update(is_active=False)
+    assert active_token(approver_secret) is None
+    _, admin_secret = create_token(user=people["admin"], name="admin")
+    revoke_token(token=ApiToken.objects.get(name="admin"))
+    assert active_token(admin_secret) is None
+    assert active_token(admin_secret[:-1]) is None and active_token("") is None
 
 
 def test_tokens_are_stored_hashed_and_their_creation_audited(people):

@@ -735,3 +735,35 @@ def test_a_question_asked_in_the_middle_of_the_call_is_the_agents_to_answer_unle
     _, seen = rpc(world["token"], "tasks/get", {"taskId": task_id})
     assert seen["result"]["status"] == "working"
     assert seen["result"]["statusMessage"].startswith("waiting for approvers of ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_committed_first_runs_the_services_body_in_its_own_transaction_and_its_hook_first():
+    """The gateway's launch and its record (sending.committed_first): the service's body in one transaction, with no
+    savepoint of its own; `then` runs as it commits, before the service's own hooks; an error rolls the whole back."""
+    from django.contrib.auth.models import User
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from taskhub.gateway.sending import committed_first
+
+    order = []
+
+    @transaction.atomic
+    def service(*, name):
+        transaction.on_commit(lambda: order.append("the service's hook"))
+        return make_user(name)
+
+    with CaptureQueriesContext(connection) as queries:
+        made = committed_first(lambda user: order.append(f"then {user.username}"), service, name="ulla")
+    assert order == ["then ulla", "the service's hook"] and User.objects.filter(pk=made.pk).exists()
+    assert not [query for query in queries.captured_queries if "SAVEPOINT" in query["sql"]]
+
+    @transaction.atomic
+    def failing():
+        make_user("una")
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError):
+        committed_first(lambda _: order.append("never"), failing)
+    assert not User.objects.filter(username="una").exists() and "never" not in order

@@ -184,12 +184,21 @@ def test_an_async_views_thread_closes_its_connection_and_exits_when_idle_and_com
         executor.submit(query)
 
 
-async def test_an_async_view_gets_no_kept_thread():
-    """The gateway's endpoint is an async view: its request leaves no thread behind for the next one."""
+async def test_an_async_view_gets_no_kept_thread_but_one_that_exits_when_idle_and_serves_the_next_one_till_then():
+    """The gateway's endpoint is an async view: its request leaves no kept thread behind, but its executor, whose
+    thread exits after a moment idle (IdleExitingExecutor), serves the next such request on that thread while it
+    is there, and on a new one once it has exited."""
     app = KeptRequestThreads(OneTripHandler())
-    status = await get(app, "/mcp")
-    assert status in (401, 405, 406)
-    assert app.idle == []
+    statuses = [await get(app, "/mcp") for _ in range(3)]
+    assert all(status in (401, 405, 406) for status in statuses), statuses
+    assert app.idle == [] and app.idle_answering_at_once == []
+    (executor,) = app.idle_exiting
+    assert executor.threads_started == 1
+    thread = executor._thread
+    await asyncio.to_thread(thread.join, 10)  # idle: it exits by itself
+    assert executor._thread is None
+    assert await get(app, "/mcp") in (401, 405, 406)
+    assert app.idle_exiting == [executor] and executor.threads_started == 2
 
 
 async def post_gateway(app, method: str, body_method: str, token: str = "") -> tuple[int, dict]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import hashlib
 import json
 import uuid
@@ -125,11 +124,14 @@ def _launch_and_send(kept: sending.KeptClient, launching: dict[str, Any], *, dec
         if sends:
             told.append(sending.SENDER.send(kept, task=task, tools=launching["server"].tools))
 
-    launch = functools.partial(
-        services.launch_sent_by_gateway, **launching, declares_tasks=declared, answer_within=kept.timeout
-    )
     try:
-        task, sends = sending.committed_first(start_sending, launch)
+        task, sends = sending.committed_first(
+            start_sending,
+            services.launch_sent_by_gateway,
+            **launching,
+            declares_tasks=declared,
+            answer_within=kept.timeout,
+        )
     except BaseException as error:
         sending.SENDER.give_back(kept)
         if isinstance(error, TaskError):

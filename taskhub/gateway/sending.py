@@ -374,21 +374,24 @@ async def _record(service, told: concurrent.futures.Future, **kwargs) -> None:
     """The outcome recorded by `service`; the agent is told as soon as it commits, while the commit's other hooks
     (the live pages' publish: a query and Redis; the launcher's mail) still run."""
     with contextlib.suppress(InvalidTransition):  # cancelled or ended meanwhile: what it is stands
-        record = functools.partial(service, **kwargs, sent_by_gateway=True)
-        await on_gateway_thread(committed_first)(lambda recorded: _tell(told, recorded), record)
+        tell = functools.partial(_tell, told)
+        await on_gateway_thread(committed_first)(tell, service, **kwargs, sent_by_gateway=True)
 
 
 async def _on_gateway_thread(function, **kwargs):
     return await on_gateway_thread(function)(**kwargs)
 
 
-def committed_first[R](then: Callable[[R], object], service: Callable[[], R]) -> R:
-    """`service()` in a transaction whose first commit hook is `then(its result)`: it runs as soon as the change is
-    committed, before the hooks the service adds (a savepoint more: the service's own transaction nests)."""
+def committed_first[R](then: Callable[[R], object], service: Callable[..., R], **kwargs) -> R:
+    """`service(**kwargs)` in a transaction whose first commit hook is `then(its result)`: it runs as soon as the
+    change is committed, before the hooks the service adds. `service` is a service whose body is its transaction
+    (`@transaction.atomic`): the body runs in this one, which it opens, rather than in a savepoint of it (two round
+    trips to Postgres less; an error rolls the whole back either way)."""
+    body = service.__wrapped__  # what @transaction.atomic wraps (functools.wraps)
     done: list[R] = []
     with transaction.atomic():
         transaction.on_commit(lambda: then(done[0]))
-        done.append(service())
+        done.append(body(**kwargs))
     return done[0]
 
 

@@ -28,7 +28,9 @@ An async view's request (the gateway: a waiting `tools/call` may stay open for a
 unless its `Mcp-Method` header names a method answered at once (`tasks/get` and the like: ANSWERED_AT_ONCE) or
 `subscriptions/listen` (below): its sync parts (the middleware) run on an IdleExitingExecutor, whose one thread
 closes its database connection and exits once nothing has been given to it for a moment, and starts again if the
-request has sync work later. So an idle wait holds neither a thread nor a connection. The view does its database work
+request has sync work later. So an idle wait holds neither a thread nor a connection. The executor is kept for the next
+such request when this one ends (as a kept thread is): an agent's calls one after another find its thread still there,
+not a thread started for each. The view does its database work
 on the gateway's pool of kept threads (SERVED_WITHOUT_A_KEPT_THREAD), not on that new thread with a new connection.
 
 A response that stays open for minutes, idle (StreamAfterRequest: a gateway `subscriptions/listen` stream), has its
@@ -80,6 +82,7 @@ class KeptRequestThreads:
         self.direct_answers = direct_answers or {}
         self.idle: list[ThreadPoolExecutor] = []
         self.idle_answering_at_once: list[ThreadPoolExecutor] = []
+        self.idle_exiting: list[IdleExitingExecutor] = []
         self._turns_at_once: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope, receive, send):
@@ -113,12 +116,14 @@ class KeptRequestThreads:
 
     async def _on_idle_exiting_thread(self, scope, receive, send) -> None:
         SERVED_WITHOUT_A_KEPT_THREAD.set(True)  # in the request's own context (_then_stream)
-        executor = IdleExitingExecutor()
+        # One given back by an earlier request: its thread is still there if that request ended less than
+        # IDLE_THREAD_EXIT_SECONDS ago (an agent's calls one after another), not started again for each.
+        executor = self.idle_exiting.pop() if self.idle_exiting else IdleExitingExecutor()
         try:
             async with ThreadSensitiveContext(executor=executor):
                 await self.app(scope, receive, send)
         finally:
-            executor.shutdown(wait=False)
+            self._release(executor, self.idle_exiting, asyncio.get_running_loop())
 
     async def _answer_at_once(self, scope, receive, send, direct=None) -> None:
         """A gateway request answered from one read: answered `direct`ly when it can be (without a thread), else by
@@ -151,13 +156,13 @@ class KeptRequestThreads:
     def close_connections(self) -> None:
         """Close the idle threads' database connections (tests: an open one keeps the test database from
         being dropped)."""
-        for executor in [*self.idle, *self.idle_answering_at_once]:
+        for executor in [*self.idle, *self.idle_answering_at_once, *self.idle_exiting]:
             executor.submit(connections.close_all).result()
 
     def _new_executor(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskhub-request")
 
-    def _release(self, executor: ThreadPoolExecutor, idle: list, loop: asyncio.AbstractEventLoop) -> None:
+    def _release(self, executor: Executor, idle: list, loop: asyncio.AbstractEventLoop) -> None:
         # Idle again only once its thread has finished what this request left on it: a view goes on running
         # after its client left and the request was cancelled, and the next request must not queue behind it.
         def finished(_future) -> None:
@@ -174,7 +179,7 @@ class KeptRequestThreads:
         else:
             self._retire(executor)
 
-    def _retire(self, executor: ThreadPoolExecutor) -> None:
+    def _retire(self, executor: Executor) -> None:
         executor.submit(connections.close_all)
         executor.shutdown(wait=False)
 
