@@ -20,7 +20,7 @@ from django.utils import timezone
 from taskhub.accounts.groups import ADMINS
 from taskhub.audit.models import AuditEvent
 from taskhub.servers.services import create_server
-from taskhub.tasks import services
+from taskhub.tasks import presenters, services
 from taskhub.tasks.models import ServerLogLine, Task, TaskStatus
 from taskhub.tasks.services.progress import (
     PROGRESS_MESSAGE_MAX_CHARS,
@@ -102,6 +102,11 @@ def test_a_task_keeps_its_last_lines_each_capped(admin_task):
     assert stored.count() == SERVER_LOG_LINES_KEPT
     kept = stored.first()
     assert (kept.level, len(kept.logger), len(kept.text)) == ("info", 100, SERVER_LOG_TEXT_MAX_CHARS)
+    # Counted on the task, every line stored (the oldest dropped since): its timeline asks for them only then.
+    admin_task.refresh_from_db()
+    assert admin_task.server_log_lines == SERVER_LOG_LINES_KEPT + 5
+    entries, _ = presenters.timeline(admin_task)
+    assert sum(entry.action == "server.log" for entry in entries) == presenters.SERVER_LOG_SHOWN
 
 
 def test_a_servers_nonsense_progress_is_not_shown_and_an_ended_task_takes_none(admin_task):

@@ -5,6 +5,7 @@ import datetime
 import hashlib
 import importlib.metadata
 import inspect
+import uuid
 
 import django
 import pytest
@@ -124,3 +125,43 @@ def test_instances_built_from_a_raw_row_equal_the_orms_and_follow_their_relation
         assert not built._state.adding and built._state.db == "default"
     with django_assert_num_queries(0):
         assert built_request.task.server.headers == {"X-Key": "secret"}
+
+
+@pytest.mark.django_db
+def test_the_live_sockets_task_read_equals_the_orms_select_related_and_says_whether_it_asks(
+    django_assert_num_queries,
+):
+    """taskhub.live.consumer._task_or_none: one hand-written statement for what
+    select_related("server", "launched_by", "cancel_requested_by", "poll") reads, with `asks`."""
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from taskhub.live.consumer import _task_or_none
+    from taskhub.tasks.models import TaskPoll
+
+    server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    launcher, canceller = User.objects.create(username="launcher"), User.objects.create(username="canceller")
+    bare = Task.objects.create(server=server, tool="deploy", arguments={})
+    full = Task.objects.create(
+        server=server, tool="deploy", arguments={"to": 1}, launched_by=launcher, cancel_requested_by=canceller
+    )
+    TaskPoll.objects.create(task=full, next_poll_at=timezone.now())
+    InputRequest.objects.create(task=full, key="k", method="elicitation/create", params={"message": "ok?"})
+    relations = ("server", "launched_by", "cancel_requested_by", "poll")
+    for task, asks in ((bare, False), (full, True)):
+        with django_assert_num_queries(1):
+            read = _task_or_none(task.pk)
+        from_orm = Task.objects.select_related(*relations).get(pk=task.pk)
+        for field in Task._meta.concrete_fields:
+            assert getattr(read, field.attname) == getattr(from_orm, field.attname), field.name
+        with django_assert_num_queries(0):
+            assert read.asks is asks
+            assert read.server == from_orm.server and read.server.url == "http://127.0.0.1:9/mcp"
+            assert read.launched_by == from_orm.launched_by
+            assert read.cancel_requested_by == from_orm.cancel_requested_by
+            if asks:
+                assert read.poll.next_poll_at == from_orm.poll.next_poll_at and read.poll.task is read
+            else:
+                with pytest.raises(TaskPoll.DoesNotExist):
+                    read.poll  # noqa: B018 (as select_related leaves a missing one)
+    assert _task_or_none(uuid.uuid4()) is None and _task_or_none("not-a-uuid") is None

@@ -419,8 +419,9 @@ def test_the_timeline_shows_the_latest_events_when_there_are_very_many(alpha, ol
     with CaptureQueriesContext(connection) as asked:
         entries, earlier = presenters.timeline(task)
     assert earlier == 0 and len(entries) < 50
-    # The events and the server's log lines; fewer events than the cap are all there are: not counted.
-    assert len(asked.captured_queries) == 2
+    # The events alone: fewer than the cap are all there are (not counted), and its server logged nothing (none
+    # asked for either).
+    assert len(asked.captured_queries) == 1
 
 
 # --- cancel ------------------------------------------------------------------------------------------
@@ -756,3 +757,26 @@ async def test_the_real_socket_carries_the_list_signal_and_the_detail_sections(a
         await layer.flush()
         await database_sync_to_async(connections.close_all)()
         await sync_to_async(close_live_connections)()  # and the live pool's threads'
+
+
+def test_a_live_change_of_a_task_that_asked_and_logged_nothing_asks_only_for_its_events(
+    alpha, olga, django_assert_num_queries
+):
+    """The live socket reads the task with `asks` (consumer._task_or_none) and its log count: the detail's sections
+    ask for the audit events alone, the inbox's signal and the list row's outcome for nothing."""
+    from taskhub.live.access import connected_access, rendering_for
+    from taskhub.live.consumer import _task_or_none
+    from taskhub.live.fragments import FragmentKind, render_task_fragments
+    from taskhub.tasks.live_inbox import inbox_fragment
+    from taskhub.tasks.outcomes import settle_outcomes, with_row_facts_of
+
+    task = durable(alpha, olga, status="completed")
+    read = _task_or_none(task.pk)
+    assert (read.asks, read.server_log_lines, read.progress_updates) == (False, 0, 0)
+    with rendering_for(connected_access(olga)):
+        with django_assert_num_queries(1):
+            sections = "".join(render_task_fragments([FragmentKind.TASK], read, olga, sharing=None))
+        with django_assert_num_queries(0):
+            assert inbox_fragment(read, olga) == ""
+            assert settle_outcomes([with_row_facts_of(read)])[0].outcome == "completed"
+    assert "task.launch_answered" in sections or "server answered the tool call" in sections

@@ -19,6 +19,8 @@ SIGNAL_TEMPLATE = "tasks/inbox.html#live-signal"
 
 
 def inbox_fragment(task, user) -> str:
+    if not getattr(task, "asks", True):  # read with `asks` (has_input_requests), and it has asked nothing
+        return ""
     requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
     closed_cards = []
     has_open_requests = False

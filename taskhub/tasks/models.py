@@ -93,6 +93,9 @@ class Task(models.Model):
     # How many progress reports the task had (status messages alone, `notifications/progress`): its end's audit row
     # says so; each one is in its progress history (ProgressMessage), not in the audit trail.
     progress_updates = models.PositiveIntegerField(default=0, db_default=0)
+    # How many lines its server logged during its calls, in all (ServerLogLine keeps the latest): none, and its pages
+    # ask for none.
+    server_log_lines = models.PositiveIntegerField(default=0, db_default=0)
 
     # While the launch job cannot reach the server and retries (services.record_launch_retry): how many attempts
     # of the current round failed, why the last one did (untrusted text, capped), and when the next one runs.

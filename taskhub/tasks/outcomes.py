@@ -84,7 +84,10 @@ def settle_outcomes(tasks: list[Task]) -> list[Task]:
     query for the page's tasks that ended as a decline may have ended them."""
     for task in tasks:
         task.outcome = _row_outcome(task)
-    candidates = {task.pk: task for task in tasks if task.outcome in DECLINABLE_OUTCOMES}
+    # A task read with `asks` (has_input_requests) false has no request that could have declined it.
+    candidates = {
+        task.pk: task for task in tasks if task.outcome in DECLINABLE_OUTCOMES and getattr(task, "asks", True)
+    }
     if candidates:
         declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")
         # order_by(): the model's ordering would put its columns into the DISTINCT.

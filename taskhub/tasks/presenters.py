@@ -239,7 +239,8 @@ def timeline(task: Task) -> tuple[list[TimelineEntry], int]:
     earlier = events.count() - len(newest) if len(newest) == TIMELINE_CAP else 0
     newest.reverse()
     entries = _audit_entries(newest)
-    logged = list(ServerLogLine.objects.filter(task_id=task.pk).order_by("-at", "-pk")[:SERVER_LOG_SHOWN])
+    logged = ServerLogLine.objects.filter(task_id=task.pk).order_by("-at", "-pk")[:SERVER_LOG_SHOWN]
+    logged = list(logged) if task.server_log_lines else []  # none: a query less
     if logged:
         logged.reverse()
         lines = [
@@ -362,7 +363,9 @@ def cancel_state(task: Task) -> str:
 def detail_context(task: Task, user) -> dict:
     """Everything the detail page and its live fragments show; the live renderers call this too."""
     entries, earlier = timeline(task)
-    requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
+    requests = task.input_requests.select_related("answered_by").order_by("created_at", "pk")
+    # `asks`, where the task was read with it (has_input_requests: the live socket's read): none, a query less.
+    requests = list(requests) if getattr(task, "asks", True) else []
     for input_request in requests:
         input_request.task = task
     here = reverse("tasks:detail", args=[task.pk])

@@ -107,8 +107,8 @@ def record_server_log(*, task_id, lines: list[LogLine]) -> int:
     if not rows:
         return 0
     with transaction.atomic():
-        if not Task.objects.filter(pk=task_id).exists():
-            return 0
+        if not Task.objects.filter(pk=task_id).update(server_log_lines=F("server_log_lines") + len(rows)):
+            return 0  # the task is gone
         ServerLogLine.objects.bulk_create(rows)
         kept = ServerLogLine.objects.filter(task_id=task_id).order_by("-at", "-pk")[
             SERVER_LOG_LINES_KEPT : SERVER_LOG_LINES_KEPT + 1
