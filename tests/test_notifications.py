@@ -169,6 +169,19 @@ def test_without_a_policy_every_approver_with_an_address_is_told(on_commit):
     assert set(MailEvent.objects.values_list("user__username", flat=True)) == {"ada"}
 
 
+def test_a_task_whose_launcher_asked_for_no_mail_ends_with_one_query_of_the_outbox(
+    alpha, people, django_assert_num_queries
+):
+    """Every task's end asks the outbox (after its commit): who launched it comes with the signal, and nobody to tell
+    is one query, with no transaction of its own."""
+    task = services.launch(server=alpha, tool="deploy", arguments={}, user=people["olga"])
+    with django_assert_num_queries(1):
+        told = outbox.record_task_finished(task_id=task.pk, status="completed", launched_by_id=people["olga"].pk)
+    assert told == 0 and not MailEvent.objects.exists()
+    with django_assert_num_queries(0):
+        assert outbox.record_task_finished(task_id=task.pk, status="completed", launched_by_id=None) == 0
+
+
 def test_a_finished_task_is_mailed_to_its_launcher_only_when_asked(alpha, people, on_commit):
     task = services.launch(server=alpha, tool="deploy", arguments={}, user=people["olga"])
     with on_commit():

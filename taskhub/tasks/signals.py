@@ -37,10 +37,15 @@ def announce_input_requests_opened(task_id: uuid.UUID, input_request_ids: list[i
 
 
 # Sent once the transaction that ended a task (completed, failed, cancelled, expired, lost) has committed, with
-# task_id=<uuid.UUID> and status=<str>. Notifications ("a task I launched finished") listen.
+# task_id=<uuid.UUID>, status=<str> and launched_by_id=<int> (None: launched by nobody still known). Notifications
+# ("a task I launched finished") listen.
 task_finished = Signal()
 
 
-def announce_task_finished(task_id: uuid.UUID, status: str) -> None:
+def announce_task_finished(task_id: uuid.UUID, status: str, *, launched_by_id: int | None) -> None:
     """Tell task_finished's receivers after the current transaction commits, never if it rolls back."""
-    transaction.on_commit(lambda: task_finished.send_robust(sender=None, task_id=task_id, status=str(status)))
+    transaction.on_commit(
+        lambda: task_finished.send_robust(
+            sender=None, task_id=task_id, status=str(status), launched_by_id=launched_by_id
+        )
+    )

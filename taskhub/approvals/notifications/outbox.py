@@ -109,17 +109,19 @@ def record_request_events(*, kind: str, input_request_ids: Iterable[int], detail
     return _record(events)
 
 
-@transaction.atomic
-def record_task_finished(*, task_id: uuid.UUID, status: str) -> int:
-    """Tell whoever launched the task that it ended, if they asked to be told."""
-    task = Task.objects.filter(pk=task_id).only("pk", "launched_by_id").first()
-    if task is None:
-        return 0
+def record_task_finished(*, task_id: uuid.UUID, status: str, launched_by_id: int | None) -> int:
+    """Tell whoever launched the task that it ended, if they asked to be told. One query when nobody is to be told (a
+    task's end sends this, after its commit): the events and their digest are written in a transaction only then."""
     kind = NotificationKind.TASK_FINISHED
-    users = recipients.launcher(launched_by_id=task.launched_by_id, kind=kind)
-    return _record(
-        [MailEvent(user_id=user_id, kind=kind, task_id=task.pk, detail={"status": status}) for user_id in users]
-    )
+    users = recipients.launcher(launched_by_id=launched_by_id, kind=kind)
+    if not users:
+        return 0
+    with transaction.atomic():
+        if not Task.objects.filter(pk=task_id).exists():
+            return 0  # deleted meanwhile
+        return _record(
+            [MailEvent(user_id=user_id, kind=kind, task_id=task_id, detail={"status": status}) for user_id in users]
+        )
 
 
 def users_with_unsent_events(*, older_than: datetime.datetime) -> list[int]:

@@ -27,8 +27,8 @@ def on_default_applied(sender, *, input_request_id, outcome="", **kwargs) -> Non
     )
 
 
-def on_task_finished(sender, *, task_id, status, **kwargs) -> None:
-    outbox.record_task_finished(task_id=task_id, status=status)
+def on_task_finished(sender, *, task_id, status, launched_by_id, **kwargs) -> None:
+    outbox.record_task_finished(task_id=task_id, status=status, launched_by_id=launched_by_id)
 
 
 def on_server_needs_reauthorization(sender, *, server_id, server_name, **kwargs) -> None:

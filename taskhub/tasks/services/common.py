@@ -57,7 +57,7 @@ def _publish_after_commit(task_id: uuid.UUID, *, server_id: int | None = None, a
 
 def _finished(task: Task) -> None:
     """Every service that makes a task terminal calls this: task_finished goes out once the change commits."""
-    signals.announce_task_finished(task.id, task.status)
+    signals.announce_task_finished(task.id, task.status, launched_by_id=task.launched_by_id)
 
 
 def _locked(task: Task) -> Task:
