@@ -166,11 +166,12 @@ def test_a_tasks_timeline_names_its_server_log_lines_and_progress_in_the_readers
     from django.utils import timezone, translation
 
     from taskhub.tasks import presenters
-    from taskhub.tasks.models import ServerLogLine
+    from taskhub.tasks.services.progress import LogLine, record_server_log
     from tests.task_page_fixtures import durable
 
     task = durable(alpha, olga)
-    ServerLogLine.objects.create(task=task, at=timezone.now(), level="info", text="warming up")
+    record_server_log(task_id=task.pk, lines=[LogLine(at=timezone.now(), level="info", logger="", data="warming up")])
+    task.refresh_from_db()
     with translation.override("zh-hans"):
         entries, _ = presenters.timeline(task)
     logged = next(entry for entry in entries if entry.action == "server.log")
