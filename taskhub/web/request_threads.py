@@ -30,8 +30,8 @@ unless its `Mcp-Method` header names a method answered at once (`tasks/get` and 
 closes its database connection and exits once nothing has been given to it for a moment, and starts again if the
 request has sync work later. So an idle wait holds neither a thread nor a connection. The executor is kept for the next
 such request when this one ends (as a kept thread is): an agent's calls one after another find its thread still there,
-not a thread started for each. The view does its database work
-on the gateway's pool of kept threads (SERVED_WITHOUT_A_KEPT_THREAD), not on that new thread with a new connection.
+not a thread started for each. The view does its database work on the gateway's pool of kept threads
+(SERVED_WITHOUT_A_KEPT_THREAD), not on that thread, whose connection would be new whenever the thread is.
 
 A response that stays open for minutes, idle (StreamAfterRequest: a gateway `subscriptions/listen` stream), has its
 body sent here after Django has finished its request, which ran in a context of its own (a copy): the request, its
