@@ -165,3 +165,36 @@ def test_the_live_sockets_task_read_equals_the_orms_select_related_and_says_whet
                 with pytest.raises(TaskPoll.DoesNotExist):
                     read.poll  # noqa: B018 (as select_related leaves a missing one)
     assert _task_or_none(uuid.uuid4()) is None and _task_or_none("not-a-uuid") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_services_locked_read_with_asks_equals_the_orms_and_holds_the_rows_lock(django_assert_num_queries):
+    """tasks.services.common._locked_with_asks: one hand-written statement for what
+    select_for_update(no_key=True).annotate(asks=has_input_requests()) reads, and it locks the row as that does."""
+    import psycopg
+    from django.db import transaction
+
+    from taskhub.tasks.models import has_input_requests
+    from taskhub.tasks.services.common import _locked_with_asks
+
+    server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    quiet = Task.objects.create(server=server, tool="deploy", arguments={"to": [1, None]})
+    asking = Task.objects.create(server=server, tool="deploy", arguments={})
+    InputRequest.objects.create(task=asking, key="k", method="elicitation/create", params={"message": "ok?"})
+    for task, asks in ((quiet, False), (asking, True)):
+        with transaction.atomic():
+            with django_assert_num_queries(1):
+                locked = _locked_with_asks(task)
+            from_orm = Task.objects.annotate(asks=has_input_requests()).get(pk=task.pk)
+            assert locked.asks is asks is from_orm.asks
+            for field in Task._meta.concrete_fields:
+                assert getattr(locked, field.attname) == getattr(from_orm, field.attname), field.name
+            # Held until the transaction ends: another session cannot lock the row meanwhile.
+            lock = f'SELECT 1 FROM "{Task._meta.db_table}" WHERE id = %s FOR NO KEY UPDATE NOWAIT'
+            with (
+                psycopg.connect(**connection.get_connection_params(), autocommit=True) as other,
+                pytest.raises(psycopg.errors.LockNotAvailable),
+            ):
+                other.execute(lock, [task.pk])
+    with pytest.raises(Task.DoesNotExist), transaction.atomic():
+        _locked_with_asks(Task(pk=uuid.uuid4()))

@@ -63,7 +63,7 @@ from taskhub.live.threads import on_live_thread
 from taskhub.observability import tracing
 from taskhub.servers.models import Server
 from taskhub.tasks import raw_rows
-from taskhub.tasks.models import InputRequest, Task, TaskPoll
+from taskhub.tasks.models import Task, TaskPoll, has_input_requests_sql
 
 logger = logging.getLogger(__name__)
 
@@ -407,9 +407,8 @@ def _task_with_relations_sql() -> str:
         *raw_rows.columns("cb", get_user_model()),
         *raw_rows.columns("p", TaskPoll),
     ]
-    requests = InputRequest._meta.db_table
     return (
-        f'SELECT {", ".join(selected)}, EXISTS(SELECT 1 FROM "{requests}" r WHERE r.task_id = t.id) '
+        f"SELECT {', '.join(selected)}, {has_input_requests_sql('t')} "
         f'FROM "{Task._meta.db_table}" t JOIN "{Server._meta.db_table}" s ON s.id = t.server_id '
         f'LEFT JOIN "{users}" lb ON lb.id = t.launched_by_id '
         f'LEFT JOIN "{users}" cb ON cb.id = t.cancel_requested_by_id '

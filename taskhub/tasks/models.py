@@ -371,3 +371,8 @@ def has_input_requests() -> models.Exists:
     """Whether the task of the outer query's row has input requests, whatever their state: the one definition of a
     task whose changes the inbox's pages hear of (the worker knows it from its locked read, the publish looks it up)."""
     return models.Exists(InputRequest.objects.filter(task_id=models.OuterRef("pk")))
+
+
+def has_input_requests_sql(task_alias: str) -> str:
+    """has_input_requests() in a hand-written statement whose task table is aliased `task_alias`."""
+    return f'EXISTS(SELECT 1 FROM "{InputRequest._meta.db_table}" r WHERE r.task_id = {task_alias}.id)'

