@@ -15,7 +15,6 @@ from functools import cache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 
 from taskhub.accounts import permissions, ratelimit
@@ -51,11 +50,8 @@ def _user_with_role_groups_sql() -> str:
     role group names, the user's id."""
     user_model = get_user_model()
     columns = ", ".join(f'u."{field.column}"' for field in user_model._meta.concrete_fields)
-    memberships = user_model.groups.through._meta.db_table
     return f"""
-        SELECT {columns},
-               ARRAY(SELECT g.name FROM "{Group._meta.db_table}" g JOIN "{memberships}" m ON m.group_id = g.id
-                     WHERE m.user_id = u.id AND g.name = ANY(%s)) AS role_group_names
+        SELECT {columns}, {permissions.role_group_names_sql("u")} AS role_group_names
         FROM "{user_model._meta.db_table}" u
         WHERE u."{user_model._meta.pk.column}" = %s
     """

@@ -78,6 +78,18 @@ def roles_of(user) -> Roles:
     return roles
 
 
+def role_group_names_sql(user_alias: str) -> str:
+    """The names of a user's role groups (what roles_of reads, for roles_from) in a hand-written statement whose user
+    table is aliased `user_alias`; its one parameter: the role group names (ROLE_GROUPS)."""
+    user_model = get_user_model()
+    memberships = user_model.groups.through._meta.db_table
+    groups = user_model.groups.field.related_model._meta.db_table
+    return (
+        f'ARRAY(SELECT g.name FROM "{groups}" g JOIN "{memberships}" m ON m.group_id = g.id '
+        f"WHERE m.user_id = {user_alias}.id AND g.name = ANY(%s))"
+    )
+
+
 def roles_from(user, group_names: set[str]) -> Roles:
     """The roles of a user in these groups (only ROLE_GROUPS count)."""
     admin = user.is_superuser or ADMINS in group_names

@@ -6,12 +6,11 @@ import secrets
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.db import connection, transaction
 from django.utils import timezone
 
 from taskhub.accounts.groups import ROLE_GROUPS
-from taskhub.accounts.permissions import roles_from
+from taskhub.accounts.permissions import role_group_names_sql, roles_from
 from taskhub.api.models import ApiToken
 from taskhub.audit.services import record_event
 from taskhub.live import publish
@@ -98,12 +97,9 @@ def _token_with_user_and_roles_sql() -> str:
     call asks it: through the ORM, the token with its user took about 1 ms of CPU and the roles a query more);
     parameters: the role group names, the key's hash. Only a token not revoked, of an active user."""
     user_model = get_user_model()
-    memberships = user_model.groups.through._meta.db_table
     selected = ", ".join(raw_rows.columns("t", ApiToken) + raw_rows.columns("u", user_model))
     return f"""
-        SELECT {selected},
-               ARRAY(SELECT g.name FROM "{Group._meta.db_table}" g JOIN "{memberships}" m ON m.group_id = g.id
-                     WHERE m.user_id = u.id AND g.name = ANY(%s))
+        SELECT {selected}, {role_group_names_sql("u")}
         FROM "{ApiToken._meta.db_table}" t JOIN "{user_model._meta.db_table}" u ON u.id = t.user_id
         WHERE t.key_hash = %s AND t.revoked_at IS NULL AND u.is_active
     """

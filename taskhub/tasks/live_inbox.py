@@ -13,13 +13,13 @@ page, any other), so it targets what every page has and changes nothing by itsel
 from django.template.loader import render_to_string
 
 from taskhub.tasks.input_cards import card_for
-from taskhub.tasks.models import InputRequestState
+from taskhub.tasks.models import InputRequestState, may_have_input_requests
 
 SIGNAL_TEMPLATE = "tasks/inbox.html#live-signal"
 
 
 def inbox_fragment(task, user) -> str:
-    if not getattr(task, "asks", True):  # read with `asks` (has_input_requests), and it has asked nothing
+    if not may_have_input_requests(task):  # it has asked nothing
         return ""
     requests = list(task.input_requests.select_related("answered_by").order_by("created_at", "pk"))
     closed_cards = []

@@ -376,3 +376,9 @@ def has_input_requests() -> models.Exists:
 def has_input_requests_sql(task_alias: str) -> str:
     """has_input_requests() in a hand-written statement whose task table is aliased `task_alias`."""
     return f'EXISTS(SELECT 1 FROM "{InputRequest._meta.db_table}" r WHERE r.task_id = {task_alias}.id)'
+
+
+def may_have_input_requests(task: Task) -> bool:
+    """False only for a task read with `asks` (has_input_requests) false: it has none, and nothing need ask for them.
+    True for a task read without it."""
+    return getattr(task, "asks", True)

@@ -25,7 +25,7 @@ from django.db.models.fields.json import KT, KeyTransform
 from django.db.models.functions import Left
 from django.utils.translation import pgettext_lazy
 
-from taskhub.tasks.models import NOT_APPROVED, InputRequest, Task, TaskStatus
+from taskhub.tasks.models import NOT_APPROVED, InputRequest, Task, TaskStatus, may_have_input_requests
 
 
 class Outcome:
@@ -84,9 +84,9 @@ def settle_outcomes(tasks: list[Task]) -> list[Task]:
     query for the page's tasks that ended as a decline may have ended them."""
     for task in tasks:
         task.outcome = _row_outcome(task)
-    # A task read with `asks` (has_input_requests) false has no request that could have declined it.
+    # A task that has no input request has none that could have declined it.
     candidates = {
-        task.pk: task for task in tasks if task.outcome in DECLINABLE_OUTCOMES and getattr(task, "asks", True)
+        task.pk: task for task in tasks if task.outcome in DECLINABLE_OUTCOMES and may_have_input_requests(task)
     }
     if candidates:
         declined = InputRequest.objects.filter(task_id__in=list(candidates), answer__action="decline")

@@ -29,6 +29,7 @@ from taskhub.tasks.models import (
     ServerLogLine,
     Task,
     TaskStatus,
+    may_have_input_requests,
 )
 
 IMAGE_CAP_BYTES = 2 * 1024 * 1024  # decoded bytes of one inline image
@@ -364,8 +365,7 @@ def detail_context(task: Task, user) -> dict:
     """Everything the detail page and its live fragments show; the live renderers call this too."""
     entries, earlier = timeline(task)
     requests = task.input_requests.select_related("answered_by").order_by("created_at", "pk")
-    # `asks`, where the task was read with it (has_input_requests: the live socket's read): none, a query less.
-    requests = list(requests) if getattr(task, "asks", True) else []
+    requests = list(requests) if may_have_input_requests(task) else []  # none: a query less (the live socket's read)
     for input_request in requests:
         input_request.task = task
     here = reverse("tasks:detail", args=[task.pk])
