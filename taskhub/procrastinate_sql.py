@@ -6,7 +6,8 @@ jobs off a stdio server's queue, and counting the queue for /metrics. Each leans
 tables' columns, its status values, `procrastinate_retry_job_v2`), which can change in any minor version:
 pyproject.toml pins procrastinate to WRITTEN_FOR, and tests/test_forks.py fails when another version is installed and
 runs every statement here against the real schema. Plain SQL, nothing of taskhub imported: each caller passes its
-cursor (Django's, or the worker's own pool: worker/heartbeats.py).
+cursor (Django's, or the worker's own pool: worker/heartbeats.py). One trigger of procrastinate's is changed by
+taskhub's migration tasks/0025 (only a job due at insert is announced), tested there too.
 """
 
 from typing import Any

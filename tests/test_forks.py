@@ -5,16 +5,19 @@ import datetime
 import hashlib
 import importlib.metadata
 import inspect
+import json
 import uuid
 
 import django
+import psycopg
 import pytest
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connection
 
 from taskhub import procrastinate_sql
+from taskhub.servers.hooks import DEFAULT_QUEUE
 from taskhub.servers.models import Server, Transport
-from taskhub.tasks import raw_rows
+from taskhub.tasks import hooks, raw_rows
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.web import request_threads
 
@@ -90,6 +93,20 @@ def test_every_statement_taskhub_sends_to_procrastinate_runs_on_its_schema():
         assert ("taskhub.probe", "todo", 2) in cursor.fetchall()
         cursor.execute(procrastinate_sql.JOB_WAITS_SQL, [["taskhub.probe"]])
         assert [name for name, _ in cursor.fetchall()] == ["taskhub.probe"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_inserted_for_later_is_not_announced_and_one_due_now_is():
+    """procrastinate's trigger as taskhub's migration tasks/0025 changed it: a job scheduled for later (an answer's
+    fallback) wakes no job runner; a job due now does, as before. Each deferred and committed as the services do."""
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
+        listener.execute(f'LISTEN "procrastinate_queue_v1#{DEFAULT_QUEUE}"')
+        hooks.enqueue_answer_delivery(900001, server_id=1, not_before_seconds=60)
+        hooks.enqueue_answer_delivery(900002, server_id=1)
+        announced = [json.loads(note.payload)["job_id"] for note in listener.notifies(timeout=10, stop_after=1)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM procrastinate_jobs WHERE lock = 'answer:900002'")
+        assert announced == [cursor.fetchone()[0]]
 
 
 def test_the_raw_rows_fork_matches_the_installed_django():

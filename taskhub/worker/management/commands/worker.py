@@ -264,8 +264,9 @@ async def database_answers() -> None:
 # Between two starts of the job runner after it stopped on a database error: doubling, capped.
 RESTART_FIRST_SECONDS = 1.0
 RESTART_CAP_SECONDS = 30.0
-# A job retried for later (its server's share of the slots taken, an answer waiting to settle) is not announced
-# the way a new job is: the runner looks for due jobs this often when it has nothing to do (procrastinate: 5 s).
+# A job retried or deferred for later (its server's share of the slots taken, an answer waiting to settle, a fallback:
+# migration tasks/0025) is not announced the way a job due now is: the runner looks for due jobs this often when it
+# has nothing to do (procrastinate: 5 s).
 FETCH_POLL_SECONDS = 1.0
 # procrastinate's Django app wraps every async job in a middleware that sends close_old_connections to the ORM's
 # thread before and after it: two thread hops per job, the one before its first statement 0.8 ms (p50, measured
