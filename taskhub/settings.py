@@ -450,6 +450,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # ModelBackend that refuses every password while the sign-in rate limit is reached (admin sign-in included).
 AUTHENTICATION_BACKENDS = ["taskhub.accounts.backends.RateLimitedModelBackend"]
+# Django's database sessions, each request's read in one hand-written statement (taskhub/accounts/sessions.py).
+SESSION_ENGINE = "taskhub.accounts.sessions"
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "web:home"
 LOGOUT_REDIRECT_URL = "accounts:login"

@@ -251,3 +251,30 @@ def test_the_answers_locked_read_equals_the_orms_and_holds_both_rows_locks(djang
                 other.execute(f'SELECT 1 FROM "{table}" WHERE id = %s FOR NO KEY UPDATE NOWAIT', [pk])
     with pytest.raises(InputRequest.DoesNotExist), transaction.atomic():
         locked_for_answer(input_request_id=request.pk + 1000)
+
+
+@pytest.mark.django_db
+def test_the_session_store_reads_what_djangos_reads_in_one_statement(django_assert_num_queries):
+    """taskhub.accounts.sessions overrides the database store's `_get_session_from_db` (Django's internals): a live
+    session reads as Django's store reads it, a missing or expired one as nothing, its key forgotten."""
+    from django.contrib.sessions.backends.db import SessionStore as DjangosStore
+    from django.utils import timezone
+
+    from taskhub.accounts.sessions import SessionStore
+
+    live = DjangosStore()
+    live.update({"_auth_user_id": "7", "said": ["é", 1]})
+    live.create()
+    expired = DjangosStore()
+    expired["_auth_user_id"] = "8"
+    expired.create()
+    expired.model.objects.filter(session_key=expired.session_key).update(
+        expire_date=timezone.now() - datetime.timedelta(seconds=1)
+    )
+    for key in (live.session_key, expired.session_key, "nosuchsessionkey0000000000000000"):
+        ours, djangos = SessionStore(key), DjangosStore(key)
+        with django_assert_num_queries(1):
+            read = ours.load()
+        assert read == djangos.load()
+        assert ours.session_key == djangos.session_key
+    assert SessionStore(live.session_key).load() == {"_auth_user_id": "7", "said": ["é", 1]}

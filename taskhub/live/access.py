@@ -115,7 +115,7 @@ def session_expiries(sessions: list[tuple[str | None, int]]) -> list[datetime | 
     from django.contrib.sessions.backends.db import SessionStore as DatabaseStore
 
     store_class = import_module(settings.SESSION_ENGINE).SessionStore
-    if store_class is not DatabaseStore:
+    if not issubclass(store_class, DatabaseStore):
         return [session_expiry(session_key, user_id) for session_key, user_id in sessions]
     keys = {session_key for session_key, _ in sessions if session_key}
     rows = {
