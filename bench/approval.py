@@ -10,7 +10,8 @@ one at a time, on the inbox page: tick "Approve?" and click Accept (htmx posts t
 `submit` event, stamped in the page (performance.timeOrigin + now()); end: the server's time.time() when the
 HTTP request carrying `tasks/update` for that task reached it. Same machine, same clock. The path between: the
 answer view, which claims the answer with it and sends `tasks/update` itself as it commits, on the client daphne keeps
-for the server (taskhub/gateway/sending.py: answer_and_send; the delivery job waits as its fallback). The first answer
+for the server (taskhub/gateway/sending.py: answer_and_send; should daphne stop before recording it, the worker's sweep
+hands it to the delivery job). The first answer
 goes the delivery job's way while that client connects, as every answer does with TASKHUB_WEB_SENDS_ANSWERS=0: the
 view (`services.answer_input`) defers the `deliver_answer` job, procrastinate's LISTEN/NOTIFY wakes the worker, the
 job claims (one statement that also reads the answer, sent from the event loop on the worker's own pool:

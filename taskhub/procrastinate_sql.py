@@ -70,11 +70,19 @@ LEFT JOIN LATERAL (
 GROUP BY 1
 """
 
+# The locks, of those given, that jobs of a kind hold, whatever their state.
+LOCKS_WITH_JOBS_SQL = "SELECT DISTINCT lock FROM procrastinate_jobs WHERE lock = ANY(%s) AND task_name = %s"
+
 
 def cancel_waiting(cursor: Any, *, lock: str, task_name: str) -> int:
     """Cancel the job of `task_name` waiting under `lock` (not one running); how many were waiting."""
     cursor.execute(CANCEL_WAITING_SQL, [lock, task_name])
     return cursor.rowcount
+
+
+def locks_with_jobs(cursor: Any, *, locks: list[str], task_name: str) -> set[str]:
+    cursor.execute(LOCKS_WITH_JOBS_SQL, [locks, task_name])
+    return {lock for (lock,) in cursor.fetchall()}
 
 
 def give_back_attempt(cursor: Any, *, job_id: int) -> None:

@@ -75,6 +75,10 @@ def test_every_statement_taskhub_sends_to_procrastinate_runs_on_its_schema():
 
         waiting = job("todo", lock="launch:probe")
         assert procrastinate_sql.cancel_waiting(cursor, lock="launch:probe", task_name="taskhub.probe") == 1
+        found = procrastinate_sql.locks_with_jobs(
+            cursor, locks=["launch:probe", "launch:none"], task_name="taskhub.probe"
+        )
+        assert found == {"launch:probe"}  # whatever its state (this one cancelled)
         running = job("doing", attempts=2)
         procrastinate_sql.give_back_attempt(cursor, job_id=running)
         cursor.execute("SELECT attempts FROM procrastinate_jobs WHERE id = %s", [running])
@@ -97,15 +101,17 @@ def test_every_statement_taskhub_sends_to_procrastinate_runs_on_its_schema():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_inserted_for_later_is_not_announced_and_one_due_now_is():
-    """procrastinate's trigger as taskhub's migration tasks/0025 changed it: a job scheduled for later (an answer's
-    fallback) wakes no job runner; a job due now does, as before. Each deferred and committed as the services do."""
+    """procrastinate's trigger as taskhub's migration tasks/0025 changed it: a job scheduled for later (the fallback of
+    a call the gateway sends) wakes no job runner; a job due now does, as before. Each deferred and committed as the
+    services do."""
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
         listener.execute(f'LISTEN "procrastinate_queue_v1#{DEFAULT_QUEUE}"')
-        hooks.enqueue_answer_delivery(900001, server_id=1, not_before_seconds=60)
-        hooks.enqueue_answer_delivery(900002, server_id=1)
+        later, now = uuid.uuid4(), uuid.uuid4()
+        hooks.enqueue_launch(later, not_before_seconds=60)
+        hooks.enqueue_launch(now)
         announced = [json.loads(note.payload)["job_id"] for note in listener.notifies(timeout=10, stop_after=1)]
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM procrastinate_jobs WHERE lock = 'answer:900002'")
+        cursor.execute("SELECT id FROM procrastinate_jobs WHERE lock = %s", [f"launch:{now}"])
         assert announced == [cursor.fetchone()[0]]
 
 

@@ -86,31 +86,31 @@ def drop_pending_launch(task_id: uuid.UUID) -> int:
         return procrastinate_sql.cancel_waiting(cursor, lock=f"launch:{task_id}", task_name=LAUNCH_JOB)
 
 
-def enqueue_answer_delivery(
-    input_request_id: int, *, server_id: int, queue: str = DEFAULT_QUEUE, not_before_seconds: float | None = None
-) -> None:
+def enqueue_answer_delivery(input_request_id: int, *, server_id: int, queue: str = DEFAULT_QUEUE) -> None:
     """The delivery job sends the answer (tasks/update, or an MRTR retry) and marks it delivered. It carries its
-    server's id: the job takes its server's slot first, then claims and reads the answer in one statement.
-    `not_before_seconds`: the job runs no sooner (the fallback of an answer the web process sends itself)."""
+    server's id: the job takes its server's slot first, then claims and reads the answer in one statement."""
     _defer(
         ANSWER_DELIVERY_JOB,
-        lock=f"answer:{input_request_id}",
+        lock=_answer_lock(input_request_id),
         priority=DELIVERY_PRIORITY,
         queue=queue,
-        schedule_in=None if not_before_seconds is None else {"seconds": not_before_seconds},
         input_request_id=input_request_id,
         server_id=server_id,
         **tracing.job_args(),
     )
 
 
-def drop_pending_delivery(input_request_id: int) -> int:
-    """The waiting delivery job of an answer is cancelled with the caller's transaction (the fallback of an answer
-    the web process sent, or one it hands to the worker at once). How many were waiting."""
+def answers_with_delivery_jobs(input_request_ids: list[int]) -> set[int]:
+    """Of these answers, those that have a delivery job, whatever its state (waiting, running, done or failed)."""
     with connection.cursor() as cursor:
-        return procrastinate_sql.cancel_waiting(
-            cursor, lock=f"answer:{input_request_id}", task_name=ANSWER_DELIVERY_JOB
+        locks = procrastinate_sql.locks_with_jobs(
+            cursor, locks=[_answer_lock(request_id) for request_id in input_request_ids], task_name=ANSWER_DELIVERY_JOB
         )
+    return {request_id for request_id in input_request_ids if _answer_lock(request_id) in locks}
+
+
+def _answer_lock(input_request_id: int) -> str:
+    return f"answer:{input_request_id}"
 
 
 # NOTIFY channel of the answers to held questions (services/held_questions.py): the payload is the request's id.

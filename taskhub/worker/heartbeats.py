@@ -111,6 +111,12 @@ FRESH_BEAT = timedelta(
 CLAIM_HOLDS_SECONDS = (settings.TASKHUB_STALLED_WORKER_SECONDS - FRESH_BEAT.total_seconds()) / 2
 
 
+def web_send_ends_seconds() -> float:
+    """How long after its claim the web process may still be sending an answer it claimed (taskhub/gateway/
+    sending.py): it sends only while the claim holds, and waits for the answer as long as the delivery job does."""
+    return CLAIM_HOLDS_SECONDS + settings.TASKHUB_DELIVERY_TIMEOUT_SECONDS
+
+
 def claim_clock() -> float:
     """Seconds, for how old a claim is: CLOCK_BOOTTIME where there is one (Linux), which, unlike the monotonic clock,
     also counts the time the machine was suspended; never set back."""

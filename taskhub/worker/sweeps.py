@@ -18,6 +18,7 @@ from taskhub.audit import chain as audit_chain
 from taskhub.audit import retention as audit_retention
 from taskhub.tasks import hooks, services
 from taskhub.tasks.models import LIVE_STATUSES, Task
+from taskhub.tasks.services.delivering import WEB_SEND_MARGIN_SECONDS
 from taskhub.worker import heartbeats
 from taskhub.worker.orm import db
 
@@ -94,6 +95,23 @@ async def sweep_answer_deadlines(timestamp: int) -> int:
     if applied:
         logger.info("applied the deadline default of %d input request(s)", applied)
     return applied
+
+
+# An answer the web process claimed to send itself has no delivery job (services.answer_input's `caller_sends`): should
+# the process stop before it records the send, its claim is found here once it is surely over.
+@app.periodic(cron="* * * * *")
+@app.task(name="taskhub.sweep_answers_the_web_left", queueing_lock="taskhub.sweep_answers_the_web_left")
+async def sweep_answers_the_web_left(timestamp: int) -> int:
+    waited = heartbeats.web_send_ends_seconds() + WEB_SEND_MARGIN_SECONDS
+    claimed_before = timezone.now() - datetime.timedelta(seconds=waited)
+    handed = await db(services.hand_over_answers_the_web_left, claimed_before=claimed_before)
+    if handed:
+        logger.warning(
+            "the web process claimed %d answer(s) to send and recorded nothing since: handed to the delivery job (%s)",
+            len(handed),
+            ", ".join(map(str, handed)),
+        )
+    return len(handed)
 
 
 # Audit rows are chained after their commit (audit migration 0011): within a minute here, and by whatever reads the

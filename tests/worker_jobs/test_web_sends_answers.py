@@ -1,7 +1,7 @@
 """An approver's answer the web process sends itself (taskhub/gateway/sending.py: answer_and_send): claimed in the
-answer's transaction, sent as it commits on the gateway's kept client, recorded by the delivery services; the delivery
-job as its fallback should the process stop; nothing sent when the server is found gone or the claim grew old (the job
-sends it at once); a refusal recorded; and where it cannot, the delivery job sends it as before."""
+answer's transaction, sent as it commits on the gateway's kept client, recorded by the delivery services; the sweep
+hands it to the delivery job should the process stop; nothing sent when the server is found gone or the claim grew old
+(the job sends it at once); a refusal recorded; and where it cannot, the delivery job sends it as before."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
 from taskhub.tasks.models import InputRequest, InputRequestState, Task, TaskPoll, TaskStatus
-from taskhub.tasks.services.answering import WEB_FALLBACK_MARGIN_SECONDS
-from taskhub.worker import heartbeats, jobs
+from taskhub.tasks.services.delivering import WEB_SEND_MARGIN_SECONDS
+from taskhub.worker import heartbeats, jobs, sweeps
 from tests.account_fixtures import make_user
 from tests.approval_fixtures import add_approver_groups
 from tests.catalogue_fixtures import with_tools
@@ -77,31 +77,37 @@ def deliveries(demo, request: InputRequest) -> int:
     return demo_stats(demo)["deliveries"].get(f"{task.remote_task_id}/approve", 0)
 
 
-def test_an_answer_to_be_sent_by_the_web_is_claimed_with_it_and_its_fallback_waits_past_the_send(
-    server, operator, approver
-):
+def test_an_answer_to_be_sent_by_the_web_is_claimed_with_it_and_no_delivery_job_is_deferred(server, operator, approver):
     request = approval_request(server, operator)
-    before = timezone.now()
 
-    answered = services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver, sent_within=30)
+    answered = services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver, caller_sends=True)
 
     assert answered.sent_by_caller
     request.refresh_from_db()
     assert (request.state, request.delivery_attempted_by) == (InputRequestState.ANSWERED, "web")
     assert request.delivery_attempted_at == request.answered_at
-    [job] = jobs_of(DELIVERY_JOB)
-    assert (job.status, job.lock) == ("todo", f"answer:{request.pk}")
-    assert job.scheduled_at >= before + datetime.timedelta(seconds=30 + WEB_FALLBACK_MARGIN_SECONDS)
+    assert jobs_of(DELIVERY_JOB) == []
 
 
-def test_should_the_web_stop_before_sending_its_fallback_asks_the_server_then_sends_once(
+def sweep_answers_the_web_left() -> int:
+    return run(sweeps.sweep_answers_the_web_left.func)(int(timezone.now().timestamp()))
+
+
+def test_should_the_web_stop_before_recording_the_send_the_sweep_hands_the_answer_to_the_job_which_asks_first(
     server, operator, approver, demo
 ):
     request = approval_request(server, operator)
-    services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver, sent_within=30)
-    long_ago = timezone.now() - datetime.timedelta(minutes=10)  # the fallback's time has come: the attempt settled
+    services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver, caller_sends=True)
+    assert sweep_answers_the_web_left() == 0  # the web process may still be sending it
+    waited = heartbeats.web_send_ends_seconds() + WEB_SEND_MARGIN_SECONDS
+    long_ago = timezone.now() - datetime.timedelta(seconds=waited + 60)  # its claim is over: the attempt settled
     InputRequest.objects.filter(pk=request.pk).update(delivery_attempted_at=long_ago)
 
+    assert sweep_answers_the_web_left() == 1
+    [job] = jobs_of(DELIVERY_JOB)
+    assert (job.status, job.lock, job.scheduled_at) == ("todo", f"answer:{request.pk}", None)
+    assert InputRequest.objects.get(pk=request.pk).delivery_attempted_by == "web"  # the claim stands
+    assert sweep_answers_the_web_left() == 0  # handed over once
     assert run(jobs.deliver)(request.pk, last_attempt=False) == "delivered"
 
     assert deliveries(demo, request) == 1
@@ -122,7 +128,7 @@ def test_on_its_kept_client_the_web_sends_the_answer_once_records_it_and_drops_t
     )
     assert deliveries(demo, second) == 1
     assert delivery_actors(second) == [("input.answered", "abe"), ("input.delivered", "web")]
-    assert [job.status for job in jobs_of(DELIVERY_JOB)] == ["cancelled"]  # the fallback will not run
+    assert jobs_of(DELIVERY_JOB) == []
     assert TaskPoll.objects.get(task_id=second.task_id).next_poll_at <= timezone.now()  # the tracker looks at once
     assert InputRequest.objects.get(pk=first.pk).state == InputRequestState.OPEN
 
@@ -171,15 +177,18 @@ def test_a_refused_answer_is_recorded_as_the_jobs_refusal_is_and_never_sent_agai
     answered_as_the_inbox_does(request, approver)
 
     wait_until(lambda: ("input.delivery_failed", "web") in delivery_actors(request), what="the refusal recorded")
-    assert InputRequest.objects.get(pk=request.pk).state == InputRequestState.ANSWERED
-    assert [job.status for job in jobs_of(DELIVERY_JOB)] == ["cancelled"]
+    request.refresh_from_db()
+    assert (request.state, request.delivery_attempted_by) == (InputRequestState.ANSWERED, "")  # the claim ended
+    InputRequest.objects.filter(pk=request.pk).update(delivery_attempted_at=timezone.now() - datetime.timedelta(days=1))
+    assert sweep_answers_the_web_left() == 0  # not one the web process left: never sent again
+    assert jobs_of(DELIVERY_JOB) == []
 
 
 def test_a_claim_grown_too_old_is_withdrawn_unsent_and_the_delivery_job_sends_it_at_once(
     server, operator, approver, demo, sender
 ):
     request = approval_request(server, operator)
-    services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver, sent_within=30)
+    services.answer_input(input_request=request, response=APPROVE_ANSWER, user=approver, caller_sends=True)
     claimed = InputRequest.objects.select_related("task__server").get(pk=request.pk)
     connected(sender, server)
 
@@ -195,8 +204,7 @@ def test_a_claim_grown_too_old_is_withdrawn_unsent_and_the_delivery_job_sends_it
 def handed_over(request: InputRequest) -> None:
     request.refresh_from_db()
     assert (request.delivery_attempted_at, request.delivery_attempted_by) == (None, "")
-    fallback, now = jobs_of(DELIVERY_JOB)
-    assert fallback.status == "cancelled"
+    [now] = jobs_of(DELIVERY_JOB)
     assert now.status == "todo" and now.scheduled_at is None
 
 
@@ -214,7 +222,7 @@ def test_a_server_gone_while_the_client_was_idle_is_found_before_sending_and_the
 
     answered_as_the_inbox_does(request, approver)
 
-    wait_until(lambda: len(jobs_of(DELIVERY_JOB)) == 2, what="the answer handed to the delivery job")
+    wait_until(lambda: len(jobs_of(DELIVERY_JOB)) == 1, what="the answer handed to the delivery job")
     handed_over(request)
     assert not sender.may_send_answer(server)  # the client is given up; a new one connects for the next answer
 
@@ -233,11 +241,16 @@ def test_an_answer_cut_off_by_the_delivery_timeout_keeps_its_claim_and_the_job_c
 
         answered_as_the_inbox_does(request, approver)
 
-        wait_until(lambda: len(jobs_of(DELIVERY_JOB)) == 2, what="the answer handed to the delivery job")
+        wait_until(lambda: len(jobs_of(DELIVERY_JOB)) == 1, what="the answer handed to the delivery job")
         request.refresh_from_db()
         assert request.delivery_attempted_by == "web"  # the claim stands: it may have reached the server
-        fallback, now = jobs_of(DELIVERY_JOB)
-        assert (fallback.status, now.status, now.scheduled_at) == ("cancelled", "todo", None)
+        [now] = jobs_of(DELIVERY_JOB)
+        assert (now.status, now.scheduled_at) == ("todo", None)
+        long_ago = timezone.now() - datetime.timedelta(days=1)
+        with_old_claim = InputRequest.objects.filter(pk=request.pk)
+        with_old_claim.update(delivery_attempted_at=long_ago)
+        assert sweep_answers_the_web_left() == 0  # it has its job: the sweep leaves it
+        with_old_claim.update(delivery_attempted_at=request.delivery_attempted_at)
         # Before the attempt has settled, the job waits for it (the server may be applying the answer).
         with pytest.raises(jobs.NotBefore):
             run(jobs.deliver)(request.pk, last_attempt=False)

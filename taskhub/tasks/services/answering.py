@@ -10,7 +10,6 @@ from django.utils.translation import gettext
 from taskhub.accounts import permissions
 from taskhub.audit.services import WEB, record_event
 from taskhub.observability import tracing
-from taskhub.servers.hooks import job_queue
 from taskhub.servers.models import Server
 from taskhub.tasks import hooks, raw_rows, storable_text
 from taskhub.tasks.answers import validate_response
@@ -77,7 +76,7 @@ def answer_input(
     token=None,
     as_agent: bool = False,
     locked: bool = False,
-    sent_within: float | None = None,
+    caller_sends: bool = False,
 ) -> InputRequest:
     """Record one person's answer; the delivery job sends it. One answer per key, whoever clicks first. `token`: the API
     token (an agent) it came through, named in the audit rows.
@@ -93,13 +92,14 @@ def answer_input(
     policy says `input_from` agent): `user` is that agent, whose one answer is the answer; the rules about people
     do not apply.
 
-    `sent_within`: the caller sends the answer itself as this commits, on a client it keeps, within this many seconds
-    (taskhub/gateway/sending.py). Where it can (a first task-phase answer, not a held question's), the answer is
-    claimed here for the web process (`sent_by_caller` on the request returned) and the delivery job waits that long
-    and a margin first: should the caller stop before recording what came back, the job finds the attempt and asks
-    the server whether the answer arrived, as after a worker that stopped. Otherwise the delivery job sends it."""
+    `caller_sends`: the caller sends the answer itself as this commits, on a client it keeps (taskhub/gateway/
+    sending.py). Where it can (a first task-phase answer, not a held question's), the answer is claimed here for the
+    web process (`sent_by_caller` on the request returned), and no delivery job is deferred: should the caller stop
+    before recording what came back, the minute's sweep finds the claim grown old and hands the answer to the
+    delivery job (delivering.hand_over_answers_the_web_left), which asks the server whether it arrived, as after a
+    worker that stopped. Otherwise the delivery job sends it."""
     answering = dict(
-        response=response, user=user, comment=comment, token=token, as_agent=as_agent, sent_within=sent_within
+        response=response, user=user, comment=comment, token=token, as_agent=as_agent, caller_sends=caller_sends
     )
     if locked:
         if not connection.in_atomic_block:  # the caller's transaction ended, and its lock with it
@@ -117,7 +117,7 @@ def _answer(
     comment: str,
     token,
     as_agent: bool,
-    sent_within: float | None,
+    caller_sends: bool,
 ) -> InputRequest:
     task = input_request.task
     input_request.sent_by_caller = False
@@ -190,7 +190,7 @@ def _answer(
     input_request.answered_by = user
     input_request.answered_at = now
     input_request.answer_comment = comment
-    input_request.sent_by_caller = sent_within is not None and _sendable_at_once(input_request)
+    input_request.sent_by_caller = caller_sends and _sendable_at_once(input_request)
     if input_request.sent_by_caller:
         input_request.delivery_attempted_at = now
         input_request.delivery_attempted_by = WEB
@@ -220,23 +220,15 @@ def _answer(
     )
     if input_request.method == GATE_METHOD:
         _pass_gate(task, input_request, user=user, comment=comment, token=token)
-    elif input_request.sent_by_caller:
-        hooks.enqueue_answer_delivery(
-            input_request.pk,
-            server_id=task.server_id,
-            queue=job_queue(task.server),
-            not_before_seconds=sent_within + WEB_FALLBACK_MARGIN_SECONDS,
-        )
-    else:
+    elif not input_request.sent_by_caller:
         hooks.hand_over_answer(input_request, server=task.server)
+    # An answer the caller sends has no job: its claim is what the sweep finds should the caller stop. A delivery job
+    # deferred for later as its fallback cost the send 1.5-2 ms (bench/approval.py: the job's row, procrastinate's
+    # event row, and the job cancelled once the answer was sent).
     _publish_after_commit(task.id, server_id=task.server_id, asks=True)
     input_request.task = task  # as locked, with its server: the caller shows the answered card without reading again
     input_request.answer_terms = terms
     return input_request
-
-
-# How long after the web process's send could have been answered (its timeout) the fallback delivery job looks at it.
-WEB_FALLBACK_MARGIN_SECONDS = 60.0
 
 
 def _sendable_at_once(input_request: InputRequest) -> bool:

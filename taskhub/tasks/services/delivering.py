@@ -1,5 +1,6 @@
 """Answers and cancels on their way to the server: the delivery jobs claim, confirm and record failures."""
 
+import datetime
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -135,19 +136,17 @@ def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = No
 
     `confirmed_by`: no acknowledgement came, but this shows the answer was received (the key is no longer
     outstanding); it goes on the timeline. The tracker polls the task at once to see what the answer changed.
-    `sent_by_web`: the web process sent it (answer_input's `sent_within`), and the fallback delivery job is dropped.
+    `sent_by_web`: the web process sent it (answer_input's `caller_sends`): the audit row says so.
     """
     delivered = _mark_delivered(input_request=input_request, confirmed_by=confirmed_by, sent_by_web=sent_by_web)
-    if sent_by_web:
-        hooks.drop_pending_delivery(input_request.pk)
     _poll_soon(task_id=input_request.task_id)
     return delivered
 
 
 @transaction.atomic
 def hand_answer_to_worker(*, input_request: InputRequest, sent: bool) -> bool:
-    """The web process did not get an answer it had claimed (answer_input's `sent_within`) through: the delivery job,
-    deferred at once in place of the fallback, takes it up, with its retries. Not `sent` (nothing went out: the
+    """The web process did not get an answer it had claimed (answer_input's `caller_sends`) through: the delivery job,
+    deferred at once, takes it up, with its retries. Not `sent` (nothing went out: the
     server did not answer the question asked before, or the claim grew too old to send on): the claim is withdrawn,
     and the job sends it as any answer. `sent` (it may have gone out): the claim stands, and the job asks the server
     whether it arrived before sending it again once the attempt has settled. False: the answer is not the web's to
@@ -161,7 +160,6 @@ def hand_answer_to_worker(*, input_request: InputRequest, sent: bool) -> bool:
     if not (claimed.update(delivery_attempted_at=None, delivery_attempted_by="") if not sent else claimed.exists()):
         return False
     server = Server.objects.get(pk=input_request.task.server_id)
-    hooks.drop_pending_delivery(input_request.pk)
     hooks.enqueue_answer_delivery(input_request.pk, server_id=server.pk, queue=job_queue(server))
     return True
 
@@ -213,10 +211,11 @@ def mark_cancel_delivered(*, task: Task) -> bool:
 def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any], sent_by_web: bool = False) -> None:
     """The server refused the answer (e.g. the task is gone), or could not be reached in time; the answer stays
     recorded, not delivered. The tracker polls the task at once to see where it stands. `sent_by_web`: as
-    mark_delivered's."""
+    mark_delivered's; the web's claim is ended (its attempt made, held by nobody), so that no sweep hands the answer
+    to the delivery job as one the web process left (hand_over_answers_the_web_left)."""
     task = Task.objects.select_for_update(no_key=True).get(pk=input_request.task_id)
     if sent_by_web:
-        hooks.drop_pending_delivery(input_request.pk)
+        InputRequest.objects.filter(pk=input_request.pk, delivery_attempted_by=WEB).update(delivery_attempted_by="")
     record_event(
         action="input.delivery_failed",
         actor_label=WEB if sent_by_web else WORKER,
@@ -225,6 +224,37 @@ def record_delivery_failure(*, input_request: InputRequest, error: dict[str, Any
     )
     _poll_soon(task_id=task.id)
     _publish_after_commit(task.id)
+
+
+# How long past the web process's last moment to send an answer it claimed (its claim's hold and its send's timeout)
+# the sweep waits before it takes the claim for one left behind.
+WEB_SEND_MARGIN_SECONDS = 60.0
+
+
+@transaction.atomic
+def hand_over_answers_the_web_left(*, claimed_before: datetime.datetime) -> list[int]:
+    """Answers the web process claimed to send itself (answer_input's `caller_sends`) before `claimed_before` and has
+    recorded nothing of since, with no delivery job: the process stopped before it recorded the send, or even before
+    it sent. Each goes to the delivery job with the claim standing: the job asks the server whether it arrived before
+    it sends it again, as after a worker that stopped. The ids handed over. Locked rows (an answer being recorded
+    right now) are left to the next sweep."""
+    left = list(
+        InputRequest.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+        .select_related("task__server")
+        .filter(state=InputRequestState.ANSWERED, delivery_attempted_by=WEB, delivery_attempted_at__lt=claimed_before)
+        .order_by("pk")[:HANDED_OVER_AT_ONCE]
+    )
+    queued = hooks.answers_with_delivery_jobs([request.pk for request in left]) if left else set()
+    handed = []
+    for request in left:
+        if request.pk not in queued:
+            server = request.task.server
+            hooks.enqueue_answer_delivery(request.pk, server_id=server.pk, queue=job_queue(server))
+            handed.append(request.pk)
+    return handed
+
+
+HANDED_OVER_AT_ONCE = 500
 
 
 @transaction.atomic
