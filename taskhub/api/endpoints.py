@@ -8,7 +8,7 @@ import math
 import uuid
 
 from django.core.exceptions import PermissionDenied
-from django.db import DataError, InterfaceError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Q
 from django.http import Http404, QueryDict
 from django.urls import reverse
@@ -28,6 +28,7 @@ from taskhub.api.schemas import (
     TaskOut,
     TaskPage,
 )
+from taskhub.gateway.sending import answer_and_send
 from taskhub.servers.models import Server
 from taskhub.tasks import services
 from taskhub.tasks.errors import (
@@ -371,31 +372,38 @@ def inbox(request, filters: Query[InboxFilters]):
 )
 def answer(request, request_id: int, payload: AnswerIn):
     """Answer an elicitation: accept (with content for a form), decline or cancel. Each request takes one answer."""
-    input_request = InputRequest.objects.select_related("task__server", "answered_by").filter(pk=request_id).first()
-    if input_request is None or not permissions.may_see_task_through_token(request.user, input_request.task):
-        raise Http404("No such input request.")
-    if not permissions.may_answer(request.user, input_request):
-        raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
-    card = card_for(input_request, request.user, may_answer=True)
-    if card.kind == "other":
-        raise ApiProblem(400, f"taskhub cannot answer {input_request.method or 'this kind of'} requests.")
-    response = {"action": payload.action}
-    if payload.action == "accept" and card.kind == "form":
-        if not card.form.renderable:
-            raise ApiProblem(400, "This request's schema cannot be answered by taskhub; decline or cancel it.")
-        response["content"] = payload.content or {}
-    elif payload.action == "accept" and card.kind == "url" and not card.url.clickable:
-        raise ApiProblem(400, card.url.problem or "This URL cannot be opened from taskhub; decline or cancel.")
-    try:
-        answered = services.answer_input(
-            input_request=input_request,
-            response=response,
-            user=request.user,
-            comment=payload.comment,
-            token=request.api_token,
-        )
-    except AnswerRejected as rejected:
-        raise ApiProblem(400, str(rejected), rejected.field_errors) from rejected
-    except (AlreadyAnswered, InputNoLongerOpen) as closed:
-        raise ApiProblem(409, str(closed)) from closed
+    # As the inbox's answer view: the request read once, locked, for the checks and the answer, and the answer sent by
+    # this process as it commits where it can (taskhub/gateway/sending.py), else by the delivery job. A refusal raised
+    # in here rolls back a transaction that has changed nothing.
+    with transaction.atomic():
+        try:
+            input_request = services.locked_for_answer(input_request_id=request_id)
+        except InputRequest.DoesNotExist:
+            raise Http404("No such input request.") from None
+        if not permissions.may_see_task_through_token(request.user, input_request.task):
+            raise Http404("No such input request.")
+        if not permissions.may_answer(request.user, input_request):
+            raise PermissionDenied(f"You do not approve for the server {input_request.task.server.name!r}.")
+        card = card_for(input_request, request.user, may_answer=True)
+        if card.kind == "other":
+            raise ApiProblem(400, f"taskhub cannot answer {input_request.method or 'this kind of'} requests.")
+        response = {"action": payload.action}
+        if payload.action == "accept" and card.kind == "form":
+            if not card.form.renderable:
+                raise ApiProblem(400, "This request's schema cannot be answered by taskhub; decline or cancel it.")
+            response["content"] = payload.content or {}
+        elif payload.action == "accept" and card.kind == "url" and not card.url.clickable:
+            raise ApiProblem(400, card.url.problem or "This URL cannot be opened from taskhub; decline or cancel.")
+        try:
+            answered = answer_and_send(
+                input_request=input_request,
+                response=response,
+                user=request.user,
+                comment=payload.comment,
+                token=request.api_token,
+            )
+        except AnswerRejected as rejected:
+            raise ApiProblem(400, str(rejected), rejected.field_errors) from rejected
+        except (AlreadyAnswered, InputNoLongerOpen) as closed:
+            raise ApiProblem(409, str(closed)) from closed
     return _request_out(InputRequest.objects.select_related("answered_by").get(pk=answered.pk))

@@ -149,6 +149,27 @@ def test_the_inbox_pages_answer_is_sent_by_the_web_process(server, operator, dem
     assert deliveries(demo, request) == 1
 
 
+def test_an_answer_through_the_json_api_is_sent_by_the_web_process(server, operator, demo, sender, client):
+    """POST /api/input-requests/<id>/answer goes as the inbox's answer does."""
+    add_approver_groups(server, Group.objects.create(name="reviewers"))
+    _, secret = create_token(user=make_user("ana", APPROVERS, "reviewers"), name="ana's script")
+    request = approval_request(server, operator)
+    connected(sender, server)
+
+    answered = client.post(
+        f"/api/input-requests/{request.pk}/answer",
+        data={"action": "accept", "content": APPROVE_ANSWER["content"]},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+
+    assert answered.status_code == 200 and answered.json()["state"] == "answered"
+    wait_until(lambda: InputRequest.objects.get(pk=request.pk).state == InputRequestState.DELIVERED, what="delivered")
+    assert delivery_actors(request) == [("input.answered", "ana"), ("input.delivered", "web")]
+    assert deliveries(demo, request) == 1
+    assert jobs_of(DELIVERY_JOB) == []
+
+
 def test_an_agents_tasks_update_through_the_gateway_is_sent_by_the_web_process(server, demo, sender):
     agent = make_user("agent", OPERATORS)
     token, secret = create_token(user=agent, name="agent")
