@@ -11,7 +11,7 @@ from taskhub.accounts import permissions
 from taskhub.audit.services import WEB, record_event
 from taskhub.observability import tracing
 from taskhub.servers.models import Server
-from taskhub.tasks import hooks, raw_rows, storable_text
+from taskhub.tasks import hooks, storable_text
 from taskhub.tasks.answers import validate_response
 from taskhub.tasks.errors import (
     AlreadyAnswered,
@@ -26,7 +26,7 @@ from taskhub.tasks.models import (
     Task,
 )
 from taskhub.tasks.services.common import _name, _publish_after_commit
-from taskhub.tasks.services.delivering import is_first_send
+from taskhub.tasks.services.delivering import is_first_send, request_task_server_columns, with_task_and_server
 from taskhub.tasks.services.gate import _pass_gate
 
 
@@ -49,20 +49,17 @@ def locked_for_answer(*, input_request_id: int) -> InputRequest:
         row = cursor.fetchone()
     if row is None:
         raise InputRequest.DoesNotExist(f"Input request {input_request_id} does not exist.")
-    input_request, task, server = raw_rows.instances(row, (InputRequest, Task, Server))
-    raw_rows.relate(input_request, "task", task)
-    raw_rows.relate(task, "server", server)
-    return input_request
+    return with_task_and_server(row)
 
 
 @functools.cache
 def _locked_for_answer_sql() -> str:
-    selected = [*raw_rows.columns("r", InputRequest), *raw_rows.columns("t", Task), *raw_rows.columns("s", Server)]
     return (
-        f"SELECT {', '.join(selected)} "
-        f'FROM "{InputRequest._meta.db_table}" r JOIN "{Task._meta.db_table}" t ON t.id = r.task_id '
-        f'JOIN "{Server._meta.db_table}" s ON s.id = t.server_id '
-        "WHERE r.id = %s FOR NO KEY UPDATE OF t, r"
+        f"SELECT {request_task_server_columns()} "
+        f'FROM "{InputRequest._meta.db_table}" AS request '
+        f'JOIN "{Task._meta.db_table}" AS task ON task.id = request.task_id '
+        f'JOIN "{Server._meta.db_table}" AS server ON server.id = task.server_id '
+        "WHERE request.id = %s FOR NO KEY UPDATE OF task, request"
     )
 
 

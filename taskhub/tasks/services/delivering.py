@@ -90,7 +90,7 @@ def first_claim(
     lease of the stdio server's process: the caller then reads the request and decides, as claim_delivery's callers
     do (claim_delivery raises LeaseLost)."""
     sql = _first_claim_sql() + (_LEASE_HELD_SQL if lease_owner is not None else "")
-    sql += (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + _first_claim_columns()
+    sql += (f" AND ({only_if[0]})" if only_if else "") + " RETURNING " + request_task_server_columns()
     params = [timezone.now(), attempted_by, input_request_id, TASK_PHASE]
     params += [lease_owner] if lease_owner is not None else []
     params += [*(only_if[1] if only_if else ())]
@@ -105,8 +105,12 @@ _LEASE_HELD_SQL = (
 
 def first_claimed(row: Sequence[Any] | None) -> InputRequest | None:
     """The request claimed by first_claim's statement, with its task and server, from the row it returned."""
-    if row is None:
-        return None
+    return None if row is None else with_task_and_server(row)
+
+
+def with_task_and_server(row: Sequence[Any]) -> InputRequest:
+    """An input request with its task and server, as select_related("task__server") leaves them, from a row of
+    request_task_server_columns()."""
     input_request, task, server = raw_rows.instances(row, (InputRequest, Task, Server))
     raw_rows.relate(task, "server", server)
     raw_rows.relate(input_request, "task", task)
@@ -125,7 +129,8 @@ def _first_claim_sql() -> str:
 
 
 @functools.cache
-def _first_claim_columns() -> str:
+def request_task_server_columns() -> str:
+    """The columns with_task_and_server reads, of tables named `request`, `task` and `server` in the statement."""
     models = (("request", InputRequest), ("task", Task), ("server", Server))
     return ", ".join(column for alias, model in models for column in raw_rows.columns(alias, model))
 
