@@ -151,11 +151,11 @@ def mark_delivered(*, input_request: InputRequest, confirmed_by: str | None = No
 @transaction.atomic
 def hand_answer_to_worker(*, input_request: InputRequest, sent: bool) -> bool:
     """The web process did not get an answer it had claimed (answer_input's `caller_sends`) through: the delivery job,
-    deferred at once, takes it up, with its retries. Not `sent` (nothing went out: the
-    server did not answer the question asked before, or the claim grew too old to send on): the claim is withdrawn,
-    and the job sends it as any answer. `sent` (it may have gone out): the claim stands, and the job asks the server
-    whether it arrived before sending it again once the attempt has settled. False: the answer is not the web's to
-    hand over (delivered meanwhile, or claimed since by another attempt)."""
+    deferred at once, takes it up, with its retries. Not `sent` (nothing went out: the server did not answer the
+    question asked before, or the claim grew too old to send on): the claim is withdrawn, and the job sends it as any
+    answer. `sent` (it may have gone out): the claim stands, and the job asks the server whether it arrived before
+    sending it again once the attempt has settled. False: the answer is not the web's to hand over (delivered
+    meanwhile, or claimed since by another attempt)."""
     claimed = InputRequest.objects.filter(
         pk=input_request.pk,
         state=InputRequestState.ANSWERED,
