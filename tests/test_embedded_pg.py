@@ -4,8 +4,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import psutil
+import psycopg
 import pytest
 
 from taskhub import embedded_pg
@@ -90,5 +92,37 @@ def test_stop_server_stops_it_whoever_uses_it(pgdata):
         assert embedded_pg.stop_server(pgdata) is True
         wait_until_gone(server_pid)
         assert embedded_pg.stop_server(pgdata) is False
+    finally:
+        end(user, signal.SIGTERM)
+
+
+def test_processes_joining_at_once_each_find_the_database_whichever_creates_it(pgdata):
+    """ensure_started creates taskhub's database on the server it joins. Several processes joining at once all try; the
+    CREATEs that lose the race must not fail (Postgres reports some as a duplicate key in its catalog)."""
+    user, _ = start_user(pgdata)
+    try:
+        server = embedded_pg.running_server(pgdata)
+        for attempt in range(3):
+            name = f"joined_at_once_{attempt}"
+            barrier = threading.Barrier(6)
+            failures: list[BaseException] = []
+
+            def create(name=name, barrier=barrier, failures=failures) -> None:
+                barrier.wait(timeout=30)
+                try:
+                    embedded_pg._create_database(server, name)
+                except BaseException as error:  # every failure is the finding
+                    failures.append(error)
+
+            threads = [threading.Thread(target=create) for _ in range(6)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert failures == []
+            with psycopg.connect(
+                host=str(server.socket_dir), port=server.port, user=embedded_pg.USER, dbname=name, autocommit=True
+            ) as conn:
+                assert conn.execute("SELECT current_database()").fetchone() == (name,)
     finally:
         end(user, signal.SIGTERM)

@@ -65,7 +65,7 @@ def ensure_started() -> ServerInfo:
             # Runs before pgserver's own atexit hook (LIFO) and, unlike it, forgets users that died meanwhile.
             atexit.register(release)
             _leave_on_sigterm()
-            _create_database(_server)
+            _create_database(_info(_server))
         return _info(_server)
 
 
@@ -171,19 +171,21 @@ def _info(server) -> ServerInfo:
     )
 
 
-def _create_database(server) -> None:
+def _create_database(info: ServerInfo, name: str = DATABASE_NAME) -> None:
     import psycopg
     from psycopg import sql
 
-    info = _info(server)
     with psycopg.connect(
         host=str(info.socket_dir), port=info.port, user=USER, dbname="postgres", autocommit=True
     ) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
         if not exists:
-            # Another process may create it between our check and our CREATE.
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
+            # Another process may create it between our check and our CREATE: Postgres says so as a duplicate
+            # database, or, when both CREATEs run at once, as a duplicate key in its catalog (pg_database's unique
+            # index on the name). The second was raised out of ensure_started, into Django's first connection: an
+            # xdist worker of the embedded test pass fell back from the `postgres` database with a warning.
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def _leave_on_sigterm() -> None:
