@@ -12,7 +12,7 @@ import django
 import psycopg
 import pytest
 from django.core.handlers.asgi import ASGIHandler
-from django.db import connection
+from django.db import connection, transaction
 
 from taskhub import procrastinate_sql
 from taskhub.servers.hooks import DEFAULT_QUEUE
@@ -194,9 +194,6 @@ def test_the_live_sockets_task_read_equals_the_orms_select_related_and_says_whet
 def test_a_services_locked_read_with_asks_equals_the_orms_and_holds_the_rows_lock(django_assert_num_queries):
     """tasks.services.common._locked_with_asks: one hand-written statement for what
     select_for_update(no_key=True).annotate(asks=has_input_requests()) reads, and it locks the row as that does."""
-    import psycopg
-    from django.db import transaction
-
     from taskhub.tasks.models import has_input_requests
     from taskhub.tasks.services.common import _locked_with_asks
 
@@ -228,8 +225,6 @@ def test_the_answers_locked_read_equals_the_orms_and_holds_both_rows_locks(djang
     """tasks.services.answering.locked_for_answer: one hand-written statement for what the ORM's
     select_for_update(no_key=True, of=("task", "self")).select_related("task__server") reads; it locks the task's
     row and the request's as that does, and its task and server are read with it."""
-    from django.db import transaction
-
     from taskhub.tasks.services.answering import locked_for_answer
 
     server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
