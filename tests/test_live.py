@@ -314,7 +314,9 @@ async def test_watching_a_task_is_granted_only_to_who_may_see_it(
 async def test_watching_a_visible_task_sends_it_now_and_on_every_change(
     socket_for, operator, live_task, task_fragments
 ):
-    task_fragments(FragmentKind.TASK, lambda task, user: f'<header id="task-{task.pk}">{task.status_message}</header>')
+    task_fragments(
+        FragmentKind.TASK_STATUS, lambda task, user: f'<header id="task-{task.pk}">{task.status_message}</header>'
+    )
     communicator = await socket_for(operator)
     await connected(communicator)
 
@@ -331,7 +333,8 @@ def watched_sections(user_id: int, task_id) -> tuple[str, list[str]]:
     user, access = current_access(user_id)
     task = consumer._task_or_none(task_id)
     with CaptureQueriesContext(connection) as queries:
-        html = "".join(consumer._render_parts(task, [(FragmentKind.TASK, Sharing.USER)], user, access))
+        parts = [(kind, Sharing.USER) for kind in consumer.WATCHED_KINDS]
+        html = "".join(consumer._render_parts(task, parts, user, access))
     return html, [query["sql"] for query in queries.captured_queries]
 
 
@@ -466,11 +469,14 @@ async def test_one_change_renders_each_part_once_for_sockets_of_different_pages_
     heard = {name: await sockets[name].receive_from(timeout=5) for name in ("olga list", "oscar list", "amy")}
     assert f'<i id="list-{live_task.pk}"></i>' in heard["olga list"]
     assert heard["oscar list"] == heard["olga list"]  # one audience: the same bytes
-    # The watched task's sections come first, in a frame of their own; the list's part and the nav counts after.
-    watched, rest = [await sockets["olga detail"].receive_from(timeout=5) for _ in range(2)]
+    # The watched task's status comes first, in a frame of its own, then its other sections; the list's part and the
+    # nav counts after.
+    status, watched, rest = [await sockets["olga detail"].receive_from(timeout=5) for _ in range(3)]
+    assert f'id="task-{live_task.pk}-header"' in status and 'id="detail-' not in status  # the page's real status
     assert f'<b id="detail-{live_task.pk}">asking</b>' in watched
-    assert f'id="task-{live_task.pk}-header"' in watched  # the page's real sections
-    assert 'id="list-' not in watched and 'id="nav-running-count"' not in watched
+    assert f'id="task-{live_task.pk}-timeline"' in watched  # the page's real sections
+    assert f'id="task-{live_task.pk}-header"' not in watched
+    assert 'id="list-' not in status + watched and 'id="nav-running-count"' not in status + watched
     assert f'<i id="list-{live_task.pk}"></i>' in rest and 'id="nav-running-count"' in rest
     assert 'id="detail-' not in rest
     assert 'id="detail-' not in heard["olga list"] and 'id="inbox-' not in heard["olga list"]

@@ -473,14 +473,14 @@ def test_a_task_that_completes_after_a_cancel_says_finished_anyway(client, alpha
 def test_a_cancel_the_server_was_told_of_while_it_still_reports_working_says_so_live(client, alpha, olga):
     task = durable(alpha, olga)
     services.request_cancel(task=task, user=olga)
-    header = task_fragments.detail_sections(Task.objects.get(pk=task.pk), olga).split("</header>")[0]
+    header = task_fragments.detail_status(Task.objects.get(pk=task.pk), olga).split("</header>")[0]
     assert "Cancel requested</strong> by olga" in header and "still reports" not in header  # not told yet
 
     services.mark_cancel_delivered(task=task)
     Task.objects.filter(pk=task.pk).update(cancel_requested_at=timezone.now() - datetime.timedelta(minutes=3))
     services.apply_snapshot(task=task, snapshot=snapshot(task_id=task.remote_task_id, statusMessage="still going"))
     task = Task.objects.get(pk=task.pk)
-    header = task_fragments.detail_sections(task, olga).split("</header>")[0]
+    header = task_fragments.detail_status(task, olga).split("</header>")[0]
     words = " ".join(re.sub(r"<[^>]+>", "", header).split())
     assert "Cancel requested 3 minutes ago; the server still reports working. olga asked;" in words
 
@@ -697,16 +697,21 @@ def test_the_row_facts_worked_out_in_python_are_the_list_querys(alpha, olga):
         assert filtered_under == ({outcome} if outcome else set()), (status, result, error, outcome)
 
 
-def test_the_detail_renderer_sends_every_section_out_of_band(alpha, olga, ben):
+def test_the_detail_renderers_send_every_section_out_of_band_the_status_first(alpha, olga, ben):
     task = durable(alpha, olga, statusMessage=XSS)
-    html = task_fragments.detail_sections(task, olga)
-    for section in ("header", "message", "requests-signal", "result", "facts", "timeline"):
-        assert f'id="task-{task.pk}-{section}"' in html
-        assert re.search(rf'id="task-{task.pk}-{section}"[^>]*hx-swap-oob="true"', html), section
+    status, details = task_fragments.detail_status(task, olga), task_fragments.detail_sections(task, olga)
+    for html, sections in (
+        (status, ("header", "message")),
+        (details, ("requests-signal", "result", "facts", "timeline")),
+    ):
+        for section in sections:
+            assert re.search(rf'id="task-{task.pk}-{section}"[^>]*hx-swap-oob="true"', html), section
+        assert html.count('hx-swap-oob="true"') == len(sections)
     # The requests section itself is never replaced live: someone may be typing an answer in it.
-    assert f'id="task-{task.pk}-requests"' not in html
-    assert "<script>alert" not in html and "Cancel task" in html
-    assert task_fragments.detail_sections(task, ben) == ""  # never for someone who may not see it
+    assert f'id="task-{task.pk}-requests"' not in status + details
+    assert "<script>alert" not in status + details and "Cancel task" in status
+    # never for someone who may not see it
+    assert task_fragments.detail_status(task, ben) == task_fragments.detail_sections(task, ben) == ""
 
 
 def test_the_detail_resync_fragment_is_the_live_sections(client, alpha, olga):
@@ -745,10 +750,14 @@ async def test_the_real_socket_carries_the_list_signal_and_the_detail_sections(a
         await database_sync_to_async(services.apply_snapshot)(
             task=task, snapshot=snapshot("working", task_id=task.remote_task_id, statusMessage="half <b>way</b>")
         )
-        # The watched task's sections first, in a frame of their own; then the list's signal (and the nav counts).
+        # The watched task's status first, in a frame of its own; then its other sections; then the list's signal
+        # (and the nav counts).
+        status = await communicator.receive_from(timeout=5)
+        assert "half &lt;b&gt;way&lt;/b&gt;" in status and f'id="task-{task.pk}-message"' in status
+        assert f'id="task-{task.pk}-header"' in status and f'id="task-{task.pk}-timeline"' not in status
         sections = await communicator.receive_from(timeout=5)
-        assert "half &lt;b&gt;way&lt;/b&gt;" in sections and f'id="task-{task.pk}-message"' in sections
-        assert 'id="tasks-live-signal"' not in sections
+        assert f'id="task-{task.pk}-timeline"' in sections and f'id="task-{task.pk}-header"' not in sections
+        assert 'id="tasks-live-signal"' not in status + sections
         html = await communicator.receive_from(timeout=5)
         assert f'<template id="tasks-live-signal" hx-swap-oob="none:body" data-task="{task.pk}"' in html
         assert html.count('id="tasks-live-signal"') == 1
@@ -774,6 +783,9 @@ def test_a_live_change_of_a_task_that_asked_and_logged_nothing_asks_only_for_its
     read = _task_or_none(task.pk)
     assert (read.asks, read.server_log_lines, read.progress_updates) == (False, 0, 0)
     with rendering_for(connected_access(olga)):
+        with django_assert_num_queries(0):  # the status, sent first, asks for nothing
+            status = "".join(render_task_fragments([FragmentKind.TASK_STATUS], read, olga, sharing=None))
+        assert f'id="task-{task.pk}-header"' in status
         with django_assert_num_queries(1):
             sections = "".join(render_task_fragments([FragmentKind.TASK], read, olga, sharing=None))
         with django_assert_num_queries(0):

@@ -75,6 +75,8 @@ CLOSE_NO_LONGER_ALLOWED = 4403
 # error of the application, logged with its traceback); live.js reconnects this one.
 CLOSE_HUB_LOST = 4012
 MAX_WATCHED_TASKS = 200
+# What a socket watching a task hears of its changes, each in a frame of its own, in this order.
+WATCHED_KINDS = (FragmentKind.TASK_STATUS, FragmentKind.TASK)
 # One change reaches a connection once per group it shares (tasks, task.<id>, inbox.server.<id>).
 REMEMBERED_MESSAGES = 256
 
@@ -287,7 +289,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             if access.sees_all_tasks:
                 kinds.append(FragmentKind.TASKS)
             if task_id in self.watched_tasks and access.may_see_tasks_of(server_id):
-                kinds.append(FragmentKind.TASK)
+                kinds += WATCHED_KINDS
             if server_id in access.approvable_server_ids:
                 kinds.append(FragmentKind.INBOX)
             if not kinds:
@@ -302,12 +304,13 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
         # One part per kind and sharing, so a part is rendered once per change for its audience (or user), whatever
         # else the socket asks: the list page's and the detail page's sockets share the list signal and the nav.
-        # The watched task's sections go in a frame of their own, first: the page the person is looking at does not
-        # wait for the list's signal, the nav counts and the inbox (other sockets render those meanwhile, or this
-        # one next).
+        # The watched task's status goes in a frame of its own, first, then the rest of its sections: the page the
+        # person is looking at does not wait for its timeline, nor for the list's signal, the nav counts and the inbox
+        # (other sockets render those meanwhile, or this one next).
         parts = _parts_of_change(kinds)
-        watched = [part for part in parts if part[0] == FragmentKind.TASK]
-        for batch in (watched, [part for part in parts if part not in watched]):
+        batches = [[part for part in parts if part[0] == kind] for kind in WATCHED_KINDS]
+        batches.append([part for part in parts if part[0] not in WATCHED_KINDS])
+        for batch in batches:
             keys = [
                 (
                     "change",
@@ -360,7 +363,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if user is None or task is None or not access.may_see_task(task):
             return None, ""
         with translation.override(self.language):
-            return task.server_id, "".join(render_task_fragments([FragmentKind.TASK], task, user))
+            return task.server_id, "".join(render_task_fragments(WATCHED_KINDS, task, user))
 
 
 # --- rendering (sync, on a live thread) -----------------------------------------------------------

@@ -8,7 +8,9 @@ Renderers are registered per kind of interest the connection has in a changed ta
     register_task_fragment(FragmentKind.TASKS, task_row)
 
 - TASKS: the user sees every task (operators, admins): list rows, status tab counts.
-- TASK: the page watches this task ({"watch": "<uuid>"}): the detail header, its timeline.
+- TASK_STATUS, TASK: the page watches this task ({"watch": "<uuid>"}): how the task stands (the detail header,
+  its status message), sent in a frame of its own before the rest of what the page shows of it (TASK: its timeline,
+  its requests), so the new status reaches the screen without waiting for the reads and rendering of the rest.
 - INBOX: the task belongs to a server the user approves for: inbox cards.
 
 The live layer registers the pages' renderers in LiveConfig.ready() (task_fragments.register()): the domain's
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 class FragmentKind(enum.StrEnum):
     TASKS = "tasks"
+    TASK_STATUS = "task-status"
     TASK = "task"
     INBOX = "inbox"
 

@@ -9,8 +9,10 @@ LiveConfig.ready()).
   one the page shows (if it shows it: the change is on screen without waiting for a request), and re-fetches the
   table and the tab counts with the page's own filters and page number, then highlights the rows whose version
   changed. Rows alone could not respect the filters, the tabs or the paging: the re-fetch settles those.
-- The detail page (FragmentKind.TASK, only for a connection watching that task, which the consumer grants only
-  to who may see it): every live section of the page, out of band, from the page's own template.
+- The detail page (only for a connection watching that task, which the consumer grants only to who may see it):
+  every live section of the page, out of band, from the page's own template, in two parts: FragmentKind.TASK_STATUS,
+  the header and the status message, which need nothing but the task; then FragmentKind.TASK, the input requests,
+  the result, the facts and the timeline, which read more.
 - The inbox (FragmentKind.INBOX): taskhub/tasks/live_inbox.py.
 """
 
@@ -21,7 +23,7 @@ from taskhub.live.access import access_in_force
 from taskhub.live.fragments import FragmentKind, Sharing, register_task_fragment
 from taskhub.tasks.live_inbox import inbox_fragment
 from taskhub.tasks.outcomes import settle_outcomes, with_row_facts_of
-from taskhub.tasks.presenters import detail_context
+from taskhub.tasks.presenters import details_context, status_context
 
 LIST_TEMPLATE = "tasks/list.html"
 DETAIL_TEMPLATE = "tasks/detail.html"
@@ -40,10 +42,16 @@ def list_signal_for_approver(task, user) -> str:
     return "" if access_in_force(user).sees_all_tasks else list_signal(task, user)
 
 
-def detail_sections(task, user) -> str:
+def detail_status(task, user) -> str:
     if not permissions.may_see_task(user, task):  # the consumer checked already; a page never relies on that alone
         return ""
-    return render_to_string(f"{DETAIL_TEMPLATE}#live-sections", {**detail_context(task, user), "oob": True})
+    return render_to_string(f"{DETAIL_TEMPLATE}#live-status", {**status_context(task, user), "oob": True})
+
+
+def detail_sections(task, user) -> str:
+    if not permissions.may_see_task(user, task):
+        return ""
+    return render_to_string(f"{DETAIL_TEMPLATE}#live-details", {**details_context(task, user), "oob": True})
 
 
 def register() -> None:
@@ -51,4 +59,5 @@ def register() -> None:
     # The signal and its row name nothing of the user: one rendering per change serves a whole audience.
     register_task_fragment(FragmentKind.TASKS, list_signal, sharing=Sharing.AUDIENCE)
     register_task_fragment(FragmentKind.INBOX, list_signal_for_approver, sharing=Sharing.AUDIENCE)
+    register_task_fragment(FragmentKind.TASK_STATUS, detail_status)
     register_task_fragment(FragmentKind.TASK, detail_sections)

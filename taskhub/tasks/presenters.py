@@ -363,18 +363,12 @@ def cancel_state(task: Task) -> str:
 
 def detail_context(task: Task, user) -> dict:
     """Everything the detail page and its live fragments show; the live renderers call this too."""
-    entries, earlier = timeline(task)
-    requests = task.input_requests.select_related("answered_by").order_by("created_at", "pk")
-    requests = list(requests) if may_have_input_requests(task) else []  # none: a query less (the live socket's read)
-    for input_request in requests:
-        input_request.task = task
-    here = reverse("tasks:detail", args=[task.pk])
-    open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
-    # The page shows every request, answered ones with who answered and when; live, the cards closed lately
-    # replace their open version wherever a page still shows it (the newest few suffice).
-    open_ids = {ir.pk for ir in open_requests}
-    closed = [ir for ir in requests if ir.pk not in open_ids][-CLOSED_CARDS_SENT:]
-    shown = requests[-REQUEST_CARDS_SHOWN:]
+    return {**status_context(task, user), **details_context(task, user)}
+
+
+def status_context(task: Task, user) -> dict:
+    """What the detail page's header and status message show: the task as it stands and what the user may do about
+    it, without a query of its own (the live socket sends these first: taskhub/live/task_fragments.py)."""
     return {
         "task": task,
         "may_cancel": permissions.may_cancel(user, task),
@@ -396,6 +390,25 @@ def detail_context(task: Task, user) -> dict:
         "polling_paused": (
             task.remote_task_id is not None and task.status in LIVE_STATUSES and not task.server.enabled
         ),
+    }
+
+
+def details_context(task: Task, user) -> dict:
+    """What the detail page shows below the status: input requests, result, facts, timeline."""
+    entries, earlier = timeline(task)
+    requests = task.input_requests.select_related("answered_by").order_by("created_at", "pk")
+    requests = list(requests) if may_have_input_requests(task) else []  # none: a query less (the live socket's read)
+    for input_request in requests:
+        input_request.task = task
+    here = reverse("tasks:detail", args=[task.pk])
+    open_requests = [ir for ir in requests if ir.state == InputRequestState.OPEN and not task.is_terminal]
+    # The page shows every request, answered ones with who answered and when; live, the cards closed lately
+    # replace their open version wherever a page still shows it (the newest few suffice).
+    open_ids = {ir.pk for ir in open_requests}
+    closed = [ir for ir in requests if ir.pk not in open_ids][-CLOSED_CARDS_SENT:]
+    shown = requests[-REQUEST_CARDS_SHOWN:]
+    return {
+        "task": task,
         "open_requests": open_requests,
         "request_cards": number_siblings([card_for(ir, user, next_url=here) for ir in shown]),
         "closed_cards": [card_for(ir, user, next_url=here) for ir in closed],
