@@ -9,12 +9,14 @@ from django.contrib.sessions.backends import db
 from django.db import connections, router
 from django.utils import timezone
 
+from taskhub.database.prepared import prepared_cursor
+
 
 class SessionStore(db.SessionStore):
     def _get_session_from_db(self):
         """What Django's store reads (the row of this key, unexpired; the key forgotten when there is none)."""
         model = self.model
-        with connections[router.db_for_read(model)].cursor() as cursor:
+        with prepared_cursor(connections[router.db_for_read(model)]) as cursor:
             cursor.execute(_SESSION_SQL.format(table=model._meta.db_table), [self.session_key, timezone.now()])
             row = cursor.fetchone()
         if row is None:

@@ -6,13 +6,14 @@ import secrets
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from taskhub.accounts.groups import ROLE_GROUPS
 from taskhub.accounts.permissions import role_group_names_sql, roles_from
 from taskhub.api.models import ApiToken
 from taskhub.audit.services import record_event
+from taskhub.database.prepared import prepared_cursor
 from taskhub.live import publish
 from taskhub.tasks import raw_rows
 
@@ -73,7 +74,7 @@ def active_token(secret: str) -> ApiToken | None:
     inactive). The token, not only its user, is what the services record as the agent of what it does."""
     if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
         return None
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_token_with_user_and_roles_sql(), [list(ROLE_GROUPS), key_hash_of(secret)])
         row = cursor.fetchone()
     now = timezone.now()

@@ -33,10 +33,10 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.utils import timezone, translation
 
 from taskhub.accounts.language import language_of_socket
+from taskhub.database.prepared import prepared_cursor
 from taskhub.live import publish
 from taskhub.live.access import (
     ACCESS_MAX_AGE_SECONDS,
@@ -379,7 +379,7 @@ def _task_or_none(task_id) -> Task | None:
         task_id = uuid.UUID(str(task_id))
     except ValueError:
         return None
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(_task_with_relations_sql(), [task_id])
         row = cursor.fetchone()
     if row is None:
