@@ -8,7 +8,9 @@ import uuid
 import pytest
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
+from procrastinate.contrib.django.utils import connector_params as procrastinate_connector_params
 
+from taskhub.database.params import database_params
 from taskhub.database.prepared import prepared_cursor
 from taskhub.tasks.models import Task
 from tests.task_page_fixtures import alpha, durable, olga  # noqa: F401
@@ -70,3 +72,12 @@ def test_its_statements_pass_through_djangos_wrappers_and_errors(alpha, olga):  
     assert seen == [READ] and '"tasks_task" WHERE id' in queries.captured_queries[-1]["sql"]
     with pytest.raises(DatabaseError), prepared_cursor() as cursor:
         cursor.execute('SELECT no_such_column FROM "tasks_task" WHERE id = %s', [task.pk])
+
+
+def test_only_djangos_own_connection_prepares_the_connections_beside_it_do_not():
+    # The tracker's, the heartbeat's and procrastinate's connections are opened from Django's parameters, and bind
+    # on the server: with a threshold in those parameters they would prepare every statement they run.
+    connection.ensure_connection()
+    assert connection.connection.prepare_threshold == 0
+    assert database_params().get("prepare_threshold") is None
+    assert procrastinate_connector_params().get("prepare_threshold") is None

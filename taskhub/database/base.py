@@ -24,16 +24,17 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return True
         return super().is_usable()
 
-    def get_connection_params(self):
-        params = super().get_connection_params()
-        # Django passes None (nothing prepared) unless OPTIONS say otherwise; with server_side_binding every cursor
-        # binds on the server, and psycopg's own default then applies to all of them.
-        if (
-            params.get("prepare_threshold") is None
-            and self.settings_dict["OPTIONS"].get("server_side_binding") is not True
-        ):
-            params["prepare_threshold"] = PREPARE_THRESHOLD
-        return params
+    def get_new_connection(self, conn_params):
+        connection = super().get_new_connection(conn_params)
+        # Django connects with None (nothing prepared) unless OPTIONS say otherwise. Set on Django's connection alone:
+        # the connections opened beside it from its parameters (params.database_params, procrastinate's) keep None.
+        if connection.prepare_threshold is None and not self._binds_on_server():
+            connection.prepare_threshold = PREPARE_THRESHOLD
+        return connection
+
+    def _binds_on_server(self) -> bool:
+        # With OPTIONS' server_side_binding every cursor binds on the server, and OPTIONS' prepare_threshold holds.
+        return self.settings_dict["OPTIONS"].get("server_side_binding") is True
 
     @async_unsafe
     def prepared_cursor(self):
