@@ -8,7 +8,6 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.db import connections
 
-from taskhub.database import pooled
 from taskhub.live.threads import close_live_connections
 
 
@@ -34,4 +33,3 @@ async def fresh_layer():
     await layer.flush()
     await database_sync_to_async(connections.close_all)()  # the sync_to_async thread's
     await sync_to_async(close_live_connections)()  # and the live pool's threads'
-    await pooled.close_loop_pool()  # and the event loop's (the watched task's read: taskhub.live.consumer)

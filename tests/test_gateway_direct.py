@@ -19,7 +19,6 @@ from prometheus_client import REGISTRY
 from taskhub.accounts.groups import OPERATORS
 from taskhub.api.models import ApiToken
 from taskhub.api.tokens import create_token, revoke_token
-from taskhub.database import pooled
 from taskhub.gateway import direct
 from taskhub.mcp.client import TaskCreated, ToolCompleted
 from taskhub.servers.models import Server
@@ -321,7 +320,7 @@ async def test_a_plain_tasks_get_is_answered_directly_and_exactly_as_djangos_pat
         served = await send(as_served, *request(agent, tasks["working"]))
         assert comparable(served) == comparable(expected) and answered[-1] is True
     finally:
-        await pooled.close_loop_pool()
+        await direct.close_pools()
         for app in (django_alone, as_served):
             await asyncio.to_thread(app.close_connections)
         await sync_to_async(connections.close_all)()
@@ -355,7 +354,7 @@ async def test_over_https_behind_a_proxy_the_direct_answer_has_djangos_security_
             if status == 200:
                 assert (b"strict-transport-security", b"max-age=3600; includeSubDomains") in comparable(served)[2]
     finally:
-        await pooled.close_loop_pool()
+        await direct.close_pools()
         for app in (django_alone, as_served):
             await asyncio.to_thread(app.close_connections)
         await sync_to_async(connections.close_all)()

@@ -9,7 +9,6 @@ from django.contrib.auth.models import Group
 from django.db import connections
 from django.test import Client
 
-from taskhub.database import pooled
 from taskhub.live.threads import close_live_connections
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +41,6 @@ async def connect(application, django_user_model):
         await communicator.disconnect()
     await database_sync_to_async(connections.close_all)()
     await sync_to_async(close_live_connections)()  # the live threads' connections would keep the test db
-    await pooled.close_loop_pool()  # and the event loop's (a watched task's read)
 
 
 async def test_the_pages_own_origin_is_accepted(connect):

@@ -19,7 +19,6 @@ from django.utils import timezone
 from taskhub.accounts import permissions
 from taskhub.accounts.groups import ADMINS, APPROVERS, OPERATORS
 from taskhub.audit.models import AuditEvent
-from taskhub.database import pooled
 from taskhub.live import task_fragments
 from taskhub.live.access import access_for
 from taskhub.live.threads import close_live_connections
@@ -767,7 +766,6 @@ async def test_the_real_socket_carries_the_list_signal_and_the_detail_sections(a
         await layer.flush()
         await database_sync_to_async(connections.close_all)()
         await sync_to_async(close_live_connections)()  # and the live pool's threads'
-        await pooled.close_loop_pool()  # and the event loop's (the watched task's read)
 
 
 def test_a_live_change_of_a_task_that_asked_and_logged_nothing_asks_only_for_its_events(

@@ -18,6 +18,7 @@ every kind of request both ways and compares).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 import json
@@ -27,20 +28,22 @@ import uuid
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import psycopg
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.signals import setting_changed
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.dispatch import receiver
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 from django.utils.csp import CSP, build_policy
-from psycopg_pool import PoolTimeout
+from procrastinate.contrib.django.utils import connector_params
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from taskhub.api.tokens import LAST_USED_RESOLUTION, TOKEN_PREFIX, key_hash_of
-from taskhub.database import pooled
+from taskhub.database import liveness, pooled
 from taskhub.gateway import views, wire_tasks
 from taskhub.gateway.protocol import MAX_BODY_BYTES, RpcError, check_headers, check_meta, parse_call, result_message
 from taskhub.observability import metrics
@@ -52,6 +55,8 @@ from taskhub.web.request_threads import ANSWERED_AT_ONCE_URLCONF
 logger = logging.getLogger(__name__)
 
 METHOD = b"tasks/get"
+# How long a poll waits for one of the pool's connections before Django's path answers it instead.
+POOL_WAIT_SECONDS = 1.0
 # Statuses whose answer reads more than the task's row: the open requests, the tool's approval policy.
 NEEDS_MORE_THAN_THE_ROW = frozenset({TaskStatus.LAUNCHING, TaskStatus.INPUT_REQUIRED})
 
@@ -110,8 +115,7 @@ async def answer_tasks_get(scope, body: bytes) -> DirectAnswer | None:
         if asked is None:
             return None
         try:
-            metrics.database_statement()
-            row = await pooled.fetch_one_prepared(STATEMENTS[asked.aggregate], asked.params)
+            row = await _fetch_one(STATEMENTS[asked.aggregate], asked.params)
         except (DatabaseError, PoolTimeout):
             return None  # Django's path meets the same trouble and answers it as it does
         answer = _answer(asked, row)
@@ -196,9 +200,7 @@ def _answer(asked: PlainGet, row) -> DirectAnswer | None:
         return None
     if last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION:
         return None  # Django's path stamps it
-    (task,) = raw_rows.instances(
-        task_columns, (Task,), using=pooled.django_side(), only=wire_tasks.DETAILED_TASK_FIELDS
-    )
+    (task,) = raw_rows.instances(task_columns, (Task,), using=_django_side(), only=wire_tasks.DETAILED_TASK_FIELDS)
     if task.status in NEEDS_MORE_THAN_THE_ROW:
         return None
     message = result_message(asked.call_id, wire_tasks.detailed_task(task))
@@ -207,8 +209,69 @@ def _answer(asked: PlainGet, row) -> DirectAnswer | None:
     return DirectAnswer(200, headers, body)
 
 
-# Its sessions' application_name in pg_stat_activity: the event loop's pool (taskhub.database.pooled).
-POOL_NAME = pooled.LOOP_POOL_NAME
+# Connections of the direct reads, per process (per event loop): few, as a poll holds one only for its statement.
+POOL_SIZE = 2
+POOL_NAME = "taskhub-gateway-direct"  # its connections' application_name in pg_stat_activity
+PREPARE_THRESHOLD = 5  # psycopg's default; the direct statement asks to be prepared at once (prepare=True)
+_pools: dict[asyncio.AbstractEventLoop, asyncio.Future] = {}
+
+
+@functools.cache
+def _django_side():
+    """A DatabaseWrapper of the default database kept for the process, never connected: the converters, the time
+    zone and the error wrapping of the direct reads. Django's own `connection` is one per asyncio context: under
+    daphne a new wrapper (and its introspection, features, operations) for every request that touches it."""
+    return connections.create_connection(DEFAULT_DB_ALIAS)
+
+
+async def _fetch_one(statement: str, params: tuple):
+    """The statement's one row, prepared on the server (once per connection: Django binds on the client, and Postgres
+    would parse and plan the four joins on every poll). Errors are Django's, as the ORM raises them."""
+    pool = await _pool()
+    metrics.database_statement()
+    with _django_side().wrap_database_errors:
+        async with pool.connection() as connection:
+            cursor = await connection.execute(statement, params, prepare=True)
+            return await cursor.fetchone()
+
+
+async def _pool() -> AsyncConnectionPool:
+    loop = asyncio.get_running_loop()
+    opened = _pools.get(loop)
+    if opened is None:
+        opened = _pools[loop] = loop.create_future()
+        pool = AsyncConnectionPool(
+            # Django turns psycopg's prepared statements off (prepare_threshold None); this one statement is prepared.
+            kwargs={**connector_params(), "prepare_threshold": PREPARE_THRESHOLD, "application_name": POOL_NAME},
+            min_size=1,
+            max_size=POOL_SIZE,
+            timeout=POOL_WAIT_SECONDS,
+            open=False,
+            check=liveness.check_pooled,
+            configure=_read_as_django_does,
+            name=POOL_NAME,
+        )
+        try:
+            await pool.open()
+        except BaseException as error:
+            del _pools[loop]
+            opened.set_exception(error)
+            opened.exception()  # retrieved: it is raised here, and to each poll that awaited the opening
+            raise
+        opened.set_result(pool)
+    return await asyncio.shield(opened)
+
+
+async def close_pools() -> None:
+    """Close this event loop's pool (tests: its connections keep the test database from being dropped)."""
+    opened = _pools.pop(asyncio.get_running_loop(), None)
+    if opened is not None and opened.done() and opened.exception() is None:
+        await opened.result().close()
+
+
+async def _read_as_django_does(connection: psycopg.AsyncConnection) -> None:
+    await connection.set_autocommit(True)
+    pooled.read_as_django_does(connection, timezone=_django_side().timezone)
 
 
 @functools.cache

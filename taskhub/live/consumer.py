@@ -9,8 +9,7 @@ it is rendered in parts, one per kind of interest and sharing; a part of Sharing
 per access (the same bytes for every socket whose user may see the same, whatever else each socket asks
 for), one of Sharing.USER once per user. The message says the task's server, so a socket knows its parts
 without reading the task; the parts it lacks are rendered in one trip to a live thread, which reads the
-task there (once per change). A watched task's status is the exception: read and rendered on the event loop, first,
-while the process's other renderings of the change wait for it.
+task there (once per change).
 
 Each socket's parts are rendered in its reader's language (the one chosen in the session, else the browser's, read
 when the socket connects): the language is part of every sharing key, so an audience is one per language too.
@@ -34,12 +33,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError
 from django.utils import timezone, translation
-from psycopg_pool import PoolTimeout
 
 from taskhub.accounts.language import language_of_socket
-from taskhub.database import pooled
 from taskhub.database.prepared import prepared_cursor
 from taskhub.live import publish
 from taskhub.live.access import (
@@ -64,7 +60,7 @@ from taskhub.live.groups import ACCESS_GROUP, TASKS_GROUP, inbox_group, task_gro
 from taskhub.live.hub import hub_for
 from taskhub.live.sharing import shared, shared_all
 from taskhub.live.threads import on_live_thread
-from taskhub.observability import metrics, tracing
+from taskhub.observability import tracing
 from taskhub.servers.models import Server
 from taskhub.tasks import raw_rows
 from taskhub.tasks.models import Task, TaskPoll, has_input_requests_sql
@@ -285,7 +281,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         task = None
         if not isinstance(server_id, int):
             # A message that does not say the task's server: the task is read first (once for all sockets).
-            task = await shared(("task", message_id), lambda: _read_task_on_loop(task_id))
+            task = await shared(("task", message_id), lambda: on_live_thread(_task_or_none)(task_id))
             server_id = task.server_id if task is not None else None
         access = self.access
         kinds = []
@@ -302,14 +298,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
         async def render(missing: list) -> dict:
             parts = [(key[3], key[4]) for key in missing]
-            await _statuses_sent(message_id)
-            # One trip to a live thread: the task read there (once per change, unless read here) and the parts rendered.
+            # One trip to a live thread: the task read there (once per change) and the parts rendered.
             htmls = await on_live_thread(_render_change)(task_id, message_id, task, parts, user, access, language)
             return dict(zip(missing, htmls, strict=True))
-
-        async def render_here(missing: list) -> dict:
-            parts = [(key[3], key[4]) for key in missing]
-            return dict(zip(missing, _render_parts(task, parts, user, access, language=language), strict=True))
 
         # One part per kind and sharing, so a part is rendered once per change for its audience (or user), whatever
         # else the socket asks: the list page's and the detail page's sockets share the list signal and the nav.
@@ -319,35 +310,21 @@ class LiveConsumer(AsyncWebsocketConsumer):
         parts = _parts_of_change(kinds)
         batches = [[part for part in parts if part[0] == kind] for kind in WATCHED_KINDS]
         batches.append([part for part in parts if part[0] not in WATCHED_KINDS])
-        status = _StatusPending(message_id) if batches[0] else None
-        try:
-            if status is not None and task is None:
-                # The status is read and rendered here, on the event loop, while the process's other renderings of
-                # the change wait for it (_statuses_sent): two trips to a live thread and back, each behind whatever
-                # else the process ran, and the list's rendering beside it were most of the milliseconds from the
-                # change reaching this process to its frame going out, where the rendering itself takes half a
-                # millisecond (bench/freshness.py). It reads nothing but the task (tests/test_live_status_frame.py).
-                task = await shared(("task", message_id), lambda: _read_task_on_loop(task_id))
-            for index, batch in enumerate(batches):
-                keys = [
-                    (
-                        "change",
-                        message_id,
-                        access,
-                        kind,
-                        sharing,
-                        self.user_id if sharing == Sharing.USER else None,
-                        language,
-                    )
-                    for kind, sharing in batch
-                ]
-                if keys:
-                    yield "".join(await shared_all(keys, render_here if index == 0 and task is not None else render))
-                if index == 0 and status is not None:
-                    status.sent()  # its frame has gone out: the socket asks for the next one only then
-        finally:
-            if status is not None:
-                status.sent()
+        for batch in batches:
+            keys = [
+                (
+                    "change",
+                    message_id,
+                    access,
+                    kind,
+                    sharing,
+                    self.user_id if sharing == Sharing.USER else None,
+                    language,
+                )
+                for kind, sharing in batch
+            ]
+            if keys:
+                yield "".join(await shared_all(keys, render))
 
     # --- watching one task --------------------------------------------------------------------------------
 
@@ -389,47 +366,6 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return task.server_id, "".join(render_task_fragments(WATCHED_KINDS, task, user))
 
 
-# --- the watched status first ---------------------------------------------------------------------------
-#
-# A change's statuses being rendered for the sockets watching its task, per event loop and message id: the process's
-# other renderings of that change wait until they are sent (at most STATUS_FIRST_SECONDS), so the live thread does
-# not render the list's row and the nav counts beside them, each slowing the other.
-STATUS_FIRST_SECONDS = 0.05
-_pending_statuses: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list]] = weakref.WeakKeyDictionary()
-
-
-class _StatusPending:
-    """One socket's status of a change, pending until `sent()` (idempotent)."""
-
-    def __init__(self, message_id: str) -> None:
-        self.message_id = message_id
-        self.pending = _pending_statuses.setdefault(asyncio.get_running_loop(), {})
-        entry = self.pending.get(message_id)
-        if entry is None:
-            entry = self.pending[message_id] = [0, asyncio.Event()]
-        entry[0] += 1
-        self.done = False
-
-    def sent(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        entry = self.pending.get(self.message_id)
-        if entry is None:
-            return
-        entry[0] -= 1
-        if entry[0] == 0:
-            entry[1].set()
-            del self.pending[self.message_id]
-
-
-async def _statuses_sent(message_id: str) -> None:
-    entry = _pending_statuses.get(asyncio.get_running_loop(), {}).get(message_id)
-    if entry is not None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(entry[1].wait(), STATUS_FIRST_SECONDS)
-
-
 # --- rendering (sync, on a live thread) -----------------------------------------------------------
 
 
@@ -446,29 +382,11 @@ def _task_or_none(task_id) -> Task | None:
     with prepared_cursor() as cursor:
         cursor.execute(_task_with_relations_sql(), [task_id])
         row = cursor.fetchone()
-    return None if row is None else _task_of_row(row)
-
-
-async def _read_task_on_loop(task_id) -> Task | None:
-    """_task_or_none's task, read on the event loop from its own pool (taskhub.database.pooled), without a thread;
-    on a live thread when that pool cannot (no connection in time, a database error): Django's connection there meets
-    the same trouble and raises it as it does."""
-    try:
-        task_uuid = uuid.UUID(str(task_id))
-    except ValueError:
+    if row is None:
         return None
-    try:
-        metrics.database_statement()
-        row = await pooled.fetch_one_prepared(_task_with_relations_sql(), [task_uuid])
-    except (DatabaseError, PoolTimeout):
-        return await on_live_thread(_task_or_none)(task_uuid)
-    return None if row is None else _task_of_row(row, using=pooled.django_side())
-
-
-def _task_of_row(row, *, using=None) -> Task:
     user_model = get_user_model()
     task, server, launched_by, cancel_requested_by, poll = raw_rows.instances(
-        row[:-1], (Task, Server, user_model, user_model, TaskPoll), using=using
+        row[:-1], (Task, Server, user_model, user_model, TaskPoll)
     )
     task.asks = row[-1]  # whether it has input requests, as services' locked reads say (none: the page asks for none)
     raw_rows.relate(task, "server", server)
