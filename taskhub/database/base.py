@@ -3,7 +3,6 @@ cursors whose statements Postgres keeps prepared (prepared_cursor).
 
 settings.DATABASES names it for a DATABASE_URL of PostgreSQL; the embedded server's backend builds on it."""
 
-import psycopg
 from django.db.backends.postgresql import base
 from django.utils.asyncio import async_unsafe
 
@@ -54,8 +53,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def create_cursor(self, name=None):
         if name or not self._binding_on_server:
             return super().create_cursor(name)
-        # Django's own making of the cursor (its time zone), with psycopg's cursor that binds on the server.
-        factory, self.connection.cursor_factory = self.connection.cursor_factory, psycopg.Cursor
+        # Django's own making of the cursor (its time zone), with the cursor class Django itself uses when OPTIONS ask
+        # for server_side_binding.
+        factory, self.connection.cursor_factory = self.connection.cursor_factory, base.ServerBindingCursor
         try:
             return super().create_cursor(name)
         finally:
