@@ -628,7 +628,7 @@ def test_a_change_goes_to_the_inbox_only_for_a_task_that_asks_and_a_caller_that_
 ):
     sent = []
     monkeypatch.setattr(publish, "_send_to_groups", lambda groups, message: sent.append((groups, message["server_id"])))
-    everyone = [TASKS_GROUP, task_group(live_task.pk)]
+    everyone = [task_group(live_task.pk), TASKS_GROUP]  # the task's own group first: sent in this order
     publish.publish_task_changed(live_task.pk)  # no input request yet: not the inbox's business
     assert sent[-1] == (everyone, live_task.server_id)
     services.apply_snapshot(task=live_task, snapshot=snapshot("input_required", inputRequests={"ok": APPROVAL_REQUEST}))
@@ -640,6 +640,31 @@ def test_a_change_goes_to_the_inbox_only_for_a_task_that_asks_and_a_caller_that_
         publish.publish_task_changed(live_task.pk, server_id=live_task.server_id, asks=True)
     assert not asked.captured_queries
     assert sent[-1] == asking
+
+
+class SendsRecorded(InMemoryChannelLayer):
+    """An in-memory layer that records when each group_send begins and ends (a send yields to the loop between)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sends = []
+
+    async def group_send(self, group, message):
+        self.sends.append(("begins", group))
+        await asyncio.sleep(0)
+        await super().group_send(group, message)
+        self.sends.append(("ends", group))
+
+
+def test_a_change_goes_to_the_tasks_own_group_first_and_to_each_group_after_the_one_before(live_task, monkeypatch):
+    """The pages that show the task and the gateway's waits are in its own group, and a process's hub hands them the
+    change with its first copy: that copy is sent first, and alone (sent at once, the copies' round trips to Redis
+    interleaved and each came later: bench/publish.py)."""
+    layer = SendsRecorded()
+    monkeypatch.setattr(publish, "get_channel_layer", lambda: layer)
+    publish.publish_task_changed(live_task.pk, server_id=live_task.server_id, asks=True)
+    groups = [task_group(live_task.pk), TASKS_GROUP, inbox_group(live_task.server_id)]
+    assert layer.sends == [(step, group) for group in groups for step in ("begins", "ends")]
 
 
 # --- publishing never breaks a service ---------------------------------------------------------------

@@ -206,8 +206,9 @@ def audience_of_task(task_id: uuid.UUID) -> tuple[list[str], int | None]:
 
 
 def _audience(task_id: uuid.UUID, *, server_id: int | None, asks: bool) -> list[str]:
-    # The inbox's sockets hear only of tasks that have asked something.
-    return [TASKS_GROUP, task_group(task_id), *([inbox_group(server_id)] if asks and server_id is not None else [])]
+    # The task's own group first (_send_to_groups sends them in this order). The inbox's sockets hear only of tasks
+    # that have asked something.
+    return [task_group(task_id), TASKS_GROUP, *([inbox_group(server_id)] if asks and server_id is not None else [])]
 
 
 def _send_to_groups(groups: list[str], message: dict) -> None:
@@ -217,9 +218,13 @@ def _send_to_groups(groups: list[str], message: dict) -> None:
 
     async def send_all() -> None:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-            # At once, not one group after the other: the detail page's group is not second in line.
-            # Each names its group: a process's hub (hub.py) hands it to that group's sockets.
-            await asyncio.gather(*(layer.group_send(group, {**message, "group": group}) for group in groups))
+            # One after the other, in the order given: a task's change goes to its own group first (_audience). The
+            # pages that show the task and the gateway's waits are in it, and a hub hands them the change with its
+            # first copy. Sent at once, the copies' round trips to Redis interleaved and every copy came later, the
+            # last one too (bench/publish.py). Each copy names its group: a process's hub (hub.py) hands it to that
+            # group's sockets.
+            for group in groups:
+                await layer.group_send(group, {**message, "group": group})
 
     loop = _consumer_loop
     if not (isinstance(layer, InMemoryChannelLayer) and loop is not None and loop.is_running()):
