@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from taskhub.audit.models import AuditEvent
@@ -16,6 +18,7 @@ from taskhub.gateway.waiting import close_gateway_connections
 from taskhub.servers.models import Server
 from taskhub.servers.services import create_server
 from taskhub.tasks import services
+from taskhub.tasks.errors import InvalidTransition
 from taskhub.tasks.models import Task, TaskPoll, TaskStatus
 from taskhub.tasks.services.launching import GATEWAY_FALLBACK_MARGIN_SECONDS
 from taskhub.worker import jobs
@@ -65,6 +68,24 @@ def test_the_launch_is_marked_sent_by_the_gateway_and_its_fallback_waits_past_th
     assert (job.status, job.lock, job.args) == ("todo", f"launch:{task.id}", {"task_id": str(task.id)})
     waits = datetime.timedelta(seconds=120 + GATEWAY_FALLBACK_MARGIN_SECONDS)
     assert job.scheduled_at >= before + waits
+
+
+def test_the_gateways_launch_checks_the_server_it_read_for_the_call_without_reading_it_again(server, operator):
+    """Its endpoint read the server a moment before (Endpoint.resolve): a statement less for every call. launch()
+    reads a caller's copy again (test_launch_refuses_a_disabled_server); the gateway's is checked as it was read."""
+    server = with_tools(server, "quick")
+    with CaptureQueriesContext(connection) as statements:
+        services.launch_sent_by_gateway(
+            server=server, tool="quick", arguments={"text": "read once"}, user=operator, answer_within=120
+        )
+    assert not [statement for statement in statements if 'FROM "servers_server"' in statement["sql"]]
+
+    server.enabled = False  # as read: the launch is refused, and nothing is written
+    with pytest.raises(InvalidTransition, match="disabled"):
+        services.launch_sent_by_gateway(
+            server=server, tool="quick", arguments={"text": "refused"}, user=operator, answer_within=120
+        )
+    assert not Task.objects.filter(arguments={"text": "refused"}).exists()
 
 
 def test_should_the_gateway_stop_before_recording_the_fallback_makes_the_outcome_unknown_and_never_resends(
