@@ -314,7 +314,7 @@ def main() -> None:
                     results[f"taskhub {mode}, detail page"] = {"latency": detail_ms, "missing": missing}
                     results[f"taskhub {mode}, list page"] = {"latency": list_ms, "missing": missing}
                     say(
-                        f"taskhub {mode}: detail p50 {spread(detail_ms)['p50']:.0f} ms, list p50 "
+                        f"taskhub {mode}: detail p50 {spread(detail_ms)['p50']:.1f} ms, list p50 "
                         f"{spread(list_ms)['p50']:.0f} ms, missing {missing}"
                     )
         polls = polled.polls()
@@ -367,7 +367,7 @@ def main() -> None:
             met = figures["p50"] <= goals[mode] and not result.get("missing")
             goal = f"≤ {goals[mode]:.0f} ms: {'yes' if met else '**no**'}"
         lines.append(
-            f"| {name} | {figures['n']} | {figures['p50']:.0f} | {figures['p95']:.0f} | {figures['max']:.0f} | "
+            f"| {name} | {figures['n']} | {figures['p50']:.1f} | {figures['p95']:.1f} | {figures['max']:.1f} | "
             f"{result.get('missing', 0)} | {ratio} | {goal} |"
         )
     lines += [
@@ -380,7 +380,7 @@ def main() -> None:
     for mode, spans in breakdown.items():
         for name, values in spans.items():
             figures = spread(values)
-            lines.append(f"| {mode} | {name} | {figures['p50']:.0f} | {figures['p95']:.0f} |")
+            lines.append(f"| {mode} | {name} | {figures['p50']:.1f} | {figures['p95']:.1f} |")
     lines.append("")
     text = "\n".join(lines)
     print(text)
