@@ -23,6 +23,9 @@ from django.urls import reverse
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from taskhub.accounts.groups import APPROVERS, OPERATORS
+from taskhub.gateway import sending
+from taskhub.gateway.sending import Sender
+from taskhub.gateway.waiting import close_gateway_connections
 from taskhub.mcp.schema_fields import ELICITATION
 from taskhub.observability import tracing
 from taskhub.servers.services import create_server
@@ -122,6 +125,38 @@ def test_an_answer_is_one_trace_from_the_approvers_submit_to_the_servers_tasks_u
     # Ids and names only: the answer is in no span.
     everything = json.dumps([dict(span.attributes) for span in spans.get_finished_spans()])
     assert "ok!" not in everything and "ship" not in everything
+
+
+def test_an_answer_the_web_process_sends_itself_is_one_trace_from_the_submit_to_the_servers_tasks_update(
+    spans, server, recorder, monkeypatch
+):
+    """Most answers are sent by the web process on its kept client (sending.answer_and_send), on the sender's loop,
+    which does not run in the context of the request that hands it the answer: the context rides on the answer."""
+    sender = Sender()
+    monkeypatch.setattr(sending, "SENDER", sender)
+    try:
+        task = approval_waiting(server, make_user("olga", OPERATORS))
+        approve = InputRequest.objects.get(task=task, key="approve")
+        assert not sender.may_send_answer(server)  # the first look connects the client
+        wait_until(lambda: sender.may_send_answer(server), what="the kept client")
+        spans.clear()
+        approver = Client()
+        approver.force_login(make_user("abe", APPROVERS, "deployers"))
+        fields = {"action": "accept", f"{ELICITATION.html_prefix}approved": "on"}
+        assert approver.post(reverse("tasks:answer", args=[approve.pk]), fields).status_code in (200, 302)
+        wait_until(lambda: named(spans, "taskhub.answer.send"), what="the web process's send")
+    finally:
+        sender.close()
+        close_gateway_connections()
+    assert InputRequest.objects.get(pk=approve.pk).state == InputRequestState.DELIVERED
+    assert jobs_of("taskhub.deliver_answer") == []
+
+    [submit] = named(spans, "taskhub.answer.submit")
+    [send] = named(spans, "taskhub.answer.send")
+    [update] = named(spans, "MCP send tasks/update")
+    assert submit.parent is None and child_of(send, submit) and child_of(update, send)
+    assert tasks_update_to(recorder, task)["_meta"]["traceparent"] == traceparent_of(update)
+    assert send.attributes.items() >= {"taskhub.task.id": str(task.id), "taskhub.input_request.id": approve.pk}.items()
 
 
 async def test_a_change_seen_by_a_poll_is_one_trace_to_the_push_on_a_live_socket(

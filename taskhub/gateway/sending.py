@@ -49,7 +49,7 @@ from taskhub.gateway.waiting import on_gateway_thread
 from taskhub.mcp import wire
 from taskhub.mcp.client import HttpTarget, TasksClient
 from taskhub.mcp.errors import ProtocolError
-from taskhub.observability import metrics
+from taskhub.observability import metrics, tracing
 from taskhub.servers.models import Server, Transport
 from taskhub.tasks import services
 from taskhub.tasks.errors import InvalidTransition
@@ -243,8 +243,15 @@ class Sender:
             await self._release(kept)
 
     async def _send_answer(self, kept: KeptClient, *, input_request: InputRequest, claimed_at: float) -> None:
+        # The approver's submit goes on in this span (services.answer_input kept its context on the answer): this loop
+        # does not run in the context of the thread that hands it the answer.
+        carried = getattr(input_request, "trace_context", None)
+        described = tracing.answer_attributes(input_request=input_request)
         try:
-            await _deliver_and_record(kept, input_request=input_request, claimed_at=claimed_at, give_up=self._give_up)
+            with tracing.span_continuing("taskhub.answer.send", carried, attributes=described):
+                await _deliver_and_record(
+                    kept, input_request=input_request, claimed_at=claimed_at, give_up=self._give_up
+                )
         except Exception:
             # The claim stands: the sweep hands the answer to the delivery job once the claim is old, and the job asks
             # the server whether it arrived, as after a process that stopped.

@@ -2,9 +2,11 @@
 
 Two traces cross taskhub's processes:
 - an approver's answer: `taskhub.answer.submit` (the service that stores it, in the web process) → the job
-  `taskhub.job taskhub.deliver_answer` (in a worker; the W3C `traceparent` rides in the job's args) → the SDK's
-  `MCP send tasks/update`, whose context goes to the MCP server in the request's `params._meta` (`traceparent`,
-  `tracestate`: SEP-414, done by the `mcp` SDK for every request it sends);
+  `taskhub.job taskhub.deliver_answer` (in a worker; the W3C `traceparent` rides in the job's args), or
+  `taskhub.answer.send` where the web process sends the answer itself on its kept client (the context rides on the
+  answer handed to the sender's loop) → the SDK's `MCP send tasks/update`, whose context goes to the MCP server in
+  the request's `params._meta` (`traceparent`, `tracestate`: SEP-414, done by the `mcp` SDK for every request it
+  sends);
 - a change seen by a poll: `taskhub.tracker.poll` (worker) → `taskhub.live.publish` (after the snapshot's commit;
   the context rides in the channel-layer message) → `taskhub.live.push` (the socket's consumer, in daphne).
 
@@ -28,13 +30,14 @@ installed.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -189,6 +192,18 @@ def _parent(source: Mapping[str, Any] | None) -> Any:
         return None
     context = propagate.extract(values)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+@contextlib.contextmanager
+def span_continuing(name: str, source: Mapping[str, Any] | None, *, attributes: Attributes) -> Iterator[None]:
+    """A span `name` continuing the trace whose context `source` carries (a carrier() taken on another thread or loop;
+    a trace of its own without one), as a job continues its deferral's; nothing while tracing is off."""
+    if _provider is None:
+        yield
+        return
+    parent = _parent(source) or Context()
+    with _tracer.start_as_current_span(name, context=parent, attributes=attributes):
+        yield
 
 
 def bind[**P, R](function: Callable[P, R]) -> Callable[P, R]:

@@ -192,6 +192,7 @@ def _answer(
     if input_request.sent_by_caller:
         input_request.delivery_attempted_at = now
         input_request.delivery_attempted_by = WEB
+        input_request.trace_context = tracing.carrier()  # the caller's send continues this trace, as the job would
     input_request.save(
         update_fields=[
             "state",
