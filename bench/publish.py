@@ -165,7 +165,6 @@ def main() -> None:
             lines.append(f"| {order} | {name} | {figure['p50']:.2f} | {figure['p95']:.2f} | {figure['max']:.2f} |")
     before, after = (spread(figures[order]["own group's copy"])["p50"] for order in ORDERS)
     lines += ["", f"- the own group's copy (what a watching page waits for): p50 {after:.2f} ms against {before:.2f}"]
-    lines.append(f"- load average at end: {load()}")
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_record:
