@@ -243,15 +243,8 @@ class Sender:
             await self._release(kept)
 
     async def _send_answer(self, kept: KeptClient, *, input_request: InputRequest, claimed_at: float) -> None:
-        # The approver's submit goes on in this span (services.answer_input kept its context on the answer): this loop
-        # does not run in the context of the thread that hands it the answer.
-        carried = getattr(input_request, "trace_context", None)
-        described = tracing.answer_attributes(input_request=input_request)
         try:
-            with tracing.span_continuing("taskhub.answer.send", carried, attributes=described):
-                await _deliver_and_record(
-                    kept, input_request=input_request, claimed_at=claimed_at, give_up=self._give_up
-                )
+            await _deliver_and_record(kept, input_request=input_request, claimed_at=claimed_at, give_up=self._give_up)
         except Exception:
             # The claim stands: the sweep hands the answer to the delivery job once the claim is old, and the job asks
             # the server whether it arrived, as after a process that stopped.
@@ -348,6 +341,9 @@ async def _found_gone(kept: KeptClient, give_up: Callable[[KeptClient], None]) -
     return None
 
 
+# The approver's submit goes on in this span: services.answer_input kept its context on the answer, since this loop
+# does not run in the context of the thread that hands it the answer.
+@tracing.traced("taskhub.answer.send", attributes=tracing.answer_attributes, parent=tracing.answer_context)
 async def _deliver_and_record(
     kept: KeptClient, *, input_request: InputRequest, claimed_at: float, give_up: Callable[[KeptClient], None]
 ) -> None:

@@ -30,14 +30,13 @@ installed.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -194,18 +193,6 @@ def _parent(source: Mapping[str, Any] | None) -> Any:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
-@contextlib.contextmanager
-def span_continuing(name: str, source: Mapping[str, Any] | None, *, attributes: Attributes) -> Iterator[None]:
-    """A span `name` continuing the trace whose context `source` carries (a carrier() taken on another thread or loop;
-    a trace of its own without one), as a job continues its deferral's; nothing while tracing is off."""
-    if _provider is None:
-        yield
-        return
-    parent = _parent(source) or Context()
-    with _tracer.start_as_current_span(name, context=parent, attributes=attributes):
-        yield
-
-
 def bind[**P, R](function: Callable[P, R]) -> Callable[P, R]:
     """`function` to run in the current context on another thread (an executor or a Thread do not carry it)."""
     if _provider is None:
@@ -340,9 +327,15 @@ def task_attributes(task: Any) -> Attributes:
     return attributes
 
 
-def answer_attributes(*, input_request: Any, **_: Any) -> Attributes:
-    """What `services.answer_input` is asked: which input request of which task (never the answer)."""
+def answer_attributes(*_: Any, input_request: Any, **__: Any) -> Attributes:
+    """What `services.answer_input` is asked, or the web process sends: which input request of which task (never the
+    answer)."""
     return {"taskhub.task.id": str(input_request.task_id), "taskhub.input_request.id": input_request.pk}
+
+
+def answer_context(*_: Any, input_request: Any, **__: Any) -> Mapping[str, Any] | None:
+    """The submit's trace context, kept on an answer the web process sends itself (services.answer_input)."""
+    return getattr(input_request, "trace_context", None)
 
 
 def answered(input_request: Any) -> Attributes:
