@@ -121,8 +121,12 @@ def main() -> None:
         for n, task_id in enumerate(task_ids):
             order = ORDERS[n % len(ORDERS)]
             groups = publish._audience(uuid.UUID(task_id), server_id=SERVER_ID, asks=True)
-            message = {"type": publish.TASK_CHANGED, "task_id": task_id, "message_id": uuid.uuid4().hex}
-            message["server_id"] = SERVER_ID
+            message = {
+                "type": publish.TASK_CHANGED,
+                "task_id": task_id,
+                "message_id": uuid.uuid4().hex,
+                "server_id": SERVER_ID,
+            }
             started = time.time()
             if order == "all at once":
                 send_all_at_once(groups, message)
