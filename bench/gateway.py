@@ -13,7 +13,12 @@ request. The two paths alternate `--rounds` times, so load drifts hit both. Then
 demo's `quick` tool (an echo) one at a time on each path, alternating: what the gateway adds to a quick call, as it
 sends the call itself (taskhub/gateway/sending.py; the tasks launched before connected its client) and, on a second
 daphne with TASKHUB_GATEWAY_SENDS_CALLS=0, as the worker sends it; with where the time goes (the launch's audit rows)
-and which process sent each call.
+and which process sent each call. With `--baseline-tree DIR` (below), the gateway of that checkout joins the calls'
+alternation on a daphne of its own, and the two gateways' figures are compared call by call in the same run:
+
+    git worktree add /tmp/taskhub-before HEAD~1
+    uv run python bench/gateway.py --requests 20 --rounds 1 --calls 400 --baseline-tree /tmp/taskhub-before
+
 What differs: the gateway is taskhub on daphne (a plain `tasks/get` answered from one prepared statement joining the
 token, its user and the task, outside Django's handler: taskhub/gateway/direct.py; the wire mapping); the demo server
 is the SDK's Streamable HTTP app on uvicorn with an in-process task store. A third path in the same rounds, "daphne
@@ -145,9 +150,9 @@ async def poll_batch(
 async def measure(
     args,
     gateway_url: str,
-    by_worker_url: str,
     demo_url: str,
     floor_url: str,
+    call_urls: dict[str, str],
     token: str,
     remote_of: dict[str, str],
     pids: dict[str, int],
@@ -179,35 +184,34 @@ async def measure(
                     f"round {round_number} {path}: {rate:,.0f} tasks/get per second, p50 {median:.1f} ms, "
                     f"{results[path]['cpu_ms'][-1]:.2f} ms of its server's CPU per request"
                 )
-        results["calls"] = await quick_calls(session, gateway_url, by_worker_url, demo_url, token, args.calls)
+        results["calls"] = await quick_calls(session, call_urls, token, args.calls)
     return results
 
 
 # The quick calls' paths: the gateway sending the call itself (taskhub/gateway/sending.py), the same gateway on a
-# daphne with TASKHUB_GATEWAY_SENDS_CALLS=0 (the worker sends it, as before), and the demo server called directly.
-CALL_PATHS = ("gateway", "gateway_by_worker", "demo")
+# daphne with TASKHUB_GATEWAY_SENDS_CALLS=0 (the worker sends it, as before), and the demo server called directly;
+# with --baseline-tree, the gateway of that checkout too, on a daphne of its own (gateway_before).
+CALL_PATHS = ("gateway", "gateway_before", "gateway_by_worker", "demo")
 
 
-async def quick_calls(
-    session: aiohttp.ClientSession, gateway_url: str, by_worker_url: str, demo_url: str, token: str, count: int
-) -> dict[str, list[float]]:
-    """`count` `tools/call` of the demo's `quick` tool (an echo, never a task) one at a time on each path, the paths
-    alternating: each one's ms from send to the whole answer read, and for the gateway's paths when it was sent and
+async def quick_calls(session: aiohttp.ClientSession, urls: dict[str, str], token: str, count: int) -> dict:
+    """`count` `tools/call` of the demo's `quick` tool (an echo, never a task) one at a time on each path of `urls`,
+    the paths alternating (this gateway and the one before swap places every call, so neither always follows the
+    other): each one's ms from send to the whole answer read, and for the gateway's paths when it was sent and
     answered (wall clock, for the steps read off the audit rows). The arguments name the path: `<path> <n>`."""
-    latencies: dict[str, list[float]] = {path: [] for path in CALL_PATHS}
-    moments: dict[str, list[tuple[float, float]]] = {path: [] for path in CALL_PATHS}
+    paths = [path for path in CALL_PATHS if path in urls]
+    latencies: dict[str, list[float]] = {path: [] for path in paths}
+    moments: dict[str, list[tuple[float, float]]] = {path: [] for path in paths}
     agent = {"Authorization": f"Bearer {token}"}
     for n in range(count):
-        for path, url, headers in (
-            ("gateway", gateway_url, agent),
-            ("gateway_by_worker", by_worker_url, agent),
-            ("demo", demo_url, {}),
-        ):
+        order = paths if n % 2 == 0 or "gateway_before" not in urls else [paths[1], paths[0], *paths[2:]]
+        for path in order:
             text = f"{path} {n}"
             call = {"name": "quick", "arguments": {"text": text}}
+            headers = {} if path == "demo" else agent
             sent_at, started = time.time(), time.perf_counter()
             async with session.post(
-                url, data=body("tools/call", call, n), headers={**routing("tools/call", "quick"), **headers}
+                urls[path], data=body("tools/call", call, n), headers={**routing("tools/call", "quick"), **headers}
             ) as response:
                 answer = await response.read()
             latencies[path].append(ms(time.perf_counter() - started))
@@ -215,10 +219,7 @@ async def quick_calls(
             if response.status != 200 or f"echo: {text}".encode() not in answer:
                 raise SystemExit(f"tools/call quick through {path} failed ({response.status}): {answer[:300]!r}")
     if count:
-        say(
-            "tools/call quick, p50: "
-            + ", ".join(f"{path} {spread(latencies[path])['p50']:.1f} ms" for path in CALL_PATHS)
-        )
+        say("tools/call quick, p50: " + ", ".join(f"{path} {spread(latencies[path])['p50']:.1f} ms" for path in paths))
     return {**latencies, "moments": moments}
 
 
@@ -264,7 +265,11 @@ def main() -> None:
             web_and_worker(env, f"bench-gateway-{os.getpid()}") as (web, worker),
             running_daphne(**{key: env[key] for key in PROCESS_SETTINGS}, TASKHUB_GATEWAY_SENDS_CALLS="0") as by_worker,
             daphne_alone() as floor,
+            contextlib.ExitStack() as optional,
         ):
+            before = None
+            if args.baseline_tree:
+                before = optional.enter_context(daphne_from(Path(args.baseline_tree), env, label="before"))
             agent = make_user(f"agent-{uuid.uuid4().hex[:6]}", ADMINS)
             server = register_and_discover(demo, agent, name="demo")
             _, token = create_token(user=agent, name="bench")
@@ -277,10 +282,19 @@ def main() -> None:
             with profiled({"daphne": web.process.pid, "worker": worker.pid}, args.profile):
                 pids = {"gateway": web.process.pid, "demo": demo.process.pid, "floor": floor.process.pid}
                 floor_url = f"{floor.url}/mcp/servers/{server.name}"
-                by_worker_url = f"{by_worker.url}/mcp/servers/{server.name}"
-                urls = (gateway_url, by_worker_url, demo.url, floor_url)
-                results = asyncio.run(measure(args, *urls, token, remote_of, pids))
-            results["call_steps"] = {path: call_steps(results["calls"], path) for path in CALL_PATHS[:2]}
+                call_urls = {
+                    "gateway": gateway_url,
+                    "gateway_by_worker": f"{by_worker.url}/mcp/servers/{server.name}",
+                    "demo": demo.url,
+                }
+                if before is not None:
+                    call_urls["gateway_before"] = f"{before.url}/mcp/servers/{server.name}"
+                results = asyncio.run(
+                    measure(args, gateway_url, demo.url, floor_url, call_urls, token, remote_of, pids)
+                )
+            results["call_steps"] = {
+                path: call_steps(results["calls"], path) for path in call_urls if path.startswith("gateway")
+            }
     finally:
         drop(args.database_url)
     report(args, results, load_start)
@@ -378,9 +392,10 @@ def report(args, results: dict, load_start: str) -> None:
         f"gateway / daphne alone: {gateway_rate / floor_rate:.2f}x"
     )
     if args.calls:
-        figures = {path: spread(results["calls"][path]) for path in CALL_PATHS}
+        figures = {path: spread(results["calls"][path]) for path in CALL_PATHS if path in results["calls"]}
         names = {
             "gateway": "gateway, sending the call itself (taskhub/gateway/sending.py)",
+            "gateway_before": f"the same from --baseline-tree {args.baseline_tree} (before)",
             "gateway_by_worker": "gateway with TASKHUB_GATEWAY_SENDS_CALLS=0 (the worker sends it, answer woken)",
             "demo": "demo server directly",
         }
@@ -399,6 +414,12 @@ def report(args, results: dict, load_start: str) -> None:
             f"- the gateway adds {figures['gateway']['p50'] - figures['demo']['p50']:.1f} ms p50 (issue 37 item 1's "
             "goal: <= 10 ms)",
         ]
+        if "gateway_before" in figures:
+            now, then = figures["gateway"], figures["gateway_before"]
+            lines.append(
+                f"- this tree against the one before: p50 {now['p50'] - then['p50']:+.1f} ms, "
+                f"p95 {now['p95'] - then['p95']:+.1f} ms"
+            )
         for path, (steps, senders) in results.get("call_steps", {}).items():
             lines.append(
                 f"- {names[path]}: sent by "

@@ -484,6 +484,78 @@ async def test_under_daphnes_application_a_stream_is_sent_after_its_request_and_
         await sync_to_async(close_gateway_connections)()
 
 
+def test_a_tools_call_checks_its_token_and_launches_in_one_trip_to_the_gateways_pool(world, monkeypatch):
+    """The token's read and the launch share a trip from the request's loop (each had one of its own: a thread hop
+    there and back of every call); a bad token still gets its 401 before anything is recorded."""
+    from taskhub.gateway import waiting
+
+    trips: list[str] = []
+    in_turn = waiting.in_turn
+
+    async def counted(function, *args):
+        trips.append(function.__name__)
+        return await in_turn(function, *args)
+
+    monkeypatch.setattr(waiting, "in_turn", counted)
+    status, body = rpc(world["token"], "tools/call", {"name": "deploy", "arguments": {"target": "x"}})
+    assert status == 200 and body["result"]["resultType"] == "task"
+    assert trips == ["_launch_for_token", "launch_settled", "call_answer"]
+    assert Task.objects.get().launched_via_token == world["token_row"]
+    before = remembered()
+    assert rpc("thk_not-a-token", "tools/call", {"name": "deploy", "arguments": {"target": "x"}})[0] == 401
+    assert remembered() == before
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_agent_that_leaves_while_its_call_is_launched_gets_its_slot_back_once_the_launch_is_done(monkeypatch):
+    """The slot is taken on the gateway's pool with the launch: an agent that hangs up meanwhile (Django cancels the
+    view) must not leave it taken, or its token would be refused at the cap after twenty such calls."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from asgiref.testing import ApplicationCommunicator
+
+    from taskhub.gateway import waiting
+    from taskhub.web.request_threads import KeptRequestThreads, OneTripHandler
+
+    await discovered_alpha()
+    agent = await sync_to_async(make_user)("agent", OPERATORS)
+    _, secret = await sync_to_async(create_token)(user=agent, name="agent")
+    launching, go_on = threading.Event(), threading.Event()
+    call_tool = calls.call_tool
+
+    def held_call_tool(*args):
+        launching.set()
+        go_on.wait(10)
+        return call_tool(*args)
+
+    monkeypatch.setattr(calls, "call_tool", held_call_tool)
+    application = KeptRequestThreads(OneTripHandler())
+    scope = listen_scope(secret)
+    scope["headers"] = [(n, b"tools/call" if n == b"mcp-method" else v) for n, v in scope["headers"]]
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "deploy", "arguments": {"target": "x"}, "_meta": DECLARING},
+    }
+    try:
+        agent_side = ApplicationCommunicator(application, scope)
+        await agent_side.send_input({"type": "http.request", "body": json.dumps(body).encode()})
+        await asyncio.to_thread(launching.wait, 10)
+        assert waiting.open_slots() == 1
+        await agent_side.send_input({"type": "http.disconnect"})
+        await agent_side.wait(10)  # the view cancelled: the application returns while the launch goes on
+        go_on.set()
+        await asyncio.to_thread(wait_until, lambda: waiting.open_slots() == 0, what="the slot given back", timeout=10)
+        assert await Task.objects.filter(launched_by=agent).acount() == 1  # launched all the same
+    finally:
+        go_on.set()
+        await sync_to_async(application.close_connections)()
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_gateway_connections)()
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_change_no_message_told_of_reaches_the_stream_through_the_processs_safety_net(monkeypatch):
     """Channel messages are at-most-once: one look per process (not per stream) finds the change and wakes the
