@@ -55,12 +55,38 @@ def record_event(
 ) -> AuditEvent:
     """`token`: the API token (an agent) the action came through, kept as `data["agent"]`; the actor stays its user,
     so filtering by actor finds what a person did by hand and through their agents alike."""
+    _check_in_transaction()
+    event = _event(action=action, user=user, actor_label=actor_label, task=task, server=server, data=data, token=token)
+    event.save(force_insert=True)
+    return event
+
+
+def record_events(events: list[dict[str, Any]]) -> list[AuditEvent]:
+    """Several rows of one change, each as record_event's keyword arguments, written in one statement (in this order)
+    rather than one each: a round trip to Postgres less per row of every launch the gateway sends itself."""
+    _check_in_transaction()
+    return AuditEvent.objects.bulk_create([_event(**event) for event in events])
+
+
+def _check_in_transaction() -> None:
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("record_event must run inside the transaction of the change it records")
+
+
+def _event(
+    *,
+    action: str,
+    user=None,
+    actor_label: str | None = None,
+    task=None,
+    server=None,
+    data: dict[str, Any] | None = None,
+    token=None,
+) -> AuditEvent:
     check_action(action)
     if token is not None:
         data = {**(data or {}), "agent": agent_facts(token)}
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("record_event must run inside the transaction of the change it records")
-    return AuditEvent.objects.create(
+    return AuditEvent(
         action=action,
         actor=user,
         actor_label=actor_label or actor_label_for(user, SYSTEM),

@@ -79,6 +79,8 @@ def test_the_gateways_launch_checks_the_server_it_read_for_the_call_without_read
             server=server, tool="quick", arguments={"text": "read once"}, user=operator, answer_within=120
         )
     assert not [statement for statement in statements if 'FROM "servers_server"' in statement["sql"]]
+    # Its two audit rows, the launch and its round marked sent, in one statement.
+    assert len([statement for statement in statements if 'INSERT INTO "audit_auditevent"' in statement["sql"]]) == 1
 
     server.enabled = False  # as read: the launch is refused, and nothing is written
     with pytest.raises(InvalidTransition, match="disabled"):
@@ -99,6 +101,26 @@ def test_should_the_gateway_stop_before_recording_the_fallback_makes_the_outcome
     assert tool_calls(recorder, "quick", "gateway stopped") == []
 
 
+def test_a_fallback_left_by_a_gateway_that_stopped_after_recording_the_outcome_does_nothing(
+    server, operator, recorder, monkeypatch
+):
+    """The fallback is dropped after the outcome commits (record_launch_end): a process that stops in between leaves
+    it, and once its time comes it finds the task no longer launching."""
+    from taskhub.mcp.client import ToolCompleted
+    from taskhub.tasks import hooks
+
+    task = sent_by_gateway(server, operator, "quick", {"text": "recorded, then stopped"})
+    monkeypatch.setattr(hooks, "drop_pending_launch", lambda task_id: 0)  # the process stopped before it
+    answer = {"content": [{"type": "text", "text": "echo: recorded, then stopped"}], "isError": False}
+    services.record_launch_outcome(task=task, outcome=ToolCompleted(result=answer), sent_by_gateway=True)
+    assert [job.status for job in jobs_of(LAUNCH_JOB)] == ["todo"]
+
+    assert run(jobs.launch)(task.id) == "not launching"
+    task = reload(task)
+    assert task.status == TaskStatus.COMPLETED and task.result == answer
+    assert tool_calls(recorder, "quick", "recorded, then stopped") == []
+
+
 def test_on_its_kept_client_the_gateway_sends_once_records_the_outcome_and_drops_the_fallback(
     server, operator, recorder, sender
 ):
@@ -116,7 +138,8 @@ def test_on_its_kept_client_the_gateway_sends_once_records_the_outcome_and_drops
         ("task.launch_sent", "gateway"),
         ("task.launch_answered", "gateway"),
     ]
-    assert [job.status for job in jobs_of(LAUNCH_JOB)] == ["cancelled"]  # the fallback will not run
+    # The fallback will not run: dropped once the outcome is committed, after the agent is told.
+    wait_until(lambda: [job.status for job in jobs_of(LAUNCH_JOB)] == ["cancelled"], what="the fallback dropped")
 
 
 def test_a_task_the_server_makes_is_followed_by_the_tracker_as_after_the_workers_send(server, operator, sender):

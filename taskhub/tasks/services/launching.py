@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import agent_label
-from taskhub.audit.services import GATEWAY, agent_facts, record_event, storable
+from taskhub.audit.services import GATEWAY, agent_facts, record_events, storable
 from taskhub.mcp import schema_fields
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.catalogue import find_tool
@@ -105,13 +105,12 @@ def launch_sent_by_gateway(
     `launch` reads a caller's copy that may be stale. An unlocked read again would not keep it from being disabled
     meanwhile either; it cost a statement and about 0.8 ms of every quick call (bench/gateway.py)."""
     task, terms, server = _write_launch(
-        server=server, tool=tool, arguments=arguments, user=user, token=token, server_read_now=True
+        server=server, tool=tool, arguments=arguments, user=user, token=token, server_read_now=True, gateway_sends=True
     )
     if terms.gate_before_call:
         _gate(task, terms=terms)
         _publish_after_commit(task.id, server_id=server.pk, asks=True)
         return task, False
-    record_event(action="task.launch_sent", actor_label=GATEWAY, task=task, data={"mrtr_round": 0})
     hooks.enqueue_launch(
         task.id,
         queue=job_queue(server),
@@ -123,8 +122,17 @@ def launch_sent_by_gateway(
 
 
 def _write_launch(
-    *, server: Server, tool: str, arguments: dict[str, Any], user, token, server_read_now: bool = False
+    *,
+    server: Server,
+    tool: str,
+    arguments: dict[str, Any],
+    user,
+    token,
+    server_read_now: bool = False,
+    gateway_sends: bool = False,
 ) -> tuple[Task, permissions.AnswerTerms, Server]:
+    """The task and its `task.launched` row; with `gateway_sends`, unless the gate holds the call, its first round
+    marked sent by the gateway (`task.launch_sent`) in the same statement as that row."""
     if not server_read_now:
         server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
     if server.removed_at is not None:
@@ -132,6 +140,7 @@ def _write_launch(
     if not server.enabled:
         raise InvalidTransition(f"The server {server.name!r} is disabled; enable it before launching tools on it.")
     check_launch(server=server, tool=tool, arguments=arguments)
+    terms = permissions.answer_terms(server_id=server.pk, tool=tool)
     task = Task.objects.create(
         server=server,
         tool=tool,
@@ -140,15 +149,12 @@ def _write_launch(
         launched_via_token=token,
         launched_via_label=agent_label(agent_facts(token)) if token is not None else "",
     )
-    record_event(
-        action="task.launched",
-        user=user,
-        task=task,
-        server=server,
-        data={"tool": tool, "arguments": arguments, "server": server.name},
-        token=token,
-    )
-    return task, permissions.answer_terms(server_id=server.pk, tool=tool), server
+    launched = {"tool": tool, "arguments": arguments, "server": server.name}
+    events = [dict(action="task.launched", user=user, task=task, server=server, data=launched, token=token)]
+    if gateway_sends and not terms.gate_before_call:
+        events.append(dict(action="task.launch_sent", actor_label=GATEWAY, task=task, data={"mrtr_round": 0}))
+    record_events(events)
+    return task, terms, server
 
 
 @transaction.atomic
