@@ -191,11 +191,15 @@ def test_the_live_sockets_task_read_equals_the_orms_select_related_and_says_whet
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_services_locked_read_with_asks_equals_the_orms_and_holds_the_rows_lock(django_assert_num_queries):
-    """tasks.services.common._locked_with_asks: one hand-written statement for what
-    select_for_update(no_key=True).annotate(asks=has_input_requests()) reads, and it locks the row as that does."""
+@pytest.mark.parametrize("with_asks", [True, False])
+def test_a_services_locked_read_equals_the_orms_and_holds_the_rows_lock(django_assert_num_queries, with_asks):
+    """tasks.services.common._locked_with_asks and _locked: one hand-written statement each for what
+    select_for_update(no_key=True), with .annotate(asks=has_input_requests()) or without, reads, and it locks the row
+    as that does."""
     from taskhub.tasks.models import has_input_requests
-    from taskhub.tasks.services.common import _locked_with_asks
+    from taskhub.tasks.services.common import _locked, _locked_with_asks
+
+    locked_read = _locked_with_asks if with_asks else _locked
 
     server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
     quiet = Task.objects.create(server=server, tool="deploy", arguments={"to": [1, None]})
@@ -204,9 +208,10 @@ def test_a_services_locked_read_with_asks_equals_the_orms_and_holds_the_rows_loc
     for task, asks in ((quiet, False), (asking, True)):
         with transaction.atomic():
             with django_assert_num_queries(1):
-                locked = _locked_with_asks(task)
+                locked = locked_read(task)
             from_orm = Task.objects.annotate(asks=has_input_requests()).get(pk=task.pk)
-            assert locked.asks is asks is from_orm.asks
+            assert from_orm.asks is asks and (locked.asks is asks if with_asks else not hasattr(locked, "asks"))
+            assert locked._state.adding is False and locked._state.db == "default"
             for field in Task._meta.concrete_fields:
                 assert getattr(locked, field.attname) == getattr(from_orm, field.attname), field.name
             # Held until the transaction ends: another session cannot lock the row meanwhile.
@@ -217,7 +222,7 @@ def test_a_services_locked_read_with_asks_equals_the_orms_and_holds_the_rows_loc
             ):
                 other.execute(lock, [task.pk])
     with pytest.raises(Task.DoesNotExist), transaction.atomic():
-        _locked_with_asks(Task(pk=uuid.uuid4()))
+        locked_read(Task(pk=uuid.uuid4()))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -63,7 +63,22 @@ def _finished(task: Task) -> None:
 
 
 def _locked(task: Task) -> Task:
-    return Task.objects.select_for_update(no_key=True).get(pk=task.pk)
+    """The task read again, locked (FOR NO KEY UPDATE) until the transaction ends: what
+    `Task.objects.select_for_update(no_key=True).get(pk=…)` reads, in a statement written and prepared once. Every
+    service that changes a task begins here (an outcome the gateway records while its agent waits among them)."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_locked_sql(), [task.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise Task.DoesNotExist(f"Task {task.pk} does not exist.")
+    (locked,) = raw_rows.instances(row, (Task,))
+    return locked
+
+
+@functools.cache
+def _locked_sql() -> str:
+    columns = ", ".join(raw_rows.columns("t", Task))
+    return f'SELECT {columns} FROM "{Task._meta.db_table}" t WHERE t.id = %s FOR NO KEY UPDATE OF t'
 
 
 def _locked_with_asks(task: Task) -> Task:
