@@ -101,7 +101,13 @@ def tools_of(server: Server) -> list[ToolEntry]:
 
 
 def find_tool(server: Server, name: str) -> ToolEntry | None:
-    return next((tool for tool in tools_of(server) if tool.name == name), None)
+    """The first of tools_of(server) named `name`, made alone: not an entry for every tool (each one's schema walked
+    for its header annotations) to keep one, on every launch."""
+    raw_tools = server.tools if isinstance(server.tools, list) else []
+    for raw in raw_tools[:MAX_TOOLS]:
+        if isinstance(raw, dict) and isinstance(raw.get("name"), str) and raw["name"] and raw["name"] == name:
+            return _entry(raw)
+    return None
 
 
 def endpoint_of(server: Server) -> str:
