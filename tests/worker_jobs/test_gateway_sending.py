@@ -199,7 +199,8 @@ def test_once_the_call_may_have_gone_out_a_failure_leaves_its_outcome_unknown_ne
     task = reload(task)
     assert task.status == TaskStatus.LAUNCH_UNKNOWN and "no usable answer" in task.status_message
     assert actors(task)[-1] == ("task.launch_unknown", "gateway")
-    assert [job.status for job in jobs_of(LAUNCH_JOB)] == ["cancelled"]
+    # Its fallback dropped once the outcome is committed, after the agent is told.
+    wait_until(lambda: [job.status for job in jobs_of(LAUNCH_JOB)] == ["cancelled"], what="the fallback dropped")
     assert sender.take(server, declares_tasks=True) is None
 
 
