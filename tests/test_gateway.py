@@ -484,6 +484,26 @@ async def test_under_daphnes_application_a_stream_is_sent_after_its_request_and_
         await sync_to_async(close_gateway_connections)()
 
 
+def test_the_endpoints_server_is_read_in_one_statement_as_the_orm_reads_it(world, django_assert_num_queries):
+    """catalogue.live_server_named, the server every tools/call reads: the same instance as live_servers() gives
+    (its encrypted fields decrypted), and nothing for a server disabled, removed or unknown."""
+    from taskhub.gateway.catalogue import live_server_named, live_servers
+
+    alpha = world["server"]
+    Server.objects.filter(pk=alpha.pk).update(headers={"X-Key": "secret"}, bearer_token="tok")
+    with django_assert_num_queries(1):
+        read = live_server_named("alpha")
+    from_orm = live_servers().get(name="alpha")
+    for field in Server._meta.concrete_fields:
+        assert getattr(read, field.attname) == getattr(from_orm, field.attname), field.name
+    assert read.headers == {"X-Key": "secret"} and read.bearer_token == "tok" and read._state.adding is False
+    assert live_server_named("nobody") is None
+    Server.objects.filter(pk=alpha.pk).update(enabled=False)
+    assert live_server_named("alpha") is None
+    Server.objects.filter(pk=alpha.pk).update(enabled=True, removed_at=timezone.now())
+    assert live_server_named("alpha") is None
+
+
 def test_a_tools_call_checks_its_token_and_launches_in_one_trip_to_the_gateways_pool(world, monkeypatch):
     """The token's read and the launch share a trip from the request's loop (each had one of its own: a thread hop
     there and back of every call); a bad token still gets its 401 before anything is recorded."""

@@ -4,14 +4,17 @@ sent them (schemas, annotations, `x-mcp-header` metadata), renamed only on the a
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from taskhub.accounts import permissions
+from taskhub.database.prepared import prepared_cursor
 from taskhub.servers.catalogue import MAX_TOOLS
 from taskhub.servers.models import Server
+from taskhub.tasks import raw_rows
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,24 @@ def live_servers():
     return Server.objects.filter(enabled=True, removed_at__isnull=True).order_by("name")
 
 
+def live_server_named(name: str) -> Server | None:
+    """The server of this name if it is neither disabled nor removed (at most one: server_name_unique_in_use), as
+    live_servers() would give it, in one statement written and prepared once: every tools/call reads it."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_live_server_named_sql(), [name])
+        row = cursor.fetchone()
+    return None if row is None else raw_rows.instances(row, (Server,))[0]
+
+
+@functools.cache
+def _live_server_named_sql() -> str:
+    columns = ", ".join(raw_rows.columns("s", Server))
+    return (
+        f'SELECT {columns} FROM "{Server._meta.db_table}" s '
+        'WHERE s."name" = %s AND s."enabled" AND s."removed_at" IS NULL'
+    )
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """One server's endpoint (`server_name`), or the aggregate one (None)."""
@@ -47,7 +68,7 @@ class Endpoint:
         """The endpoint's server, if it exists and is neither disabled nor removed."""
         if self.server_name is None:
             return None
-        return live_servers().filter(name=self.server_name).first()
+        return live_server_named(self.server_name)
 
     def tools(self, user) -> list[dict[str, Any]]:
         if not self.aggregate:
@@ -76,5 +97,5 @@ class Endpoint:
         server_name, separator, tool = name.partition(SEPARATOR)
         if not separator or not tool:
             return None
-        server = live_servers().filter(name=server_name).first()
+        server = live_server_named(server_name)
         return (server, tool) if server is not None and SEPARATOR not in server.name else None
