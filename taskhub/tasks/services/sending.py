@@ -59,7 +59,7 @@ def mark_launch_unknown(*, task: Task, reason: str, sent_by_gateway: bool = Fals
 def record_launch_end(task: Task, *, action: str, data: dict[str, Any], by_gateway: bool) -> None:
     """The audit row of a launch's outcome, as the worker's or, for a call the gateway sent (launch_sent_by_gateway),
     as the gateway's, whose fallback job is dropped once this commits: after the agent is told (the gateway's first
-    commit hook: gateway.sending.committed_first), not a round trip to Postgres before (0.8 ms of a quick call). A
+    commit hook: gateway.sending.committed_first), not a round trip to Postgres before (0.7 ms of a quick call). A
     fallback left by a process that stopped in between finds the task no longer launching and does nothing."""
     record_event(action=action, actor_label=GATEWAY if by_gateway else WORKER, task=task, data=data)
     if by_gateway:
