@@ -43,37 +43,22 @@ def agent_facts(token) -> dict[str, Any]:
     return {"token_id": token.pk, "name": token.name, "prefix": token.prefix}
 
 
-def record_event(
-    *,
-    action: str,
-    user=None,
-    actor_label: str | None = None,
-    task=None,
-    server=None,
-    data: dict[str, Any] | None = None,
-    token=None,
-) -> AuditEvent:
-    """`token`: the API token (an agent) the action came through, kept as `data["agent"]`; the actor stays its user,
-    so filtering by actor finds what a person did by hand and through their agents alike."""
-    _check_in_transaction()
-    event = _event(action=action, user=user, actor_label=actor_label, task=task, server=server, data=data, token=token)
-    event.save(force_insert=True)
-    return event
+def record_event(**fields) -> AuditEvent:
+    """One audit row (`fields`: audit_event's), written in the transaction of the change it records."""
+    (recorded,) = record_events(audit_event(**fields))
+    return recorded
 
 
-def record_events(events: list[dict[str, Any]]) -> list[AuditEvent]:
-    """Several rows of one change, each as record_event's keyword arguments, written in one statement (in this order)
-    rather than one each: a round trip to Postgres less per row of every launch the gateway sends itself."""
-    _check_in_transaction()
-    return AuditEvent.objects.bulk_create([_event(**event) for event in events])
-
-
-def _check_in_transaction() -> None:
+def record_events(*events: AuditEvent) -> list[AuditEvent]:
+    """The rows of one change (audit_event), written in its transaction in one statement, in this order: a round
+    trip to Postgres less per row more than one (a launch the gateway sends itself: its launch and its round marked
+    sent)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("record_event must run inside the transaction of the change it records")
+    return AuditEvent.objects.bulk_create(events)
 
 
-def _event(
+def audit_event(
     *,
     action: str,
     user=None,
@@ -83,6 +68,9 @@ def _event(
     data: dict[str, Any] | None = None,
     token=None,
 ) -> AuditEvent:
+    """An audit row to record (record_events). `token`: the API token (an agent) the action came through, kept as
+    `data["agent"]`; the actor stays its user, so filtering by actor finds what a person did by hand and through
+    their agents alike."""
     check_action(action)
     if token is not None:
         data = {**(data or {}), "agent": agent_facts(token)}

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from taskhub.accounts import permissions
 from taskhub.audit.models import agent_label
-from taskhub.audit.services import GATEWAY, agent_facts, record_events, storable
+from taskhub.audit.services import GATEWAY, agent_facts, audit_event, record_events, storable
 from taskhub.mcp import schema_fields
 from taskhub.mcp.client import CallOutcome, TaskCreated, ToolCompleted, ToolInputRequired
 from taskhub.servers.catalogue import find_tool
@@ -150,10 +150,10 @@ def _write_launch(
         launched_via_label=agent_label(agent_facts(token)) if token is not None else "",
     )
     launched = {"tool": tool, "arguments": arguments, "server": server.name}
-    events = [dict(action="task.launched", user=user, task=task, server=server, data=launched, token=token)]
+    events = [audit_event(action="task.launched", user=user, task=task, server=server, data=launched, token=token)]
     if gateway_sends and not terms.gate_before_call:
-        events.append(dict(action="task.launch_sent", actor_label=GATEWAY, task=task, data={"mrtr_round": 0}))
-    record_events(events)
+        events.append(audit_event(action="task.launch_sent", actor_label=GATEWAY, task=task, data={"mrtr_round": 0}))
+    record_events(*events)
     return task, terms, server
 
 
