@@ -105,7 +105,7 @@ def launch_sent_by_gateway(
     `launch` reads a caller's copy that may be stale. An unlocked read again would not keep it from being disabled
     meanwhile either; it cost a statement and about 0.8 ms of every quick call (bench/gateway.py)."""
     task, terms, server = _write_launch(
-        server=server, tool=tool, arguments=arguments, user=user, token=token, server_read_now=True, gateway_sends=True
+        server=server, tool=tool, arguments=arguments, user=user, token=token, gateway_sends=True
     )
     if terms.gate_before_call:
         _gate(task, terms=terms)
@@ -128,12 +128,12 @@ def _write_launch(
     arguments: dict[str, Any],
     user,
     token,
-    server_read_now: bool = False,
     gateway_sends: bool = False,
 ) -> tuple[Task, permissions.AnswerTerms, Server]:
-    """The task and its `task.launched` row; with `gateway_sends`, unless the gate holds the call, its first round
-    marked sent by the gateway (`task.launch_sent`) in the same statement as that row."""
-    if not server_read_now:
+    """The task and its `task.launched` row. With `gateway_sends` (launch_sent_by_gateway): `server` as the gateway
+    read it a moment before, not read again, and, unless the gate holds the call, its first round marked sent by the
+    gateway (`task.launch_sent`) in the same statement as that row."""
+    if not gateway_sends:
         server = Server.objects.get(pk=server.pk)  # the caller's copy may be stale
     if server.removed_at is not None:
         raise InvalidTransition(f"The server {server.name!r} was removed; its tools cannot be launched any more.")
