@@ -321,12 +321,24 @@ def profile_page(client, path: str, *, requests: int, warmup: int) -> None:
 
 
 def count_queries(client, path: str) -> list[dict]:
+    """The page's statements, each as Postgres can run it again (for EXPLAIN) and the seconds it took. Django's own
+    capture names a statement sent through a prepared cursor (taskhub/database/prepared.py: the session's read) as
+    "QUERY = '…' - PARAMS = (…)", which no EXPLAIN takes: the statements are bound here from their parameters."""
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
 
-    with CaptureQueriesContext(connection) as captured:
+    queries = []
+
+    def record(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            bound = connection.ops.compose_sql(sql, params) if params and not many else sql
+            queries.append({"sql": bound, "time": time.perf_counter() - started})
+
+    with connection.execute_wrapper(record):
         client.get(path)
-    return list(captured.captured_queries)
+    return queries
 
 
 def explain(sql: str) -> str:
