@@ -233,6 +233,20 @@ def as_timed(path: str):
     return nothing_kept() if path in NOTHING_KEPT else nullcontext()
 
 
+def timed_statements(on_statement):
+    """An execute wrapper (Django's connection.execute_wrapper) that calls on_statement(sql, params, many, seconds)
+    after each statement: the round trip, Postgres's work and libpq reading the rows, not Django making models."""
+
+    def wrapper(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            on_statement(sql, params, many, time.perf_counter() - started)
+
+    return wrapper
+
+
 def time_pages(client, paths: list[str], bare_sql: str, database_url: str, requests: int, warmup: int, budget: float):
     """Rounds of one request to each page, then the bare query: every page meets the same noise of the shared
     machine (others' tests come and go), rather than each page its own minute. Per request: wall ms and this
@@ -249,12 +263,8 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
     spent = {"sql": 0.0, "gc": 0.0}
     gc_started = []
 
-    def statement_timer(execute, sql, params, many, context):
-        t0 = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            spent["sql"] += time.perf_counter() - t0
+    def add_sql_time(sql, params, many, seconds) -> None:
+        spent["sql"] += seconds
 
     def gc_timer(phase, info):
         if phase == "start":
@@ -266,7 +276,7 @@ def time_pages(client, paths: list[str], bare_sql: str, database_url: str, reque
     with (
         psycopg.connect(database_url, autocommit=True) as connection,
         connection.cursor() as cursor,
-        django_connection.execute_wrapper(statement_timer),
+        django_connection.execute_wrapper(timed_statements(add_sql_time)),
     ):
         started = time.monotonic()
         for round_index in range(warmup + requests):
@@ -328,15 +338,11 @@ def count_queries(client, path: str) -> list[dict]:
 
     queries = []
 
-    def record(execute, sql, params, many, context):
-        started = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            bound = connection.ops.compose_sql(sql, params) if params and not many else sql
-            queries.append({"sql": bound, "time": time.perf_counter() - started})
+    def record(sql, params, many, seconds) -> None:
+        bound = connection.ops.compose_sql(sql, params) if params and not many else sql
+        queries.append({"sql": bound, "time": seconds})
 
-    with connection.execute_wrapper(record):
+    with connection.execute_wrapper(timed_statements(record)):
         client.get(path)
     return queries
 
