@@ -410,11 +410,14 @@ def test_a_claim_looks_at_the_rows_it_takes_not_at_every_due_row():
         leases = Leases(
             owner="w1", lease=lease, claim_ahead=ahead, stats=TrackerStats(), connection_params=connection_params
         )
-        await leases.connect()  # the tracker's own connection, as it sets it up
+        await leases.connect()
         try:
             await leases.execute("SET random_page_cost = 1000", {})
             claim = {"owner": "w1", "lease": lease, "limit": 10, "ahead": ahead, "stdio_leases": False}
-            [(explained,)] = await leases.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM_SQL, claim)
+            explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + CLAIM_SQL
+            [(explained,)] = await leases.execute(explain, claim, ordered_walk=True)  # as claim() runs it
+            # The setting ends with the claim's transaction: the connection's next statements plan as ever.
+            assert await leases.execute("SHOW enable_sort", {}) == [("on",)]
         finally:
             await leases.close()
         return explained[0]["Plan"]

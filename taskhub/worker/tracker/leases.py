@@ -8,6 +8,7 @@ and reschedules are written in batches by one UPDATE … FROM unnest(…) every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -84,11 +85,12 @@ FROM unnest(%(ids)b::uuid[], %(claimed)b::timestamptz[], %(delays)b::float8[], %
 WHERE poll.task_id = v.task_id AND poll.lease_owner = %(owner)s
 """
 
-# Set on the tracker's connection: a claim takes the due rows in next_poll_at's order from its index and stops when the
-# batch is full. Where its statistics or costs made reading every due row and sorting them all look cheaper, Postgres
-# did that instead, asking each row's server on the way, on every claim (tests/test_tracker.py). With sorts off it
-# walks the index. None of the tracker's other statements sorts.
-ORDERED_WALK = "SET enable_sort = off"
+# Set for each claim, in its own transaction: a claim takes the due rows in next_poll_at's order from its index and
+# stops when the batch is full. Where its statistics or costs made reading every due row and sorting them all look
+# cheaper, Postgres did that instead, asking each row's server on the way, on every claim (tests/test_tracker.py).
+# With sorts off it walks the index. LOCAL, so that it ends with the claim's transaction: a pooler in transaction mode
+# (README, "prepared statements") hands the connection to others after it.
+ORDERED_WALK = "SET LOCAL enable_sort = off"
 
 RENEW_SQL = """
 UPDATE tasks_taskpoll SET lease_expires_at = now() + %(lease)s
@@ -206,35 +208,38 @@ class Leases:
     async def connect(self) -> None:
         params = await self._connection_params()
         self._db = await psycopg.AsyncConnection.connect(autocommit=True, **params)
-        await self._db.execute(ORDERED_WALK)
 
     async def close(self) -> None:
         if self._db is not None:
             await self._db.close()
 
-    async def execute(self, sql: str, params: dict[str, Any]) -> list[tuple]:
-        rows, _ = await self._execute(sql, params)
+    async def execute(self, sql: str, params: dict[str, Any], *, ordered_walk: bool = False) -> list[tuple]:
+        rows, _ = await self._execute(sql, params, ordered_walk=ordered_walk)
         return rows
 
     async def _execute(
-        self, sql: str, params: dict[str, Any] | Callable[[], dict[str, Any]]
+        self, sql: str, params: dict[str, Any] | Callable[[], dict[str, Any]], *, ordered_walk: bool = False
     ) -> tuple[list[tuple], float]:
         """The statement's rows, and the loop time when it was sent (its `now()` is a moment later). `params` may
         be a function making them as the statement is sent, once the connection is free (a claim may hold it for
-        tens of milliseconds)."""
+        tens of milliseconds). `ordered_walk`: in a transaction of its own with ORDERED_WALK (its `now()` is then
+        the transaction's start, still after the time returned)."""
         async with self._db_lock:
             if self._db is None or self._db.closed or self._db.broken:
                 await self.connect()
             assert self._db is not None
-            self.stats.own_statements += 1
+            self.stats.own_statements += 4 if ordered_walk else 1  # BEGIN, SET LOCAL and COMMIT are trips too
             sent_at = asyncio.get_running_loop().time()
-            cursor = await self._db.execute(sql, params() if callable(params) else params)
-            return (await cursor.fetchall() if cursor.description else []), sent_at
+            async with self._db.transaction() if ordered_walk else contextlib.nullcontext():
+                if ordered_walk:
+                    await self._db.execute(ORDERED_WALK)
+                cursor = await self._db.execute(sql, params() if callable(params) else params)
+                return (await cursor.fetchall() if cursor.description else []), sent_at
 
     async def claim(self, limit: int) -> list[Claimed]:
         params = {"owner": self.owner, "lease": self.lease, "limit": limit, "ahead": self.claim_ahead}
         params["stdio_leases"] = self.stdio_leases
-        rows, sent_at = await self._execute(CLAIM_SQL, params)
+        rows, sent_at = await self._execute(CLAIM_SQL, params, ordered_walk=True)
         self.stats.claim_statements += 1
         claimed = [Claimed(*row) for row in rows]
         # Each row's due_in counts from the statement's now(), when it was sent, not from its rows' arrival: the
