@@ -5,6 +5,7 @@ Every filter lives in the URL. A value that does not fit is reported (filter_err
 """
 
 import datetime
+import functools
 import re
 import uuid
 
@@ -303,7 +304,8 @@ class TaskFilterForm(AcyclicForm):
         super().__init__(*args, **kwargs)
         visible = tasks_visible_to(user, through_token=through_token)
         visible_servers = Server.objects.filter(pk__in=visible.values("server_id"))
-        self.fields["agent"].choices = agent_choices(user)
+        # Read when a value is checked or the field is drawn, once: the list's live re-fetch draws no filter form.
+        self.fields["agent"].choices = functools.cache(functools.partial(agent_choices, user))
         self.fields["server"].queryset = visible_servers.order_by("name")
         for name in ("tool", "launched_by", "q"):
             self.fields[name].widget.attrs["autocomplete"] = "off"
