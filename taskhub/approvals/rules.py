@@ -17,7 +17,13 @@ from django.db import connection
 from django.db.models import Exists, Q, QuerySet, Subquery
 from django.utils.translation import gettext
 
-from taskhub.accounts.permissions import AcceptanceCount, AnswerDeadline, AnswerTerms, read_once_per_request
+from taskhub.accounts.permissions import (
+    AcceptanceCount,
+    AnswerDeadline,
+    AnswerTerms,
+    group_ids_of,
+    read_once_per_request,
+)
 from taskhub.approvals import answer_rules
 from taskhub.approvals.models import ApprovalPolicy, AtDeadline
 from taskhub.database.prepared import prepared_cursor
@@ -98,12 +104,8 @@ def deadline_words(policy: ApprovalPolicy) -> str:
     }
 
 
-def _group_ids(user) -> list[int]:
-    return read_once_per_request("groups", user, lambda: list(user.groups.values_list("pk", flat=True)))
-
-
 def _escalated_to_groups_of(user) -> QuerySet[InputRequest]:
-    return InputRequest.objects.filter(state=InputRequestState.OPEN, escalated_to__in=_group_ids(user))
+    return InputRequest.objects.filter(state=InputRequestState.OPEN, escalated_to__in=group_ids_of(user))
 
 
 class PolicyRules:
@@ -148,7 +150,7 @@ class PolicyRules:
         """A request escalated at its deadline is answered by its escalation group, whatever its policy says."""
         refused, _ = self._refused(user)
         by_policy = Q(escalated_to__isnull=True) if refused is None else Q(escalated_to__isnull=True) & ~refused
-        return by_policy | Q(escalated_to__in=_group_ids(user))
+        return by_policy | Q(escalated_to__in=group_ids_of(user))
 
     def for_me(self, user) -> Q:
         rows, allowed = self._allowed(user)
@@ -165,7 +167,7 @@ class PolicyRules:
                 mine |= Q(server_id=row.server_id, task__tool=row.tool)
             else:
                 mine |= Q(server_id=row.server_id) & ~Q(task__tool__in=tools_with_policy[row.server_id])
-        return (mine & Q(escalated_to__isnull=True)) | Q(escalated_to__in=_group_ids(user))
+        return (mine & Q(escalated_to__isnull=True)) | Q(escalated_to__in=group_ids_of(user))
 
     def terms(self, server_id: int, tool: str) -> AnswerTerms:
         policy = _effective_with_names(server_id, tool, user_id=None)
