@@ -41,19 +41,19 @@ class RateLimitedModelBackend(ModelBackend):
         if user is None or not self.user_can_authenticate(user):
             return None
         user.taskhub_roles = permissions.roles_from(user, set(user.role_group_names))
-        user.taskhub_group_ids = list(user.group_ids)  # permissions.group_ids_of: escalations name a group
         return user
 
 
 @cache
 def _user_with_role_groups_sql() -> str:
-    """The user (every column of the model), `role_group_names`, the names of their role groups, and `group_ids`,
-    all their groups; parameters: the role group names, the user's id."""
+    """The user (every column of the model), `role_group_names`, the names of their role groups, and
+    `taskhub_group_ids`, all their groups (permissions.group_ids_of: escalations name a group); parameters: the role
+    group names, the user's id."""
     user_model = get_user_model()
     columns = ", ".join(f'u."{field.column}"' for field in user_model._meta.concrete_fields)
     return f"""
         SELECT {columns}, {permissions.role_group_names_sql("u")} AS role_group_names,
-               {permissions.group_ids_sql("u")} AS group_ids
+               {permissions.group_ids_sql("u")} AS taskhub_group_ids
         FROM "{user_model._meta.db_table}" u
         WHERE u."{user_model._meta.pk.column}" = %s
     """
