@@ -101,9 +101,9 @@ def jobs(name: str, **args) -> list[tuple]:
 
 def applied_rows(input_request) -> list[dict]:
     return list(
-        AuditEvent.objects.filter(task_id=input_request.task_id, action="input.default_applied").values_list(
-            "data", flat=True
-        )
+        AuditEvent.objects.filter(task_id=input_request.task_id, action="input.default_applied")
+        .order_by("id")
+        .values_list("data", flat=True)
     )
 
 

@@ -64,7 +64,8 @@ def test_an_admin_creates_edits_and_removes_a_policy(admin, server):
 
     assert admin.post(reverse("approvals:remove", args=[policy.pk])).status_code == 302
     assert not ApprovalPolicy.objects.exists()
-    actions = list(AuditEvent.objects.filter(action__startswith="approval_policy").values_list("action", "actor_label"))
+    audited = AuditEvent.objects.filter(action__startswith="approval_policy").order_by("id")
+    actions = list(audited.values_list("action", "actor_label"))
     assert actions == [
         ("approval_policy.created", "alex"),
         ("approval_policy.updated", "alex"),
@@ -177,7 +178,8 @@ def test_an_admin_adds_switches_and_removes_a_webhook_on_the_policy_page(admin, 
     assert not webhook.enabled
     assert admin.post(reverse("approvals:webhook_remove", args=[policy.pk, webhook.pk])).status_code == 302
     assert not PolicyWebhook.objects.exists() and not WebhookDelivery.objects.exists()
-    actions = list(AuditEvent.objects.filter(action__startswith="approval_webhook").values_list("action", flat=True))
+    audited = AuditEvent.objects.filter(action__startswith="approval_webhook").order_by("id")
+    actions = list(audited.values_list("action", flat=True))
     assert actions == ["approval_webhook.created", "approval_webhook.updated", "approval_webhook.removed"]
     assert "hush" not in json.dumps(list(AuditEvent.objects.values_list("data", flat=True)))
 

@@ -299,7 +299,9 @@ def test_policy_changes_are_audited_and_one_policy_per_tool(server, people):
     update_policy(policy=policy, user=people["rosa"], required_accepts=3)
     remove_policy(policy=policy, user=people["rosa"])
     actions = list(
-        AuditEvent.objects.filter(server=server, action__startswith="approval_policy").values_list("action", "data")
+        AuditEvent.objects.filter(server=server, action__startswith="approval_policy")
+        .order_by("id")
+        .values_list("action", "data")
     )
     assert [a for a, _ in actions] == ["approval_policy.created", "approval_policy.updated", "approval_policy.removed"]
     assert actions[0][1]["users"] == ["olga"] and actions[1][1]["changed"] == {"required_accepts": 3}

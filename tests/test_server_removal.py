@@ -104,7 +104,7 @@ def test_nothing_is_launched_or_sent_to_a_removed_server(world):
     assert async_to_sync(adiscover_requested)(server_id=server.pk, requested_by=None) == "server removed meanwhile"
     request.refresh_from_db()
     assert request.state == InputRequestState.ANSWERED
-    actions = list(AuditEvent.objects.filter(task_id=task.pk).values_list("action", flat=True))
+    actions = list(AuditEvent.objects.filter(task_id=task.pk).order_by("id").values_list("action", flat=True))
     assert actions[-2:] == ["input.delivery_failed", "task.cancel_failed"]
 
 
