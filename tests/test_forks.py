@@ -284,3 +284,85 @@ def test_the_session_store_reads_what_djangos_reads_in_one_statement(django_asse
         assert read == djangos.load()
         assert ours.session_key == djangos.session_key
     assert SessionStore(live.session_key).load() == {"_auth_user_id": "7", "said": ["é", 1]}
+
+
+@pytest.mark.django_db
+def test_a_page_of_cards_read_by_ids_equals_the_orms_for_cards(django_assert_num_queries):
+    """tasks.input_cards.requests_for_cards: one hand-written statement for what for_cards (select_related of the task,
+    its server, the answerer and the group, only what cards read of the task and server) reads, in the inbox's
+    order; an answerer and a group where the request has them, None where not, and nothing more read after."""
+    from django.contrib.auth.models import Group, User
+    from django.utils import timezone
+
+    from taskhub.tasks.input_cards import for_cards, requests_for_cards
+
+    server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    ada, admins = User.objects.create(username="ada"), Group.objects.create(name="release managers")
+    task = Task.objects.create(server=server, tool="deploy", arguments={"to": [1, None]}, status_message="halfway")
+    now = timezone.now()
+    asked = [
+        InputRequest.objects.create(task=task, key=f"k{n}", method="elicitation/create", params={"message": f"{n}?"})
+        for n in range(3)
+    ]
+    for request, minutes_ago in zip(asked, (0, 5, 1), strict=True):  # created_at is the database's on insert
+        InputRequest.objects.filter(pk=request.pk).update(created_at=now - datetime.timedelta(minutes=minutes_ago))
+    InputRequest.objects.filter(pk=asked[1].pk).update(
+        state="answered", answered_by=ada, answered_at=now, answer={"action": "accept", "content": {}}
+    )
+    InputRequest.objects.filter(pk=asked[2].pk).update(escalated_to=admins)
+    ids = [request.pk for request in asked]
+    with django_assert_num_queries(1):
+        read = requests_for_cards(ids)
+    from_orm = list(for_cards(InputRequest.objects.filter(pk__in=ids)).order_by("created_at", "pk"))
+    assert [request.pk for request in read] == [request.pk for request in from_orm] == [ids[1], ids[2], ids[0]]
+    for built, orm in zip(read, from_orm, strict=True):
+        for field in InputRequest._meta.concrete_fields:
+            assert getattr(built, field.attname) == getattr(orm, field.attname), field.name
+        assert built.get_deferred_fields() == orm.get_deferred_fields() == set()
+        assert built.task.get_deferred_fields() == orm.task.get_deferred_fields()
+        assert built.task.server.get_deferred_fields() == orm.task.server.get_deferred_fields()
+        with django_assert_num_queries(0):
+            assert (built.task.tool, built.task.status_message, built.task.arguments) == (
+                "deploy",
+                "halfway",
+                {"to": [1, None]},
+            )
+            assert built.task.server.name == "forked" and built.task.server.removed_at is None
+            assert built.answered_by == orm.answered_by and built.escalated_to == orm.escalated_to
+            assert not built._state.adding and built._state.db == "default"
+    assert read[0].answered_by.username == "ada" and read[1].escalated_to.name == "release managers"
+    assert requests_for_cards([]) == [] and requests_for_cards([ids[0] + 1000]) == []
+
+
+def test_raw_rows_build_as_from_db_does_and_let_it_build_where_a_signal_listens():
+    """raw_rows builds instances without Model.__init__ where nothing tells them apart (every field stored in the
+    instance's __dict__, no pre_init or post_init receiver): the same __dict__ and state as from_db's, read whole or
+    in part; with a receiver, from_db builds them and the receiver hears of each."""
+    from django.contrib.auth.models import Group, User
+    from django.db.models.signals import post_init
+
+    for model in (Task, InputRequest, Server, User, Group):
+        assert raw_rows._plainly_stored(model), model  # the card's and the services' reads take the fast path
+    names = ("server", "tool", "status")
+    columns = [field.attname for field in raw_rows._fields(Task, names)]
+    values = [uuid.uuid4(), 7, "deploy", "working"]
+    built = raw_rows._from_db(Task, "default", columns, values)
+    by_django = Task.from_db("default", columns, values)
+    assert built.__dict__.keys() - {"_state"} == by_django.__dict__.keys() - {"_state"} == set(columns)
+    assert [getattr(built, name) for name in columns] == values
+    assert built.get_deferred_fields() == by_django.get_deferred_fields()
+    assert (
+        (built._state.adding, built._state.db) == (by_django._state.adding, by_django._state.db) == (False, "default")
+    )
+
+    heard = []
+
+    def receiver(sender, instance, **kwargs):
+        heard.append(instance)
+
+    post_init.connect(receiver, sender=Task)
+    try:
+        listened = raw_rows._from_db(Task, "default", columns, values)
+    finally:
+        post_init.disconnect(receiver, sender=Task)
+    assert heard == [listened] and listened.tool == "deploy"

@@ -18,7 +18,7 @@ from taskhub.accounts import permissions
 from taskhub.acyclic_forms import AcyclicForm
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
-from taskhub.tasks.input_cards import for_cards
+from taskhub.tasks.input_cards import requests_for_cards
 from taskhub.tasks.models import InputRequest
 from taskhub.tasks.queries import filter_errors
 from taskhub.tasks.waiting import waiting_for
@@ -153,7 +153,9 @@ def inbox_listing(user, params, *, page_size: int = PAGE_SIZE) -> InboxListing:
         errors["page"] = f"There is no page {page}: {_pages(pages)} of requests match."
         page = pages
     start = (page - 1) * page_size
-    requests = list(for_cards(waiting).order_by("created_at", "pk")[start : start + page_size])
+    requests = requests_for_cards(
+        list(waiting.order_by("created_at", "pk").values_list("pk", flat=True)[start : start + page_size])
+    )
     listing = InboxListing(
         requests=requests,
         count=count,
