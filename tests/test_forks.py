@@ -15,6 +15,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.db import connection, transaction
 
 from taskhub import procrastinate_sql
+from taskhub.database import loading
 from taskhub.servers.hooks import DEFAULT_QUEUE
 from taskhub.servers.models import Server, Transport
 from taskhub.tasks import hooks, raw_rows
@@ -288,13 +289,15 @@ def test_the_session_store_reads_what_djangos_reads_in_one_statement(django_asse
 
 @pytest.mark.django_db
 def test_a_page_of_cards_read_by_ids_equals_the_orms_for_cards(django_assert_num_queries):
-    """tasks.input_cards.requests_for_cards: one hand-written statement for what for_cards (select_related of the task,
-    its server, the answerer and the group, only what cards read of the task and server) reads, in the inbox's
-    order; an answerer and a group where the request has them, None where not, and nothing more read after."""
+    """tasks.card_requests.requests_for_cards: one hand-written statement for what input_cards.for_cards
+    (select_related of the task, its server, the answerer and the group, only what cards read of the task and server)
+    reads, in the inbox's order; an answerer and a group where the request has them, None where not, and nothing
+    more read after."""
     from django.contrib.auth.models import Group, User
     from django.utils import timezone
 
-    from taskhub.tasks.input_cards import for_cards, requests_for_cards
+    from taskhub.tasks.card_requests import requests_for_cards
+    from taskhub.tasks.input_cards import for_cards
 
     server = Server.objects.create(name="forked", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
     ada, admins = User.objects.create(username="ada"), Group.objects.create(name="release managers")
@@ -334,26 +337,55 @@ def test_a_page_of_cards_read_by_ids_equals_the_orms_for_cards(django_assert_num
     assert requests_for_cards([]) == [] and requests_for_cards([ids[0] + 1000]) == []
 
 
-def test_raw_rows_build_as_from_db_does_and_let_it_build_where_a_signal_listens():
-    """raw_rows builds instances without Model.__init__ where nothing tells them apart (every field stored in the
-    instance's __dict__, no pre_init or post_init receiver): the same __dict__ and state as from_db's, read whole or
-    in part; with a receiver, from_db builds them and the receiver hears of each."""
+def test_the_loading_fork_matches_the_installed_django():
+    assert django.VERSION[:2] == loading.FORKED_FROM_DJANGO, "read taskhub.database.loading against the new Django"
+
+
+@pytest.mark.django_db
+def test_models_loaded_plainly_build_as_djangos_from_db_and_let_it_build_where_a_signal_listens():
+    """taskhub.database.loading builds instances without Model.__init__ where nothing tells them apart (every field
+    stored in the instance's __dict__, no pre_init or post_init receiver): the same __dict__ and state as Django's
+    from_db, read whole, in part or through the ORM; with a receiver, Django builds them, and the receiver hears of
+    each."""
     from django.contrib.auth.models import Group, User
+    from django.db.models import Model
     from django.db.models.signals import post_init
 
-    for model in (Task, InputRequest, Server, User, Group):
-        assert raw_rows._plainly_stored(model), model  # the card's and the services' reads take the fast path
-    names = ("server", "tool", "status")
-    columns = [field.attname for field in raw_rows._fields(Task, names)]
-    values = [uuid.uuid4(), 7, "deploy", "working"]
-    built = raw_rows._from_db(Task, "default", columns, values)
-    by_django = Task.from_db("default", columns, values)
-    assert built.__dict__.keys() - {"_state"} == by_django.__dict__.keys() - {"_state"} == set(columns)
-    assert [getattr(built, name) for name in columns] == values
-    assert built.get_deferred_fields() == by_django.get_deferred_fields()
-    assert (
-        (built._state.adding, built._state.db) == (by_django._state.adding, by_django._state.db) == (False, "default")
-    )
+    from taskhub.api.models import ApiToken
+    from taskhub.approvals.models import ApprovalPolicy
+    from taskhub.audit.models import AuditEvent
+    from taskhub.tasks.models import TaskPoll
+
+    for model in (Task, InputRequest, Server, TaskPoll, AuditEvent, ApiToken, ApprovalPolicy, User, Group):
+        assert loading.plainly_stored(model), model  # the pages', the services' and raw_rows' reads take it
+    for model in (Task, InputRequest, Server, TaskPoll, AuditEvent, ApiToken, ApprovalPolicy):
+        assert model.from_db.__func__ is loading.LoadedPlainly.from_db.__func__, model
+
+    def djangos(model, columns, values):
+        return Model.from_db.__func__(model, "default", columns, values)
+
+    whole = [field.attname for field in Task._meta.concrete_fields]
+    in_part = [field.attname for field in raw_rows._fields(Task, ("server", "tool", "status"))]
+    task_id = uuid.uuid4()
+    for columns, values in (
+        (in_part, [task_id, 7, "deploy", "working"]),
+        (list(reversed(whole)), list(range(len(whole)))),  # every field's: read as theirs in order, as Django does
+    ):
+        built = loading.from_db(Task, "default", columns, values)
+        by_django = djangos(Task, columns, values)
+        assert {k: v for k, v in built.__dict__.items() if k != "_state"} == {
+            k: v for k, v in by_django.__dict__.items() if k != "_state"
+        }
+        assert built.get_deferred_fields() == by_django.get_deferred_fields()
+        assert (built._state.adding, built._state.db) == (by_django._state.adding, by_django._state.db)
+        assert (built._state.adding, built._state.db) == (False, "default")
+
+    server = Server.objects.create(name="loaded", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    task = Task.objects.create(server=server, tool="deploy", arguments={"to": [1, None]})
+    read = Task.objects.select_related("server").only("tool", "server__name").get(pk=task.pk)
+    assert read.get_deferred_fields() == {f.attname for f in Task._meta.concrete_fields} - {"id", "tool", "server_id"}
+    assert (read.tool, read.server.name, read._state.adding, read._state.db) == ("deploy", "loaded", False, "default")
+    assert read.arguments == {"to": [1, None]}  # a deferred field is read when asked, as Django reads it
 
     heard = []
 
@@ -362,7 +394,8 @@ def test_raw_rows_build_as_from_db_does_and_let_it_build_where_a_signal_listens(
 
     post_init.connect(receiver, sender=Task)
     try:
-        listened = raw_rows._from_db(Task, "default", columns, values)
+        listened = loading.from_db(Task, "default", in_part, [task_id, 7, "deploy", "working"])
+        through_the_orm = Task.objects.get(pk=task.pk)
     finally:
         post_init.disconnect(receiver, sender=Task)
-    assert heard == [listened] and listened.tool == "deploy"
+    assert heard == [listened, through_the_orm] and listened.tool == "deploy"

@@ -2,8 +2,10 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from taskhub.database.loading import LoadedPlainly
 
-class ApiToken(models.Model):
+
+class ApiToken(LoadedPlainly, models.Model):
     """A bearer token for the JSON API, acting as its user. Only a SHA-256 of the secret is stored."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")

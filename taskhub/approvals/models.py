@@ -13,6 +13,7 @@ from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
+from taskhub.database.loading import LoadedPlainly
 from taskhub.tasks import storable_text
 
 MAX_REQUIRED_ACCEPTS = 20
@@ -76,7 +77,7 @@ class InputFrom(models.TextChoices):
     AGENT = "agent", _("the agent that made the call (passed through)")
 
 
-class ApprovalPolicy(models.Model):
+class ApprovalPolicy(LoadedPlainly, models.Model):
     """Who answers the input requests of a server's tasks, and on what terms. `tool` empty: the server's policy, for
     every tool without a policy of its own; a tool's policy replaces the server's for that tool (nothing is merged).
     A server or tool without any policy is answered by every approver, by one of them, self-approval allowed.

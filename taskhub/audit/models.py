@@ -6,6 +6,7 @@ from django.utils import timezone
 from django.utils.translation import gettext, gettext_noop
 
 from taskhub.audit.events import AUDIT_EVENTS
+from taskhub.database.loading import LoadedPlainly
 
 
 def agent_label(facts: dict | None) -> str:
@@ -20,7 +21,7 @@ def agent_label(facts: dict | None) -> str:
 OWN_ACTORS = frozenset({gettext_noop("system"), gettext_noop("worker"), gettext_noop("gateway"), gettext_noop("web")})
 
 
-class AuditEvent(models.Model):
+class AuditEvent(LoadedPlainly, models.Model):
     """One row per state change or human action; a database trigger refuses UPDATE and DELETE. Stored in monthly
     partitions (the primary key is (id, time) in the database), each month one hash chain (migration 0009).
 

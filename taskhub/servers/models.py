@@ -6,6 +6,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 from encrypted_fields.fields import EncryptedJSONField, EncryptedTextField
 
+from taskhub.database.loading import LoadedPlainly
 from taskhub.mcp.client import HttpTarget, OwnAnswers, ServerTarget, StdioTarget
 from taskhub.mcp.secret_urls import with_secrets
 from taskhub.servers.policy import server_address_policy
@@ -42,7 +43,7 @@ def validate_roots(value) -> None:
             raise ValidationError(f"A root's name is printable text of at most {MAX_ROOT_NAME_CHARS} characters.")
 
 
-class Server(models.Model):
+class Server(LoadedPlainly, models.Model):
     """A registered MCP server. Credentials (bearer token, extra headers, the URL's secret query values, stdio
     environment) are encrypted at rest.
 

@@ -18,7 +18,7 @@ from taskhub.accounts import permissions
 from taskhub.acyclic_forms import AcyclicForm
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
-from taskhub.tasks.input_cards import requests_for_cards
+from taskhub.tasks.card_requests import requests_for_cards
 from taskhub.tasks.models import InputRequest
 from taskhub.tasks.queries import filter_errors
 from taskhub.tasks.waiting import waiting_for

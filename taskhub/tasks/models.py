@@ -5,6 +5,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import pgettext_lazy
 
+from taskhub.database.loading import LoadedPlainly
+
 STATUS_MESSAGE_MAX_CHARS = 4000
 # How many times the launch job tries to reach a server before the launch fails as never sent (jobs.LAUNCH_RETRY).
 LAUNCH_ATTEMPTS = 9
@@ -37,7 +39,7 @@ TERMINAL_STATUSES = frozenset(
 LIVE_STATUSES = frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED})
 
 
-class Task(models.Model):
+class Task(LoadedPlainly, models.Model):
     """One tools/call, whatever the server made of it: a synchronous result, MRTR rounds, or a durable task."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -186,7 +188,7 @@ class Task(models.Model):
         return self.launch_next_try_at is not None and self.launch_next_try_at > timezone.now()
 
 
-class TaskPoll(models.Model):
+class TaskPoll(LoadedPlainly, models.Model):
     """The tracker's bookkeeping for one live task, apart from the wide Task row.
 
     Rescheduling changes the indexed next_poll_at on every poll, which is never a HOT update; in this
@@ -222,7 +224,7 @@ class ServerLogLine(models.Model):
         return f"{self.level} {self.logger}: {self.text[:80]}"
 
 
-class ProgressMessage(models.Model):
+class ProgressMessage(LoadedPlainly, models.Model):
     """A status message a server reported while the task ran (its status unchanged): the task's progress history, on
     its timeline. Display, not decisions, so not audit (services.progress.keep_progress_message): the newest
     PROGRESS_MESSAGES_KEPT per task and a thinned sample of the older ones, gone with the task."""
@@ -255,7 +257,7 @@ GATE_KEY = "taskhub:approve-launch"
 NOT_APPROVED = "not_approved"
 
 
-class InputRequest(models.Model):
+class InputRequest(LoadedPlainly, models.Model):
     """One entry of a task's inputRequests, keyed as the server keyed it; shown and answered once.
 
     `mrtr_round` is 0 for keys of the durable task (answered by tasks/update) and n for the n-th MRTR

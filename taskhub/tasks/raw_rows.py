@@ -13,10 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection
-from django.db.models.base import Model, ModelState
-from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
-from django.db.models.query_utils import DeferredAttribute
-from django.db.models.signals import post_init, pre_init
+
+from taskhub.database import loading
 
 FORKED_FROM_DJANGO = (6, 1)
 
@@ -44,40 +42,9 @@ def instances(row: Sequence[Any], models: Sequence[type], *, using=None, only: t
             for converter in field_converters:
                 value = converter(value, None, using)
             values[index] = value
-        built.append(_from_db(model, using.alias, attnames, values))
+        built.append(loading.from_db(model, using.alias, attnames, values))
         start += len(attnames)
     return built
-
-
-def _from_db(model: type, alias: str, attnames: list[str], values: list):
-    """What model.from_db(alias, attnames, values) builds, at a fraction of its cost where nothing can tell them apart:
-    its __init__ sets each value through the class's attribute (a plain field's DeferredAttribute and a foreign key's
-    ForeignKeyDeferredAttribute store it in the instance's __dict__, as here) and sends pre_init and post_init (none
-    listens: otherwise from_db builds it). from_db of a model read in part (only) also walks every field for each of
-    those read: a task's nine columns cost 14.5 us, a third of a card's statement (bench/pages.py, the inbox)."""
-    if not _plainly_stored(model) or pre_init.has_listeners(model) or post_init.has_listeners(model):
-        return model.from_db(alias, attnames, values)
-    new = model.__new__(model)
-    state = new._state = ModelState()
-    state.adding = False
-    state.db = alias
-    new.__dict__.update(zip(attnames, values, strict=True))
-    return new
-
-
-@functools.cache
-def _plainly_stored(model: type) -> bool:
-    """Whether Django's from_db and __init__ build `model`'s instances (not its own) and every concrete field's value
-    is stored by its class attribute in the instance's __dict__ alone."""
-    return (
-        not model._meta.abstract
-        and model.__init__ is Model.__init__
-        and model.from_db.__func__ is Model.from_db.__func__
-        and all(
-            type(model.__dict__.get(field.attname)) in (DeferredAttribute, ForeignKeyDeferredAttribute)
-            for field in model._meta.concrete_fields
-        )
-    )
 
 
 def _fields(model: type, only: tuple[str, ...] | None) -> list:
