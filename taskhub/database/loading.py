@@ -1,11 +1,12 @@
 """Model instances read from the database, built as Model.from_db builds them at a fraction of its cost.
 
 Django's from_db calls the model's __init__, which sends pre_init and post_init, sets every value through the
-class's attribute, and for a model read in part (only(), defer()) first walks every field for each value read: a task
-read with the nine columns a list row shows took 19 us, its server's two 10 us (bench/pages.py: a tenth of a list
-page's CPU). Where nothing can tell the two apart (no receiver of either signal; every field's class attribute
-Django's own, which stores the value in the instance's __dict__; neither __init__ nor from_db the model's own), the
-values go straight into the instance's __dict__ and its state is set as from_db sets it. Otherwise Django builds it.
+class's attribute, and for a model read in part (only(), defer()) first walks every field for each value read: each of
+a list page's 50 tasks took 19 us, each of their servers 10 us (bench/pages.py's database, in-process: a tenth of the
+page's CPU), against about 2 us here. Where nothing can tell the two apart (no receiver of either signal; every
+field's class attribute Django's own, which stores the value in the instance's __dict__; neither __init__ nor from_db
+the model's own), the values go straight into the instance's __dict__ and its state is set as from_db sets it.
+Otherwise Django builds it.
 
 A model takes it by listing LoadedPlainly before models.Model among its bases (Django's documented hook: "Customizing
 model loading"): the ORM's reads then build its instances so, and taskhub.tasks.raw_rows builds any model's so.

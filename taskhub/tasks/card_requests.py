@@ -26,7 +26,7 @@ def requests_for_cards(ids: list[int]) -> list[InputRequest]:
         cursor.execute(_cards_sql(), [list(ids)])
         rows = cursor.fetchall()
     requests = []
-    request_end, task_end, server_end, user_end = itertools.accumulate(_COLUMNS[:4])
+    request_end, task_end, server_end, user_end = _ends()
     for row in rows:
         (input_request,) = raw_rows.instances(row[:request_end], (InputRequest,))
         (task,) = raw_rows.instances(row[request_end:task_end], (Task,), only=_TASK_READS)
@@ -64,7 +64,10 @@ def _selected() -> list[list[str]]:
     ]
 
 
-_COLUMNS = [len(columns) for columns in _selected()]
+@functools.cache
+def _ends() -> tuple[int, ...]:
+    """Where each model's columns end in a row, but the last's (the group's, to the row's end)."""
+    return tuple(itertools.accumulate(len(columns) for columns in _selected()[:-1]))
 
 
 @functools.cache
