@@ -399,3 +399,71 @@ def test_models_loaded_plainly_build_as_djangos_from_db_and_let_it_build_where_a
     finally:
         post_init.disconnect(receiver, sender=Task)
     assert heard == [listened, through_the_orm] and listened.tool == "deploy"
+
+
+@pytest.mark.django_db
+def test_a_page_of_list_rows_read_by_ids_equals_the_orms_rows(django_assert_num_queries):
+    """tasks.list_rows.rows_by_ids: one hand-written statement for what the list's rows read through the ORM
+    (outcomes.with_row_facts, select_related of the server, the launcher and who asked to cancel, only(ROW_FIELDS)),
+    the facts included, in the order of the ids given, a task gone left out; nothing more read after."""
+    from django.contrib.auth.models import User
+
+    from taskhub.tasks.list_rows import rows_by_ids
+    from taskhub.tasks.outcomes import ROW_FACTS, ROW_FIELDS, with_row_facts
+
+    server = Server.objects.create(name="listed", transport=Transport.HTTP, url="http://127.0.0.1:9/mcp")
+    ada, bo = User.objects.create(username="ada"), User.objects.create(username="bo")
+    text = "x" * 300
+    tasks = [
+        Task.objects.create(server=server, tool="plain", arguments={}),
+        Task.objects.create(
+            server=server,
+            tool="done",
+            arguments={},
+            launched_by=ada,
+            status="completed",
+            result={"content": [{"type": "text", "text": text}], "isError": True},
+        ),
+        Task.objects.create(
+            server=server,
+            tool="odd",
+            arguments={},
+            launched_by=ada,
+            cancel_requested_by=bo,
+            status="completed",
+            result={"content": [], "isError": "true"},
+        ),
+        Task.objects.create(
+            server=server,
+            tool="failed",
+            arguments={},
+            status="failed",
+            error={"code": "c" * 60, "kind": "not_approved", "message": "no"},
+            status_message="it broke",
+        ),
+    ]
+    ids = [tasks[2].pk, tasks[0].pk, uuid.uuid4(), tasks[3].pk, tasks[1].pk]
+    with django_assert_num_queries(1):
+        read = rows_by_ids(ids)
+    orm = with_row_facts(Task.objects.filter(pk__in=ids)).select_related("server", "launched_by", "cancel_requested_by")
+    by_orm = {task.pk: task for task in orm.only(*ROW_FIELDS)}
+    assert [task.pk for task in read] == [tasks[2].pk, tasks[0].pk, tasks[3].pk, tasks[1].pk]
+    for built in read:
+        from_orm = by_orm[built.pk]
+        assert built.get_deferred_fields() == from_orm.get_deferred_fields()
+        for field in Task._meta.concrete_fields:
+            if field.attname not in from_orm.get_deferred_fields():
+                assert getattr(built, field.attname) == getattr(from_orm, field.attname), field.name
+        with django_assert_num_queries(0):
+            for fact in ROW_FACTS:
+                assert getattr(built, fact) == getattr(from_orm, fact), fact
+            assert (
+                built.server.name == "listed"
+                and built.server.get_deferred_fields() == from_orm.server.get_deferred_fields()
+            )
+            for person in ("launched_by", "cancel_requested_by"):
+                mine, theirs = getattr(built, person), getattr(from_orm, person)
+                assert (mine and mine.username) == (theirs and theirs.username), person
+    assert read[3].result_is_error is True and read[0].result_is_error == "true" and read[1].result_is_error is None
+    assert len(read[3].result_preview) == 200 and len(read[2].error_code) == 40 and read[2].error_kind == "not_approved"
+    assert rows_by_ids([]) == []
