@@ -6,7 +6,6 @@ select_related and only() again for every page: 2 ms of the inbox's CPU at 1,000
 """
 
 import functools
-import itertools
 
 from django.contrib.auth.models import Group
 
@@ -22,11 +21,11 @@ def requests_for_cards(ids: list[int]) -> list[InputRequest]:
     answerers and groups."""
     if not ids:
         return []
+    statement, (request_end, task_end, server_end, user_end, _) = _read()
     with prepared_cursor() as cursor:
-        cursor.execute(_cards_sql(), [list(ids)])
+        cursor.execute(statement, [list(ids)])
         rows = cursor.fetchall()
     requests = []
-    request_end, task_end, server_end, user_end = _ends()
     for row in rows:
         (input_request,) = raw_rows.instances(row[:request_end], (InputRequest,))
         (task,) = raw_rows.instances(row[request_end:task_end], (Task,), only=_TASK_READS)
@@ -54,31 +53,14 @@ def _user_model():
     return InputRequest._meta.get_field("answered_by").related_model
 
 
-def _selected() -> list[list[str]]:
-    return [
-        raw_rows.columns("r", InputRequest),
-        raw_rows.columns("t", Task, _TASK_READS),
-        raw_rows.columns("s", Server, _SERVER_READS),
-        raw_rows.columns("u", _user_model()),
-        raw_rows.columns("g", Group),
-    ]
-
-
 @functools.cache
-def _ends() -> tuple[int, ...]:
-    """Where each model's columns end in a row, but the last's (the group's, to the row's end)."""
-    return tuple(itertools.accumulate(len(columns) for columns in _selected()[:-1]))
-
-
-@functools.cache
-def _cards_sql() -> str:
-    selected = ", ".join(column for columns in _selected() for column in columns)
-    return (
-        f"SELECT {selected} "
-        f'FROM "{InputRequest._meta.db_table}" r '
-        f'JOIN "{Task._meta.db_table}" t ON t.id = r.task_id '
-        f'JOIN "{Server._meta.db_table}" s ON s.id = t.server_id '
-        f'LEFT JOIN "{_user_model()._meta.db_table}" u ON u.id = r.answered_by_id '
-        f'LEFT JOIN "{Group._meta.db_table}" g ON g.id = r.escalated_to_id '
-        "WHERE r.id = ANY(%s) ORDER BY r.created_at, r.id"
+def _read() -> tuple[str, tuple[int, ...]]:
+    """The statement, and where each model's columns end in its rows."""
+    return raw_rows.joined_read(
+        ("r", InputRequest, None, None, False),
+        ("t", Task, _TASK_READS, "t.id = r.task_id", False),
+        ("s", Server, _SERVER_READS, "s.id = t.server_id", False),
+        ("u", _user_model(), None, "u.id = r.answered_by_id", True),
+        ("g", Group, None, "g.id = r.escalated_to_id", True),
+        where="r.id = ANY(%s) ORDER BY r.created_at, r.id",
     )

@@ -38,11 +38,11 @@ def rows_by_ids(ids: list) -> list[Task]:
     meanwhile is left out."""
     if not ids:
         return []
+    statement, (task_end, server_end, launcher_end, canceller_end) = _read()
     with prepared_cursor() as cursor:
-        cursor.execute(_rows_sql(), [list(ids)])
+        cursor.execute(statement, [list(ids)])
         rows = cursor.fetchall()
     people = get_user_model()
-    task_end, server_end, launcher_end, canceller_end = _ends()
     read = {}
     for row in rows:
         (task,) = raw_rows.instances(row[:task_end], (Task,), only=_TASK_READS)
@@ -61,35 +61,15 @@ def rows_by_ids(ids: list) -> list[Task]:
     return [read[pk] for pk in ids if pk in read]
 
 
-def _selected() -> list[list[str]]:
+@functools.cache
+def _read() -> tuple[str, tuple[int, ...]]:
+    """The statement, and where each model's columns end in its rows (the facts follow the last)."""
     people = get_user_model()
-    return [
-        raw_rows.columns("t", Task, _TASK_READS),
-        raw_rows.columns("s", Server, _SERVER_READS),
-        raw_rows.columns("lb", people, _PERSON_READS),
-        raw_rows.columns("cb", people, _PERSON_READS),
-    ]
-
-
-@functools.cache
-def _ends() -> tuple[int, ...]:
-    """Where each model's columns end in a row; the facts follow the last."""
-    ends, at = [], 0
-    for columns in _selected():
-        at += len(columns)
-        ends.append(at)
-    return tuple(ends)
-
-
-@functools.cache
-def _rows_sql() -> str:
-    people = get_user_model()._meta.db_table
-    selected = ", ".join(column for columns in _selected() for column in columns)
-    return (
-        f"SELECT {selected}, {_FACTS} "
-        f'FROM "{Task._meta.db_table}" t '
-        f'JOIN "{Server._meta.db_table}" s ON s.id = t.server_id '
-        f'LEFT JOIN "{people}" lb ON lb.id = t.launched_by_id '
-        f'LEFT JOIN "{people}" cb ON cb.id = t.cancel_requested_by_id '
-        "WHERE t.id = ANY(%s)"
+    return raw_rows.joined_read(
+        ("t", Task, _TASK_READS, None, False),
+        ("s", Server, _SERVER_READS, "s.id = t.server_id", False),
+        ("lb", people, _PERSON_READS, "lb.id = t.launched_by_id", True),
+        ("cb", people, _PERSON_READS, "cb.id = t.cancel_requested_by_id", True),
+        also=_FACTS,
+        where="t.id = ANY(%s)",
     )

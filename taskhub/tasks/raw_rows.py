@@ -3,7 +3,9 @@
 A fork of two Django internals: what iterating a QuerySet does with a row (each field's database converters, then
 Model.from_db) and what select_related leaves behind (the related instance in `_state.fields_cache`, so following
 the relation reads nothing). taskhub needs it where one statement both changes and reads rows, which the ORM cannot
-express: the delivery job's first claim (services.delivering.first_claim, an UPDATE … RETURNING of three tables).
+express: the delivery job's first claim (services.delivering.first_claim, an UPDATE … RETURNING of three tables);
+and where a read the ORM would build again for every request is written once and prepared (the pages' rows and cards,
+tasks/list_rows.py and tasks/card_requests.py: joined_read).
 Written against Django 6.1: tests/test_forks.py fails on another minor version, and checks that instances built so
 equal the ORM's and follow their relations without a query.
 """
@@ -68,3 +70,20 @@ def _reading(model: type, only: tuple[str, ...] | None) -> tuple[list[str], tupl
 def relate(instance, field_name: str, related) -> None:
     """`instance.<field_name>` is `related` from now on, read from nothing (as select_related leaves it)."""
     instance._state.fields_cache[field_name] = related
+
+
+def joined_read(*reads: tuple, where: str, also: str = "") -> tuple[str, tuple[int, ...]]:
+    """A statement reading several models' columns in one row, and where each model's columns end in it (each
+    instances() call takes its slice). `reads`: (alias, model, only, on, optional) each, the first read FROM (its `on`
+    None), the others joined ON `on` (LEFT JOIN where `optional`: the row may have none); `also`: more of the select
+    list, after the models' columns; `where`: the statement's WHERE and what follows it."""
+    selected, ends, joins, at = [], [], [], 0
+    for alias, model, only, on, optional in reads:
+        read = columns(alias, model, only)
+        selected += read
+        at += len(read)
+        ends.append(at)
+        table = f'"{model._meta.db_table}" {alias}'
+        joins.append(table if on is None else f"{'LEFT JOIN' if optional else 'JOIN'} {table} ON {on}")
+    listed = ", ".join(selected + ([also] if also else []))
+    return f"SELECT {listed} FROM {' '.join(joins)} WHERE {where}", tuple(ends)
