@@ -239,6 +239,35 @@ def test_the_task_list_marks_agents_and_filters_by_them(people, mixed):
     assert '<script>alert("x")' not in admin_page
 
 
+def test_the_agent_filter_offers_tokens_revoked_first_by_name_with_their_people_for_admins(people, mixed):
+    from django.utils import timezone
+
+    from taskhub.tasks.queries import agent_choices
+
+    spare, _ = create_token(user=people["operator"], name="a spare")
+    ApiToken.objects.filter(pk=mixed["ops"].pk).update(revoked_at=timezone.now())
+    fixed = [("", "people and agents"), ("any", "launched by an agent"), ("none", "launched by a person")]
+
+    def offered(user):
+        choices = agent_choices(user)
+        assert [(value, str(label)) for value, label in choices[:3]] == fixed
+        return [(value, str(label)) for value, label in choices[3:]]
+
+    def label(token, suffix=""):
+        return f"{token.name} ({token.prefix}…){suffix}"
+
+    assert offered(people["operator"]) == [
+        (str(mixed["ops"].pk), label(mixed["ops"], " · revoked")),
+        (str(spare.pk), label(spare)),
+    ]
+    assert offered(people["admin"]) == [
+        (str(mixed["ops"].pk), label(mixed["ops"], " · olga · revoked")),
+        (str(mixed["bot"].pk), label(mixed["bot"], " · ci-bot")),
+        (str(spare.pk), label(spare, " · olga")),
+    ]
+    assert offered(people["approver"]) == []
+
+
 @pytest.mark.parametrize(("agent", "index"), [("any", "task_agent_created"), ("token", "task_token_created")])
 def test_the_agent_filters_are_served_by_their_partial_indexes(people, mixed, agent, index):
     value = str(mixed["ops"].pk) if agent == "token" else agent

@@ -11,11 +11,7 @@ import uuid
 
 from django import forms
 from django.db import connections
-from django.db.models import (
-    BooleanField,
-    Q,
-    QuerySet,
-)
+from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from django.utils.text import format_lazy
@@ -24,6 +20,7 @@ from django.utils.translation import gettext_lazy, pgettext_lazy
 from taskhub.accounts import permissions
 from taskhub.acyclic_forms import AcyclicForm
 from taskhub.audit.models import AuditEvent, agent_label
+from taskhub.database.prepared import prepared_cursor
 from taskhub.observability import counts as kept_counts
 from taskhub.servers.forms import ServerFilterField
 from taskhub.servers.models import Server
@@ -136,24 +133,20 @@ ANY_AGENT = "any"
 NO_AGENT = "none"
 
 
-def agent_tokens_for(user) -> QuerySet:
-    """The API tokens the agent filter offers: a person's own, every token for admins (as the tokens page shows). Read
-    through the Task's foreign key: tasks never import the API."""
-    tokens = Task._meta.get_field("launched_via_token").related_model.objects.select_related("user")
-    tokens = tokens.order_by("revoked_at", "name", "pk")
-    return tokens if permissions.is_admin(user) else tokens.filter(user=user)
-
-
 def agent_choices(user) -> list[tuple[str, str]]:
+    """The agent filter's choices: a person's own API tokens (every token for admins), revoked first, by name."""
     everyone = permissions.is_admin(user)
+    with prepared_cursor() as cursor:
+        cursor.execute(_agent_tokens_sql(everyone), [] if everyone else [user.pk])
+        rows = cursor.fetchall()
     tokens = [
         (
-            str(token.pk),
-            agent_label({"name": token.name, "prefix": token.prefix})
-            + (f" · {token.user.get_username()}" if everyone else "")
-            + (" · " + str(gettext_lazy("revoked")) if token.revoked_at else ""),
+            str(pk),
+            agent_label({"name": name, "prefix": prefix})
+            + (f" · {username}" if everyone else "")
+            + (" · " + str(gettext_lazy("revoked")) if revoked_at else ""),
         )
-        for token in agent_tokens_for(user)
+        for pk, name, prefix, revoked_at, username in rows
     ]
     return [
         ("", gettext_lazy("people and agents")),
@@ -161,6 +154,19 @@ def agent_choices(user) -> list[tuple[str, str]]:
         (NO_AGENT, gettext_lazy("launched by a person")),
         *tokens,
     ]
+
+
+@functools.cache
+def _agent_tokens_sql(everyone: bool) -> str:
+    """Prepared once: the ORM built it for every whole list page (0.5-0.7 ms). Tasks never import the API."""
+    tokens = Task._meta.get_field("launched_via_token").related_model
+    people = tokens._meta.get_field("user").related_model
+    mine = "" if everyone else "WHERE t.user_id = %s "
+    return (
+        f'SELECT t.id, t.name, t.prefix, t.revoked_at, u."{people.USERNAME_FIELD}" '
+        f'FROM "{tokens._meta.db_table}" t JOIN "{people._meta.db_table}" u ON u.id = t.user_id '
+        f"{mine}ORDER BY t.revoked_at, t.name, t.id"
+    )
 
 
 def agent_filter(value: str) -> Q:
