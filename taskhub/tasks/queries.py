@@ -161,9 +161,10 @@ def _agent_tokens_sql(everyone: bool) -> str:
     """Prepared once: the ORM built it for every whole list page (0.5-0.7 ms). Tasks never import the API."""
     tokens = Task._meta.get_field("launched_via_token").related_model
     people = tokens._meta.get_field("user").related_model
+    username = people._meta.get_field(people.USERNAME_FIELD).column
     mine = "" if everyone else "WHERE t.user_id = %s "
     return (
-        f'SELECT t.id, t.name, t.prefix, t.revoked_at, u."{people.USERNAME_FIELD}" '
+        f'SELECT t.id, t.name, t.prefix, t.revoked_at, u."{username}" '
         f'FROM "{tokens._meta.db_table}" t JOIN "{people._meta.db_table}" u ON u.id = t.user_id '
         f"{mine}ORDER BY t.revoked_at, t.name, t.id"
     )
