@@ -196,6 +196,40 @@ def test_the_charts_numbers_are_plain_decimals_in_every_language(client, alpha, 
         assert all(re.fullmatch(r"\d+\.\d\d", number) for rect in numbers for number in rect), (language, numbers[:3])
 
 
+def test_a_chart_draws_each_bucket_as_its_words_and_two_bars_stacked_by_outcome(alpha):
+    """taskhub_ui.trend_svg: per bucket a <g> titled with its counts in the reader's language, its started bar as
+    tall as the busiest bucket allows and its ended bars stacked by outcome in the legend's order, one on another."""
+    from django.utils import translation
+
+    from taskhub.tasks.trends import CHART_HEIGHT
+    from taskhub.web.templatetags.taskhub_ui import trend_svg
+
+    olga = make_user("olga", OPERATORS)
+    one = NOW.replace(minute=0) - HOUR  # 14:00
+    for ended, fields in ((10, {}), (20, {}), (30, {"result": {"isError": True}})):
+        placed(alpha, started=one, ended=one + datetime.timedelta(minutes=ended), **fields)
+    placed(alpha, started=one, status=TaskStatus.WORKING)
+    chart = trends(olga, now=NOW).per_hour
+    with translation.override("en"):
+        drawn = str(trend_svg(chart))
+    assert drawn.startswith('<svg class="trend-svg" viewBox="0 0 288.0 120"') and drawn.endswith("</svg>")
+    groups = re.findall(r"<g>(.*?)</g>", drawn)
+    assert len(groups) == 24
+    hour = groups[chart.buckets.index(bucket(chart, one))]
+    assert "<title>14:00: 4 started, 3 ended</title>" in hour
+    bars = re.findall(r'<rect class="bar-([a-z_]+)" x="([^"]*)" y="([^"]*)" width="([^"]*)" height="([^"]*)"', hour)
+    assert [bar[0] for bar in bars] == ["started", "completed", "completed_error"]
+    started, completed, errored = ([float(number) for number in bar[1:]] for bar in bars)
+    assert started[1:] == [2.0, 4.8, 118.0]  # the busiest bucket: the chart's height less two
+    assert completed[0] == errored[0] == started[0] + 4.8  # side by side with the started bar
+    assert completed[2:] == [4.8, 59.0] and completed[1] == CHART_HEIGHT - 59.0
+    assert errored[2:] == [4.8, 29.5] and errored[1] == completed[1] - 29.5  # on top of the completed
+    yesterdays = groups[0]  # the first of the 24 hours
+    assert yesterdays.startswith("<title>16:00: 0 started, 0 ended</title>") and yesterdays.count("<rect") == 1
+    with translation.override("zh-hans"):
+        assert "<title>14:00：4 个已开始，3 个已结束</title>" in str(trend_svg(chart))  # noqa: RUF001
+
+
 def test_the_kept_section_is_the_section_rendered_afresh_after_each_change_it_shows(client, alpha, monkeypatch):
     """Home keeps the trends' HTML under all they show (trends.Trends.shown, {% kept %}): after each change, the
     section is the one rendered with nothing kept, and not the one before."""

@@ -111,6 +111,7 @@ class Chart:
     width: float = 0.0
     height: int = CHART_HEIGHT
     peak: int = 0
+    laid_out: bool = False
 
     @property
     def ended_total(self) -> int:
@@ -170,7 +171,7 @@ class Trends:
     def shown(self) -> tuple:
         """What the trends' section shows, as one hashable value, Home keeps the section's HTML under ({% kept %},
         taskhub_rows): the charts' and rows' counts, words and links. Where each bar and row stands and how long it
-        is comes from these (_lay_out, _lay_out_rows); the words that are the same for all are the language's."""
+        is comes from these (lay_out, _lay_out_rows); the words that are the same for all are the language's."""
         return (
             tuple(chart.shown for chart in self.charts),
             tuple(row.shown for row in self.answer_times),
@@ -232,12 +233,15 @@ def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Cha
         # The list filters by start date: from the window's first day.
         started_href=tasks_href(since=first.date().isoformat()),
     )
-    _lay_out(chart)
     return chart
 
 
-def _lay_out(chart: Chart) -> None:
-    """Each bucket two bars side by side: started (one), ended (stacked by outcome), scaled to the tallest."""
+def lay_out(chart: Chart) -> None:
+    """Each bucket two bars side by side: started (one), ended (stacked by outcome), scaled to the tallest. Done when
+    the chart is drawn (taskhub_ui.trend_bars), once: a section kept rendered needs none of it."""
+    if chart.laid_out:
+        return
+    chart.laid_out = True
     chart.slot = 12.0 if len(chart.buckets) > 12 else 40.0
     chart.bar = chart.slot * 0.4
     chart.width = chart.slot * len(chart.buckets)
