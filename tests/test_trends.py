@@ -230,6 +230,32 @@ def test_a_chart_draws_each_bucket_as_its_words_and_two_bars_stacked_by_outcome(
         assert "<title>14:00：4 个已开始，3 个已结束</title>" in str(trend_svg(chart))  # noqa: RUF001
 
 
+def test_a_charts_table_has_a_row_per_bucket_its_counts_localised(alpha, settings):
+    """taskhub_ui.trend_table_rows: what a screen reader reads in place of the bars, the ended in the legend's order;
+    the counts as {{ count }} renders them (grouped where the settings say), the labels escaped."""
+    from taskhub.tasks.trends import ENDED_OUTCOMES, Bucket, Chart
+    from taskhub.web.templatetags.taskhub_ui import trend_table_rows
+
+    olga = make_user("olga", OPERATORS)
+    one = NOW.replace(minute=0) - HOUR  # 14:00
+    for ended, fields in ((10, {}), (20, {}), (30, {"result": {"isError": True}})):
+        placed(alpha, started=one, ended=one + datetime.timedelta(minutes=ended), **fields)
+    chart = trends(olga, now=NOW).per_hour
+    rows = str(trend_table_rows(chart)).splitlines()
+    assert (
+        len(rows) == 24
+        and rows[0] == '<tr><th scope="row">16:00</th>' + "<td>0</td>" * (1 + len(ENDED_OUTCOMES)) + "</tr>"
+    )
+    ended = {"completed": 2, "completed_error": 1}
+    cells = "".join(f"<td>{ended.get(value, 0)}</td>" for value, _ in ENDED_OUTCOMES)
+    assert rows[-2] == f'<tr><th scope="row">14:00</th><td>3</td>{cells}</tr>'
+    settings.USE_THOUSAND_SEPARATOR = True
+    odd = Chart(key="24h", title="", legend=[], started_total=0, started_href="", buckets=[])
+    odd.buckets.append(Bucket(start=NOW, label="<b>", started=12345, ended={"failed": 1000}))
+    assert str(trend_table_rows(odd)).startswith('<tr><th scope="row">&lt;b&gt;</th><td>12,345</td>')
+    assert "<td>1,000</td>" in str(trend_table_rows(odd))
+
+
 def test_the_kept_section_is_the_section_rendered_afresh_after_each_change_it_shows(client, alpha, monkeypatch):
     """Home keeps the trends' HTML under all they show (trends.Trends.shown, {% kept %}): after each change, the
     section is the one rendered with nothing kept, and not the one before."""

@@ -231,6 +231,29 @@ def trend_svg(chart) -> SafeString:
     return mark_safe("".join(drawn))  # every value in it escaped, a number or an outcome's name
 
 
+@register.simple_tag
+def trend_table_rows(chart) -> SafeString:
+    """A chart's buckets as the rows of its table (what a screen reader reads in place of the bars): the bucket, its
+    started, its ended per outcome. Some 220 numbers, each localised as {{ count }} would: once per value shown (most
+    are the same few), where the template's nodes took 1.7 ms of Home's trends drawn afresh."""
+    localised: dict[int, str] = {}
+
+    def shown(count: int) -> str:
+        text = localised.get(count)
+        if text is None:
+            text = localised[count] = conditional_escape(localize(count))
+        return text
+
+    return mark_safe(  # the labels escaped, the counts localised and escaped
+        "".join(
+            f'<tr><th scope="row">{conditional_escape(bucket.label)}</th><td>{shown(bucket.started)}</td>'
+            + "".join(f"<td>{shown(count)}</td>" for count in bucket.ended_in_order)
+            + "</tr>\n"
+            for bucket in chart.buckets
+        )
+    )
+
+
 @register.filter
 def short_id(value, length: int = 8) -> str:
     """The first characters of an id, the whole id on hover, and a copy button (static/taskhub/ui.js)."""
