@@ -148,16 +148,24 @@ def outcome_counts(ended: QuerySet[Task]) -> dict[str, int]:
 
 def outcome_counts_per(ended: QuerySet[Task], *, per=None) -> dict:
     """outcome_counts grouped by the expression `per` too (Home's hours and days, a Trunc of finished_at): {its value:
-    {outcome: count}}, for the values that have tasks; `per=None`: one group, None. One statement: the tasks per
-    group, status and whether they were declined (outcome_filter's rule, looked up once per task), with their
-    isError results."""
+    {outcome: count}}, for the values that have tasks; `per=None`: one group, None. One statement (outcome_rows)."""
+    return outcome_counts_of_rows(outcome_rows(ended, per=per))
+
+
+def outcome_rows(ended: QuerySet[Task], *, per=None) -> QuerySet:
+    """The statement of outcome_counts_per: the tasks per group, status and whether they were declined
+    (outcome_filter's rule, looked up once per task), with their isError results; outcome_counts_of_rows sums them."""
     declined = ExpressionWrapper(Q(status__in=DECLINABLE_STATUSES) & _declined(), output_field=BooleanField())
     rows = ended.order_by().annotate(
         per=per if per is not None else Value(None, output_field=CharField()), declined=declined
     )
-    rows = rows.values_list("per", "status", "declined").annotate(
+    return rows.values_list("per", "status", "declined").annotate(
         n=Count("*"), errors=Count("pk", filter=Q(status=TaskStatus.COMPLETED) & is_error_filter())
     )
+
+
+def outcome_counts_of_rows(rows) -> dict:
+    """{group: {outcome: count}} of outcome_rows' rows."""
     every: dict = {}
     declined_ones: dict = {}
     for group, status, was_declined, n, errors in rows:

@@ -18,8 +18,9 @@ from django.db.models import Count
 from django.db.models.functions import Trunc
 
 from taskhub.accounts import permissions
-from taskhub.tasks.outcomes import outcome_counts_per
-from taskhub.tasks.queries import ENDED_WITHIN, tasks_visible_to
+from taskhub.tasks.outcomes import outcome_counts_of_rows, outcome_counts_per, outcome_rows
+from taskhub.tasks.queries import ENDED_WITHIN
+from taskhub.tasks.visible_reads import visible_rows
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,19 @@ def floor_to(moment: datetime.datetime, unit: str) -> datetime.datetime:
     return moment.replace(hour=0) if unit == "day" else moment
 
 
-def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime | None, ended=None) -> dict:
+def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime | None) -> dict:
     """{hour: {"started": n, "ended": {outcome: n}}} of the hours from `since` to `until` (None: on), the hours with
-    tasks: the started through task_created, the ended (by outcome_counts_per) through task_finished. `ended`: the
-    ended per hour, counted already (ended_per_hour), over these hours at least."""
+    tasks: the started through task_created, the ended (by outcome_counts_per) through task_finished."""
     window = {"gte": since} if until is None else {"gte": since, "lt": until}
-    started = (
+    ended = outcome_counts_per(
+        visible.filter(**{f"finished_at__{op}": value for op, value in window.items()}), per=_finished_hour()
+    )
+    return _hours_of(_started_per_hour(visible, since=since, until=until), ended, since=since, until=until)
+
+
+def _started_per_hour(visible, since: datetime.datetime, until: datetime.datetime | None = None):
+    window = {"gte": since} if until is None else {"gte": since, "lt": until}
+    return (
         visible.filter(**{f"created_at__{op}": value for op, value in window.items()})
         .order_by()
         .annotate(per=Trunc("created_at", "hour", tzinfo=datetime.UTC))
@@ -55,10 +63,11 @@ def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime 
         .annotate(n=Count("*"))
         .values_list("per", "n")
     )
-    if ended is None:
-        ended = outcome_counts_per(
-            visible.filter(**{f"finished_at__{op}": value for op, value in window.items()}), per=_finished_hour()
-        )
+
+
+def _hours_of(started, ended: dict, *, since: datetime.datetime, until: datetime.datetime | None) -> dict:
+    """The hours of _count_hours from the started per hour (rows of hour and count) and the ended per hour, counted
+    over these hours at least."""
     hours: dict = {}
     for hour, n in started:
         hours.setdefault(hour, {"started": 0, "ended": {}})["started"] = n
@@ -80,8 +89,12 @@ def ended_per_hour(user, *, now: datetime.datetime) -> dict:
     return permissions.read_once_per_request(
         f"ended per hour since {since.isoformat()}",
         user,
-        lambda: outcome_counts_per(tasks_visible_to(user).filter(finished_at__gte=since), per=_finished_hour()),
+        lambda: outcome_counts_of_rows(visible_rows(user, "ended per hour", _ended_rows, since)),
     )
+
+
+def _ended_rows(visible, since: datetime.datetime):
+    return outcome_rows(visible.filter(finished_at__gte=since), per=_finished_hour())
 
 
 def _scope(user) -> str:
@@ -109,7 +122,10 @@ def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.dateti
             _kept_weeks.clear()
         _kept_weeks[week] = settled
     since = first + HOUR * settled_hours  # within the last 24 hours: ended_per_hour has them
-    counted = _count_hours(visible, since=since, until=None, ended=ended_per_hour(user, now=now))
+    started = visible_rows(
+        user, "started per hour", lambda tasks, moment: _started_per_hour(tasks, since=moment), since
+    )
+    counted = _hours_of(started, ended_per_hour(user, now=now), since=since, until=None)
     unsettled = (since + HOUR * n for n in range(hours - settled_hours))
     return settled | {hour: counted.get(hour, EMPTY_HOUR) for hour in unsettled}
 

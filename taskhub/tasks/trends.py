@@ -21,12 +21,14 @@ from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
 from taskhub.accounts import permissions
+from taskhub.database.compiled import compiled_rows
 from taskhub.tasks.durations import duration_text
 from taskhub.tasks.list_links import tasks_href
 from taskhub.tasks.models import InputRequest, InputRequestState
 from taskhub.tasks.outcomes import OUTCOMES, Outcome
 from taskhub.tasks.queries import tasks_visible_to
 from taskhub.tasks.trend_hours import DAY, HOUR, floor_to, hour_counts
+from taskhub.tasks.visible_reads import visible_rows
 
 WEEK_DAYS = 7
 SLOWEST_SHOWN = 5
@@ -273,21 +275,10 @@ def _lay_out_rows(rows: list[DurationRow]) -> list[DurationRow]:
 def _answer_times(user, *, since: datetime.datetime) -> list[DurationRow]:
     """Per server, how long people took to answer the requests asked since `since` (a default applied at a
     deadline is no person's answer): through (state, created_at)."""
-    requests = InputRequest.objects.filter(
-        state__in=(InputRequestState.ANSWERED, InputRequestState.DELIVERED),
-        created_at__gte=since,
-        answered_at__isnull=False,
-        answered_by__isnull=False,
-    )
-    if not permissions.sees_all_tasks(user):
-        requests = requests.filter(server__in=permissions.servers_user_may_approve(user))
-    seconds = Seconds(F("answered_at"), F("created_at"))
-    rows = (
-        requests.order_by()
-        .values_list("server_id", "server__name")
-        .annotate(n=Count("*"), p50=Median(seconds), p95=P95(seconds))
-        .order_by("-p95", "server__name")[:SERVERS_SHOWN]
-    )
+    if permissions.sees_all_tasks(user):
+        rows = compiled_rows(("answer times",), _answer_time_rows, [since])
+    else:
+        rows = _answer_time_rows(since, servers=permissions.servers_user_may_approve(user))
     return _lay_out_rows(
         [
             DurationRow(label=name, server=name, count=n, p50=p50, p95=p95, href=tasks_href(server=server_id))
@@ -296,16 +287,26 @@ def _answer_times(user, *, since: datetime.datetime) -> list[DurationRow]:
     )
 
 
-def _slowest_tools(visible, *, since: datetime.datetime) -> list[DurationRow]:
-    """The tools whose tasks that ended since `since` took longest at p95, started to ended: through task_finished."""
-    seconds = Seconds(F("finished_at"), F("created_at"))
-    rows = (
-        visible.filter(finished_at__gte=since)
-        .order_by()
-        .values_list("tool", "server_id", "server__name")
-        .annotate(n=Count("*"), p50=Median(seconds), p95=P95(seconds))
-        .order_by("-p95", "tool")[:SLOWEST_SHOWN]
+def _answer_time_rows(since: datetime.datetime, servers=None):
+    requests = InputRequest.objects.filter(
+        state__in=(InputRequestState.ANSWERED, InputRequestState.DELIVERED),
+        created_at__gte=since,
+        answered_at__isnull=False,
+        answered_by__isnull=False,
     )
+    if servers is not None:
+        requests = requests.filter(server__in=servers)
+    seconds = Seconds(F("answered_at"), F("created_at"))
+    return (
+        requests.order_by()
+        .values_list("server_id", "server__name")
+        .annotate(n=Count("*"), p50=Median(seconds), p95=P95(seconds))
+        .order_by("-p95", "server__name")[:SERVERS_SHOWN]
+    )
+
+
+def _slowest_tools(user, *, since: datetime.datetime) -> list[DurationRow]:
+    """The tools whose tasks that ended since `since` took longest at p95, started to ended: through task_finished."""
     return _lay_out_rows(
         [
             DurationRow(
@@ -316,8 +317,19 @@ def _slowest_tools(visible, *, since: datetime.datetime) -> list[DurationRow]:
                 p95=p95,
                 href=tasks_href(server=server_id, tool=tool, ended="24h"),
             )
-            for tool, server_id, name, n, p50, p95 in rows
+            for tool, server_id, name, n, p50, p95 in visible_rows(user, "slowest tools", _slowest_tool_rows, since)
         ]
+    )
+
+
+def _slowest_tool_rows(visible, since: datetime.datetime):
+    seconds = Seconds(F("finished_at"), F("created_at"))
+    return (
+        visible.filter(finished_at__gte=since)
+        .order_by()
+        .values_list("tool", "server_id", "server__name")
+        .annotate(n=Count("*"), p50=Median(seconds), p95=P95(seconds))
+        .order_by("-p95", "tool")[:SLOWEST_SHOWN]
     )
 
 
@@ -333,5 +345,5 @@ def trends(user, *, now: datetime.datetime | None = None) -> Trends | None:
         per_hour=_chart(hours, unit="hour", count=24, now=now),
         per_day=_chart(hours, unit="day", count=WEEK_DAYS, now=now),
         answer_times=_answer_times(user, since=now - DAY),
-        slowest_tools=_slowest_tools(visible, since=now - DAY),
+        slowest_tools=_slowest_tools(user, since=now - DAY),
     )
