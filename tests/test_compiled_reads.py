@@ -13,6 +13,7 @@ from taskhub.approvals.services import create_policy
 from taskhub.database import compiled
 from taskhub.servers.services import create_server
 from taskhub.tasks.models import Task, TaskStatus
+from taskhub.tasks.queries import tasks_visible_to
 from taskhub.tasks.visible_reads import visible_rows
 from tests.account_fixtures import make_user
 
@@ -94,6 +95,7 @@ def test_who_sees_every_task_reads_the_same_rows_as_an_approver_through_their_ow
     Task.objects.filter(pk=Task.objects.create(server=other, tool="t", status="failed").pk).update(finished_at=NOW)
     olga, amy = make_user("olga", OPERATORS), make_user("amy", APPROVERS)
     since = NOW - 10 * HOUR
+    assert str(tasks_visible_to(olga).query) == str(Task.objects.all().query)  # nothing of olga's in it
     assert visible_rows(olga, "ended", ended_per_hour, since) == list(ended_per_hour(Task.objects.all(), since))
     assert sum(n for _, _, n in visible_rows(olga, "ended", ended_per_hour, since)) == 5
     # An approver's statement is written from their policies (compiled each time): beta's task is not theirs.

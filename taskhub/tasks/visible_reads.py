@@ -13,13 +13,13 @@ from django.db.models import QuerySet
 
 from taskhub.accounts import permissions
 from taskhub.database.compiled import compiled_rows
-from taskhub.tasks.models import Task
 from taskhub.tasks.queries import tasks_visible_to
 
 
 def visible_rows(user, name: str, build: Callable[..., QuerySet], *moments: datetime.datetime) -> list:
     """The rows of build(the tasks `user` sees, *moments), a values_list, as the ORM reads them; `name` tells this
     read from the others (what `build` makes of the tasks must depend on the moments only)."""
-    if permissions.sees_all_tasks(user):
-        return compiled_rows(("every task", name), lambda *values: build(Task.objects.all(), *values), moments)
-    return list(build(tasks_visible_to(user), *moments))
+    visible = tasks_visible_to(user)
+    if permissions.sees_all_tasks(user):  # every task, whoever it is: the same statement for all of them
+        return compiled_rows(("every task", name), lambda *values: build(visible, *values), moments)
+    return list(build(visible, *moments))
