@@ -73,6 +73,9 @@ GOAL_POLLING_ABOVE_FLOOR_MS = 100.0  # issue 18 item 2: polling p50 within this 
 PHASE_SEED = 18
 
 
+LIST_ROWS = 50  # the task list's page: PAGE_SIZE of taskhub/tasks/views/listing.py
+
+
 def poll_phases(samples: int, interval_ms: int) -> list[float]:
     """Seconds after a poll at which each polled change comes: uniform over the interval, the same every run."""
     rng = random.Random(PHASE_SEED)
@@ -251,7 +254,7 @@ def wait_until(check, what: str, timeout: float = 60.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=30, help="changes per mode (and per baseline)")
+    parser.add_argument("--samples", type=int, default=30, help="changes per mode (and per baseline), at most 50")
     parser.add_argument("--poll-interval-ms", type=int, default=1000, help="the servers' pollIntervalMs")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_FRESHNESS_DATABASE_URL", DEFAULT_DATABASE_URL))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
@@ -262,6 +265,10 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
+    if not 1 <= args.samples <= LIST_ROWS:
+        # Each change is watched on one list page too: a task past its first page never shows there (each counted
+        # missing after 10 s).
+        parser.error(f"--samples: 1 to {LIST_ROWS}, the rows of the task list's first page")
     cores = browser_cores(args.browser_cores)
 
     command = "uv run python bench/freshness.py " + " ".join(sys.argv[1:])
