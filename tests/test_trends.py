@@ -196,12 +196,13 @@ def test_the_charts_numbers_are_plain_decimals_in_every_language(client, alpha, 
         assert all(re.fullmatch(r"\d+\.\d\d", number) for rect in numbers for number in rect), (language, numbers[:3])
 
 
-def test_a_chart_draws_each_bucket_as_its_words_and_two_bars_stacked_by_outcome(alpha):
+def test_a_chart_draws_each_bucket_as_its_words_and_two_bars_stacked_by_outcome(alpha, monkeypatch):
     """taskhub_ui.trend_svg: per bucket a <g> titled with its counts in the reader's language, its started bar as
     tall as the busiest bucket allows and its ended bars stacked by outcome in the legend's order, one on another."""
     from django.utils import translation
 
     from taskhub.tasks.trends import CHART_HEIGHT
+    from taskhub.web.templatetags import taskhub_ui
     from taskhub.web.templatetags.taskhub_ui import trend_svg
 
     olga = make_user("olga", OPERATORS)
@@ -228,6 +229,9 @@ def test_a_chart_draws_each_bucket_as_its_words_and_two_bars_stacked_by_outcome(
     assert yesterdays.startswith("<title>16:00: 0 started, 0 ended</title>") and yesterdays.count("<rect") == 1
     with translation.override("zh-hans"):
         assert "<title>14:00：4 个已开始，3 个已结束</title>" in str(trend_svg(chart))  # noqa: RUF001
+    # A translation naming other values than the message's: the message as written, as {% blocktranslate %} does.
+    monkeypatch.setattr(taskhub_ui, "_", lambda message: "%(someone)s")
+    assert "<title>14:00: 4 started, 3 ended</title>" in str(trend_svg(chart))
 
 
 def test_a_charts_table_has_a_row_per_bucket_its_counts_localised(alpha, settings):

@@ -122,9 +122,7 @@ def hour_counts(user, visible, *, first: datetime.datetime, now: datetime.dateti
             _kept_weeks.clear()
         _kept_weeks[week] = settled
     since = first + HOUR * settled_hours  # within the last 24 hours: ended_per_hour has them
-    started = visible_rows(
-        user, "started per hour", lambda tasks, moment: _started_per_hour(tasks, since=moment), since
-    )
+    started = visible_rows(user, "started per hour", _started_per_hour, since)
     counted = _hours_of(started, ended_per_hour(user, now=now), since=since, until=None)
     unsettled = (since + HOUR * n for n in range(hours - settled_hours))
     return settled | {hour: counted.get(hour, EMPTY_HOUR) for hour in unsettled}

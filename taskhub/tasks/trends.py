@@ -240,7 +240,7 @@ def _chart(hours: dict, *, unit: str, count: int, now: datetime.datetime) -> Cha
 
 def lay_out(chart: Chart) -> None:
     """Each bucket two bars side by side: started (one), ended (stacked by outcome), scaled to the tallest. Done when
-    the chart is drawn (taskhub_ui.trend_bars), once: a section kept rendered needs none of it."""
+    the chart is drawn (taskhub_ui.trend_svg), once: a section kept rendered needs none of it."""
     if chart.laid_out:
         return
     chart.laid_out = True
