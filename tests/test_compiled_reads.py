@@ -89,7 +89,7 @@ def test_nothing_to_read_and_a_read_of_models_are_the_orms(ended_tasks):
     assert [task.status for task in models] == [TaskStatus.COMPLETED]
 
 
-def test_who_sees_every_task_reads_the_same_rows_as_an_approver_through_their_own_statement(ended_tasks):
+def test_who_sees_every_task_shares_one_statement_and_an_approver_reads_through_their_own(ended_tasks):
     other = create_server(name="beta", transport="http", url="http://127.0.0.1:9/beta", user=None)
     create_policy(server=other, tool="", groups=[Group.objects.create(name="finance")], user=None)  # not amy's
     Task.objects.filter(pk=Task.objects.create(server=other, tool="t", status="failed").pk).update(finished_at=NOW)
