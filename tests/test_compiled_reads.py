@@ -5,6 +5,7 @@ import datetime
 
 import pytest
 from django.contrib.auth.models import Group
+from django.db import connections
 from django.db.models import Count
 from django.db.models.functions import Trunc
 
@@ -98,6 +99,12 @@ def test_who_sees_every_task_shares_one_statement_and_an_approver_reads_through_
     assert str(tasks_visible_to(olga).query) == str(Task.objects.all().query)  # nothing of olga's in it
     assert visible_rows(olga, "ended", ended_per_hour, since) == list(ended_per_hour(Task.objects.all(), since))
     assert sum(n for _, _, n in visible_rows(olga, "ended", ended_per_hour, since)) == 5
-    # An approver's statement is written from their policies (compiled each time): beta's task is not theirs.
-    assert visible_rows(amy, "ended", ended_per_hour, since) == list(ended_per_hour(Task.objects.all(), since))[:-1]
-    assert visible_rows(amy, "ended", ended_per_hour, since) != visible_rows(olga, "ended", ended_per_hour, since)
+    # An approver's is written from their policies and groups, and kept under it: beta's task is not amy's, but is
+    # bob's (in finance), whose read is his own however often each of them reads.
+    bob = make_user("bob", APPROVERS)
+    bob.groups.add(Group.objects.get(name="finance"))
+    for _ in range(2):
+        assert visible_rows(amy, "ended", ended_per_hour, since) == list(ended_per_hour(Task.objects.all(), since))[:-1]
+        assert visible_rows(bob, "ended", ended_per_hour, since) == list(ended_per_hour(Task.objects.all(), since))
+    kept = connections["default"].__dict__[compiled.KEPT_ON]
+    assert sorted(key[0] for key in kept) == ["every task", "these tasks", "these tasks"]
