@@ -1,4 +1,4 @@
-"""Home's aggregates over the tasks a person may see, their SQL compiled once where it is everyone's
+"""Home's aggregates over the tasks a person may see, their SQL compiled once per statement of those tasks
 (taskhub/database/compiled.py).
 
 An operator or admin sees every task (queries.tasks_visible_to: Task.objects.all()), so the statement is the same
