@@ -9,10 +9,12 @@ from django.db import connections
 from django.db.models import Count
 from django.db.models.functions import Trunc
 
+from taskhub.accounts import permissions
 from taskhub.accounts.groups import APPROVERS, OPERATORS
 from taskhub.approvals.services import create_policy
 from taskhub.database import compiled
 from taskhub.servers.services import create_server
+from taskhub.tasks import visible_reads
 from taskhub.tasks.models import Task, TaskStatus
 from taskhub.tasks.queries import tasks_visible_to
 from taskhub.tasks.visible_reads import visible_rows
@@ -108,3 +110,17 @@ def test_who_sees_every_task_shares_one_statement_and_an_approver_reads_through_
         assert visible_rows(bob, "ended", ended_per_hour, since) == list(ended_per_hour(Task.objects.all(), since))
     kept = connections["default"].__dict__[compiled.KEPT_ON]
     assert sorted(key[0] for key in kept) == ["every task", "these tasks", "these tasks"]
+
+
+def test_an_approvers_reads_in_one_request_ask_their_tasks_statement_once(ended_tasks, monkeypatch):
+    """Home makes three reads over an approver's tasks: the statement they are kept under is compiled once a request."""
+    amy = make_user("amy", APPROVERS)
+    asked = []
+    statement = visible_reads._statement
+    monkeypatch.setattr(visible_reads, "_statement", lambda visible: asked.append(1) or statement(visible))
+    with permissions.read_once():
+        for name in ("ended", "again", "once more"):
+            assert visible_rows(amy, name, ended_per_hour, NOW - 10 * HOUR) == list(
+                ended_per_hour(Task.objects.all(), NOW - 10 * HOUR)
+            )
+    assert len(asked) == 1
