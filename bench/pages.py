@@ -123,18 +123,20 @@ def fill(tasks: int, open_requests: int) -> dict:
         cursor.execute(
             f"""
             INSERT INTO tasks_task (id, tool, arguments, remote_task_id, status, status_message, ttl_ms,
-                poll_interval_ms, remote_created_at, remote_last_updated_at, created_at, updated_at, finished_at,
-                server_id, launched_by_id, launch_attempts, launch_last_error, launched_via_token_id,
+                poll_interval_ms, remote_created_at, remote_last_updated_at, expires_at, created_at, updated_at,
+                finished_at, server_id, launched_by_id, launch_attempts, launch_last_error, launched_via_token_id,
                 launched_via_label)
             SELECT gen_random_uuid(), 'tool_' || (i %% 20), jsonb_build_object('batch', i, 'dry_run', false),
                 'remote-' || i, s.status, 'processing batch ' || i || ' of shard ' || (i %% 97), {TTL_SQL}, 2000,
-                '', '', now() - i * interval '7 seconds', now() - i * interval '7 seconds',
-                CASE WHEN s.status IN ('completed', 'failed', 'cancelled') THEN now() - i * interval '7 seconds'
-                END,
+                to_char(c.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), '',
+                CASE WHEN s.status IN ('working', 'input_required')
+                    THEN c.at + ({TTL_SQL}) * interval '1 millisecond' END,
+                c.at, c.at, CASE WHEN s.status IN ('completed', 'failed', 'cancelled') THEN c.at END,
                 (%s::bigint[])[1 + i %% {SERVERS}], (%s::int[])[1 + (i / 3) %% {USERS}], 0, '',
                 CASE WHEN i %% 10 = 0 THEN (%s::bigint[])[1 + (i / 10) %% 2] END,
                 CASE WHEN i %% 10 = 0 THEN 'bench agent' ELSE '' END
-            FROM generate_series(1, %s) AS i, LATERAL (SELECT {STATUS_SQL} AS status) AS s
+            FROM generate_series(1, %s) AS i, LATERAL (SELECT {STATUS_SQL} AS status) AS s,
+                LATERAL (SELECT now() - i * interval '7 seconds' AS at) AS c
             """,
             [[s.pk for s in servers], [u.pk for u in users], [t.pk for t in tokens], tasks],
         )

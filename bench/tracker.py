@@ -340,6 +340,7 @@ def seed(count: int, url: str, sample: dict) -> None:
 
     from taskhub.servers.models import Server
     from taskhub.tasks.models import Task, TaskPoll, TaskStatus
+    from taskhub.tasks.ttl import expires_at
 
     server = Server.objects.create(name="bench", transport="http", url=url)
     later = timezone.now() + timedelta(days=1)
@@ -355,6 +356,7 @@ def seed(count: int, url: str, sample: dict) -> None:
             poll_interval_ms=sample.get("pollIntervalMs"),
             remote_created_at=sample.get("createdAt", ""),
             remote_last_updated_at=sample.get("lastUpdatedAt", ""),
+            expires_at=expires_at(remote_created_at=sample.get("createdAt", ""), ttl_ms=sample.get("ttlMs")),
         )
         for task_id in task_ids(count)
     ]

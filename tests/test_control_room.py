@@ -321,14 +321,13 @@ def test_the_home_of_an_approver_says_what_waits_and_since_when(client, amy, alp
 
 
 def test_expiring_within_the_hour_counts_the_running_tasks_whose_ttl_ends_within_it(client, olga, alpha):
-    soon = durable(alpha, olga)
-    later = durable(alpha, olga)
-    ended = durable(alpha, olga, status="completed")
-    no_ttl = durable(alpha, olga)
-    an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
-    Task.objects.filter(pk__in=[soon.pk, ended.pk]).update(created_at=an_hour_ago, ttl_ms=90 * 60 * 1000)
-    Task.objects.filter(pk=later.pk).update(created_at=an_hour_ago, ttl_ms=150 * 60 * 1000)
-    Task.objects.filter(pk=no_ttl.pk).update(created_at=an_hour_ago, ttl_ms=None)
+    # The server's createdAt + ttlMs, as it says them (taskhub's own created_at, a moment ago, plays no part).
+    an_hour_ago = (timezone.now() - datetime.timedelta(hours=1)).isoformat()
+    soon = durable(alpha, olga, created_at=an_hour_ago, ttl_ms=90 * 60 * 1000)
+    later = durable(alpha, olga, created_at=an_hour_ago, ttl_ms=150 * 60 * 1000)
+    durable(alpha, olga, status="completed", created_at=an_hour_ago, ttl_ms=90 * 60 * 1000)
+    durable(alpha, olga, created_at=an_hour_ago, ttl_ms=None)
+    assert later.expires_at - soon.expires_at == datetime.timedelta(hours=1)
 
     page = client_for(client, olga).get("/").content.decode()
     assert count_in(page, "data-needs", "expiring") == 1

@@ -80,6 +80,9 @@ class Task(LoadedPlainly, models.Model):
     ttl_ms = models.BigIntegerField(null=True, blank=True)
     poll_interval_ms = models.BigIntegerField(null=True, blank=True)
     remote_created_at = models.CharField(max_length=64, blank=True, help_text="as the server sent it")
+    # createdAt + ttlMs as the server last said (taskhub/tasks/ttl.py), written with them: NULL when unlimited or
+    # unreadable. When taskhub may give the task up, and what Home's "expiring within the hour" counts.
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     remote_last_updated_at = models.CharField(max_length=64, blank=True, help_text="as the server sent it")
     # MRTR (tools/call answered input_required before any task existed): echoed exactly on the retry;
     # NULL when the server sent none, which differs from an empty string.
@@ -144,6 +147,13 @@ class Task(LoadedPlainly, models.Model):
             ),
             # The home page's outcomes of the last 24 hours and the list's ?ended=.
             models.Index(fields=["finished_at"], name="task_finished", condition=models.Q(finished_at__isnull=False)),
+            # The expiry sweep's and Home's "expiring within the hour": the live tasks with a TTL, by their end.
+            models.Index(
+                fields=["expires_at"],
+                name="task_live_expires",
+                condition=models.Q(status__in=[TaskStatus.INPUT_REQUIRED.value, TaskStatus.WORKING.value])
+                & models.Q(expires_at__isnull=False),
+            ),
             # The home page's "cancel requested, still running": the few tasks with a cancel request.
             models.Index(
                 fields=["cancel_requested_at"],

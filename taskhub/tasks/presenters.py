@@ -315,14 +315,13 @@ class Facts:
 
 def facts(task: Task) -> Facts:
     created = parse_remote_time(task.remote_created_at)
-    expires = created + datetime.timedelta(milliseconds=task.ttl_ms) if created and task.ttl_ms else None
     try:
         next_poll = task.poll.next_poll_at
     except Task.poll.RelatedObjectDoesNotExist:
         next_poll = None
     return Facts(
         remote_created=created,
-        expires=expires,
+        expires=task.expires_at,
         ttl=duration_words(task.ttl_ms),
         poll_interval=duration_words(task.poll_interval_ms),
         next_poll=next_poll,

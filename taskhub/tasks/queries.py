@@ -11,7 +11,7 @@ import uuid
 
 from django import forms
 from django.db import connections
-from django.db.models import BooleanField, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from django.utils.text import format_lazy
@@ -96,19 +96,10 @@ def needs_filter(kind: str, now: datetime.datetime | None = None) -> Q:
         )
         return Q(pk__in=recent.values("task_id"))
     if kind == Needs.EXPIRING:
-        # created_at stands in for the server's createdAt (a string as sent): within seconds of it. Compared as
-        # migration 0014's index task_expires_at has it, so that few expiring among many running are found at once.
-        expires_before = (now + EXPIRING_WITHIN).astimezone(datetime.UTC).replace(tzinfo=None)
-        expiring = RawSQL(f"{EXPIRES_AT_SQL} < %s", (expires_before,), output_field=BooleanField())
-        return Q(status__in=(TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED)) & Q(expiring)
+        # The server's createdAt + ttlMs (taskhub/tasks/ttl.py), as the expiry sweep counts it; the index
+        # task_live_expires finds the few expiring among many running at once.
+        return Q(status__in=(TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED), expires_at__lt=now + EXPIRING_WITHIN)
     raise ValueError(kind)
-
-
-# When a task expires, in UTC without a time zone: `timestamptz + interval` is not immutable (it depends on the
-# session's time zone), this is, so an index can hold it.
-EXPIRES_AT_SQL = (
-    """(("tasks_task"."created_at" AT TIME ZONE 'UTC') + "tasks_task"."ttl_ms" * interval '1 millisecond')"""
-)
 
 
 # --- the filter form -----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import logging
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 from procrastinate.contrib.django import app
 
@@ -29,31 +30,19 @@ EXPIRY_GRACE = datetime.timedelta(seconds=60)
 PURGE_BATCH = 500
 
 
-def remote_deadline(task: Task) -> datetime.datetime | None:
-    """createdAt + ttlMs as the server last said; None when unlimited or unreadable."""
-    if task.ttl_ms is None or not task.remote_created_at:
-        return None
-    try:
-        created = datetime.datetime.fromisoformat(task.remote_created_at)
-    except ValueError:
-        return None
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=datetime.UTC)
-    return created + datetime.timedelta(milliseconds=task.ttl_ms)
-
-
 def expire_overdue(*, now: datetime.datetime) -> list[Task]:
-    """Expire live tasks past createdAt + ttlMs that showed no change since that deadline (spec §6)."""
-    candidates = (
-        Task.objects.filter(status__in=LIVE_STATUSES, ttl_ms__isnull=False)
-        .exclude(remote_created_at="")
-        .only("id", "ttl_ms", "remote_created_at", "updated_at", "status")
+    """Expire live tasks past createdAt + ttlMs (their expires_at) that showed no change since that moment (spec §6),
+    found by the index task_live_expires, oldest end first (in the model's order, by created_at, the cursor's plan
+    read every task: 0.3 s at a million)."""
+    overdue = (
+        Task.objects.filter(
+            status__in=LIVE_STATUSES, expires_at__lte=now - EXPIRY_GRACE, updated_at__lte=F("expires_at")
+        )
+        .order_by("expires_at")
+        .only("id", "ttl_ms", "remote_created_at", "expires_at", "updated_at", "status")
     )
     expired = []
-    for task in candidates.iterator():
-        deadline = remote_deadline(task)
-        if deadline is None or now < deadline + EXPIRY_GRACE or task.updated_at > deadline:
-            continue
+    for task in overdue.iterator():
         if services.expire(task=task):
             expired.append(task)
     return expired

@@ -42,6 +42,7 @@ from taskhub.tasks.services.common import (
 )
 from taskhub.tasks.services.delivering import _mark_delivered
 from taskhub.tasks.services.progress import keep_progress_message
+from taskhub.tasks.ttl import expires_at
 
 # What a server changes to say how a task is getting on, not what it decided: the task's progress history has it
 # (issue 36), the audit trail only how many there were, when the task ends.
@@ -93,6 +94,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
     if changed:
         for field in changed:
             setattr(task, field, wanted[field])
+        task.expires_at = wanted["expires_at"]
         task.remote_last_updated_at = snapshot.last_updated_at or task.remote_last_updated_at
         if task.is_terminal:
             task.finished_at = timezone.now()
@@ -102,6 +104,7 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
         task.save(
             update_fields=[
                 *changed,
+                "expires_at",
                 "remote_last_updated_at",
                 "finished_at",
                 "status_message_is_taskhubs",
@@ -143,7 +146,8 @@ def apply_snapshot(*, task: Task, snapshot: TaskSnapshot, source: str = "poll", 
 
 
 def snapshot_values(snapshot: TaskSnapshot, task: Task, *, problems: list[str] | None = None) -> dict[str, Any]:
-    """The columns a snapshot sets. A result on a task that is not completed (or an error on one that is not
+    """The columns a snapshot sets: SNAPSHOT_FIELDS and the task's end, `expires_at`, which follows from two of them
+    (taskhub/tasks/ttl.py). A result on a task that is not completed (or an error on one that is not
     failed) is not stored: it would show as the outcome of a task that has none yet; it goes to `problems`."""
     result, error = snapshot.tool_result, snapshot.error
     if result is not None and snapshot.status != TaskStatus.COMPLETED:
@@ -161,7 +165,8 @@ def snapshot_values(snapshot: TaskSnapshot, task: Task, *, problems: list[str] |
         "error": storable(error),
         "ttl_ms": snapshot.ttl_ms,
         "poll_interval_ms": snapshot.poll_interval_ms,
-        "remote_created_at": storable(snapshot.created_at) or task.remote_created_at,
+        "remote_created_at": (remote_created_at := storable(snapshot.created_at) or task.remote_created_at),
+        "expires_at": expires_at(remote_created_at=remote_created_at, ttl_ms=snapshot.ttl_ms),
     }
 
 

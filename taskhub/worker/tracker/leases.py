@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -65,6 +65,7 @@ WHERE poll.task_id = due.task_id AND task.id = poll.task_id
 RETURNING poll.task_id, due.previous_owner, poll.next_poll_at, poll.consecutive_failures,
           GREATEST(EXTRACT(EPOCH FROM due.due_at - now()), 0)::float8 AS due_in,
           task.remote_task_id, task.server_id, task.poll_interval_ms, task.ttl_ms, task.remote_created_at,
+          task.expires_at,
           task.status, task.status_message, task.result, task.error,
           EXISTS (SELECT 1 FROM tasks_inputrequest AS request
                   WHERE request.task_id = poll.task_id AND request.state = 'open') AS open_requests
@@ -130,6 +131,7 @@ class Claimed:
     poll_interval_ms: int | None
     ttl_ms: int | None
     remote_created_at: str
+    expires_at: datetime | None  # when the task may be given up (taskhub/tasks/ttl.py)
     # What the task row says now, so that a first poll that brings nothing new writes nothing.
     status: str = ""
     status_message: str = ""
@@ -161,15 +163,7 @@ class Claimed:
         return snapshot.status == TaskStatus.INPUT_REQUIRED and bool(snapshot.input_requests) and not self.open_requests
 
     def ttl_passed(self, now: datetime) -> bool:
-        if self.ttl_ms is None or not self.remote_created_at:
-            return False
-        try:
-            created = datetime.fromisoformat(self.remote_created_at)
-        except ValueError:
-            return False
-        if created.tzinfo is None:
-            created = created.replace(tzinfo=UTC)
-        return now > created + timedelta(milliseconds=self.ttl_ms)
+        return self.expires_at is not None and now > self.expires_at
 
 
 @dataclass(slots=True)
