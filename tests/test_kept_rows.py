@@ -1,16 +1,19 @@
 """The task list's kept rows (taskhub/web/templatetags/taskhub_rows.py): after any change a row shows, the page has the
 row as it renders afresh, however the change was written (a service, or an UPDATE that leaves updated_at as it was),
-as time passes, and for each reader (language, whether rows can be ticked)."""
+as time passes, and for each reader (language, whether rows can be ticked). So has its kept filter bar."""
 
 import datetime
 import re
 
 import pytest
+from django import forms
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils import timezone
 
+from taskhub.api.tokens import create_token
 from taskhub.servers.models import Server
+from taskhub.servers.services import create_server
 from taskhub.tasks.models import InputRequest, Task
 from taskhub.web.templatetags import taskhub_rows
 from tests.task_page_fixtures import durable, signed_in
@@ -88,3 +91,52 @@ def test_a_kept_row_is_the_row_rendered_afresh_after_each_change_it_shows(client
     # Another reader: one who cannot tick rows, then the same in Chinese.
     shows(lambda: signed_in(client, amy))
     shows(lambda: client.cookies.load({"django_language": "zh-hans"}))
+
+
+BAR = re.compile(r'<form class="task-filters".*?</form>', re.S)
+
+
+def test_the_kept_filter_bar_is_the_bar_drawn_afresh_after_each_change_it_shows(client, alpha, olga, amy, monkeypatch):
+    durable(alpha, olga)
+    signed_in(client, olga)
+    path = [reverse("tasks:list")]
+    drawn = []
+    draw = forms.Widget.render
+    monkeypatch.setattr(
+        forms.Widget, "render", lambda widget, *args, **kwargs: drawn.append(widget) or draw(widget, *args, **kwargs)
+    )
+
+    def bar() -> str:
+        response = client.get(path[0])
+        assert response.status_code == 200
+        return BAR.search(response.content.decode()).group(0)
+
+    def shows(change) -> None:
+        before = bar()
+        drawn.clear()
+        assert bar() == before and not drawn, "kept: no widget drawn again"
+        change()
+        kept = bar()
+        taskhub_rows.forget_kept_rows()
+        assert kept == bar()
+        assert kept != before, "the change was not one the bar shows"
+
+    def go(to: str):
+        return lambda: path.__setitem__(0, to)
+
+    shows(go("/tasks/?q=deploy"))
+    shows(go("/tasks/?q=deploy&status=working"))  # the tab, kept in a hidden field
+    shows(go("/tasks/?q=deploy&since=2026-12-02&until=2026-12-01"))  # a filter that does not fit
+    shows(go("/tasks/?mine=on&server=" + str(alpha.pk)))
+    # The choices read from the database: a server's first task, a server renamed, an API token made.
+    gamma = create_server(name="gamma", transport="http", url="http://127.0.0.1:9/gamma", user=None)
+    shows(lambda: durable(gamma, olga))  # the select lists the servers of the tasks one sees
+    shows(lambda: Server.objects.filter(pk=alpha.pk).update(name="alpha-two"))
+    shows(lambda: create_token(user=olga, name="ci-bot"))
+    # Another reader: an approver, who cannot cancel the matching tasks nor filter by another's server; in Chinese.
+    shows(lambda: signed_in(client, amy))
+    shows(lambda: client.cookies.load({"django_language": "zh-hans"}))
+    # The live re-fetch of the results draws no bar, and reads none of its choices.
+    drawn.clear()
+    assert client.get(path[0], headers={"HX-Request": "true"}).status_code == 200
+    assert not drawn
