@@ -219,11 +219,17 @@ def summary(sql: str) -> str:
 
 
 @contextmanager
-def nothing_kept():
-    """The page rendered afresh, as with nothing kept; what the other pages keep stays as it was."""
+def nothing_kept(*, rows_only: bool = False):
+    """The page rendered afresh, as with nothing kept; what the other pages keep stays as it was. `rows_only`: the
+    list's rows afresh, as after 50 changes, and what no task's change touches (its filter bar) kept."""
     from taskhub.web.templatetags import taskhub_rows
 
-    kept, taskhub_rows._kept = taskhub_rows._kept, {}
+    kept = taskhub_rows._kept
+    taskhub_rows._kept = (
+        {key: html for key, html in kept.items() if not isinstance(key[0], taskhub_rows.KeptRowNode)}
+        if rows_only
+        else {}
+    )
     try:
         yield
     finally:
@@ -232,7 +238,7 @@ def nothing_kept():
 
 def as_timed(path: str):
     """The context a page is requested in: with nothing kept for the paths in NOTHING_KEPT."""
-    return nothing_kept() if path in NOTHING_KEPT else nullcontext()
+    return nothing_kept(rows_only=path == ROWS_NOT_KEPT) if path in NOTHING_KEPT else nullcontext()
 
 
 def timed_statements(on_statement):
