@@ -175,7 +175,7 @@ def _filter_bar_shown(form: TaskFilterForm, errors: dict[str, str], shown: tuple
     value as its widget draws it and whether it has errors, the choices of the selects that are read (read here, once:
     the widgets draw what was read), the filter errors and the page's values the bar names. Its eleven widgets,
     drawn through Django's form templates option by option, were 6 % of a list page's instructions (callgrind, the
-    bench's million tasks: 55.7 → 52.5 million a request; about 1 ms of its 11-12 ms of CPU)."""
+    bench's million tasks: 55.7 → 52.8 million a request; about 1 ms of its 11-12 ms of CPU)."""
     fields = [(name, _as_key(form[name].value()), bool(form[name].errors)) for name in form.fields]
     for name in READ_CHOICES:
         field = form.fields[name]
