@@ -46,17 +46,18 @@ def floor_to(moment: datetime.datetime, unit: str) -> datetime.datetime:
 def _count_hours(visible, *, since: datetime.datetime, until: datetime.datetime | None) -> dict:
     """{hour: {"started": n, "ended": {outcome: n}}} of the hours from `since` to `until` (None: on), the hours with
     tasks: the started through task_created, the ended (by outcome_counts_per) through task_finished."""
-    window = {"gte": since} if until is None else {"gte": since, "lt": until}
-    ended = outcome_counts_per(
-        visible.filter(**{f"finished_at__{op}": value for op, value in window.items()}), per=_finished_hour()
-    )
+    ended = outcome_counts_per(visible.filter(**_within("finished_at", since, until)), per=_finished_hour())
     return _hours_of(_started_per_hour(visible, since=since, until=until), ended, since=since, until=until)
 
 
+def _within(field: str, since: datetime.datetime, until: datetime.datetime | None) -> dict:
+    """The filter of `field` from `since` to `until` (None: on)."""
+    return {f"{field}__gte": since} if until is None else {f"{field}__gte": since, f"{field}__lt": until}
+
+
 def _started_per_hour(visible, since: datetime.datetime, until: datetime.datetime | None = None):
-    window = {"gte": since} if until is None else {"gte": since, "lt": until}
     return (
-        visible.filter(**{f"created_at__{op}": value for op, value in window.items()})
+        visible.filter(**_within("created_at", since, until))
         .order_by()
         .annotate(per=Trunc("created_at", "hour", tzinfo=datetime.UTC))
         .values_list("per")
