@@ -30,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import machine, set_database
+from benchlib import set_database
+from livestack import append_results, load, results_header
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/taskhub_bench_expiry"
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     args = parser.parse_args()
 
-    load_start = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    load_start = load()
     env = {
         **os.environ,
         "DATABASE_URL": args.database_url,
@@ -149,14 +150,15 @@ def main() -> None:
     finally:
         set_database(args.database_url, create=False)
 
-    load_end = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     median = statistics.median
     lines = [
-        f"## Expiry sweep: {args.live:,} live tasks with a TTL, "
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-        f"- command: `uv run python bench/expiry.py{' ' + ' '.join(sys.argv[1:]) if sys.argv[1:] else ''}`",
-        f"- machine: {machine()}; load average at start {load_start}, at end {load_end}; commit {commit.strip()}",
+        *results_header(
+            f"Expiry sweep: {args.live:,} live tasks with a TTL",
+            "uv run python bench/expiry.py " + " ".join(sys.argv[1:]),
+            load_start,
+        ),
+        f"- commit {commit.strip()}",
         f"- {args.overdue} overdue, expired by the first sweep in {first_cpu:.1f} ms of CPU ({first_wall:.1f} ms wall);"
         f" then {args.rounds} rounds of each, alternating, none overdue",
         "",
@@ -175,8 +177,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_record:
-        with args.results.open("a") as results:
-            results.write("\n" + text)
+        append_results(args.results, text)
 
 
 if __name__ == "__main__":
