@@ -99,6 +99,21 @@ def test_a_kept_row_is_the_row_rendered_afresh_after_each_change_it_shows(client
 BAR = re.compile(r'<form class="task-filters".*?</form>', re.S)
 
 
+def test_a_rows_column_names_are_in_the_readers_language_kept_or_not(client, alpha, olga):
+    # data-label: what a phone's stacked table shows beside each cell (taskhub_i18n keeps them per language).
+    durable(alpha, olga)
+    signed_in(client, olga)
+    labels = re.compile(r'data-label="([^"]*)"')
+    for language in ("en", "zh-hans", "en", "zh-hans"):  # the second of each from the kept row
+        row = client.get(reverse("tasks:list"), headers={"Accept-Language": language}).content.decode()
+        shown = labels.findall(ROW.search(row).group(0))
+        english = ["Tick", "Status", "Outcome", "Tool", "Message", "Launched by", "Started", "Duration", "Last change"]
+        if language == "en":
+            assert shown == english
+        else:
+            assert shown[1] == "状态" and shown[-1] == "最近变更" and not set(shown) & set(english), shown
+
+
 def test_the_kept_filter_bar_is_the_bar_drawn_afresh_after_each_change_it_shows(client, alpha, olga, amy, monkeypatch):
     durable(alpha, olga)
     signed_in(client, olga)

@@ -10,7 +10,7 @@ from django.utils.formats import localize
 from django.utils.html import conditional_escape, format_html, json_script
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
-from django.utils.translation import get_language, gettext_lazy, gettext_noop, pgettext_lazy
+from django.utils.translation import get_language, gettext_noop, pgettext_lazy
 from django.utils.translation import gettext as _
 
 from taskhub.tasks.durations import duration_text
@@ -37,34 +37,6 @@ def _status_pill(language: str | None, status: str) -> SafeString:
     return format_html(
         '<span class="pill {}" data-status="{}">{}</span>', kind, status, STATUS_WORDS.get(status, status)
     )
-
-
-# The column names a row of the task list repeats in each cell (data-label: a phone's stacked table shows them).
-TASK_ROW_WORDS = {
-    "tick": gettext_lazy("Tick"),
-    "status": gettext_lazy("Status"),
-    "outcome": gettext_lazy("Outcome"),
-    "tool": gettext_lazy("Tool"),
-    "message": gettext_lazy("Message"),
-    "launched_by": gettext_lazy("Launched by"),
-    "started": gettext_lazy("Started"),
-    "duration": gettext_lazy("Duration"),
-    "last_change": gettext_lazy("Last change"),
-}
-_task_row_words_by_language: dict[str | None, dict[str, str]] = {}
-
-
-@register.simple_tag
-def task_row_words() -> dict[str, str]:
-    """TASK_ROW_WORDS in the active language, translated once per language: a page of 50 rows asked gettext for
-    them 450 times, a fifth of the list's rendering (bench/pages.py). Escaped once, as autoescape would on each use."""
-    language = get_language()
-    words = _task_row_words_by_language.get(language)
-    if words is None:
-        words = _task_row_words_by_language[language] = {
-            key: conditional_escape(str(text)) for key, text in TASK_ROW_WORDS.items()
-        }
-    return words
 
 
 @register.simple_tag
